@@ -1,0 +1,96 @@
+//! Well-known names (SPEC §2). Everything that two components must spell the same way
+//! is defined once here.
+
+/// The CRD group.
+pub const GROUP: &str = "local.sdn.cozystack.io";
+/// The CRD version.
+pub const VERSION: &str = "v1alpha1";
+
+/// Claim annotation naming the provisioner of the resolved class: the drivers' watch key.
+pub const PROVISIONER_ANNOTATION: &str = "local.sdn.cozystack.io/provisioner";
+
+/// Service annotation naming a claim in the Service's own namespace.
+pub const SERVICE_CLAIM_ANNOTATION: &str = "local.sdn.cozystack.io/ip-address-claim";
+/// Service annotation naming the class an auto-claim should use.
+pub const SERVICE_CLASS_ANNOTATION: &str = "local.sdn.cozystack.io/ip-address-class";
+/// Service annotation; the value `"false"` opts the Service out of auto-claims.
+pub const SERVICE_AUTO_CLAIM_ANNOTATION: &str = "local.sdn.cozystack.io/auto-claim";
+
+/// Class annotation marking the default class for claims that name none.
+pub const DEFAULT_CLASS_ANNOTATION: &str = "ipaddressclass.local.sdn.cozystack.io/is-default-class";
+/// Class annotation marking the class used for auto-claims.
+pub const AUTO_CLAIM_CLASS_ANNOTATION: &str =
+    "ipaddressclass.local.sdn.cozystack.io/is-auto-claim-class";
+/// Address annotation: a Released address that waits for an admin despite a release delay.
+pub const HELD_ANNOTATION: &str = "ipaddress.local.sdn.cozystack.io/held";
+
+/// Finalizer the core puts on claims.
+pub const CLAIM_FINALIZER: &str = "local.sdn.cozystack.io/claim-protection";
+/// Finalizer the core puts on addresses.
+pub const ADDRESS_FINALIZER: &str = "local.sdn.cozystack.io/address-protection";
+
+/// Only this exact value turns a boolean annotation on.
+pub const TRUE: &str = "true";
+
+/// Whether `annotations[key]` is exactly `"true"`.
+pub fn annotation_is_true(
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+    key: &str,
+) -> bool {
+    annotations.and_then(|a| a.get(key)).map(String::as_str) == Some(TRUE)
+}
+
+/// Claim condition types.
+pub mod condition {
+    pub const CLASS_RESOLVED: &str = "ClassResolved";
+    pub const BOUND: &str = "Bound";
+}
+
+/// Claim condition reasons.
+pub mod reason {
+    pub const RESOLVED: &str = "Resolved";
+    pub const CLASS_NOT_FOUND: &str = "ClassNotFound";
+    pub const NO_DEFAULT_CLASS: &str = "NoDefaultClass";
+    pub const MULTIPLE_DEFAULT_CLASSES: &str = "MultipleDefaultClasses";
+    pub const BOUND: &str = "Bound";
+    pub const WAITING_FOR_PROVISIONING: &str = "WaitingForProvisioning";
+    pub const WAITING_FOR_ADDRESS: &str = "WaitingForAddress";
+    pub const ADDRESS_LOST: &str = "AddressLost";
+}
+
+/// Event reasons.
+pub mod event {
+    // on claims
+    pub const MATCHED: &str = "Matched";
+    pub const ADDRESS_RELEASED: &str = "AddressReleased";
+    pub const ADDRESS_DELETED: &str = "AddressDeleted";
+    // on addresses
+    pub const INVALID_ADDRESS: &str = "InvalidAddress";
+    pub const DELETION_BLOCKED: &str = "DeletionBlocked";
+    pub const RECLAIMED: &str = "Reclaimed";
+    pub const RELEASE_DELAY_ELAPSED: &str = "ReleaseDelayElapsed";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn only_exact_true_counts() {
+        let with =
+            |v: &str| BTreeMap::from([(DEFAULT_CLASS_ANNOTATION.to_string(), v.to_string())]);
+        assert!(annotation_is_true(
+            Some(&with("true")),
+            DEFAULT_CLASS_ANNOTATION
+        ));
+        for v in ["True", "TRUE", "yes", "1", "", " true"] {
+            assert!(
+                !annotation_is_true(Some(&with(v)), DEFAULT_CLASS_ANNOTATION),
+                "{v:?}"
+            );
+        }
+        assert!(!annotation_is_true(None, DEFAULT_CLASS_ANNOTATION));
+        assert!(!annotation_is_true(Some(&with("true")), HELD_ANNOTATION));
+    }
+}

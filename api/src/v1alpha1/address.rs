@@ -1,0 +1,155 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{ReclaimPolicy, conditions_schema};
+
+/// One concrete IP address: the reservation and the ledger entry. The PersistentVolume
+/// of addresses.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "local.sdn.cozystack.io",
+    version = "v1alpha1",
+    doc = "An IPAddress is one concrete IP address: the reservation and the ledger entry.",
+    kind = "IPAddress",
+    plural = "ipaddresses",
+    shortname = "ipa",
+    status = "IPAddressStatus",
+    printcolumn = r#"{"name":"Address","type":"string","jsonPath":".spec.address"}"#,
+    printcolumn = r#"{"name":"Class","type":"string","jsonPath":".spec.className"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Claim Namespace","type":"string","jsonPath":".spec.claimRef.namespace"}"#,
+    printcolumn = r#"{"name":"Claim","type":"string","jsonPath":".spec.claimRef.name"}"#,
+    printcolumn = r#"{"name":"AttachedTo","type":"string","jsonPath":".status.associatedTo.name"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct IPAddressSpec {
+    /// The IPv4 or IPv6 address, without zone or prefix length.
+    #[x_kube(
+        validation = Rule::new("!self.contains('%')").message("address must not carry a zone (such as %eth0)"),
+        validation = Rule::new("isIP(self)").message("address must be a valid IPv4 or IPv6 address"),
+        validation = Rule::new("self == oldSelf").message("address is immutable")
+    )]
+    #[schemars(length(max = 64))]
+    pub address: String,
+
+    /// The class this address belongs to.
+    #[schemars(length(min = 1))]
+    pub class_name: String,
+
+    /// What happens to the address when its claim goes away.
+    #[serde(default)]
+    pub reclaim_policy: ReclaimPolicy,
+
+    /// The claim this address is bound to: the one authoritative record of a binding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_ref: Option<ClaimRef>,
+
+    /// Where the address comes from.
+    pub source: AddressSource,
+}
+
+/// Reference to the claim an address is bound to.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ClaimRef {
+    #[schemars(length(min = 1))]
+    pub namespace: String,
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// UID of the claim; a different UID marks a stale binding to an older claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+/// Exactly one of `fromClass` or `providerRef`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.fromClass) != has(self.providerRef)")
+    .message("exactly one of fromClass or providerRef must be set"))]
+pub struct AddressSource {
+    /// Allocated from the class's own range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_class: Option<FromClass>,
+    /// Adopted from a provider resource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_ref: Option<ProviderRef>,
+}
+
+/// Marker: the address comes from the class's range.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct FromClass {}
+
+/// A provider-side identifier of the address.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ProviderRef {
+    #[schemars(length(min = 1))]
+    pub id: String,
+}
+
+/// Lifecycle phase of an address. `Conflict` and `Lost` belong to drivers.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+pub enum AddressPhase {
+    Pending,
+    Available,
+    Bound,
+    Released,
+    Conflict,
+    Lost,
+}
+
+impl AddressPhase {
+    pub const ALL: [AddressPhase; 6] = [
+        AddressPhase::Pending,
+        AddressPhase::Available,
+        AddressPhase::Bound,
+        AddressPhase::Released,
+        AddressPhase::Conflict,
+        AddressPhase::Lost,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AddressPhase::Pending => "Pending",
+            AddressPhase::Available => "Available",
+            AddressPhase::Bound => "Bound",
+            AddressPhase::Released => "Released",
+            AddressPhase::Conflict => "Conflict",
+            AddressPhase::Lost => "Lost",
+        }
+    }
+
+    /// Phases that only a driver sets and clears (SPEC §3).
+    pub fn is_driver_owned(self) -> bool {
+        matches!(self, AddressPhase::Conflict | AddressPhase::Lost)
+    }
+}
+
+/// Observed state of an address.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct IPAddressStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<AddressPhase>,
+    /// When the core moved the address to Released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<Time>,
+    /// What the driver attached the address to; absent = reserved but inert.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub associated_to: Option<Association>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+}
+
+/// The object a driver attached an address to.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Association {
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+}

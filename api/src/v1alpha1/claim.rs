@@ -1,0 +1,118 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::conditions_schema;
+use crate::Family;
+
+/// A tenant's request for an address. The PersistentVolumeClaim of addresses.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "local.sdn.cozystack.io",
+    version = "v1alpha1",
+    doc = "An IPAddressClaim is a tenant's request for an address; the address belongs to the claim, not to any workload.",
+    kind = "IPAddressClaim",
+    plural = "ipaddressclaims",
+    shortname = "ipc",
+    namespaced,
+    status = "IPAddressClaimStatus",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Class","type":"string","jsonPath":".status.className"}"#,
+    printcolumn = r#"{"name":"Addresses","type":"string","jsonPath":".status.addresses[*].address"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.addressName) || self.family != 'Dual'")
+    .message("addressName cannot be used with family Dual: a Dual claim needs two addresses"))]
+pub struct IPAddressClaimSpec {
+    /// Class to draw from; empty means the default class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class_name: Option<String>,
+
+    /// Which addresses the claim wants.
+    #[serde(default)]
+    pub family: ClaimFamily,
+
+    /// Bind exactly this IPAddress (by object name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub address_name: Option<String>,
+}
+
+/// The families a claim asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum ClaimFamily {
+    #[default]
+    IPv4,
+    IPv6,
+    /// One IPv4 and one IPv6 address.
+    Dual,
+}
+
+impl ClaimFamily {
+    /// The address families that satisfy this claim.
+    pub fn families(self) -> &'static [Family] {
+        match self {
+            ClaimFamily::IPv4 => &[Family::IPv4],
+            ClaimFamily::IPv6 => &[Family::IPv6],
+            ClaimFamily::Dual => &[Family::IPv4, Family::IPv6],
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimFamily::IPv4 => "IPv4",
+            ClaimFamily::IPv6 => "IPv6",
+            ClaimFamily::Dual => "Dual",
+        }
+    }
+}
+
+/// Lifecycle phase of a claim.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+pub enum ClaimPhase {
+    Pending,
+    Bound,
+    Lost,
+}
+
+impl ClaimPhase {
+    pub const ALL: [ClaimPhase; 3] = [ClaimPhase::Pending, ClaimPhase::Bound, ClaimPhase::Lost];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimPhase::Pending => "Pending",
+            ClaimPhase::Bound => "Bound",
+            ClaimPhase::Lost => "Lost",
+        }
+    }
+}
+
+/// Observed state of a claim: a projection of the addresses whose claimRef names it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct IPAddressClaimStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<ClaimPhase>,
+    /// The class the claim resolved to (sticky).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class_name: Option<String>,
+    /// The bound addresses, sorted by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<ClaimAddress>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+}
+
+/// One address of a claim, as the tenant reads it.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ClaimAddress {
+    /// Name of the IPAddress object.
+    pub name: String,
+    /// The address itself.
+    pub address: String,
+}

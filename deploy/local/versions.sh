@@ -1,0 +1,12 @@
+# Pinned versions of the local control plane. Sourced by the scripts in this directory.
+# Changing a version here changes the cache key, so the next run rebuilds that binary.
+KUBE_VERSION=v1.36.3
+ETCD_VERSION=v3.6.16
+HELM_VERSION=v3.22.0
+
+# Built binaries live outside the repository, keyed by version, so CI runs and later
+# sessions on the same machine reuse them. Override with ADDRESS_CONTROLLER_CACHE.
+AC_CACHE="${ADDRESS_CONTROLLER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/address-controller}"
+KUBE_BIN="$AC_CACHE/bin/kubernetes-$KUBE_VERSION"
+ETCD_BIN="$AC_CACHE/bin/etcd-$ETCD_VERSION"
+HELM_BIN="$AC_CACHE/bin/helm-$HELM_VERSION"

@@ -1,0 +1,1 @@
+//! Test harness: the local control plane, CRDs, throwaway namespaces, waiting.
