@@ -1,1 +1,261 @@
-//! Test harness: the local control plane, CRDs, throwaway namespaces, waiting.
+//! Test harness for the integration tests: a real local control plane (started by
+//! `deploy/local/cluster.sh`), the CRDs applied and Established, a throwaway namespace per
+//! test, and waiting with a timeout and a useful failure message.
+//!
+//! The cluster comes from `ADDRESS_CONTROLLER_TEST_CLUSTER` (a cluster directory, as
+//! `make test` sets it). Without it the harness starts — or reuses — the development
+//! cluster (`make cluster-up`), so `cargo test -p address-controller-tests` works alone.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+/// Field manager of everything the harness writes.
+pub const FIELD_MANAGER: &str = "address-controller-tests";
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// A running local control plane.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    /// The cluster directory (`env`, `pki/`, `logs/`).
+    pub dir: PathBuf,
+    /// Admin kubeconfig (client certificate in group `system:masters`).
+    pub kubeconfig: PathBuf,
+}
+
+impl Cluster {
+    /// The shared cluster of this test process: from `ADDRESS_CONTROLLER_TEST_CLUSTER`,
+    /// else the development cluster, started if it is not up.
+    pub fn get() -> &'static Cluster {
+        static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+        CLUSTER.get_or_init(|| {
+            Self::discover().unwrap_or_else(|e| panic!("no local control plane: {e:#}"))
+        })
+    }
+
+    fn discover() -> Result<Cluster> {
+        let script = repo_root().join("deploy/local/cluster.sh");
+        let mut cmd = Command::new(&script);
+        cmd.arg("up");
+        if let Ok(dir) = std::env::var("ADDRESS_CONTROLLER_TEST_CLUSTER") {
+            cmd.arg(dir);
+        }
+        // `up` reuses a running cluster and prints the kubeconfig path last.
+        let out = cmd
+            .output()
+            .with_context(|| format!("running {}", script.display()))?;
+        if !out.status.success() {
+            bail!(
+                "{} up failed:\n{}",
+                script.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let kubeconfig = PathBuf::from(
+            String::from_utf8(out.stdout)?
+                .lines()
+                .last()
+                .ok_or_else(|| anyhow!("cluster.sh printed no kubeconfig"))?
+                .trim(),
+        );
+        let dir = kubeconfig
+            .parent()
+            .ok_or_else(|| anyhow!("kubeconfig has no parent"))?
+            .to_path_buf();
+        Ok(Cluster { dir, kubeconfig })
+    }
+
+    /// A client with admin rights.
+    pub async fn client(&self) -> Result<Client> {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)?;
+        let config =
+            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        Ok(Client::try_from(config)?)
+    }
+
+    /// `kubectl` against this cluster.
+    pub fn kubectl(&self) -> Command {
+        let mut cmd = Command::new("kubectl");
+        cmd.env("KUBECONFIG", &self.kubeconfig);
+        cmd
+    }
+
+    /// Runs `kubectl ARGS` and returns stdout; fails with stderr on a non-zero exit.
+    pub fn kubectl_ok(&self, args: &[&str]) -> Result<String> {
+        let out = self
+            .kubectl()
+            .args(args)
+            .output()
+            .context("running kubectl")?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8(out.stdout)?)
+    }
+
+    /// Path of a binary or file named in the cluster's `env` (e.g. `HELM`).
+    pub fn env_var(&self, key: &str) -> Result<String> {
+        let env = std::fs::read_to_string(self.dir.join("env"))?;
+        env.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .map(str::to_string)
+            .ok_or_else(|| anyhow!("{key} not in {}/env", self.dir.display()))
+    }
+}
+
+/// The cluster, a fresh admin client, and the CRDs applied and Established.
+pub async fn setup() -> (&'static Cluster, Client) {
+    let cluster = Cluster::get();
+    let client = cluster.client().await.expect("admin client");
+    install_crds(&client).await.expect("installing CRDs");
+    (cluster, client)
+}
+
+/// Applies the generated CRDs (server-side apply, so re-running is a no-op) and waits until
+/// each is Established.
+pub async fn install_crds(client: &Client) -> Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for crd in address_controller_api::manifests::crds() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &params, &Patch::Apply(&crd))
+            .await
+            .with_context(|| format!("applying CRD {name}"))?;
+        wait_for(
+            &format!("CRD {name} Established"),
+            Duration::from_secs(60),
+            || {
+                let api = api.clone();
+                let name = name.clone();
+                async move {
+                    let crd = api.get(&name).await?;
+                    let established = crd
+                        .status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True");
+                    Ok(established.then_some(()))
+                }
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// A namespace that exists for one test and is deleted when dropped.
+pub struct TestNamespace {
+    pub name: String,
+    kubeconfig: PathBuf,
+}
+
+impl TestNamespace {
+    /// Creates `<prefix>-<random>`.
+    pub async fn create(client: &Client, prefix: &str) -> Result<TestNamespace> {
+        let name = format!("{prefix}-{}", random_suffix());
+        let api: Api<Namespace> = Api::all(client.clone());
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"address-controller.test/throwaway": "true"}}
+        }))?;
+        api.create(&PostParams::default(), &ns)
+            .await
+            .with_context(|| format!("creating namespace {name}"))?;
+        Ok(TestNamespace {
+            name,
+            kubeconfig: Cluster::get().kubeconfig.clone(),
+        })
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        // Drop cannot be async; kubectl returns at once with --wait=false and the
+        // namespace controller does the rest.
+        let _ = Command::new("kubectl")
+            .env("KUBECONFIG", &self.kubeconfig)
+            .args([
+                "delete",
+                "namespace",
+                &self.name,
+                "--wait=false",
+                "--ignore-not-found",
+            ])
+            .output();
+    }
+}
+
+/// A short random lowercase suffix for object names.
+pub fn random_suffix() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    format!("{:08x}", h.finish() as u32)
+}
+
+/// Polls `probe` until it returns `Some`, or fails after `timeout` naming what was awaited
+/// and the last error the probe returned.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    let start = Instant::now();
+    let mut last = String::from("condition not met yet");
+    loop {
+        match probe().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last = format!("{e:#}"),
+        }
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}; last: {last}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Deletes a cluster-scoped object and ignores "not found".
+pub async fn delete_ignore_missing<K>(api: &Api<K>, name: &str) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The message of an API error, for asserting on admission failures.
+pub fn api_error_message(err: &kube::Error) -> Option<(u16, String)> {
+    match err {
+        kube::Error::Api(s) => Some((s.code, s.message.clone())),
+        _ => None,
+    }
+}

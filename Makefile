@@ -1,0 +1,50 @@
+# The two commands of a fresh machine:
+#   make demo   bring up the local control plane with the CRDs installed (the quickstart)
+#   make test   run every test: lints, unit tests, integration tests on a real control plane
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+CLUSTER_DIR ?=
+CARGO ?= cargo
+
+.PHONY: help
+help: ## Show the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+.PHONY: demo
+demo: ## Quickstart: start the local control plane, install the CRDs, print how to use it
+	@deploy/local/demo.sh up
+
+.PHONY: demo-down
+demo-down: ## Stop the quickstart's control plane
+	@deploy/local/demo.sh down
+
+.PHONY: test
+test: ## Run all tests (fmt, clippy, unit, integration on a real local control plane)
+	@deploy/local/test.sh
+
+.PHONY: manifests
+manifests: ## Regenerate the CRDs in chart/address-controller/crds from the Rust types
+	$(CARGO) run -q -p address-controller -- manifests --crds-dir chart/address-controller/crds
+
+.PHONY: build-binaries
+build-binaries: ## Build kube-apiserver, kube-controller-manager, etcd and helm (cached by version)
+	@deploy/local/build-binaries.sh
+
+.PHONY: cluster-up
+cluster-up: ## Start (or reuse) the development control plane
+	@deploy/local/cluster.sh up $(CLUSTER_DIR)
+
+.PHONY: cluster-down
+cluster-down: ## Stop the development control plane
+	@deploy/local/cluster.sh down $(CLUSTER_DIR)
+
+.PHONY: install-crds
+install-crds: ## Apply the current CRDs to the cluster in $KUBECONFIG
+	kubectl apply --server-side --field-manager=address-controller-install -f chart/address-controller/crds/
+	kubectl wait --for=condition=Established --timeout=60s -f chart/address-controller/crds/
+
+.PHONY: lint
+lint: ## cargo fmt --check and clippy with warnings as errors
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings

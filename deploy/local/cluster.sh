@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# A real, minimal Kubernetes control plane on 127.0.0.1: etcd + kube-apiserver (RBAC,
+# service-account tokens, aggregation layer) + kube-controller-manager (garbage collector,
+# namespace controller). No kubelet, no kube-proxy: nothing ever dials a ClusterIP.
+#
+#   cluster.sh up   [DIR] [--watch-pid PID]   start (or reuse, if already up) a cluster in DIR
+#   cluster.sh down [DIR]                     stop it and remove DIR
+#   cluster.sh status [DIR]                   exit 0 when it answers /readyz
+#
+# DIR defaults to $AC_CACHE/clusters/dev (see versions.sh). Every cluster picks free ports
+# and keeps all its state in DIR, so several can run side by side. DIR/env holds
+# KUBECONFIG and the ports; logs are in DIR/logs/. With --watch-pid, the cluster stops
+# itself when that process exits (used by the test harness).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.sh
+. "$here/versions.sh"
+
+log() { printf '[cluster] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+cmd="${1:-}"; shift || true
+dir=""; watch_pid=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --watch-pid) watch_pid="$2"; shift 2 ;;
+    -*) die "unknown flag $1" ;;
+    *) dir="$1"; shift ;;
+  esac
+done
+dir="${dir:-$AC_CACHE/clusters/dev}"
+mkdir -p "$dir"
+dir="$(cd "$dir" && pwd)"
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+readyz() {
+  [ -f "$dir/env" ] || return 1
+  # shellcheck disable=SC1091
+  . "$dir/env"
+  curl -fsS --max-time 3 --cacert "$dir/pki/ca.crt" --cert "$dir/pki/admin.crt" --key "$dir/pki/admin.key" \
+    "https://127.0.0.1:$KUBE_APISERVER_PORT/readyz" >/dev/null 2>&1
+}
+
+# --- certificates -------------------------------------------------------------------------
+# cert NAME CA SUBJECT EXT: an EC P-256 key and a certificate signed by CA (self-signed
+# when CA is "self"), with the given X.509 v3 extensions.
+cert() {
+  local name="$1" ca="$2" subj="$3" ext="$4" pki="$dir/pki"
+  openssl ecparam -name prime256v1 -genkey -noout -out "$pki/$name.key" 2>/dev/null
+  printf '%s\n' "$ext" > "$pki/$name.ext"
+  if [ "$ca" = self ]; then
+    openssl req -x509 -new -key "$pki/$name.key" -subj "$subj" -days 3650 \
+      -extensions v3 -config <(printf '[req]\ndistinguished_name=dn\n[dn]\n[v3]\n%s\n' "$ext") \
+      -out "$pki/$name.crt" 2>/dev/null
+  else
+    openssl req -new -key "$pki/$name.key" -subj "$subj" -out "$pki/$name.csr" 2>/dev/null
+    openssl x509 -req -in "$pki/$name.csr" -CA "$pki/$ca.crt" -CAkey "$pki/$ca.key" -CAcreateserial \
+      -days 3650 -extfile "$pki/$name.ext" -out "$pki/$name.crt" 2>/dev/null
+  fi
+}
+
+make_pki() {
+  local pki="$dir/pki"
+  mkdir -p "$pki"
+  local ca_ext='basicConstraints=critical,CA:TRUE
+keyUsage=critical,keyCertSign,cRLSign,digitalSignature'
+  local client_ext='basicConstraints=critical,CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=clientAuth'
+  # The cluster CA signs the API server's serving cert and ordinary client certs.
+  cert ca self "/CN=address-controller-local-ca" "$ca_ext"
+  cert apiserver ca "/CN=kube-apiserver" 'basicConstraints=critical,CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc'
+  cert admin ca "/O=system:masters/CN=admin" "$client_ext"
+  # The front proxy has its own CA: an ordinary client cert must never pass as the proxy.
+  cert front-proxy-ca self "/CN=address-controller-local-front-proxy-ca" "$ca_ext"
+  cert front-proxy-client front-proxy-ca "/CN=front-proxy-client" "$client_ext"
+  # Service-account token signing key.
+  openssl ecparam -name prime256v1 -genkey -noout -out "$pki/sa.key" 2>/dev/null
+  openssl ec -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+}
+
+write_kubeconfig() {
+  cat > "$dir/admin.kubeconfig" <<KCFG
+apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster:
+    server: https://127.0.0.1:$1
+    certificate-authority: $dir/pki/ca.crt
+users:
+- name: admin
+  user:
+    client-certificate: $dir/pki/admin.crt
+    client-key: $dir/pki/admin.key
+contexts:
+- name: local
+  context: {cluster: local, user: admin}
+current-context: local
+KCFG
+}
+
+# start NAME CMD...: run CMD in its own session (so `down` can kill the whole group),
+# logging to DIR/logs/NAME.log and recording the pid.
+start() {
+  local name="$1"; shift
+  setsid "$@" >"$dir/logs/$name.log" 2>&1 < /dev/null &
+  echo $! > "$dir/pids/$name"
+}
+
+stop_all() {
+  local sig pid f alive
+  [ -d "$dir/pids" ] || return 0
+  # Reverse start order: controller-manager, apiserver, etcd; watcher last.
+  for name in kube-controller-manager kube-apiserver etcd watcher; do
+    f="$dir/pids/$name"; [ -f "$f" ] || continue
+    pid="$(cat "$f")"
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+    rm -f "$f"
+  done
+}
+
+up() {
+  if readyz; then
+    log "already up; kubeconfig: $dir/admin.kubeconfig"
+    echo "$dir/admin.kubeconfig"
+    return 0
+  fi
+  stop_all
+  "$here/build-binaries.sh"
+  rm -rf "$dir/etcd" "$dir/pki" "$dir/logs" "$dir/pids" "$dir/env"
+  mkdir -p "$dir/logs" "$dir/pids" "$dir/kas" "$dir/kcm"
+  log "certificates"
+  make_pki
+
+  local etcd_port peer_port kas_port kcm_port
+  etcd_port=$(free_port); peer_port=$(free_port); kas_port=$(free_port); kcm_port=$(free_port)
+  cat > "$dir/env" <<ENV
+KUBECONFIG=$dir/admin.kubeconfig
+KUBE_APISERVER_PORT=$kas_port
+KUBE_APISERVER_URL=https://127.0.0.1:$kas_port
+ETCD_PORT=$etcd_port
+KUBE_CONTROLLER_MANAGER_PORT=$kcm_port
+CLUSTER_DIR=$dir
+KUBE_BIN=$KUBE_BIN
+HELM=$HELM_BIN/helm
+ENV
+  write_kubeconfig "$kas_port"
+
+  log "etcd $ETCD_VERSION on 127.0.0.1:$etcd_port"
+  start etcd "$ETCD_BIN/etcd" --name=local --data-dir="$dir/etcd" \
+    --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls="http://127.0.0.1:$peer_port" --initial-advertise-peer-urls="http://127.0.0.1:$peer_port" \
+    --initial-cluster="local=http://127.0.0.1:$peer_port" --listen-metrics-urls="" \
+    --unsafe-no-fsync --log-level=warn
+
+  log "kube-apiserver $KUBE_VERSION on 127.0.0.1:$kas_port"
+  start kube-apiserver "$KUBE_BIN/kube-apiserver" \
+    --etcd-servers="http://127.0.0.1:$etcd_port" \
+    --bind-address=127.0.0.1 --secure-port="$kas_port" \
+    --advertise-address=127.0.0.1 --endpoint-reconciler-type=none \
+    --cert-dir="$dir/kas" \
+    --tls-cert-file="$dir/pki/apiserver.crt" --tls-private-key-file="$dir/pki/apiserver.key" \
+    --client-ca-file="$dir/pki/ca.crt" \
+    --authorization-mode=RBAC \
+    --service-cluster-ip-range=10.0.0.0/24 \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$dir/pki/sa.pub" --service-account-signing-key-file="$dir/pki/sa.key" \
+    --disable-admission-plugins=ServiceAccount \
+    --allow-privileged=true --profiling=false \
+    --requestheader-client-ca-file="$dir/pki/front-proxy-ca.crt" \
+    --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User \
+    --requestheader-uid-headers=X-Remote-Uid \
+    --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$dir/pki/front-proxy-client.crt" \
+    --proxy-client-key-file="$dir/pki/front-proxy-client.key"
+
+  local deadline=$(( $(date +%s) + 120 ))
+  until readyz; do
+    for name in etcd kube-apiserver; do
+      kill -0 "$(cat "$dir/pids/$name")" 2>/dev/null || { tail -20 "$dir/logs/$name.log" >&2; stop_all; die "$name exited; log: $dir/logs/$name.log"; }
+    done
+    [ "$(date +%s)" -lt "$deadline" ] || { stop_all; die "kube-apiserver not ready after 120s; log: $dir/logs/kube-apiserver.log"; }
+    sleep 0.5
+  done
+
+  log "kube-controller-manager on 127.0.0.1:$kcm_port"
+  start kube-controller-manager "$KUBE_BIN/kube-controller-manager" \
+    --kubeconfig="$dir/admin.kubeconfig" \
+    --authentication-kubeconfig="$dir/admin.kubeconfig" --authorization-kubeconfig="$dir/admin.kubeconfig" \
+    --controllers=garbage-collector-controller,namespace-controller \
+    --leader-elect=false --use-service-account-credentials=false \
+    --bind-address=127.0.0.1 --secure-port="$kcm_port" --cert-dir="$dir/kcm"
+
+  # Ready means: /readyz answers, the default namespace exists (as upstream's test server
+  # waits for), and the controller-manager is healthy.
+  until KUBECONFIG="$dir/admin.kubeconfig" kubectl get namespace default >/dev/null 2>&1 \
+        && curl -ksf --max-time 3 "https://127.0.0.1:$kcm_port/healthz" >/dev/null 2>&1; do
+    kill -0 "$(cat "$dir/pids/kube-controller-manager")" 2>/dev/null || { tail -20 "$dir/logs/kube-controller-manager.log" >&2; stop_all; die "kube-controller-manager exited"; }
+    [ "$(date +%s)" -lt "$deadline" ] || { stop_all; die "control plane not ready after 120s; logs: $dir/logs/"; }
+    sleep 0.5
+  done
+
+  if [ -n "$watch_pid" ]; then
+    # Stop the cluster when its owner goes away, so an aborted test run leaves nothing.
+    start watcher bash -c "while kill -0 $watch_pid 2>/dev/null; do sleep 1; done; exec '$here/cluster.sh' down '$dir'"
+  fi
+  log "ready: kube-apiserver $KUBE_VERSION at https://127.0.0.1:$kas_port"
+  log "kubeconfig: $dir/admin.kubeconfig   (export KUBECONFIG=$dir/admin.kubeconfig)"
+  echo "$dir/admin.kubeconfig"
+}
+
+case "$cmd" in
+  up) up ;;
+  down)
+    # Do not kill ourselves when the watcher runs `down`.
+    if [ -f "$dir/pids/watcher" ] && [ "$(cat "$dir/pids/watcher")" = "$$" ]; then rm -f "$dir/pids/watcher"; fi
+    stop_all; rm -rf "$dir"; log "stopped $dir" ;;
+  status) if readyz; then log "up: $dir/admin.kubeconfig"; else log "down"; exit 1; fi ;;
+  *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac

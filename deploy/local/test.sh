@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# `make test`: everything CI runs. Lints, unit tests, then the integration tests against a
+# real control plane this script starts on 127.0.0.1 (and always stops). Prints a
+# "N passed, N failed" summary line.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root"
+here="$root/deploy/local"
+
+step() { printf '\n==> %s\n' "$*"; }
+t0=$(date +%s)
+out="$(mktemp -d)"
+cluster="$(mktemp -d "${TMPDIR:-/tmp}/address-controller-test.XXXXXX")"
+cleanup() { "$here/cluster.sh" down "$cluster" >/dev/null 2>&1 || true; rm -rf "$out"; }
+trap cleanup EXIT
+
+fail() { printf '\nmake test: FAILED at step "%s"\n' "$1"; exit 1; }
+
+step "rustfmt"
+cargo fmt --all -- --check || fail "rustfmt (run cargo fmt)"
+
+step "control-plane binaries (cached by version; cold build ~25 min)"
+# Started in the background: the Rust build and the Go build share the two cores.
+"$here/build-binaries.sh" >"$out/build-binaries.log" 2>&1 &
+build_pid=$!
+
+step "clippy"
+cargo clippy --workspace --all-targets -- -D warnings || fail "clippy"
+
+step "build tests"
+cargo test --workspace --no-run || fail "cargo build"
+
+step "wait for control-plane binaries"
+if ! wait "$build_pid"; then cat "$out/build-binaries.log"; fail "build-binaries"; fi
+cat "$out/build-binaries.log"
+
+step "start the local control plane in $cluster"
+"$here/cluster.sh" up "$cluster" --watch-pid $$ || fail "cluster up"
+
+step "cargo test (unit + integration)"
+export ADDRESS_CONTROLLER_TEST_CLUSTER="$cluster"
+cargo test --workspace --no-fail-fast 2>&1 | tee "$out/cargo-test.log"
+status=${PIPESTATUS[0]}
+
+passed=$(grep -Eo 'test result: .* ([0-9]+) passed' "$out/cargo-test.log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed;' "$out/cargo-test.log" | awk '{s+=$1} END {print s+0}')
+ignored=$(grep -Eo '[0-9]+ ignored;' "$out/cargo-test.log" | awk '{s+=$1} END {print s+0}')
+printf '\nmake test finished in %ss\n' "$(( $(date +%s) - t0 ))"
+printf '%s passed, %s failed, %s skipped\n' "$passed" "$failed" "$ignored"
+if [ "$status" -ne 0 ]; then
+  rm -rf "$root/target/test-cluster-logs"
+  cp -r "$cluster/logs" "$root/target/test-cluster-logs" 2>/dev/null &&
+    printf 'control-plane logs copied to target/test-cluster-logs\n'
+  exit "$status"
+fi
