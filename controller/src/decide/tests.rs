@@ -1,0 +1,924 @@
+//! Table-style tests of the pure decisions, one per row of SPEC §4–§6.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use address_controller_api::names::{
+    ADDRESS_FINALIZER, CLAIM_FINALIZER, DEFAULT_CLASS_ANNOTATION, HELD_ANNOTATION,
+    PROVISIONER_ANNOTATION, event, reason,
+};
+use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClaim, IPAddressClass};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+use super::address::{AddressSnapshot, AddressStatusWrite, plan_address};
+use super::claim::{AddressWrite, ClaimPlan, ClaimSnapshot, plan_claim};
+
+fn now() -> Time {
+    Time("2026-01-01T12:00:00Z".parse::<Timestamp>().unwrap())
+}
+
+fn at(s: &str) -> Time {
+    Time(s.parse::<Timestamp>().unwrap())
+}
+
+fn class(name: &str, extra: Value) -> Arc<IPAddressClass> {
+    let mut v = json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddressClass",
+        "metadata": {"name": name}, "spec": {"provisioner": format!("{name}.drivers.example")}});
+    merge(&mut v, extra);
+    Arc::new(serde_json::from_value(v).unwrap())
+}
+
+fn default_class(name: &str) -> Arc<IPAddressClass> {
+    class(
+        name,
+        json!({"metadata": {"annotations": {DEFAULT_CLASS_ANNOTATION: "true"}}}),
+    )
+}
+
+fn addr(name: &str, ip: &str, class: &str, extra: Value) -> Arc<IPAddress> {
+    let mut v = json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddress",
+        "metadata": {"name": name, "uid": format!("uid-{name}"), "resourceVersion": "10",
+            "finalizers": [ADDRESS_FINALIZER]},
+        "spec": {"address": ip, "className": class, "source": {"fromClass": {}}},
+        "status": {"phase": "Available"}});
+    merge(&mut v, extra);
+    Arc::new(serde_json::from_value(v).unwrap())
+}
+
+fn bound_to(uid: Option<&str>) -> Value {
+    json!({"spec": {"claimRef": {"namespace": "t", "name": "c", "uid": uid}}, "status": {"phase": "Bound"}})
+}
+
+fn claim(extra: Value) -> IPAddressClaim {
+    let mut v = json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddressClaim",
+        "metadata": {"name": "c", "namespace": "t", "uid": "claim-uid", "generation": 3,
+            "resourceVersion": "5", "finalizers": [CLAIM_FINALIZER]},
+        "spec": {}});
+    merge(&mut v, extra);
+    serde_json::from_value(v).unwrap()
+}
+
+fn merge(base: &mut Value, patch: Value) {
+    match (base, patch) {
+        (Value::Object(b), Value::Object(p)) => {
+            for (k, v) in p {
+                merge(b.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (b, p) => *b = p,
+    }
+}
+
+fn plan(
+    c: &IPAddressClaim,
+    addresses: &[Arc<IPAddress>],
+    classes: &[Arc<IPAddressClass>],
+) -> ClaimPlan {
+    plan_taken(c, addresses, classes, &HashSet::new())
+}
+
+fn plan_taken(
+    c: &IPAddressClaim,
+    addresses: &[Arc<IPAddress>],
+    classes: &[Arc<IPAddressClass>],
+    taken: &HashSet<String>,
+) -> ClaimPlan {
+    plan_claim(&ClaimSnapshot {
+        claim: c,
+        addresses,
+        classes,
+        taken,
+        now: now(),
+    })
+}
+
+fn binds(p: &ClaimPlan) -> Vec<&str> {
+    p.address_writes
+        .iter()
+        .filter_map(|w| match w {
+            AddressWrite::Bind { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn condition<'a>(p: &'a ClaimPlan, type_: &str) -> (&'a str, &'a str, &'a str) {
+    let c = p
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .unwrap();
+    (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+}
+
+fn phase(p: &ClaimPlan) -> ClaimPhase {
+    p.status.as_ref().unwrap().phase.unwrap()
+}
+
+/// Applies a plan's status and metadata to the claim, as the API server would.
+fn applied(c: &IPAddressClaim, p: &ClaimPlan) -> IPAddressClaim {
+    let mut c = c.clone();
+    if let Some(s) = &p.status {
+        c.status = Some(s.clone());
+    }
+    if let Some(m) = &p.metadata {
+        if let Some(f) = &m.finalizers {
+            c.metadata.finalizers = Some(f.clone());
+        }
+        if let Some(v) = &m.provisioner {
+            c.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(PROVISIONER_ANNOTATION.into(), v.clone());
+        }
+    }
+    c
+}
+
+// ---- §4.2 finalizer and stamp -------------------------------------------------------------
+
+#[test]
+fn new_claim_gets_finalizer_and_stamp_in_one_patch_and_binds_lowest_name() {
+    let c = claim(json!({"metadata": {"finalizers": null}}));
+    let classes = [default_class("pub")];
+    let addresses = [
+        addr("b", "192.0.2.2", "pub", json!({})),
+        addr("a", "192.0.2.1", "pub", json!({})),
+    ];
+    let p = plan(&c, &addresses, &classes);
+    let m = p.metadata.as_ref().unwrap();
+    assert_eq!(
+        m.finalizers.as_deref(),
+        Some(&[CLAIM_FINALIZER.to_string()][..])
+    );
+    assert_eq!(m.provisioner.as_deref(), Some("pub.drivers.example"));
+    assert_eq!(binds(&p), ["a"]);
+    assert_eq!(phase(&p), ClaimPhase::Bound);
+    let s = p.status.as_ref().unwrap();
+    assert_eq!(s.class_name.as_deref(), Some("pub"));
+    assert_eq!(s.addresses[0].address, "192.0.2.1");
+    assert_eq!(
+        condition(&p, "ClassResolved"),
+        (
+            "True",
+            reason::RESOLVED,
+            "resolved to IPAddressClass \"pub\""
+        )
+    );
+    assert_eq!(condition(&p, "Bound").1, reason::BOUND);
+    let events: Vec<&str> = p.events.iter().map(|e| e.reason).collect();
+    assert_eq!(events, [event::MATCHED, reason::BOUND]);
+    // observedGeneration on every condition.
+    assert!(
+        s.conditions
+            .iter()
+            .all(|c| c.observed_generation == Some(3))
+    );
+}
+
+#[test]
+fn stamp_follows_retargeting_while_unbound() {
+    let c = claim(
+        json!({"metadata": {"annotations": {PROVISIONER_ANNOTATION: "old.drivers.example"}},
+        "spec": {"className": "new"}}),
+    );
+    let p = plan(&c, &[], &[class("new", json!({}))]);
+    let m = p.metadata.unwrap();
+    assert_eq!(m.provisioner.as_deref(), Some("new.drivers.example"));
+    assert_eq!(m.finalizers, None, "finalizer already present");
+}
+
+// ---- §4.7 class resolution ----------------------------------------------------------------
+
+#[test]
+fn class_resolution_rows() {
+    let cases: Vec<(&str, Value, Vec<Arc<IPAddressClass>>, &str, Option<&str>)> = vec![
+        (
+            "named",
+            json!({"spec": {"className": "x"}}),
+            vec![class("x", json!({})), default_class("d")],
+            reason::RESOLVED,
+            Some("x"),
+        ),
+        (
+            "default",
+            json!({}),
+            vec![class("x", json!({})), default_class("d")],
+            reason::RESOLVED,
+            Some("d"),
+        ),
+        (
+            "sticky status",
+            json!({"status": {"className": "x"}}),
+            vec![class("x", json!({})), default_class("d")],
+            reason::RESOLVED,
+            Some("x"),
+        ),
+        (
+            "named missing",
+            json!({"spec": {"className": "nope"}}),
+            vec![default_class("d")],
+            reason::CLASS_NOT_FOUND,
+            None,
+        ),
+        (
+            "no default",
+            json!({}),
+            vec![class("x", json!({}))],
+            reason::NO_DEFAULT_CLASS,
+            None,
+        ),
+        (
+            "default only when exactly true",
+            json!({}),
+            vec![class(
+                "x",
+                json!({"metadata": {"annotations": {DEFAULT_CLASS_ANNOTATION: "True"}}}),
+            )],
+            reason::NO_DEFAULT_CLASS,
+            None,
+        ),
+        (
+            "several defaults",
+            json!({}),
+            vec![default_class("d1"), default_class("d2")],
+            reason::MULTIPLE_DEFAULT_CLASSES,
+            None,
+        ),
+    ];
+    for (what, extra, classes, want_reason, want_class) in cases {
+        let c = claim(extra);
+        let p = plan(&c, &[], &classes);
+        let (status, reason_, message) = condition(&p, "ClassResolved");
+        assert_eq!(reason_, want_reason, "{what}: {message}");
+        assert_eq!(status == "True", want_class.is_some(), "{what}");
+        if let Some(want) = want_class {
+            assert_eq!(
+                p.status.as_ref().unwrap().class_name.as_deref(),
+                Some(want),
+                "{what}"
+            );
+            assert_eq!(
+                condition(&p, "Bound").1,
+                reason::WAITING_FOR_PROVISIONING,
+                "{what}"
+            );
+        } else {
+            assert_eq!(phase(&p), ClaimPhase::Pending, "{what}");
+            assert!(
+                p.events
+                    .iter()
+                    .any(|e| e.warning && e.reason == want_reason),
+                "{what}: warning event"
+            );
+            assert!(
+                p.metadata
+                    .as_ref()
+                    .and_then(|m| m.provisioner.as_ref())
+                    .is_none(),
+                "{what}: no stamp"
+            );
+        }
+    }
+    let p = plan(
+        &claim(json!({})),
+        &[],
+        &[default_class("d2"), default_class("d1")],
+    );
+    assert!(condition(&p, "ClassResolved").2.contains("d1, d2"));
+}
+
+#[test]
+fn class_failure_event_is_not_repeated_in_steady_state() {
+    let c = claim(json!({"spec": {"className": "nope"}}));
+    let p1 = plan(&c, &[], &[]);
+    assert_eq!(p1.events.len(), 1);
+    let c2 = applied(&c, &p1);
+    let p2 = plan(&c2, &[], &[]);
+    assert!(p2.is_empty(), "steady state must plan nothing: {p2:?}");
+}
+
+// ---- §4.3–4.5 collection, pre-binding, satisfaction ----------------------------------------
+
+#[test]
+fn prebinding_is_completed_with_the_uid_and_counts_as_bound() {
+    let c = claim(json!({}));
+    let a = addr(
+        "a",
+        "192.0.2.1",
+        "pub",
+        json!({"spec": {"claimRef": {"namespace": "t", "name": "c"}}, "status": {"phase": "Pending"}}),
+    );
+    let p = plan(&c, &[a], &[]);
+    assert!(
+        matches!(&p.address_writes[..], [AddressWrite::CompleteUid { name, claim_ref, resource_version }]
+        if name == "a" && claim_ref.uid.as_deref() == Some("claim-uid") && resource_version.as_deref() == Some("10"))
+    );
+    assert_eq!(phase(&p), ClaimPhase::Bound);
+}
+
+#[test]
+fn stale_binding_of_an_older_claim_is_never_adopted() {
+    let c = claim(json!({"spec": {"className": "pub"}}));
+    let stale = addr("a", "192.0.2.1", "pub", bound_to(Some("older-uid")));
+    let p = plan(&c, &[stale], &[class("pub", json!({}))]);
+    assert!(p.address_writes.is_empty());
+    assert_eq!(phase(&p), ClaimPhase::Pending);
+    assert!(p.status.unwrap().addresses.is_empty());
+}
+
+#[test]
+fn bound_claim_ignores_its_class_even_when_deleted() {
+    let c = claim(json!({"spec": {"className": "gone"},
+        "status": {"phase": "Bound", "className": "gone"}}));
+    let a = addr("a", "192.0.2.1", "gone", bound_to(Some("claim-uid")));
+    let p1 = plan(&c, std::slice::from_ref(&a), &[]);
+    assert_eq!(phase(&p1), ClaimPhase::Bound);
+    assert!(
+        p1.status
+            .as_ref()
+            .unwrap()
+            .conditions
+            .iter()
+            .all(|c| c.type_ != "ClassResolved")
+    );
+    let p2 = plan(&applied(&c, &p1), &[a], &[]);
+    assert!(p2.is_empty(), "converged: {p2:?}");
+}
+
+// ---- static matching ---------------------------------------------------------------------
+
+#[test]
+fn static_matching_by_class_and_family_lowest_name() {
+    let classes = [class("pub", json!({}))];
+    let addresses = [
+        addr("a0", "192.0.2.9", "other", json!({})), // wrong class
+        addr("a1", "2001:db8::1", "pub", json!({})), // wrong family
+        addr(
+            "a2",
+            "192.0.2.2",
+            "pub",
+            json!({"status": {"phase": "Pending"}}),
+        ), // not Available
+        addr(
+            "a3",
+            "192.0.2.3",
+            "pub",
+            json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+        ),
+        addr("a4", "192.0.2.4", "pub", bound_to(Some("x"))), // bound elsewhere
+        addr("a5", "192.0.2.5", "pub", json!({})),           // taken by another worker
+        addr("a7", "192.0.2.7", "pub", json!({})),
+        addr("a6", "192.0.2.6", "pub", json!({})),
+        addr("a8", "bogus", "pub", json!({})),
+    ];
+    let taken = HashSet::from(["a5".to_string()]);
+    let p = plan_taken(
+        &claim(json!({"spec": {"className": "pub"}})),
+        &addresses,
+        &classes,
+        &taken,
+    );
+    assert_eq!(binds(&p), ["a6"]);
+    assert!(
+        matches!(&p.address_writes[0], AddressWrite::Bind { claim_ref, .. } if claim_ref.uid.as_deref() == Some("claim-uid"))
+    );
+}
+
+#[test]
+fn ipv4_mapped_ipv6_counts_as_ipv4() {
+    let p = plan(
+        &claim(json!({"spec": {"className": "pub", "family": "IPv6"}})),
+        &[addr("m", "::ffff:192.0.2.1", "pub", json!({}))],
+        &[class("pub", json!({}))],
+    );
+    assert!(binds(&p).is_empty());
+    let p = plan(
+        &claim(json!({"spec": {"className": "pub"}})),
+        &[addr("m", "::ffff:192.0.2.1", "pub", json!({}))],
+        &[class("pub", json!({}))],
+    );
+    assert_eq!(binds(&p), ["m"]);
+}
+
+#[test]
+fn dual_claim_binds_one_of_each_family_or_waits_for_the_missing_one() {
+    let classes = [class("pub", json!({}))];
+    let c = claim(json!({"spec": {"className": "pub", "family": "Dual"}}));
+    let both = [
+        addr("v4", "192.0.2.1", "pub", json!({})),
+        addr("v6", "2001:db8::1", "pub", json!({})),
+    ];
+    let p = plan(&c, &both, &classes);
+    assert_eq!(binds(&p), ["v4", "v6"]);
+    assert_eq!(phase(&p), ClaimPhase::Bound);
+
+    let only_v4 = [addr("v4", "192.0.2.1", "pub", json!({}))];
+    let p = plan(&c, &only_v4, &classes);
+    assert_eq!(binds(&p), ["v4"]);
+    assert_eq!(phase(&p), ClaimPhase::Pending);
+    let (_, r, m) = condition(&p, "Bound");
+    assert_eq!(r, reason::WAITING_FOR_PROVISIONING);
+    assert!(m.contains("IPv6"), "{m}");
+}
+
+#[test]
+fn no_candidate_waits_for_the_driver() {
+    let p = plan(
+        &claim(json!({"spec": {"className": "pub"}})),
+        &[],
+        &[class("pub", json!({}))],
+    );
+    assert_eq!(phase(&p), ClaimPhase::Pending);
+    let (s, r, m) = condition(&p, "Bound");
+    assert_eq!((s, r), ("False", reason::WAITING_FOR_PROVISIONING));
+    assert!(m.contains("pub.drivers.example"), "{m}");
+}
+
+// ---- spec.addressName pinning ------------------------------------------------------------
+
+#[test]
+fn pinned_address_rows() {
+    let classes = [class("pub", json!({})), class("other", json!({}))];
+    let cases: Vec<(&str, Option<Arc<IPAddress>>, Option<&str>)> = vec![
+        ("free", Some(addr("p", "192.0.2.1", "pub", json!({}))), None),
+        (
+            "free even if not Available yet",
+            Some(addr("p", "192.0.2.1", "pub", json!({"status": null}))),
+            None,
+        ),
+        ("missing", None, Some("does not exist")),
+        (
+            "wrong class",
+            Some(addr("p", "192.0.2.1", "other", json!({}))),
+            Some("belongs to class \"other\""),
+        ),
+        (
+            "wrong family",
+            Some(addr("p", "2001:db8::1", "pub", json!({}))),
+            Some("is IPv6; the claim wants IPv4"),
+        ),
+        (
+            "bound elsewhere",
+            Some(addr(
+                "p",
+                "192.0.2.1",
+                "pub",
+                json!({"spec": {"claimRef": {"namespace": "x", "name": "y", "uid": "u"}}}),
+            )),
+            Some("already bound to claim x/y"),
+        ),
+        (
+            "conflict",
+            Some(addr(
+                "p",
+                "192.0.2.1",
+                "pub",
+                json!({"status": {"phase": "Conflict"}}),
+            )),
+            Some("in phase Conflict"),
+        ),
+        (
+            "lost",
+            Some(addr(
+                "p",
+                "192.0.2.1",
+                "pub",
+                json!({"status": {"phase": "Lost"}}),
+            )),
+            Some("in phase Lost"),
+        ),
+        (
+            "deleting",
+            Some(addr(
+                "p",
+                "192.0.2.1",
+                "pub",
+                json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+            )),
+            Some("being deleted"),
+        ),
+    ];
+    for (what, a, problem) in cases {
+        let c = claim(json!({"spec": {"className": "pub", "addressName": "p"}}));
+        let addresses: Vec<Arc<IPAddress>> = a
+            .into_iter()
+            .chain([addr("z-free", "192.0.2.50", "pub", json!({}))])
+            .collect();
+        let p = plan(&c, &addresses, &classes);
+        match problem {
+            None => assert_eq!(binds(&p), ["p"], "{what}"),
+            Some(want) => {
+                assert!(
+                    binds(&p).is_empty(),
+                    "{what}: never falls back to another address"
+                );
+                let (s, r, m) = condition(&p, "Bound");
+                assert_eq!((s, r), ("False", reason::WAITING_FOR_ADDRESS), "{what}");
+                assert!(m.contains(want), "{what}: {m}");
+            }
+        }
+    }
+}
+
+// ---- §4.6 Lost ---------------------------------------------------------------------------
+
+#[test]
+fn lost_is_surfaced_not_replaced_and_recovers() {
+    let classes = [class("pub", json!({}))];
+    let c = claim(
+        json!({"spec": {"className": "pub"}, "status": {"phase": "Bound", "className": "pub"}}),
+    );
+    let lost = addr(
+        "a",
+        "192.0.2.1",
+        "pub",
+        json!({"spec": {"claimRef": {"namespace": "t", "name": "c", "uid": "claim-uid"}},
+        "status": {"phase": "Lost"}}),
+    );
+    let spare = addr("b", "192.0.2.2", "pub", json!({}));
+    let p = plan(&c, &[lost.clone(), spare.clone()], &classes);
+    assert!(binds(&p).is_empty(), "no replacement");
+    assert_eq!(phase(&p), ClaimPhase::Lost);
+    let (_, r, m) = condition(&p, "Bound");
+    assert_eq!(r, reason::ADDRESS_LOST);
+    assert!(m.contains("a is Lost"), "{m}");
+    assert!(
+        p.events
+            .iter()
+            .any(|e| e.warning && e.reason == reason::ADDRESS_LOST)
+    );
+    let lost_claim = applied(&c, &p);
+    assert!(
+        plan(&lost_claim, &[lost, spare.clone()], &classes).is_empty(),
+        "steady Lost"
+    );
+
+    // The driver clears Lost: the claim is Bound again by itself.
+    let recovered = addr("a", "192.0.2.1", "pub", bound_to(Some("claim-uid")));
+    let p = plan(&lost_claim, &[recovered, spare], &classes);
+    assert_eq!(phase(&p), ClaimPhase::Bound);
+    assert!(binds(&p).is_empty());
+}
+
+#[test]
+fn bound_claim_whose_address_disappeared_is_lost() {
+    let c = claim(json!({"status": {"phase": "Bound", "className": "pub"}}));
+    let p = plan(
+        &c,
+        &[addr("b", "192.0.2.2", "pub", json!({}))],
+        &[class("pub", json!({}))],
+    );
+    assert_eq!(phase(&p), ClaimPhase::Lost);
+    assert!(binds(&p).is_empty());
+}
+
+// ---- steady state ------------------------------------------------------------------------
+
+#[test]
+fn converged_bound_claim_plans_nothing() {
+    let classes = [default_class("pub")];
+    let c = claim(json!({"metadata": {"finalizers": null}}));
+    let a = addr("a", "192.0.2.1", "pub", json!({}));
+    let p1 = plan(&c, std::slice::from_ref(&a), &classes);
+    let c2 = applied(&c, &p1);
+    let a2 = addr("a", "192.0.2.1", "pub", bound_to(Some("claim-uid")));
+    let p2 = plan(&c2, &[a2], &classes);
+    assert!(p2.is_empty(), "{p2:?}");
+}
+
+// ---- §6 reclaim --------------------------------------------------------------------------
+
+#[test]
+fn reclaim_rows() {
+    let deleting = json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}});
+    let owned = json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z", "ownerReferences": [
+        {"apiVersion": "v1", "kind": "Service", "name": "c", "uid": "svc", "controller": true}]}});
+    let retain = addr("r", "192.0.2.1", "pub", bound_to(Some("claim-uid")));
+    let delete = addr("d", "2001:db8::1", "pub", {
+        let mut v = bound_to(Some("claim-uid"));
+        merge(&mut v, json!({"spec": {"reclaimPolicy": "Delete"}}));
+        v
+    });
+    let released = addr("x", "192.0.2.3", "pub", {
+        let mut v = bound_to(Some("claim-uid"));
+        merge(&mut v, json!({"status": {"phase": "Released"}}));
+        v
+    });
+    let other = addr("o", "192.0.2.4", "pub", bound_to(Some("another-claim")));
+
+    let p = plan(
+        &claim(deleting.clone()),
+        &[
+            retain.clone(),
+            delete.clone(),
+            released.clone(),
+            other.clone(),
+        ],
+        &[],
+    );
+    assert_eq!(
+        p.address_writes,
+        vec![
+            AddressWrite::Delete {
+                name: "d".into(),
+                uid: Some("uid-d".into())
+            },
+            AddressWrite::Release {
+                name: "r".into(),
+                resource_version: Some("10".into())
+            },
+        ]
+    );
+    assert_eq!(
+        p.metadata.unwrap().finalizers,
+        Some(vec![]),
+        "finalizer dropped after"
+    );
+    let reasons: Vec<&str> = p.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, [event::ADDRESS_DELETED, event::ADDRESS_RELEASED]);
+
+    // An auto-claim (controller owner) deletes whatever the policy.
+    let p = plan(&claim(owned), &[retain, delete, other], &[]);
+    let deletes: Vec<&str> = p.address_writes.iter().map(|w| w.address_name()).collect();
+    assert_eq!(deletes, ["d", "r"]);
+    assert!(
+        p.address_writes
+            .iter()
+            .all(|w| matches!(w, AddressWrite::Delete { .. }))
+    );
+
+    // Without our finalizer there is nothing left to do.
+    let mut gone = claim(deleting);
+    gone.metadata.finalizers = Some(vec!["someone-else".into()]);
+    assert!(plan(&gone, &[released], &[]).is_empty());
+}
+
+// ---- §5 addresses ------------------------------------------------------------------------
+
+fn aplan(
+    a: &IPAddress,
+    c: Option<&IPAddressClaim>,
+    class: Option<&IPAddressClass>,
+    now: Time,
+) -> super::address::AddressPlan {
+    plan_address(&AddressSnapshot {
+        address: a,
+        claim: c,
+        class,
+        now,
+    })
+}
+
+fn w(phase: AddressPhase, released_at: Option<Time>) -> Option<AddressStatusWrite> {
+    Some(AddressStatusWrite { phase, released_at })
+}
+
+#[test]
+fn address_phase_rows() {
+    let live = claim(json!({}));
+    let deleting_claim = claim(json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}));
+    let cases: Vec<(
+        &str,
+        Arc<IPAddress>,
+        Option<&IPAddressClaim>,
+        Option<AddressStatusWrite>,
+    )> = vec![
+        (
+            "free, new",
+            addr("a", "192.0.2.1", "pub", json!({"status": null})),
+            None,
+            w(AddressPhase::Available, None),
+        ),
+        (
+            "free, steady",
+            addr("a", "192.0.2.1", "pub", json!({})),
+            None,
+            None,
+        ),
+        (
+            "bound",
+            addr(
+                "a",
+                "192.0.2.1",
+                "pub",
+                json!({"spec": {"claimRef": {"namespace": "t", "name": "c", "uid": "claim-uid"}}}),
+            ),
+            Some(&live),
+            w(AddressPhase::Bound, None),
+        ),
+        (
+            "pre-bound",
+            addr(
+                "a",
+                "192.0.2.1",
+                "pub",
+                json!({"spec": {"claimRef": {"namespace": "t", "name": "c"}}, "status": null}),
+            ),
+            Some(&live),
+            w(AddressPhase::Pending, None),
+        ),
+        (
+            "claim deleting: wait",
+            addr("a", "192.0.2.1", "pub", bound_to(Some("claim-uid"))),
+            Some(&deleting_claim),
+            None,
+        ),
+        (
+            "conflict is sticky",
+            addr(
+                "a",
+                "192.0.2.1",
+                "pub",
+                json!({"spec": {"claimRef": {"namespace": "t", "name": "c"}},
+            "status": {"phase": "Conflict"}}),
+            ),
+            None,
+            None,
+        ),
+        (
+            "lost is sticky",
+            addr(
+                "a",
+                "192.0.2.1",
+                "pub",
+                json!({"status": {"phase": "Lost"}}),
+            ),
+            None,
+            None,
+        ),
+        (
+            "admin cleared claimRef of Released",
+            addr(
+                "a",
+                "192.0.2.1",
+                "pub",
+                json!({"status": {"phase": "Released", "releasedAt": "2026-01-01T00:00:00Z"}}),
+            ),
+            None,
+            w(AddressPhase::Available, None),
+        ),
+    ];
+    for (what, a, c, want) in cases {
+        let p = aplan(&a, c, None, now());
+        assert_eq!(p.status, want, "{what}");
+        assert!(!p.delete && !p.clear_claim_ref, "{what}");
+    }
+}
+
+#[test]
+fn address_gets_its_finalizer() {
+    let a = addr(
+        "a",
+        "192.0.2.1",
+        "pub",
+        json!({"metadata": {"finalizers": ["driver.example/teardown"]}}),
+    );
+    let p = aplan(&a, None, None, now());
+    assert_eq!(
+        p.finalizers,
+        Some(vec![
+            "driver.example/teardown".into(),
+            ADDRESS_FINALIZER.into()
+        ])
+    );
+}
+
+#[test]
+fn invalid_address_is_pending_with_a_one_shot_event() {
+    let a = addr(
+        "a",
+        "192.0.2.999",
+        "pub",
+        json!({"spec": {"claimRef": {"namespace": "t", "name": "c", "uid": "claim-uid"}}}),
+    );
+    let p = aplan(&a, Some(&claim(json!({}))), None, now());
+    assert_eq!(p.status, w(AddressPhase::Pending, None));
+    assert_eq!(p.once_event.unwrap().reason, event::INVALID_ADDRESS);
+}
+
+#[test]
+fn safety_net_reclaim_rows() {
+    // Claim gone, Retain: Released now, confirmed first.
+    let a = addr("a", "192.0.2.1", "pub", bound_to(Some("claim-uid")));
+    let p = aplan(&a, None, None, now());
+    assert_eq!(p.status, w(AddressPhase::Released, Some(now())));
+    assert!(p.confirm_claim_absent && !p.delete);
+    assert_eq!(p.events[0].reason, event::RECLAIMED);
+
+    // uid mismatch (a newer claim of the same name): same.
+    let newer = claim(json!({"metadata": {"uid": "newer"}}));
+    let p = aplan(&a, Some(&newer), None, now());
+    assert_eq!(p.status, w(AddressPhase::Released, Some(now())));
+
+    // Claim gone, Delete: delete the object, confirmed first.
+    let d = addr("a", "192.0.2.1", "pub", {
+        let mut v = bound_to(Some("claim-uid"));
+        merge(&mut v, json!({"spec": {"reclaimPolicy": "Delete"}}));
+        v
+    });
+    let p = aplan(&d, None, None, now());
+    assert!(p.delete && p.confirm_claim_absent);
+
+    // Already Released: steady, no event, releasedAt kept.
+    let r = addr(
+        "a",
+        "192.0.2.1",
+        "pub",
+        json!({"spec": {"claimRef": {"namespace": "t", "name": "c", "uid": "claim-uid"}},
+        "status": {"phase": "Released", "releasedAt": "2026-01-01T00:00:00Z"}}),
+    );
+    assert_eq!(aplan(&r, None, None, now()), Default::default());
+}
+
+#[test]
+fn deletion_is_blocked_while_a_live_claim_holds_the_address() {
+    let deleting = json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}});
+    let mut v = bound_to(Some("claim-uid"));
+    merge(&mut v, deleting.clone());
+    let a = addr("a", "192.0.2.1", "pub", v);
+    let p = aplan(&a, Some(&claim(json!({}))), None, now());
+    assert_eq!(p.finalizers, None);
+    assert_eq!(p.once_event.unwrap().reason, event::DELETION_BLOCKED);
+
+    // Claim being deleted, gone, or another uid: the finalizer goes.
+    for (what, c) in [
+        ("claim deleting", Some(claim(deleting.clone()))),
+        ("claim gone", None),
+        (
+            "another uid",
+            Some(claim(json!({"metadata": {"uid": "newer"}}))),
+        ),
+    ] {
+        let p = aplan(&a, c.as_ref(), None, now());
+        assert_eq!(p.finalizers, Some(vec![]), "{what}");
+        assert_eq!(p.confirm_claim_absent, what != "claim deleting", "{what}");
+    }
+    // Not bound: the finalizer goes at once.
+    let mut v = json!({});
+    merge(&mut v, deleting);
+    let free = addr("a", "192.0.2.1", "pub", v);
+    let p = aplan(&free, None, None, now());
+    assert_eq!(p.finalizers, Some(vec![]));
+    assert!(!p.confirm_claim_absent);
+}
+
+#[test]
+fn release_delay_rows() {
+    let delayed = class("pub", json!({"spec": {"releaseDelay": "1h"}}));
+    let released = |extra: Value| {
+        let mut v = json!({"spec": {"claimRef": {"namespace": "t", "name": "c", "uid": "claim-uid"}},
+            "status": {"phase": "Released", "releasedAt": "2026-01-01T11:30:00Z"}});
+        merge(&mut v, extra);
+        addr("a", "192.0.2.1", "pub", v)
+    };
+    // Before the deadline: scheduled for the moment it elapses, no polling.
+    let p = aplan(&released(json!({})), None, Some(&delayed), now());
+    assert_eq!(p.requeue_after, Some(std::time::Duration::from_secs(1800)));
+    assert!(!p.clear_claim_ref);
+    // After: claimRef cleared, event.
+    let p = aplan(
+        &released(json!({})),
+        None,
+        Some(&delayed),
+        at("2026-01-01T12:30:00Z"),
+    );
+    assert!(p.clear_claim_ref);
+    assert_eq!(p.events[0].reason, event::RELEASE_DELAY_ELAPSED);
+    // Held: waits for an admin, nothing scheduled.
+    let held = released(json!({"metadata": {"annotations": {HELD_ANNOTATION: "true"}}}));
+    let p = aplan(&held, None, Some(&delayed), at("2026-01-01T12:30:00Z"));
+    assert!(!p.clear_claim_ref && p.requeue_after.is_none());
+    // "held: false" is not held.
+    let not_held = released(json!({"metadata": {"annotations": {HELD_ANNOTATION: "false"}}}));
+    assert!(aplan(&not_held, None, Some(&delayed), at("2026-01-01T12:30:00Z")).clear_claim_ref);
+    // No delay on the class, or no class: waits for an admin.
+    assert_eq!(
+        aplan(
+            &released(json!({})),
+            None,
+            Some(&class("pub", json!({}))),
+            at("2030-01-01T00:00:00Z")
+        ),
+        Default::default()
+    );
+    assert_eq!(
+        aplan(&released(json!({})), None, None, at("2030-01-01T00:00:00Z")),
+        Default::default()
+    );
+    // The claim just went away: Released now, recycled on the next pass once elapsed.
+    let zero = class("pub", json!({"spec": {"releaseDelay": "0s"}}));
+    let p = aplan(
+        &addr("a", "192.0.2.1", "pub", bound_to(Some("claim-uid"))),
+        None,
+        Some(&zero),
+        now(),
+    );
+    assert_eq!(p.status, w(AddressPhase::Released, Some(now())));
+    assert_eq!(p.requeue_after, Some(std::time::Duration::ZERO));
+}
