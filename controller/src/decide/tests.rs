@@ -1,5 +1,7 @@
 //! Table-style tests of the pure decisions, one per row of SPEC §4–§6.
 
+#![allow(clippy::type_complexity)] // the case tables read better inline
+
 use std::collections::HashSet;
 use std::sync::Arc;
 
