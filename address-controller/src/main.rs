@@ -1,10 +1,19 @@
-//! `address-controller`: one binary for the core controller and the aggregated API server.
-//! Until those land (issues #3 and #4) it carries the generator of the committed manifests.
+//! `address-controller`: one binary for the core controller and (issue #4) the
+//! aggregated API server.
 
-use std::path::PathBuf;
+mod admin;
 
-use anyhow::Context;
-use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use address_controller_controller::{cache, context::Context, leader, metrics::Metrics, run};
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use futures_shutdown::Shutdown;
+use kube::config::{KubeConfigOptions, Kubeconfig};
 
 #[derive(Parser)]
 #[command(name = "address-controller", version, about)]
@@ -15,6 +24,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the core controller.
+    Run(RunArgs),
     /// Write the generated manifests (CRDs) into the chart. `make manifests` runs this.
     Manifests {
         /// Directory the CRD YAML files are written to.
@@ -23,13 +34,226 @@ enum Command {
     },
 }
 
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    kube: KubeArgs,
+    #[command(flatten)]
+    election: ElectionArgs,
+    #[command(flatten)]
+    ops: OpsArgs,
+    /// Reconciles running at once, per controller.
+    #[arg(long, env = "ADDRESS_CONTROLLER_CONCURRENCY", default_value_t = 16)]
+    concurrency: u16,
+}
+
+#[derive(Args)]
+#[command(next_help_heading = "Kubernetes API")]
+struct KubeArgs {
+    /// Kubeconfig to use; without it the in-cluster config (or $KUBECONFIG) is used.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+}
+
+#[derive(Args)]
+#[command(next_help_heading = "Leader election")]
+struct ElectionArgs {
+    /// Elect a leader among replicas on a coordination.k8s.io Lease; only the leader reconciles.
+    #[arg(long, env = "ADDRESS_CONTROLLER_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Name of the Lease.
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_LEASE_NAME",
+        default_value = "address-controller"
+    )]
+    lease_name: String,
+    /// Namespace of the Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// Identity of this replica in the Lease (default: host name and process id).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// How long a lease stays valid without renewal.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    lease_duration: Duration,
+    /// How long the leader tries to renew before giving up (then the process exits).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    renew_deadline: Duration,
+    /// Pause between election attempts.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    retry_period: Duration,
+}
+
+#[derive(Args)]
+#[command(next_help_heading = "Operations")]
+struct OpsArgs {
+    /// Plain-HTTP address of /healthz, /readyz and /metrics.
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_PROBE_ADDRESS",
+        default_value = "0.0.0.0:8081"
+    )]
+    probe_address: SocketAddr,
+    /// Log format.
+    #[arg(long, env = "ADDRESS_CONTROLLER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Plain,
+    Json,
+}
+
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Manifests { crds_dir } => write_manifests(&crds_dir),
+        Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(run_controller(args)),
     }
 }
 
-fn write_manifests(crds_dir: &std::path::Path) -> anyhow::Result<()> {
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,kube_runtime::controller=warn")
+    });
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Plain => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn client(args: &KubeArgs) -> anyhow::Result<kube::Client> {
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "address-controller".into());
+    format!("{host}-{}", std::process::id())
+}
+
+async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
+    init_logging(args.ops.log_format);
+    let client = client(&args.kube).await?;
+    let identity = args
+        .election
+        .identity
+        .clone()
+        .unwrap_or_else(default_identity);
+    let shutdown = Shutdown::new();
+
+    let (cache, drive) = cache::start(&client);
+    let stores = cache.stores.clone();
+    tokio::spawn(drive);
+
+    let metrics = Arc::new(Metrics::new(stores.clone())?);
+    let ready = Arc::new(AtomicBool::new(false));
+    {
+        let (stores, ready) = (stores.clone(), ready.clone());
+        tokio::spawn(async move {
+            if stores.wait_until_ready().await.is_ok() {
+                tracing::info!("caches synced");
+                ready.store(true, Ordering::Release);
+            }
+        });
+    }
+    let admin = tokio::spawn(admin::serve(
+        args.ops.probe_address,
+        admin::AdminState {
+            ready,
+            metrics: metrics.clone(),
+        },
+        shutdown.wait(),
+    ));
+
+    let leadership = if args.election.leader_elect {
+        leader::Leadership::follower()
+    } else {
+        leader::Leadership::always()
+    };
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        stores,
+        leadership.clone(),
+        metrics,
+        identity.clone(),
+    ));
+    let controllers = tokio::spawn(run::run(
+        cache,
+        ctx,
+        run::Settings {
+            concurrency: args.concurrency,
+        },
+        shutdown.wait(),
+    ));
+
+    let election = async {
+        if !args.election.leader_elect {
+            return shutdown.wait().await;
+        }
+        let cfg = leader::LeaseConfig {
+            namespace: args.election.lease_namespace.clone(),
+            name: args.election.lease_name.clone(),
+            identity: identity.clone(),
+            lease_duration: args.election.lease_duration,
+            renew_deadline: args.election.renew_deadline,
+            retry_period: args.election.retry_period,
+        };
+        if let Err(e) = leader::run(client.clone(), cfg, leadership.clone(), shutdown.wait()).await
+        {
+            // Like client-go: a replica that lost the lease exits and is restarted clean.
+            tracing::error!(error = %e, "leadership lost; exiting");
+            std::process::exit(1);
+        }
+    };
+
+    let signals = {
+        let shutdown = shutdown.clone();
+        async move {
+            wait_for_signal().await;
+            tracing::info!("shutting down");
+            shutdown.trigger();
+        }
+    };
+    tokio::join!(election, signals);
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        let _ = controllers.await;
+        let _ = admin.await;
+    })
+    .await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+fn write_manifests(crds_dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(crds_dir)
         .with_context(|| format!("creating {}", crds_dir.display()))?;
     for (name, yaml) in address_controller_api::manifests::crd_files()? {
@@ -38,4 +262,28 @@ fn write_manifests(crds_dir: &std::path::Path) -> anyhow::Result<()> {
         println!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// A one-shot, cloneable shutdown signal.
+mod futures_shutdown {
+    use tokio::sync::watch;
+
+    #[derive(Clone)]
+    pub struct Shutdown(watch::Sender<bool>);
+
+    impl Shutdown {
+        pub fn new() -> Self {
+            Shutdown(watch::Sender::new(false))
+        }
+        pub fn trigger(&self) {
+            self.0.send_replace(true);
+        }
+        /// Resolves once [`Shutdown::trigger`] was called.
+        pub fn wait(&self) -> impl Future<Output = ()> + Send + Sync + 'static {
+            let mut rx = self.0.subscribe();
+            async move {
+                let _ = rx.wait_for(|v| *v).await;
+            }
+        }
+    }
 }

@@ -80,6 +80,8 @@ pub struct ClaimPlan {
     pub address_writes: Vec<AddressWrite>,
     /// The new status, only when it differs from the observed one.
     pub status: Option<IPAddressClaimStatus>,
+    /// Reclaim done: the finalizer list without ours, written last (SPEC §6).
+    pub finalize: Option<Vec<String>>,
     pub events: Vec<PlannedEvent>,
 }
 
@@ -88,6 +90,7 @@ impl ClaimPlan {
         self.metadata.is_none()
             && self.address_writes.is_empty()
             && self.status.is_none()
+            && self.finalize.is_none()
             && self.events.is_empty()
     }
 }

@@ -1,0 +1,131 @@
+//! Wiring: the two controllers on the shared caches, and what triggers whom.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClaim, IPAddressClass};
+use futures::{FutureExt, StreamExt};
+use kube::ResourceExt;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::cache::Cache;
+use crate::context::Context;
+use crate::decide::refers_to;
+use crate::reconcile::{self, error_policy};
+
+/// Tuning of the controllers.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Reconciles running at once, per controller.
+    pub concurrency: u16,
+}
+
+fn unsettled(c: &IPAddressClaim) -> bool {
+    !matches!(
+        c.status.as_ref().and_then(|s| s.phase),
+        Some(ClaimPhase::Bound | ClaimPhase::Lost)
+    )
+}
+
+/// Claims an address change may concern: the claim it names, and — when the address is
+/// free — every claim still waiting for one.
+fn claims_for_address(
+    claims: &Store<IPAddressClaim>,
+    a: &IPAddress,
+) -> Vec<ObjectRef<IPAddressClaim>> {
+    if let Some(r) = &a.spec.claim_ref {
+        return vec![ObjectRef::new(&r.name).within(&r.namespace)];
+    }
+    if a.metadata.deletion_timestamp.is_some()
+        || a.status.as_ref().and_then(|s| s.phase) != Some(AddressPhase::Available)
+    {
+        return Vec::new();
+    }
+    claims
+        .state()
+        .iter()
+        .filter(|c| unsettled(c))
+        .map(|c| ObjectRef::from_obj(c.as_ref()))
+        .collect()
+}
+
+/// Addresses whose claimRef names this claim.
+fn addresses_for_claim(
+    addresses: &Store<IPAddress>,
+    c: &IPAddressClaim,
+) -> Vec<ObjectRef<IPAddress>> {
+    addresses
+        .state()
+        .iter()
+        .filter(|a| a.spec.claim_ref.as_ref().is_some_and(|r| refers_to(r, c)))
+        .map(|a| ObjectRef::from_obj(a.as_ref()))
+        .collect()
+}
+
+/// Runs both controllers until `shutdown` resolves.
+pub async fn run(
+    cache: Cache,
+    ctx: Arc<Context>,
+    settings: Settings,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    let shutdown = shutdown.shared();
+    let config = controller::Config::default().concurrency(settings.concurrency);
+    let stores = ctx.stores.clone();
+
+    let claims_for_address_store = stores.claims.clone();
+    let claims_for_class_store = stores.claims.clone();
+    let claim_controller =
+        Controller::for_shared_stream(cache.claims.clone(), stores.claims.clone())
+            .with_config(config.clone())
+            .watches_shared_stream(cache.addresses.clone(), move |a: Arc<IPAddress>| {
+                claims_for_address(&claims_for_address_store, &a)
+            })
+            .watches_shared_stream(cache.classes.clone(), move |_class: Arc<IPAddressClass>| {
+                claims_for_class_store
+                    .state()
+                    .iter()
+                    .filter(|c| unsettled(c))
+                    .map(|c| ObjectRef::from_obj(c.as_ref()))
+                    .collect::<Vec<_>>()
+            })
+            .reconcile_all_on(ctx.leader.acquired())
+            .graceful_shutdown_on(shutdown.clone())
+            .run(reconcile::claim::reconcile, error_policy, ctx.clone())
+            .for_each(|_| async {});
+
+    let addresses_for_claim_store = stores.addresses.clone();
+    let addresses_for_deleted_store = stores.addresses.clone();
+    let addresses_for_class_store = stores.addresses.clone();
+    let deleted = cache.claim_deletions.flat_map(move |c| {
+        futures::stream::iter(addresses_for_claim(&addresses_for_deleted_store, &c))
+    });
+    let address_controller =
+        Controller::for_shared_stream(cache.addresses, stores.addresses.clone())
+            .with_config(config)
+            .watches_shared_stream(cache.claims, move |c: Arc<IPAddressClaim>| {
+                addresses_for_claim(&addresses_for_claim_store, &c)
+            })
+            .watches_shared_stream(cache.classes, move |class: Arc<IPAddressClass>| {
+                // A changed release delay concerns the class's Released addresses.
+                let name = class.name_any();
+                addresses_for_class_store
+                    .state()
+                    .iter()
+                    .filter(|a| {
+                        a.spec.class_name == name
+                            && a.status.as_ref().and_then(|s| s.phase)
+                                == Some(AddressPhase::Released)
+                    })
+                    .map(|a| ObjectRef::from_obj(a.as_ref()))
+                    .collect::<Vec<_>>()
+            })
+            .reconcile_on(deleted)
+            .reconcile_all_on(ctx.leader.acquired())
+            .graceful_shutdown_on(shutdown)
+            .run(reconcile::address::reconcile, error_policy, ctx)
+            .for_each(|_| async {});
+
+    futures::join!(claim_controller, address_controller);
+}
