@@ -56,9 +56,16 @@ pub struct Cache {
     pub claims: ReflectHandle<IPAddressClaim>,
     pub addresses: ReflectHandle<IPAddress>,
     pub classes: ReflectHandle<IPAddressClass>,
-    /// Claims that disappeared (watch `Delete` events): the shared handles only carry
-    /// objects that are still in the store, and a claim's addresses must learn it is gone.
-    pub claim_deletions: mpsc::UnboundedReceiver<Arc<IPAddressClaim>>,
+    pub deletions: Deletions,
+}
+
+/// Objects that disappeared (watch `Delete` events). The shared handles only carry objects
+/// still in the store, yet a deletion matters to others: a claim's addresses must learn it
+/// is gone, claims must re-resolve when a default class goes away.
+pub struct Deletions {
+    pub claims: mpsc::UnboundedReceiver<Arc<IPAddressClaim>>,
+    pub addresses: mpsc::UnboundedReceiver<Arc<IPAddress>>,
+    pub classes: mpsc::UnboundedReceiver<Arc<IPAddressClass>>,
 }
 
 /// Buffer of each shared subscription; the reflector waits when a subscriber lags this far.
@@ -81,26 +88,24 @@ pub fn start(client: &Client) -> (Cache, impl Future<Output = ()> + Send + 'stat
     let (Some(claims), Some(addresses), Some(classes)) = handles else {
         unreachable!("shared writers always hand out subscriptions")
     };
-    let (deleted_tx, claim_deletions) = mpsc::unbounded();
-
-    let config = watcher::Config::default();
-    let claim_watch = watcher(Api::<IPAddressClaim>::all(client.clone()), config.clone())
-        .default_backoff()
-        .map_ok(|ev| ev.modify(|o| o.meta_mut().managed_fields = None))
-        .inspect_ok(move |ev| {
-            if let watcher::Event::Delete(c) = ev {
-                let _ = deleted_tx.unbounded_send(Arc::new(c.clone()));
-            }
-        })
-        .reflect_shared(claims_writer);
-    let address_watch = watcher(Api::<IPAddress>::all(client.clone()), config.clone())
-        .default_backoff()
-        .map_ok(|ev| ev.modify(|o| o.meta_mut().managed_fields = None))
-        .reflect_shared(addresses_writer);
-    let class_watch = watcher(Api::<IPAddressClass>::all(client.clone()), config)
-        .default_backoff()
-        .map_ok(|ev| ev.modify(|o| o.meta_mut().managed_fields = None))
-        .reflect_shared(classes_writer);
+    let (claims_deleted, claim_deletions) = mpsc::unbounded();
+    let (addresses_deleted, address_deletions) = mpsc::unbounded();
+    let (classes_deleted, class_deletions) = mpsc::unbounded();
+    let claim_watch = watch(
+        Api::<IPAddressClaim>::all(client.clone()),
+        claims_writer,
+        claims_deleted,
+    );
+    let address_watch = watch(
+        Api::<IPAddress>::all(client.clone()),
+        addresses_writer,
+        addresses_deleted,
+    );
+    let class_watch = watch(
+        Api::<IPAddressClass>::all(client.clone()),
+        classes_writer,
+        classes_deleted,
+    );
 
     let drive = async move {
         futures::join!(
@@ -120,7 +125,11 @@ pub fn start(client: &Client) -> (Cache, impl Future<Output = ()> + Send + 'stat
             claims,
             addresses,
             classes,
-            claim_deletions,
+            deletions: Deletions {
+                claims: claim_deletions,
+                addresses: address_deletions,
+                classes: class_deletions,
+            },
         },
         drive,
     )
@@ -144,4 +153,30 @@ async fn drain<T>(
             }
         })
         .await;
+}
+
+/// One kind's watch: managedFields stripped, deletions reported, the store kept.
+fn watch<K>(
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+    deleted: mpsc::UnboundedSender<Arc<K>>,
+) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .map_ok(|ev| ev.modify(|o| o.meta_mut().managed_fields = None))
+        .inspect_ok(move |ev| {
+            if let watcher::Event::Delete(o) = ev {
+                let _ = deleted.unbounded_send(Arc::new(o.clone()));
+            }
+        })
+        .reflect_shared(writer)
 }

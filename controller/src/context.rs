@@ -70,8 +70,13 @@ impl Context {
             action: ev.reason.to_string(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
-            tracing::warn!(reason = ev.reason, error = %e, "publishing event");
+        match self.recorder.publish(&event, &obj.object_ref(&())).await {
+            Ok(()) => {}
+            // The namespace is going away with its claims; nobody will read the event.
+            Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("being terminated") => {
+                tracing::debug!(reason = ev.reason, "namespace terminating; event dropped");
+            }
+            Err(e) => tracing::warn!(reason = ev.reason, error = %e, "publishing event"),
         }
     }
 

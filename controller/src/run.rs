@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::cache::Cache;
+use crate::cache::{Cache, Deletions};
 use crate::context::Context;
 use crate::decide::refers_to;
 use crate::reconcile::{self, error_policy};
@@ -26,6 +26,15 @@ fn unsettled(c: &IPAddressClaim) -> bool {
         c.status.as_ref().and_then(|s| s.phase),
         Some(ClaimPhase::Bound | ClaimPhase::Lost)
     )
+}
+
+fn unsettled_claims(claims: &Store<IPAddressClaim>) -> Vec<ObjectRef<IPAddressClaim>> {
+    claims
+        .state()
+        .iter()
+        .filter(|c| unsettled(c))
+        .map(|c| ObjectRef::from_obj(c.as_ref()))
+        .collect()
 }
 
 /// Claims an address change may concern: the claim it names, and — when the address is
@@ -76,6 +85,21 @@ pub async fn run(
 
     let claims_for_address_store = stores.claims.clone();
     let claims_for_class_store = stores.claims.clone();
+    let claims_for_deleted_address = stores.claims.clone();
+    let claims_for_deleted_class = stores.claims.clone();
+    let Deletions {
+        claims: deleted_claims,
+        addresses: deleted_addresses,
+        classes: deleted_classes,
+    } = cache.deletions;
+    // A deleted address concerns its claim (now Lost); a deleted class, the waiting claims.
+    let claim_triggers = futures::stream::select(
+        deleted_addresses.flat_map(move |a| {
+            futures::stream::iter(claims_for_address(&claims_for_deleted_address, &a))
+        }),
+        deleted_classes
+            .flat_map(move |_| futures::stream::iter(unsettled_claims(&claims_for_deleted_class))),
+    );
     let claim_controller =
         Controller::for_shared_stream(cache.claims.clone(), stores.claims.clone())
             .with_config(config.clone())
@@ -83,13 +107,9 @@ pub async fn run(
                 claims_for_address(&claims_for_address_store, &a)
             })
             .watches_shared_stream(cache.classes.clone(), move |_class: Arc<IPAddressClass>| {
-                claims_for_class_store
-                    .state()
-                    .iter()
-                    .filter(|c| unsettled(c))
-                    .map(|c| ObjectRef::from_obj(c.as_ref()))
-                    .collect::<Vec<_>>()
+                unsettled_claims(&claims_for_class_store)
             })
+            .reconcile_on(claim_triggers)
             .reconcile_all_on(ctx.leader.acquired())
             .graceful_shutdown_on(shutdown.clone())
             .run(reconcile::claim::reconcile, error_policy, ctx.clone())
@@ -98,7 +118,7 @@ pub async fn run(
     let addresses_for_claim_store = stores.addresses.clone();
     let addresses_for_deleted_store = stores.addresses.clone();
     let addresses_for_class_store = stores.addresses.clone();
-    let deleted = cache.claim_deletions.flat_map(move |c| {
+    let deleted = deleted_claims.flat_map(move |c| {
         futures::stream::iter(addresses_for_claim(&addresses_for_deleted_store, &c))
     });
     let address_controller =

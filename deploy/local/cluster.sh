@@ -154,6 +154,19 @@ KUBE_BIN=$KUBE_BIN
 HELM=$HELM_BIN/helm
 ENV
   write_kubeconfig "$kas_port"
+  # Audit every write to this project's resources (metadata only): tests count the
+  # requests a controller makes from it, per (impersonated) user.
+  cat > "$dir/audit-policy.yaml" <<POLICY
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  verbs: [create, update, patch, delete, deletecollection]
+  resources:
+  - group: local.sdn.cozystack.io
+- level: None
+POLICY
 
   log "etcd $ETCD_VERSION on 127.0.0.1:$etcd_port"
   start etcd "$ETCD_BIN/etcd" --name=local --data-dir="$dir/etcd" \
@@ -176,6 +189,8 @@ ENV
     --service-account-key-file="$dir/pki/sa.pub" --service-account-signing-key-file="$dir/pki/sa.key" \
     --disable-admission-plugins=ServiceAccount \
     --allow-privileged=true --profiling=false \
+    --audit-policy-file="$dir/audit-policy.yaml" --audit-log-path="$dir/logs/audit.log" \
+    --audit-log-maxsize=500 --audit-log-maxbackup=1 --audit-log-mode=blocking \
     --requestheader-client-ca-file="$dir/pki/front-proxy-ca.crt" \
     --requestheader-allowed-names=front-proxy-client \
     --requestheader-username-headers=X-Remote-User \

@@ -28,7 +28,7 @@ step "clippy"
 cargo clippy --workspace --all-targets -- -D warnings || fail "clippy"
 
 step "build tests"
-cargo test --workspace --no-run || fail "cargo build"
+cargo build --workspace --bins && cargo test --workspace --no-run || fail "cargo build"
 
 step "wait for control-plane binaries"
 if ! wait "$build_pid"; then cat "$out/build-binaries.log"; fail "build-binaries"; fi

@@ -259,3 +259,229 @@ pub fn api_error_message(err: &kube::Error) -> Option<(u16, String)> {
         _ => None,
     }
 }
+
+// ---- the address-controller binary under test -------------------------------------------
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+/// The path of a workspace binary; `make test` builds them before the tests run.
+pub fn binary(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    let path = target.join("debug").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --bins` first (make test does)",
+        path.display()
+    );
+    path
+}
+
+/// A running `address-controller run` process, impersonating its own user so the audit
+/// log attributes every request it makes.
+pub struct ControllerProcess {
+    pub user: String,
+    pub probe: String,
+    pub log: PathBuf,
+    child: std::process::Child,
+}
+
+impl ControllerProcess {
+    /// Starts the controller as user `user` (group `system:masters`), waits until ready.
+    pub async fn start(user: &str, extra: &[&str]) -> Result<ControllerProcess> {
+        let cluster = Cluster::get();
+        let dir = repo_root().join("target/test-logs");
+        std::fs::create_dir_all(&dir)?;
+        let kubeconfig = dir.join(format!("{user}.kubeconfig"));
+        let admin = std::fs::read_to_string(&cluster.kubeconfig)?;
+        // Impersonation keeps admin rights but records the controller's own name.
+        let impersonating = admin.replace(
+            "  user:\n",
+            &format!("  user:\n    as: {user}\n    as-groups: [\"system:masters\"]\n"),
+        );
+        std::fs::write(&kubeconfig, impersonating)?;
+        let port = free_port();
+        let log = dir.join(format!("{user}.log"));
+        let child = Command::new(binary("address-controller"))
+            .args(["run", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .args([
+                "--probe-address",
+                &format!("127.0.0.1:{port}"),
+                "--identity",
+                user,
+            ])
+            .args(["--lease-namespace", "default"])
+            .args(extra)
+            .env("RUST_LOG", "info,address_controller_controller=debug")
+            .stdout(std::fs::File::create(&log)?)
+            .stderr(std::fs::File::create(
+                dir.join(format!("{user}.stderr.log")),
+            )?)
+            .spawn()
+            .context("starting address-controller")?;
+        let proc = ControllerProcess {
+            user: user.to_string(),
+            probe: format!("127.0.0.1:{port}"),
+            log,
+            child,
+        };
+        proc.wait_ready().await?;
+        Ok(proc)
+    }
+
+    /// Waits until `/readyz` answers 200.
+    pub async fn wait_ready(&self) -> Result<()> {
+        let url = format!("http://{}/readyz", self.probe);
+        wait_for(
+            &format!("{} ready", self.user),
+            Duration::from_secs(30),
+            || {
+                let url = url.clone();
+                async move { Ok(http_get(&url).await?.0.eq(&200).then_some(())) }
+            },
+        )
+        .await
+    }
+
+    /// The text of `/metrics`.
+    pub async fn metrics(&self) -> Result<String> {
+        Ok(http_get(&format!("http://{}/metrics", self.probe)).await?.1)
+    }
+
+    /// SIGKILL: no cleanup, no lease release — a crash.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait: a clean shutdown.
+    pub fn stop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A minimal HTTP/1.1 GET on loopback: (status, body).
+pub async fn http_get(url: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| anyhow!("only http:// URLs"))?;
+    let (host, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
+    let mut stream = tokio::net::TcpStream::connect(host).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+    let mut buf = Vec::new();
+    stream.read_to_end(&mut buf).await?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| anyhow!("bad HTTP response"))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+// ---- counting requests ------------------------------------------------------------------
+
+/// One audited write.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct AuditedWrite {
+    pub verb: String,
+    pub resource: String,
+    pub subresource: Option<String>,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub code: u16,
+}
+
+/// Writes to `local.sdn.cozystack.io` made by `user` (impersonated), from the cluster's
+/// audit log, kept when `keep` says so.
+pub fn audited_writes(
+    user: &str,
+    keep: impl Fn(&AuditedWrite) -> bool,
+) -> Result<Vec<AuditedWrite>> {
+    let text = std::fs::read_to_string(Cluster::get().dir.join("logs/audit.log"))?;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        if v["stage"] != "ResponseComplete" || v["impersonatedUser"]["username"] != user {
+            continue;
+        }
+        let o = &v["objectRef"];
+        let w = AuditedWrite {
+            verb: v["verb"].as_str().unwrap_or_default().to_string(),
+            resource: o["resource"].as_str().unwrap_or_default().to_string(),
+            subresource: o["subresource"].as_str().map(str::to_string),
+            namespace: o["namespace"].as_str().map(str::to_string),
+            name: o["name"].as_str().map(str::to_string),
+            code: v["responseStatus"]["code"].as_u64().unwrap_or(0) as u16,
+        };
+        if keep(&w) {
+            out.push(w);
+        }
+    }
+    Ok(out)
+}
+
+// ---- cluster-scoped cleanup ---------------------------------------------------------------
+
+/// Deletes the cluster-scoped objects a test created when dropped, so a failing test does
+/// not leave default classes or addresses behind for the next one.
+#[derive(Default)]
+pub struct Cleanup {
+    objects: Vec<(String, String)>,
+}
+
+impl Cleanup {
+    pub fn add(&mut self, resource: &str, name: &str) {
+        self.objects.push((resource.to_string(), name.to_string()));
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for (resource, name) in self.objects.iter().rev() {
+            let _ = Cluster::get()
+                .kubectl()
+                .args([
+                    "delete",
+                    resource,
+                    name,
+                    "--wait=false",
+                    "--ignore-not-found",
+                ])
+                .output();
+        }
+    }
+}

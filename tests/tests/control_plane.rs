@@ -2,6 +2,8 @@
 //! RBAC, service-account tokens, the aggregation layer's trust ConfigMap, and the
 //! controller-manager's garbage collector and namespace controller.
 
+#![allow(clippy::unwrap_used)] // test helpers fail loudly by design
+
 use std::time::Duration;
 
 use address_controller_tests::{TestNamespace, api_error_message, setup, wait_for};

@@ -1,6 +1,8 @@
 //! The CRDs on a real kube-apiserver: defaults, every CEL rule, the status subresource and
 //! the printer columns.
 
+#![allow(clippy::unwrap_used)] // test helpers fail loudly by design
+
 use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass};
 use address_controller_tests::{
     TestNamespace, api_error_message, delete_ignore_missing, random_suffix, setup,

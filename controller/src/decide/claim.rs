@@ -293,10 +293,7 @@ pub fn plan_claim(s: &ClaimSnapshot<'_>) -> ClaimPlan {
                     ));
                 }
             }
-            plan.metadata = Some(ClaimMetadata {
-                finalizers: Some(remaining),
-                provisioner: None,
-            });
+            plan.finalize = Some(remaining);
         }
         return plan;
     }
@@ -348,17 +345,19 @@ pub fn plan_claim(s: &ClaimSnapshot<'_>) -> ClaimPlan {
             .filter(|a| phase(a) == Some(AddressPhase::Lost))
             .map(|a| a.name_any())
             .collect();
-        let message = if lost.is_empty() {
-            format!(
-                "no longer bound to an {} address",
-                missing
-                    .iter()
-                    .map(|f| f.as_str())
-                    .collect::<Vec<_>>()
-                    .join(" and ")
-            )
-        } else {
+        let deleting: Vec<String> = s
+            .addresses
+            .iter()
+            .filter(|a| belongs_to(a, claim) && is_deleting(a.as_ref()))
+            .map(|a| a.name_any())
+            .collect();
+        let message = if !lost.is_empty() {
             format!("IPAddress {} is Lost", lost.join(", "))
+        } else if !deleting.is_empty() {
+            format!("IPAddress {} is being deleted", deleting.join(", "))
+        } else {
+            let families: Vec<&str> = missing.iter().map(|f| f.as_str()).collect();
+            format!("no longer bound to an {} address", families.join(" and "))
         };
         waiting = Some((reason::ADDRESS_LOST, message));
     } else {

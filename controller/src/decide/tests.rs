@@ -569,6 +569,23 @@ fn lost_is_surfaced_not_replaced_and_recovers() {
 }
 
 #[test]
+fn bound_claim_whose_address_is_being_deleted_is_lost() {
+    let c = claim(json!({"status": {"phase": "Bound", "className": "pub"}}));
+    let mut v = bound_to(Some("claim-uid"));
+    merge(
+        &mut v,
+        json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+    );
+    let p = plan(
+        &c,
+        &[addr("a", "192.0.2.1", "pub", v)],
+        &[class("pub", json!({}))],
+    );
+    assert_eq!(phase(&p), ClaimPhase::Lost);
+    assert_eq!(condition(&p, "Bound").2, "IPAddress a is being deleted");
+}
+
+#[test]
 fn bound_claim_whose_address_disappeared_is_lost() {
     let c = claim(json!({"status": {"phase": "Bound", "className": "pub"}}));
     let p = plan(
@@ -638,10 +655,11 @@ fn reclaim_rows() {
         ]
     );
     assert_eq!(
-        p.metadata.unwrap().finalizers,
+        p.finalize,
         Some(vec![]),
-        "finalizer dropped after"
+        "finalizer dropped after the address writes"
     );
+    assert!(p.metadata.is_none());
     let reasons: Vec<&str> = p.events.iter().map(|e| e.reason).collect();
     assert_eq!(reasons, [event::ADDRESS_DELETED, event::ADDRESS_RELEASED]);
 

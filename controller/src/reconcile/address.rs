@@ -30,8 +30,8 @@ async fn reconcile_inner(obj: &IPAddress, ctx: &Context) -> Result<Action> {
     let Some(cached) = ctx.stores.addresses.get(&ObjectRef::from_obj(obj)) else {
         return Ok(Action::await_change());
     };
-    let address = ctx.recent_addresses.latest(cached);
-    let claim: Option<Arc<IPAddressClaim>> = address.spec.claim_ref.as_ref().and_then(|r| {
+    let mut address = ctx.recent_addresses.latest(cached);
+    let cached_claim: Option<Arc<IPAddressClaim>> = address.spec.claim_ref.as_ref().and_then(|r| {
         ctx.stores
             .claims
             .get(&ObjectRef::new(&r.name).within(&r.namespace))
@@ -41,29 +41,38 @@ async fn reconcile_inner(obj: &IPAddress, ctx: &Context) -> Result<Action> {
         .stores
         .classes
         .get(&ObjectRef::new(&address.spec.class_name));
-    let plan_with = |claim: Option<&IPAddressClaim>| {
+    let plan_for = |address: &IPAddress, claim: Option<&IPAddressClaim>| {
         plan_address(&AddressSnapshot {
-            address: &address,
+            address,
             claim,
             class: class.as_deref(),
             now: Time(Timestamp::now()),
         })
     };
-    let mut plan = plan_with(claim.as_deref());
+    let mut plan = plan_for(&address, cached_claim.as_deref());
     if plan.confirm_claim_absent {
-        // SPEC §5.6: never act destructively on the cache's word alone.
-        if let Some(r) = &address.spec.claim_ref {
-            let fresh = Api::<IPAddressClaim>::namespaced(ctx.client.clone(), &r.namespace)
+        // SPEC §5.6: never act destructively on the cache's word alone. Both objects are
+        // read directly and the pass is planned again on what the API server says.
+        let name = address.name_any();
+        let Some(fresh) = Api::<IPAddress>::all(ctx.client.clone())
+            .get_opt(&name)
+            .await
+            .map_err(Error::kube("re-reading address", name.clone()))?
+        else {
+            return Ok(Action::await_change());
+        };
+        let fresh_claim = match &fresh.spec.claim_ref {
+            Some(r) => Api::<IPAddressClaim>::namespaced(ctx.client.clone(), &r.namespace)
                 .get_opt(&r.name)
                 .await
                 .map_err(Error::kube(
                     "confirming claim",
                     format!("{}/{}", r.namespace, r.name),
-                ))?;
-            if fresh.is_some() {
-                plan = plan_with(fresh.as_ref());
-            }
-        }
+                ))?,
+            None => None,
+        };
+        plan = plan_for(&fresh, fresh_claim.as_ref());
+        address = Arc::new(fresh);
     }
     apply(ctx, &address, plan).await
 }
@@ -124,6 +133,7 @@ async fn apply(ctx: &Context, address: &Arc<IPAddress>, plan: AddressPlan) -> Re
         }
     }
     for ev in &plan.events {
+        tracing::info!(address = %name, reason = ev.reason, "{}", ev.note);
         ctx.publish(address.as_ref(), ev).await;
     }
     ctx.publish_once(address.as_ref(), plan.once_event.as_ref())

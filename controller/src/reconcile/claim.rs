@@ -168,6 +168,7 @@ async fn apply(
     }
 
     if let Some(status) = &plan.status {
+        tracing::debug!(claim = %key, old = ?current.status, new = ?status, "writing claim status");
         let body = guarded(
             current.metadata.resource_version.as_deref(),
             json!({ "status": status_body(status) }),
@@ -185,6 +186,7 @@ async fn apply(
     }
 
     for ev in &plan.events {
+        tracing::info!(claim = %key, reason = ev.reason, "{}", ev.note);
         ctx.publish(claim.as_ref(), ev).await;
     }
     Ok(())

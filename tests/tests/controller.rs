@@ -1,0 +1,1235 @@
+//! The core controller (`address-controller run`) against the real control plane: every
+//! row of SPEC §4–§6, zero writes at rest (also across a restart), leader election, crash
+//! recovery, and the ledger metrics.
+//!
+//! Controllers watch the whole cluster, so the tests of this file run one at a time.
+
+#![allow(clippy::unwrap_used)] // test helpers fail loudly by design
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use address_controller_api::names::{HELD_ANNOTATION, PROVISIONER_ANNOTATION};
+use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClaim, IPAddressClass};
+use address_controller_tests::{
+    AuditedWrite, Cleanup, ControllerProcess, TestNamespace, audited_writes, random_suffix, setup,
+    wait_for,
+};
+use futures::StreamExt;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use tokio::sync::{Mutex, MutexGuard};
+
+static SERIAL: Mutex<()> = Mutex::const_new(());
+const WAIT: Duration = Duration::from_secs(30);
+
+struct Env {
+    client: Client,
+    ns: TestNamespace,
+    sfx: String,
+    cleanup: Cleanup,
+    ctl: ControllerProcess,
+    _serial: MutexGuard<'static, ()>,
+}
+
+async fn env(prefix: &str) -> Env {
+    let serial = SERIAL.lock().await;
+    let (_, client) = setup().await;
+    let ns = TestNamespace::create(&client, prefix).await.unwrap();
+    let sfx = random_suffix();
+    let ctl = ControllerProcess::start(&format!("ctl-{prefix}-{sfx}"), &["--leader-elect=false"])
+        .await
+        .unwrap();
+    Env {
+        client,
+        ns,
+        sfx,
+        cleanup: Cleanup::default(),
+        ctl,
+        _serial: serial,
+    }
+}
+
+impl Env {
+    fn name(&self, base: &str) -> String {
+        format!("{base}-{}", self.sfx)
+    }
+    fn claims(&self) -> Api<IPAddressClaim> {
+        Api::namespaced(self.client.clone(), &self.ns.name)
+    }
+    fn addresses(&self) -> Api<IPAddress> {
+        Api::all(self.client.clone())
+    }
+    fn classes(&self) -> Api<IPAddressClass> {
+        Api::all(self.client.clone())
+    }
+
+    async fn class(&mut self, base: &str, extra: Value) -> String {
+        let name = self.name(base);
+        let mut v = json!({"metadata": {"name": name}, "spec": {"provisioner": format!("{base}.drivers.test")}});
+        merge(&mut v, extra);
+        self.classes()
+            .create(&PostParams::default(), &serde_json::from_value(v).unwrap())
+            .await
+            .unwrap();
+        self.cleanup
+            .add("ipaddressclasses.local.sdn.cozystack.io", &name);
+        name
+    }
+
+    async fn address(&mut self, base: &str, ip: &str, class: &str, extra: Value) -> String {
+        let name = self.name(base);
+        let mut v = json!({"metadata": {"name": name},
+            "spec": {"address": ip, "className": class, "source": {"fromClass": {}}}});
+        merge(&mut v, extra);
+        self.addresses()
+            .create(&PostParams::default(), &serde_json::from_value(v).unwrap())
+            .await
+            .unwrap();
+        self.cleanup
+            .add("ipaddresses.local.sdn.cozystack.io", &name);
+        name
+    }
+
+    async fn claim(&self, name: &str, spec: Value) -> IPAddressClaim {
+        let v = json!({"metadata": {"name": name}, "spec": spec});
+        self.claims()
+            .create(&PostParams::default(), &serde_json::from_value(v).unwrap())
+            .await
+            .unwrap()
+    }
+
+    async fn wait_claim(
+        &self,
+        name: &str,
+        what: &str,
+        pred: impl Fn(&IPAddressClaim) -> bool,
+    ) -> IPAddressClaim {
+        let api = self.claims();
+        let last = std::sync::Mutex::new(None::<IPAddressClaim>);
+        let r = wait_for(&format!("claim {name}: {what}"), WAIT, || {
+            let api = api.clone();
+            let last = &last;
+            let pred = &pred;
+            async move {
+                let c = api.get(name).await?;
+                let ok = pred(&c);
+                *last.lock().unwrap() = Some(c.clone());
+                Ok(ok.then_some(c))
+            }
+        })
+        .await;
+        r.unwrap_or_else(|e| {
+            panic!(
+                "{e}\nlast seen: {:#?}",
+                last.lock().unwrap().as_ref().map(|c| &c.status)
+            )
+        })
+    }
+
+    async fn wait_address(
+        &self,
+        name: &str,
+        what: &str,
+        pred: impl Fn(Option<&IPAddress>) -> bool,
+    ) -> Option<IPAddress> {
+        let api = self.addresses();
+        wait_for(&format!("address {name}: {what}"), WAIT, || {
+            let api = api.clone();
+            let pred = &pred;
+            async move {
+                let a = api.get_opt(name).await?;
+                Ok(pred(a.as_ref()).then_some(a))
+            }
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Event reasons recorded on an object (claims: their namespace; cluster-scoped: default).
+    async fn events(&self, namespace: &str, name: &str) -> Vec<(String, String)> {
+        let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
+        let mut out: Vec<(String, String)> = api
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+            .collect();
+        out.sort();
+        out
+    }
+
+    async fn wait_event(&self, namespace: &str, name: &str, reason: &str) -> String {
+        wait_for(&format!("event {reason} on {name}"), WAIT, || async {
+            Ok(self
+                .events(namespace, name)
+                .await
+                .into_iter()
+                .find(|(r, _)| r == reason)
+                .map(|(_, n)| n))
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Successful writes of this test's controller to objects whose name contains the
+    /// test suffix or that live in the test namespace.
+    fn writes(&self, user: &str) -> Vec<AuditedWrite> {
+        audited_writes(user, |w| {
+            (w.code < 300)
+                && (w.namespace.as_deref() == Some(self.ns.name.as_str())
+                    || w.name.as_deref().is_some_and(|n| n.contains(&self.sfx)))
+        })
+        .unwrap()
+    }
+}
+
+fn merge(base: &mut Value, patch: Value) {
+    match (base, patch) {
+        (Value::Object(b), Value::Object(p)) => {
+            for (k, v) in p {
+                merge(b.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (b, p) => *b = p,
+    }
+}
+
+fn phase(c: &IPAddressClaim) -> Option<ClaimPhase> {
+    c.status.as_ref().and_then(|s| s.phase)
+}
+
+fn aphase(a: Option<&IPAddress>) -> Option<AddressPhase> {
+    a.and_then(|a| a.status.as_ref()).and_then(|s| s.phase)
+}
+
+fn condition<'a>(
+    c: &'a IPAddressClaim,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    c.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|x| x.type_ == type_)
+}
+
+fn count(writes: &[AuditedWrite]) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for w in writes {
+        let key = format!(
+            "{} {}{}",
+            w.verb,
+            w.resource,
+            w.subresource
+                .as_ref()
+                .map(|s| format!("/{s}"))
+                .unwrap_or_default()
+        );
+        *m.entry(key).or_default() += 1;
+    }
+    m
+}
+
+// ---- binding ------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn static_binding_costs_four_writes_and_converges_to_zero_also_after_restart() {
+    let mut e = env("bind").await;
+    let class = e.class("pub", json!({})).await;
+    let a = e.address("a", "192.0.2.10", &class, json!({})).await;
+    let b = e.address("b", "192.0.2.11", &class, json!({})).await;
+    e.wait_address(&b, "Available", |x| {
+        aphase(x) == Some(AddressPhase::Available)
+    })
+    .await;
+    e.wait_address(&a, "Available", |x| {
+        aphase(x) == Some(AddressPhase::Available)
+    })
+    .await;
+    let before = e.writes(&e.ctl.user).len();
+
+    e.claim("web", json!({"className": class})).await;
+    let c = e
+        .wait_claim("web", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    let s = c.status.clone().unwrap();
+    assert_eq!(s.class_name.as_deref(), Some(class.as_str()));
+    assert_eq!(s.addresses.len(), 1);
+    assert_eq!(s.addresses[0].name, a, "the lowest name wins");
+    assert_eq!(
+        c.annotations()
+            .get(PROVISIONER_ANNOTATION)
+            .map(String::as_str),
+        Some("pub.drivers.test")
+    );
+    assert!(
+        c.finalizers()
+            .iter()
+            .any(|f| f == "local.sdn.cozystack.io/claim-protection")
+    );
+    let generation = c.metadata.generation;
+    for t in ["ClassResolved", "Bound"] {
+        let cond = condition(&c, t).unwrap();
+        assert_eq!(
+            (cond.status.as_str(), cond.observed_generation),
+            ("True", generation),
+            "{t}"
+        );
+    }
+    let addr = e
+        .wait_address(&a, "Bound", |x| aphase(x) == Some(AddressPhase::Bound))
+        .await
+        .unwrap();
+    let r = addr.spec.claim_ref.unwrap();
+    assert_eq!(
+        (r.namespace.as_str(), r.name.as_str(), r.uid.as_deref()),
+        (e.ns.name.as_str(), "web", c.metadata.uid.as_deref())
+    );
+    assert_eq!(
+        aphase(e.addresses().get_opt(&b).await.unwrap().as_ref()),
+        Some(AddressPhase::Available)
+    );
+    e.wait_event(&e.ns.name, "web", "Matched").await;
+
+    // Writes for one static bind: claim metadata + claim status, address spec + status.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let all = e.writes(&e.ctl.user);
+    let bind = count(&all[before..]);
+    println!("writes per static bind: {bind:?}");
+    let want: BTreeMap<String, usize> = [
+        ("patch ipaddressclaims", 1),
+        ("patch ipaddressclaims/status", 1),
+        ("patch ipaddresses", 1),
+        ("patch ipaddresses/status", 1),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    assert_eq!(bind, want);
+
+    // At rest: zero writes.
+    let settled = e.writes(&e.ctl.user).len();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        e.writes(&e.ctl.user).len(),
+        settled,
+        "a converged system writes nothing"
+    );
+
+    // Across a restart: a new process re-examines everything and writes nothing.
+    e.ctl.stop();
+    let user = format!("ctl-bind-restart-{}", e.sfx);
+    let again = ControllerProcess::start(&user, &["--leader-elect=false"])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        e.writes(&user).is_empty(),
+        "restart wrote: {:?}",
+        e.writes(&user)
+    );
+    let m = again.metrics().await.unwrap();
+    assert!(
+        m.contains("address_controller_reconcile_total{controller=\"claim\",result=\"success\"}"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn class_resolution_failures_are_reported_and_recovered() {
+    let mut e = env("classes").await;
+    e.claim("named", json!({"className": e.name("missing")}))
+        .await;
+    let c = e
+        .wait_claim("named", "ClassNotFound", |c| {
+            condition(c, "ClassResolved").is_some_and(|x| x.reason == "ClassNotFound")
+        })
+        .await;
+    assert_eq!(phase(&c), Some(ClaimPhase::Pending));
+    e.wait_event(&e.ns.name, "named", "ClassNotFound").await;
+
+    // The class appears: the claim resolves and waits for the driver.
+    let class = e.class("missing", json!({})).await;
+    let c = e
+        .wait_claim("named", "resolved", |c| {
+            condition(c, "ClassResolved").is_some_and(|x| x.status == "True")
+        })
+        .await;
+    assert_eq!(
+        c.status.as_ref().unwrap().class_name.as_deref(),
+        Some(class.as_str())
+    );
+    let bound = condition(&c, "Bound").unwrap();
+    assert_eq!(bound.reason, "WaitingForProvisioning");
+    assert!(
+        bound.message.contains("missing.drivers.test"),
+        "{}",
+        bound.message
+    );
+
+    // No default class, then two of them, then exactly one.
+    e.claim("defaulted", json!({})).await;
+    e.wait_claim("defaulted", "NoDefaultClass", |c| {
+        condition(c, "ClassResolved").is_some_and(|x| x.reason == "NoDefaultClass")
+    })
+    .await;
+    let default = json!({"metadata": {"annotations": {"ipaddressclass.local.sdn.cozystack.io/is-default-class": "true"}}});
+    let d1 = e.class("d1", default.clone()).await;
+    let d2 = e.class("d2", default).await;
+    // A claim created while two defaults exist never guesses.
+    e.claim("multi", json!({})).await;
+    let c = e
+        .wait_claim("multi", "MultipleDefaultClasses", |c| {
+            condition(c, "ClassResolved").is_some_and(|x| x.reason == "MultipleDefaultClasses")
+        })
+        .await;
+    let message = &condition(&c, "ClassResolved").unwrap().message;
+    assert!(message.contains(&d1) && message.contains(&d2), "{message}");
+    e.wait_event(&e.ns.name, "multi", "MultipleDefaultClasses")
+        .await;
+    e.classes()
+        .delete(&d2, &DeleteParams::default())
+        .await
+        .unwrap();
+    let c = e
+        .wait_claim("multi", "resolved to d1", |c| {
+            c.status.as_ref().and_then(|s| s.class_name.as_deref()) == Some(d1.as_str())
+        })
+        .await;
+    assert_eq!(
+        c.annotations()
+            .get(PROVISIONER_ANNOTATION)
+            .map(String::as_str),
+        Some("d1.drivers.test")
+    );
+    e.wait_claim("defaulted", "resolved to d1", |c| {
+        c.status.as_ref().and_then(|s| s.class_name.as_deref()) == Some(d1.as_str())
+    })
+    .await;
+
+    // Sticky: marking another default later does not move the claim.
+    e.classes()
+        .patch(&d1, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {"ipaddressclass.local.sdn.cozystack.io/is-default-class": null}}})))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let c = e.claims().get("multi").await.unwrap();
+    assert_eq!(
+        c.status.as_ref().and_then(|s| s.class_name.as_deref()),
+        Some(d1.as_str())
+    );
+    assert_eq!(condition(&c, "ClassResolved").unwrap().status, "True");
+}
+
+#[tokio::test]
+async fn pinned_address_waits_with_a_reason_then_binds() {
+    let mut e = env("pin").await;
+    let class = e.class("pub", json!({})).await;
+    let other = e.class("other", json!({})).await;
+    let wrong_class = e.address("wc", "192.0.2.20", &other, json!({})).await;
+    let v6 = e.address("v6", "2001:db8::20", &class, json!({})).await;
+
+    for (claim, pin, want) in [
+        ("missing", e.name("nope"), "does not exist"),
+        ("wrong-class", wrong_class.clone(), "belongs to class"),
+        ("wrong-family", v6.clone(), "is IPv6; the claim wants IPv4"),
+    ] {
+        e.claim(claim, json!({"className": class, "addressName": pin}))
+            .await;
+        let c = e
+            .wait_claim(claim, "WaitingForAddress", |c| {
+                condition(c, "Bound").is_some_and(|x| x.reason == "WaitingForAddress")
+            })
+            .await;
+        let msg = &condition(&c, "Bound").unwrap().message;
+        assert!(msg.contains(want), "{claim}: {msg}");
+    }
+
+    // Bound elsewhere: another claim holds it.
+    let held = e.address("held", "192.0.2.21", &class, json!({})).await;
+    e.claim("first", json!({"className": class, "addressName": held}))
+        .await;
+    e.wait_claim("first", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    e.claim("second", json!({"className": class, "addressName": held}))
+        .await;
+    let c = e
+        .wait_claim("second", "WaitingForAddress", |c| {
+            condition(c, "Bound").is_some_and(|x| x.reason == "WaitingForAddress")
+        })
+        .await;
+    assert!(
+        condition(&c, "Bound")
+            .unwrap()
+            .message
+            .contains("already bound to claim")
+    );
+
+    // Conflict (driver-owned) on a free address is refused too.
+    let conflicted = e.address("conflict", "192.0.2.22", &class, json!({})).await;
+    e.wait_address(&conflicted, "Available", |x| {
+        aphase(x) == Some(AddressPhase::Available)
+    })
+    .await;
+    e.addresses()
+        .patch_status(
+            &conflicted,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Conflict"}})),
+        )
+        .await
+        .unwrap();
+    e.claim(
+        "conflicted",
+        json!({"className": class, "addressName": conflicted}),
+    )
+    .await;
+    let c = e
+        .wait_claim("conflicted", "WaitingForAddress", |c| {
+            condition(c, "Bound").is_some_and(|x| x.reason == "WaitingForAddress")
+        })
+        .await;
+    assert!(
+        condition(&c, "Bound")
+            .unwrap()
+            .message
+            .contains("in phase Conflict")
+    );
+
+    // The missing one appears: the claim binds exactly it.
+    let late = e.address("nope", "192.0.2.23", &class, json!({})).await;
+    let c = e
+        .wait_claim("missing", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    assert_eq!(c.status.unwrap().addresses[0].name, late);
+}
+
+#[tokio::test]
+async fn dual_claims_bind_both_families_and_prebindings_are_completed() {
+    let mut e = env("dual").await;
+    let class = e.class("pub", json!({})).await;
+    let v4 = e.address("v4", "192.0.2.30", &class, json!({})).await;
+    e.claim("dual", json!({"className": class, "family": "Dual"}))
+        .await;
+    let c = e
+        .wait_claim("dual", "Pending with v4", |c| {
+            c.status.as_ref().is_some_and(|s| s.addresses.len() == 1)
+        })
+        .await;
+    assert_eq!(phase(&c), Some(ClaimPhase::Pending));
+    assert!(condition(&c, "Bound").unwrap().message.contains("IPv6"));
+    let v6 = e.address("v6", "2001:db8::30", &class, json!({})).await;
+    let c = e
+        .wait_claim("dual", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    let names: Vec<String> = c
+        .status
+        .unwrap()
+        .addresses
+        .into_iter()
+        .map(|a| a.name)
+        .collect();
+    let mut want = vec![v4, v6];
+    want.sort();
+    assert_eq!(names, want);
+
+    // A driver pre-binds an address without the uid: the core completes it.
+    let claim = e
+        .claim("prebound", json!({"className": class, "family": "IPv6"}))
+        .await;
+    let pre = e
+        .address(
+            "pre",
+            "2001:db8::31",
+            &class,
+            json!({"spec": {"claimRef": {"namespace": e.ns.name, "name": "prebound"}}}),
+        )
+        .await;
+    let a = e
+        .wait_address(&pre, "uid completed and Bound", |x| {
+            x.is_some_and(|a| {
+                a.spec.claim_ref.as_ref().and_then(|r| r.uid.as_deref())
+                    == claim.metadata.uid.as_deref()
+            }) && aphase(x) == Some(AddressPhase::Bound)
+        })
+        .await;
+    assert!(a.is_some());
+    e.wait_claim("prebound", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+}
+
+#[tokio::test]
+async fn lost_is_surfaced_not_replaced_and_recovers() {
+    let mut e = env("lost").await;
+    let class = e.class("pub", json!({})).await;
+    let a = e.address("a", "192.0.2.40", &class, json!({})).await;
+    e.claim("web", json!({"className": class})).await;
+    e.wait_claim("web", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    let spare = e.address("spare", "192.0.2.41", &class, json!({})).await;
+    e.wait_address(&spare, "Available", |x| {
+        aphase(x) == Some(AddressPhase::Available)
+    })
+    .await;
+
+    // The driver reports the backend lost the address.
+    e.addresses()
+        .patch_status(
+            &a,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Lost"}})),
+        )
+        .await
+        .unwrap();
+    let c = e
+        .wait_claim("web", "Lost", |c| phase(c) == Some(ClaimPhase::Lost))
+        .await;
+    assert_eq!(condition(&c, "Bound").unwrap().reason, "AddressLost");
+    e.wait_event(&e.ns.name, "web", "AddressLost").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let s = e.addresses().get(&spare).await.unwrap();
+    assert!(
+        s.spec.claim_ref.is_none(),
+        "a Lost claim is never given a replacement"
+    );
+    assert_eq!(
+        aphase(Some(&e.addresses().get(&a).await.unwrap())),
+        Some(AddressPhase::Lost),
+        "Lost is sticky for the core"
+    );
+
+    // The driver clears it: the claim is Bound again by itself.
+    e.addresses()
+        .patch_status(
+            &a,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Bound"}})),
+        )
+        .await
+        .unwrap();
+    e.wait_claim("web", "Bound again", |c| {
+        phase(c) == Some(ClaimPhase::Bound)
+    })
+    .await;
+
+    // Deleting the class never disturbs the binding.
+    e.classes()
+        .delete(&class, &DeleteParams::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        phase(&e.claims().get("web").await.unwrap()),
+        Some(ClaimPhase::Bound)
+    );
+}
+
+// ---- reclaim --------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn reclaim_retain_delete_driver_finalizer_and_owned_claims() {
+    let mut e = env("reclaim").await;
+    let class = e.class("pub", json!({})).await;
+    let keep = e.address("keep", "192.0.2.50", &class, json!({})).await;
+    let drop_ = e
+        .address("drop", "2001:db8::50", &class, json!({"metadata": {"finalizers": ["driver.test/teardown"]}, "spec": {"reclaimPolicy": "Delete"}}))
+        .await;
+    e.claim("web", json!({"className": class, "family": "Dual"}))
+        .await;
+    let c = e
+        .wait_claim("web", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    e.claims()
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    let kept = e
+        .wait_address(&keep, "Released", |x| {
+            aphase(x) == Some(AddressPhase::Released)
+        })
+        .await
+        .unwrap();
+    let r = kept.spec.claim_ref.as_ref().unwrap();
+    assert_eq!(
+        (r.name.as_str(), r.uid.as_deref()),
+        ("web", c.metadata.uid.as_deref()),
+        "claimRef kept"
+    );
+    assert!(kept.status.as_ref().unwrap().released_at.is_some());
+
+    // Delete: the object is being deleted, held by the driver's finalizer until it lets go.
+    let d = e
+        .wait_address(&drop_, "being deleted", |x| {
+            x.is_some_and(|a| a.metadata.deletion_timestamp.is_some())
+        })
+        .await
+        .unwrap();
+    assert!(d.finalizers().iter().any(|f| f == "driver.test/teardown"));
+    e.wait_address(&drop_, "core finalizer released", |x| {
+        x.is_some_and(|a| a.finalizers() == ["driver.test/teardown".to_string()])
+    })
+    .await;
+    e.addresses()
+        .patch(
+            &drop_,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    e.wait_address(&drop_, "gone", |x| x.is_none()).await;
+    e.wait_claim_gone("web").await;
+    let events = e.events(&e.ns.name, "web").await;
+    assert!(
+        events.iter().any(|(r, _)| r == "AddressReleased"),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|(r, _)| r == "AddressDeleted"),
+        "{events:?}"
+    );
+
+    // A claim with a controller owner always deletes its addresses, even under Retain.
+    let owned_addr = e.address("owned", "192.0.2.51", &class, json!({})).await;
+    let owner: k8s_openapi::api::core::v1::ConfigMap =
+        Api::namespaced(e.client.clone(), &e.ns.name)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": "owner"}})).unwrap(),
+            )
+            .await
+            .unwrap();
+    let v = json!({"metadata": {"name": "auto", "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
+        "name": "owner", "uid": owner.metadata.uid, "controller": true}]}, "spec": {"className": class}});
+    e.claims()
+        .create(&PostParams::default(), &serde_json::from_value(v).unwrap())
+        .await
+        .unwrap();
+    e.wait_claim("auto", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    e.claims()
+        .delete("auto", &DeleteParams::default())
+        .await
+        .unwrap();
+    e.wait_address(&owned_addr, "deleted despite Retain", |x| x.is_none())
+        .await;
+}
+
+impl Env {
+    async fn wait_claim_gone(&self, name: &str) {
+        let api = self.claims();
+        wait_for(&format!("claim {name} gone"), WAIT, || {
+            let api = api.clone();
+            async move { Ok(api.get_opt(name).await?.is_none().then_some(())) }
+        })
+        .await
+        .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn release_delay_held_annotation_and_admin_recycling() {
+    let mut e = env("delay").await;
+    let class = e
+        .class("pub", json!({"spec": {"releaseDelay": "3s"}}))
+        .await;
+    let nodelay = e.class("manual", json!({})).await;
+    let a = e.address("a", "192.0.2.60", &class, json!({})).await;
+    let held = e
+        .address(
+            "held",
+            "192.0.2.61",
+            &class,
+            json!({"metadata": {"annotations": {HELD_ANNOTATION: "true"}}}),
+        )
+        .await;
+    let manual = e.address("manual", "192.0.2.62", &nodelay, json!({})).await;
+    e.claim("one", json!({"className": class, "addressName": a}))
+        .await;
+    e.claim("two", json!({"className": class, "addressName": held}))
+        .await;
+    e.claim("three", json!({"className": nodelay})).await;
+    for c in ["one", "two", "three"] {
+        e.wait_claim(c, "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+            .await;
+        e.claims()
+            .delete(c, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    let released = e
+        .wait_address(&a, "Released", |x| {
+            aphase(x) == Some(AddressPhase::Released)
+        })
+        .await
+        .unwrap();
+    let released_at = released.status.unwrap().released_at.unwrap().0;
+    // Scheduled, not polled: Available once the 3s delay is over, with claimRef cleared.
+    let free = e
+        .wait_address(&a, "Available", |x| {
+            aphase(x) == Some(AddressPhase::Available)
+        })
+        .await
+        .unwrap();
+    assert!(free.spec.claim_ref.is_none());
+    let waited = k8s_openapi::jiff::Timestamp::now().duration_since(released_at);
+    assert!(
+        waited >= k8s_openapi::jiff::SignedDuration::from_secs(3),
+        "released early: {waited:?}"
+    );
+    e.wait_event("default", &a, "ReleaseDelayElapsed").await;
+
+    // Held: still Released after the delay; removing the annotation releases it at once.
+    e.wait_address(&held, "Released", |x| {
+        aphase(x) == Some(AddressPhase::Released)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        aphase(e.addresses().get_opt(&held).await.unwrap().as_ref()),
+        Some(AddressPhase::Released)
+    );
+    e.addresses()
+        .patch(
+            &held,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {HELD_ANNOTATION: null}}})),
+        )
+        .await
+        .unwrap();
+    e.wait_address(&held, "Available at once", |x| {
+        aphase(x) == Some(AddressPhase::Available)
+    })
+    .await;
+
+    // No delay on the class: waits for an admin; clearing claimRef recycles it.
+    e.wait_address(&manual, "Released", |x| {
+        aphase(x) == Some(AddressPhase::Released)
+    })
+    .await;
+    e.addresses()
+        .patch(
+            &manual,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"claimRef": null}})),
+        )
+        .await
+        .unwrap();
+    let m = e
+        .wait_address(&manual, "Available", |x| {
+            aphase(x) == Some(AddressPhase::Available)
+        })
+        .await
+        .unwrap();
+    assert!(m.status.unwrap().released_at.is_none());
+}
+
+#[tokio::test]
+async fn safety_net_reclaims_addresses_of_missing_or_replaced_claims() {
+    let mut e = env("safety").await;
+    let class = e.class("pub", json!({})).await;
+    let orphan = e
+        .address(
+            "orphan",
+            "192.0.2.70",
+            &class,
+            json!({"spec": {"claimRef": {"namespace": e.ns.name, "name": "ghost", "uid": "gone"}}}),
+        )
+        .await;
+    let orphan_delete = e
+        .address("orphan-del", "192.0.2.71", &class,
+            json!({"spec": {"reclaimPolicy": "Delete", "claimRef": {"namespace": e.ns.name, "name": "ghost", "uid": "gone"}}}))
+        .await;
+    e.wait_address(&orphan, "Released", |x| {
+        aphase(x) == Some(AddressPhase::Released)
+    })
+    .await;
+    e.wait_address(&orphan_delete, "deleted", |x| x.is_none())
+        .await;
+    e.wait_event("default", &orphan, "Reclaimed").await;
+
+    // A claim of the same name with another uid does not inherit the binding.
+    e.claim("ghost", json!({"className": class})).await;
+    let c = e
+        .wait_claim("ghost", "Pending", |c| {
+            phase(c) == Some(ClaimPhase::Pending)
+        })
+        .await;
+    assert!(c.status.unwrap().addresses.is_empty());
+    let o = e.addresses().get(&orphan).await.unwrap();
+    assert_eq!(
+        o.spec.claim_ref.as_ref().unwrap().uid.as_deref(),
+        Some("gone")
+    );
+    assert_eq!(aphase(Some(&o)), Some(AddressPhase::Released));
+}
+
+#[tokio::test]
+async fn deleting_a_bound_address_is_blocked_until_its_claim_lets_go() {
+    let mut e = env("blocked").await;
+    let class = e.class("pub", json!({})).await;
+    let a = e.address("a", "192.0.2.80", &class, json!({})).await;
+    e.claim("web", json!({"className": class})).await;
+    e.wait_claim("web", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    e.addresses()
+        .delete(&a, &DeleteParams::default())
+        .await
+        .unwrap();
+    e.wait_event("default", &a, "DeletionBlocked").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let still = e.addresses().get(&a).await.unwrap();
+    assert!(still.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        aphase(Some(&still)),
+        Some(AddressPhase::Bound),
+        "the address still serves its claim"
+    );
+    // The tenant sees why: an address of a bound claim that is being deleted no longer
+    // counts (SPEC §4.3), so the claim is Lost with the reason.
+    let c = e
+        .wait_claim("web", "Lost", |c| phase(c) == Some(ClaimPhase::Lost))
+        .await;
+    assert_eq!(
+        condition(&c, "Bound").unwrap().message,
+        format!("IPAddress {a} is being deleted")
+    );
+    let blocked: Vec<_> = e
+        .events("default", &a)
+        .await
+        .into_iter()
+        .filter(|(r, _)| r == "DeletionBlocked")
+        .collect();
+    assert_eq!(blocked.len(), 1, "emitted once: {blocked:?}");
+    e.claims()
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    e.wait_address(&a, "gone", |x| x.is_none()).await;
+    e.wait_claim_gone("web").await;
+}
+
+// ---- scale, crashes, leader election ------------------------------------------------------
+
+const MANY: usize = 300;
+
+/// Every address bound to at most one claim; every claim's status equals its claimRefs.
+async fn assert_invariants(e: &Env, class: &str) {
+    let addresses = e
+        .addresses()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let mut by_claim: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for a in addresses.iter().filter(|a| a.spec.class_name == class) {
+        if let Some(r) = &a.spec.claim_ref {
+            by_claim
+                .entry(r.name.clone())
+                .or_default()
+                .push(a.name_any());
+        }
+    }
+    let claims = e.claims().list(&ListParams::default()).await.unwrap().items;
+    for c in &claims {
+        let mut status: Vec<String> = c
+            .status
+            .as_ref()
+            .map(|s| s.addresses.iter().map(|a| a.name.clone()).collect())
+            .unwrap_or_default();
+        status.sort();
+        let mut refs = by_claim.get(&c.name_any()).cloned().unwrap_or_default();
+        refs.sort();
+        assert_eq!(status, refs, "claim {} status vs claimRefs", c.name_any());
+        assert!(refs.len() <= 1, "claim {} holds {refs:?}", c.name_any());
+    }
+}
+
+async fn create_many(e: &mut Env, class: &str) {
+    create_addresses(e, class).await;
+    create_claims(e, class).await;
+}
+
+/// MANY free addresses (198.18.0.0/15, the benchmarking range), waited for until Available.
+async fn create_addresses(e: &mut Env, class: &str) {
+    let mut names = Vec::new();
+    for i in 0..MANY {
+        names.push(
+            e.address(
+                &format!("m{i:03}"),
+                &format!("198.18.{}.{}", i / 250, i % 250 + 1),
+                class,
+                json!({}),
+            )
+            .await,
+        );
+    }
+    let addresses = e.addresses();
+    let sfx = e.sfx.clone();
+    wait_for("all addresses Available", Duration::from_secs(120), || {
+        let addresses = addresses.clone();
+        let sfx = sfx.clone();
+        async move {
+            let n = addresses
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .filter(|a| {
+                    a.name_any().contains(&sfx) && aphase(Some(a)) == Some(AddressPhase::Available)
+                })
+                .count();
+            Ok((n == MANY).then_some(()))
+        }
+    })
+    .await
+    .unwrap();
+}
+
+async fn create_claims(e: &Env, class: &str) {
+    let claims = e.claims();
+    // "At once": 50 creates in flight at a time.
+    futures::stream::iter(0..MANY)
+        .map(|i| {
+            let claims = claims.clone();
+            let class = class.to_string();
+            async move {
+                let v =
+                    json!({"metadata": {"name": format!("c{i:03}")}, "spec": {"className": class}});
+                claims
+                    .create(&PostParams::default(), &serde_json::from_value(v).unwrap())
+                    .await
+                    .unwrap();
+            }
+        })
+        .buffer_unordered(50)
+        .collect::<Vec<()>>()
+        .await;
+}
+
+async fn wait_all_bound(e: &Env, timeout: Duration) {
+    let claims = e.claims();
+    wait_for("all claims Bound", timeout, || {
+        let claims = claims.clone();
+        async move {
+            let items = claims.list(&ListParams::default()).await?.items;
+            let bound = items
+                .iter()
+                .filter(|c| phase(c) == Some(ClaimPhase::Bound))
+                .count();
+            if bound == MANY {
+                Ok(Some(()))
+            } else {
+                Err(anyhow::anyhow!("{bound}/{MANY} bound"))
+            }
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn hundreds_of_claims_bind_without_double_binding_or_conflict_storms() {
+    let mut e = env("many").await;
+    let class = e.class("pub", json!({})).await;
+    create_many(&mut e, &class).await;
+    let start = std::time::Instant::now();
+    wait_all_bound(&e, Duration::from_secs(180)).await;
+    println!("{MANY} claims bound in {:?}", start.elapsed());
+    assert_invariants(&e, &class).await;
+    let all = audited_writes(&e.ctl.user, |w| {
+        w.name.as_deref().is_some_and(|n| n.contains(&e.sfx))
+            && w.resource == "ipaddresses"
+            && w.subresource.is_none()
+    })
+    .unwrap();
+    let ok = all.iter().filter(|w| w.code < 300).count();
+    let conflicts = all.iter().filter(|w| w.code == 409).count();
+    println!(
+        "address spec writes for {MANY} binds: {ok} succeeded, {conflicts} conflicts (plus {MANY} finalizer patches)"
+    );
+    // N binds + N finalizers, and a conflict count far below N.
+    assert_eq!(
+        ok,
+        2 * MANY,
+        "spec writes: one finalizer and one bind per address"
+    );
+    assert!(conflicts < MANY / 10, "{conflicts} conflicts");
+    let claim_conflicts = audited_writes(&e.ctl.user, |w| {
+        w.namespace.as_deref() == Some(e.ns.name.as_str()) && w.code == 409
+    })
+    .unwrap()
+    .len();
+    println!("claim write conflicts: {claim_conflicts}");
+
+    // The ledger gauges are exact.
+    let m = e.ctl.metrics().await.unwrap();
+    let line =
+        format!("address_controller_ipaddresses{{class=\"{class}\",phase=\"Bound\"}} {MANY}");
+    assert!(m.contains(&line), "missing {line}");
+    let line = format!(
+        "address_controller_ipaddressclaims{{class=\"{class}\",namespace=\"{}\",phase=\"Bound\"}} {MANY}",
+        e.ns.name
+    );
+    assert!(m.contains(&line), "missing {line}");
+}
+
+#[tokio::test]
+async fn a_controller_killed_mid_binding_and_mid_reclaim_converges_after_restart() {
+    let mut e = env("crash").await;
+    let class = e.class("pub", json!({})).await;
+    create_addresses(&mut e, &class).await;
+    e.ctl.kill();
+    create_claims(&e, &class).await;
+    // Mid-binding: a fresh controller is killed while binding, another finishes.
+    let mut first =
+        ControllerProcess::start(&format!("ctl-crash1-{}", e.sfx), &["--leader-elect=false"])
+            .await
+            .unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    first.kill();
+    let bound_at_kill = e
+        .claims()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|c| phase(c) == Some(ClaimPhase::Bound))
+        .count();
+    println!("killed mid-binding with {bound_at_kill}/{MANY} claims bound");
+    let second =
+        ControllerProcess::start(&format!("ctl-crash2-{}", e.sfx), &["--leader-elect=false"])
+            .await
+            .unwrap();
+    wait_all_bound(&e, Duration::from_secs(180)).await;
+    assert_invariants(&e, &class).await;
+
+    // Mid-reclaim: delete every claim, kill while releasing, restart.
+    drop(second);
+    let mut third =
+        ControllerProcess::start(&format!("ctl-crash3-{}", e.sfx), &["--leader-elect=false"])
+            .await
+            .unwrap();
+    e.claims()
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    third.kill();
+    let _fourth =
+        ControllerProcess::start(&format!("ctl-crash4-{}", e.sfx), &["--leader-elect=false"])
+            .await
+            .unwrap();
+    let claims = e.claims();
+    wait_for("all claims gone", Duration::from_secs(180), || {
+        let claims = claims.clone();
+        async move {
+            Ok(claims
+                .list(&ListParams::default())
+                .await?
+                .items
+                .is_empty()
+                .then_some(()))
+        }
+    })
+    .await
+    .unwrap();
+    let addresses = e
+        .addresses()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let mine: Vec<&IPAddress> = addresses
+        .iter()
+        .filter(|a| a.spec.class_name == class)
+        .collect();
+    assert_eq!(mine.len(), MANY, "Retain: nothing deleted");
+    let released = mine
+        .iter()
+        .filter(|a| aphase(Some(a)) == Some(AddressPhase::Released))
+        .count();
+    let refs: HashSet<&str> = mine
+        .iter()
+        .filter_map(|a| a.spec.claim_ref.as_ref().map(|r| r.name.as_str()))
+        .collect();
+    assert_eq!(
+        (released, refs.len()),
+        (MANY, MANY),
+        "every address Released, each keeping its own claim"
+    );
+}
+
+#[tokio::test]
+async fn a_standby_replica_takes_over_when_the_leader_dies() {
+    let mut e = env("leader").await;
+    e.ctl.kill(); // this test brings its own elected replicas
+    let class = e.class("pub", json!({})).await;
+    let lease = e.name("lease");
+    let args = [
+        "--lease-name",
+        &lease,
+        "--lease-duration",
+        "3s",
+        "--renew-deadline",
+        "2s",
+        "--retry-period",
+        "500ms",
+    ];
+    let mut one = ControllerProcess::start(&format!("ctl-one-{}", e.sfx), &args)
+        .await
+        .unwrap();
+    let two = ControllerProcess::start(&format!("ctl-two-{}", e.sfx), &args)
+        .await
+        .unwrap();
+    e.address("a", "192.0.2.90", &class, json!({})).await;
+    e.claim("first", json!({"className": class})).await;
+    e.wait_claim("first", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(e.client.clone(), "default");
+    let holder = leases
+        .get(&lease)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity
+        .unwrap();
+    let (leader, standby) = if holder == one.user {
+        (&mut one, &two)
+    } else {
+        panic!("expected {} to lead, got {holder}", one.user)
+    };
+    assert!(
+        e.writes(&standby.user).is_empty(),
+        "the standby wrote: {:?}",
+        e.writes(&standby.user)
+    );
+
+    leader.kill();
+    e.address("b", "192.0.2.91", &class, json!({})).await;
+    e.claim("second", json!({"className": class})).await;
+    e.wait_claim("second", "Bound by the new leader", |c| {
+        phase(c) == Some(ClaimPhase::Bound)
+    })
+    .await;
+    let holder = leases
+        .get(&lease)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity
+        .unwrap();
+    assert_eq!(holder, standby.user);
+    assert!(!e.writes(&standby.user).is_empty());
+}
