@@ -1233,3 +1233,114 @@ async fn a_standby_replica_takes_over_when_the_leader_dies() {
     assert_eq!(holder, standby.user);
     assert!(!e.writes(&standby.user).is_empty());
 }
+
+#[tokio::test]
+async fn an_invalid_address_admitted_before_validation_is_never_trusted() {
+    let mut e = env("invalid").await;
+    let class = e.class("pub", json!({})).await;
+    // Admit an invalid address the way an old API server would have: the CRD without its
+    // CEL rules on spec.address, for as long as it takes to create one object.
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(e.client.clone());
+    let mut lax = <IPAddress as kube::CustomResourceExt>::crd();
+    let mut schema = serde_json::to_value(&lax.spec.versions[0].schema).unwrap();
+    schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["address"]
+        .as_object_mut()
+        .unwrap()
+        .remove("x-kubernetes-validations");
+    lax.spec.versions[0].schema = serde_json::from_value(schema).unwrap();
+    let name = lax.metadata.name.clone().unwrap();
+    let params = PatchParams::apply(address_controller_tests::FIELD_MANAGER).force();
+    crds.patch(&name, &params, &Patch::Apply(&lax))
+        .await
+        .unwrap();
+    let bad = e.name("bad");
+    let body: IPAddress = serde_json::from_value(json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddress",
+        "metadata": {"name": bad}, "spec": {"address": "192.0.2.999", "className": class, "source": {"fromClass": {}}}}))
+    .unwrap();
+    let addresses = e.addresses();
+    let created = wait_for("the lax CRD to admit an invalid address", WAIT, || {
+        let addresses = addresses.clone();
+        let body = body.clone();
+        async move { Ok(addresses.create(&PostParams::default(), &body).await.ok()) }
+    })
+    .await;
+    e.cleanup.add("ipaddresses.local.sdn.cozystack.io", &bad);
+    address_controller_tests::install_crds(&e.client)
+        .await
+        .unwrap();
+    created.unwrap();
+
+    let a = e
+        .wait_address(&bad, "Pending", |x| {
+            aphase(x) == Some(AddressPhase::Pending)
+        })
+        .await
+        .unwrap();
+    assert!(
+        a.finalizers()
+            .iter()
+            .any(|f| f == "local.sdn.cozystack.io/address-protection")
+    );
+    let note = e.wait_event("default", &bad, "InvalidAddress").await;
+    assert!(note.contains("192.0.2.999"), "{note}");
+    // Nothing binds it, even when asked to by name.
+    e.claim("pinned", json!({"className": class, "addressName": bad}))
+        .await;
+    let c = e
+        .wait_claim("pinned", "WaitingForAddress", |c| {
+            condition(c, "Bound").is_some_and(|x| x.reason == "WaitingForAddress")
+        })
+        .await;
+    assert!(
+        condition(&c, "Bound")
+            .unwrap()
+            .message
+            .contains("invalid address")
+    );
+}
+
+#[tokio::test]
+async fn ledger_gauges_follow_objects_and_drop_series_of_gone_ones() {
+    let mut e = env("gauges").await;
+    let class = e.class("pub", json!({})).await;
+    let a = e.address("a", "192.0.2.100", &class, json!({})).await;
+    e.claim("web", json!({"className": class})).await;
+    e.wait_claim("web", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    e.wait_address(&a, "Bound", |x| aphase(x) == Some(AddressPhase::Bound))
+        .await;
+    let claim_series = format!(
+        "address_controller_ipaddressclaims{{class=\"{class}\",namespace=\"{}\",phase=\"Bound\"}} 1",
+        e.ns.name
+    );
+    let bound = format!("address_controller_ipaddresses{{class=\"{class}\",phase=\"Bound\"}} 1");
+    let m = e.ctl.metrics().await.unwrap();
+    assert!(m.contains(&claim_series) && m.contains(&bound), "{m}");
+
+    e.claims()
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    e.wait_address(&a, "Released", |x| {
+        aphase(x) == Some(AddressPhase::Released)
+    })
+    .await;
+    let released =
+        format!("address_controller_ipaddresses{{class=\"{class}\",phase=\"Released\"}} 1");
+    let ctl = &e.ctl;
+    wait_for("gauges to follow", WAIT, || async {
+        let m = ctl.metrics().await?;
+        let claim_gone = !m.contains(&format!("namespace=\"{}\"", e.ns.name));
+        Ok((claim_gone && m.contains(&released)).then_some(()))
+    })
+    .await
+    .unwrap();
+    let m = e.ctl.metrics().await.unwrap();
+    assert!(
+        m.contains(&format!(
+            "address_controller_ipaddresses{{class=\"{class}\",phase=\"Bound\"}} 0"
+        )),
+        "{m}"
+    );
+}
