@@ -26,11 +26,14 @@ struct Cli {
 enum Command {
     /// Run the core controller.
     Run(RunArgs),
-    /// Write the generated manifests (CRDs) into the chart. `make manifests` runs this.
+    /// Write the generated manifests (CRDs, ClusterRole) into the chart. `make manifests` runs this.
     Manifests {
         /// Directory the CRD YAML files are written to.
         #[arg(long, default_value = "chart/address-controller/crds")]
         crds_dir: PathBuf,
+        /// File the ClusterRole is written to.
+        #[arg(long, default_value = "chart/address-controller/templates/role.yaml")]
+        role: PathBuf,
     },
 }
 
@@ -45,6 +48,9 @@ struct RunArgs {
     /// Reconciles running at once, per controller.
     #[arg(long, env = "ADDRESS_CONTROLLER_CONCURRENCY", default_value_t = 16)]
     concurrency: u16,
+    /// Create an IPAddressClaim for every LoadBalancer Service that names none (SPEC §7).
+    #[arg(long, env = "ADDRESS_CONTROLLER_AUTO_CLAIMS", default_value_t = true, action = clap::ArgAction::Set)]
+    auto_claims: bool,
 }
 
 #[derive(Args)]
@@ -108,7 +114,7 @@ enum LogFormat {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Manifests { crds_dir } => write_manifests(&crds_dir),
+        Command::Manifests { crds_dir, role } => write_manifests(&crds_dir, &role),
         Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?
@@ -197,6 +203,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         ctx,
         run::Settings {
             concurrency: args.concurrency,
+            auto_claims: args.auto_claims,
         },
         shutdown.wait(),
     ));
@@ -253,7 +260,16 @@ async fn wait_for_signal() {
     }
 }
 
-fn write_manifests(crds_dir: &Path) -> anyhow::Result<()> {
+fn write_manifests(crds_dir: &Path, role: &Path) -> anyhow::Result<()> {
+    if let Some(dir) = role.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(
+        role,
+        address_controller_controller::rbac::cluster_role_yaml()?,
+    )
+    .with_context(|| format!("writing {}", role.display()))?;
+    println!("wrote {}", role.display());
     std::fs::create_dir_all(crds_dir)
         .with_context(|| format!("creating {}", crds_dir.display()))?;
     for (name, yaml) in address_controller_api::manifests::crd_files()? {

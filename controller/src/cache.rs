@@ -8,13 +8,15 @@ use std::sync::Arc;
 use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass};
 use futures::channel::mpsc;
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Service;
 use kube::runtime::reflector::{self, ReflectHandle, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, Resource};
 
 /// Read-only views of the three caches.
 #[derive(Clone)]
 pub struct Stores {
+    pub services: Store<Service>,
     pub claims: Store<IPAddressClaim>,
     pub addresses: Store<IPAddress>,
     pub classes: Store<IPAddressClass>,
@@ -26,6 +28,7 @@ impl Stores {
         ready(&self.claims).await?;
         ready(&self.addresses).await?;
         ready(&self.classes).await?;
+        ready(&self.services).await?;
         Ok(())
     }
 }
@@ -53,6 +56,7 @@ where
 /// The caches plus the subscriptions the controllers trigger on.
 pub struct Cache {
     pub stores: Stores,
+    pub services: ReflectHandle<Service>,
     pub claims: ReflectHandle<IPAddressClaim>,
     pub addresses: ReflectHandle<IPAddress>,
     pub classes: ReflectHandle<IPAddressClass>,
@@ -64,6 +68,8 @@ pub struct Cache {
 /// is gone, claims must re-resolve when a default class goes away.
 pub struct Deletions {
     pub claims: mpsc::UnboundedReceiver<Arc<IPAddressClaim>>,
+    /// The same claim deletions, for the auto-claim controller.
+    pub claims_for_services: mpsc::UnboundedReceiver<Arc<IPAddressClaim>>,
     pub addresses: mpsc::UnboundedReceiver<Arc<IPAddress>>,
     pub classes: mpsc::UnboundedReceiver<Arc<IPAddressClass>>,
 }
@@ -71,8 +77,8 @@ pub struct Deletions {
 /// Buffer of each shared subscription; the reflector waits when a subscriber lags this far.
 const SUBSCRIBER_BUFFER: usize = 1024;
 
-/// Starts the three watches. The returned future drives them and must be polled for as
-/// long as the process runs (it ends only when a watch stream ends).
+/// Starts the watches (claims, addresses, classes, Services). The returned future drives
+/// them and must be polled for as long as the process runs.
 pub fn start(client: &Client) -> (Cache, impl Future<Output = ()> + Send + 'static) {
     let (claims_store, claims_writer) =
         reflector::store_shared::<IPAddressClaim>(SUBSCRIBER_BUFFER);
@@ -80,64 +86,68 @@ pub fn start(client: &Client) -> (Cache, impl Future<Output = ()> + Send + 'stat
         reflector::store_shared::<IPAddress>(SUBSCRIBER_BUFFER);
     let (classes_store, classes_writer) =
         reflector::store_shared::<IPAddressClass>(SUBSCRIBER_BUFFER);
+    let (services_store, services_writer) = reflector::store_shared::<Service>(SUBSCRIBER_BUFFER);
     let handles = (
         claims_writer.subscribe(),
         addresses_writer.subscribe(),
         classes_writer.subscribe(),
+        services_writer.subscribe(),
     );
-    let (Some(claims), Some(addresses), Some(classes)) = handles else {
+    let (Some(claims), Some(addresses), Some(classes), Some(services)) = handles else {
         unreachable!("shared writers always hand out subscriptions")
     };
     let (claims_deleted, claim_deletions) = mpsc::unbounded();
+    let (claims_deleted_for_services, claims_for_services) = mpsc::unbounded();
     let (addresses_deleted, address_deletions) = mpsc::unbounded();
     let (classes_deleted, class_deletions) = mpsc::unbounded();
     let claim_watch = watch(
         Api::<IPAddressClaim>::all(client.clone()),
         claims_writer,
-        claims_deleted,
+        vec![claims_deleted, claims_deleted_for_services],
     );
     let address_watch = watch(
         Api::<IPAddress>::all(client.clone()),
         addresses_writer,
-        addresses_deleted,
+        vec![addresses_deleted],
     );
     let class_watch = watch(
         Api::<IPAddressClass>::all(client.clone()),
         classes_writer,
-        classes_deleted,
+        vec![classes_deleted],
     );
+    let service_watch = watch(Api::<Service>::all(client.clone()), services_writer, vec![]);
 
     let drive = async move {
         futures::join!(
             drain("IPAddressClaim", claim_watch),
             drain("IPAddress", address_watch),
             drain("IPAddressClass", class_watch),
+            drain("Service", service_watch),
         );
     };
     let stores = Stores {
+        services: services_store,
         claims: claims_store,
         addresses: addresses_store,
         classes: classes_store,
     };
+    let deletions = Deletions {
+        claims: claim_deletions,
+        claims_for_services,
+        addresses: address_deletions,
+        classes: class_deletions,
+    };
     (
         Cache {
             stores,
+            services,
             claims,
             addresses,
             classes,
-            deletions: Deletions {
-                claims: claim_deletions,
-                addresses: address_deletions,
-                classes: class_deletions,
-            },
+            deletions,
         },
         drive,
     )
-}
-
-/// Names (`namespace/name`) of a claim, for logs.
-pub fn claim_key(c: &IPAddressClaim) -> String {
-    format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any())
 }
 
 /// Polls a watch stream for as long as it runs, logging its errors (the watcher retries
@@ -159,7 +169,7 @@ async fn drain<T>(
 fn watch<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
-    deleted: mpsc::UnboundedSender<Arc<K>>,
+    deleted: Vec<mpsc::UnboundedSender<Arc<K>>>,
 ) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
 where
     K: Resource<DynamicType = ()>
@@ -175,7 +185,10 @@ where
         .map_ok(|ev| ev.modify(|o| o.meta_mut().managed_fields = None))
         .inspect_ok(move |ev| {
             if let watcher::Event::Delete(o) = ev {
-                let _ = deleted.unbounded_send(Arc::new(o.clone()));
+                let o = Arc::new(o.clone());
+                for tx in &deleted {
+                    let _ = tx.unbounded_send(o.clone());
+                }
             }
         })
         .reflect_shared(writer)

@@ -8,6 +8,7 @@ pub mod decide;
 pub mod error;
 pub mod leader;
 pub mod metrics;
+pub mod rbac;
 pub mod recent;
 pub mod reconcile;
 pub mod run;

@@ -3,8 +3,10 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use address_controller_api::names::SERVICE_CLAIM_ANNOTATION;
 use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClaim, IPAddressClass};
 use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -19,6 +21,8 @@ use crate::reconcile::{self, error_policy};
 pub struct Settings {
     /// Reconciles running at once, per controller.
     pub concurrency: u16,
+    /// Create claims for LoadBalancer Services that name none (SPEC §7).
+    pub auto_claims: bool,
 }
 
 fn unsettled(c: &IPAddressClaim) -> bool {
@@ -72,7 +76,23 @@ fn addresses_for_claim(
         .collect()
 }
 
-/// Runs both controllers until `shutdown` resolves.
+/// LoadBalancer Services that name no claim yet.
+fn pending_services(services: &Store<Service>) -> Vec<ObjectRef<Service>> {
+    services
+        .state()
+        .iter()
+        .filter(|s| s.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer"))
+        .filter(|s| !s.annotations().contains_key(SERVICE_CLAIM_ANNOTATION))
+        .map(|s| ObjectRef::from_obj(s.as_ref()))
+        .collect()
+}
+
+/// The Service an auto-claim would be named after.
+fn service_of(c: &IPAddressClaim) -> Option<ObjectRef<Service>> {
+    Some(ObjectRef::new(&c.name_any()).within(&c.namespace()?))
+}
+
+/// Runs the controllers until `shutdown` resolves.
 pub async fn run(
     cache: Cache,
     ctx: Arc<Context>,
@@ -81,6 +101,12 @@ pub async fn run(
 ) {
     let shutdown = shutdown.shared();
     let config = controller::Config::default().concurrency(settings.concurrency);
+    let service_config = config.clone();
+    let service_shutdown = shutdown.clone();
+    let service_leader = ctx.leader.acquired();
+    let service_ctx = ctx.clone();
+    let claims_for_services = cache.claims.clone();
+    let classes_for_services = cache.classes.clone();
     let stores = ctx.stores.clone();
 
     let claims_for_address_store = stores.claims.clone();
@@ -89,6 +115,7 @@ pub async fn run(
     let claims_for_deleted_class = stores.claims.clone();
     let Deletions {
         claims: deleted_claims,
+        claims_for_services: deleted_claims_for_services,
         addresses: deleted_addresses,
         classes: deleted_classes,
     } = cache.deletions;
@@ -147,5 +174,28 @@ pub async fn run(
             .run(reconcile::address::reconcile, error_policy, ctx)
             .for_each(|_| async {});
 
-    futures::join!(claim_controller, address_controller);
+    let services_for_class = stores.services.clone();
+    let service_controller = async move {
+        if !settings.auto_claims {
+            return;
+        }
+        Controller::for_shared_stream(cache.services, stores.services.clone())
+            .with_config(service_config)
+            // A class appearing or changing may settle Services that were waiting for it.
+            .watches_shared_stream(classes_for_services, move |_c: Arc<IPAddressClass>| {
+                pending_services(&services_for_class)
+            })
+            // The same-named claim changing (or going away) changes what the Service gets.
+            .watches_shared_stream(claims_for_services, |c: Arc<IPAddressClaim>| service_of(&c))
+            .reconcile_on(
+                deleted_claims_for_services.flat_map(|c| futures::stream::iter(service_of(&c))),
+            )
+            .reconcile_all_on(service_leader)
+            .graceful_shutdown_on(service_shutdown)
+            .run(reconcile::service::reconcile, error_policy, service_ctx)
+            .for_each(|_| async {})
+            .await;
+    };
+
+    futures::join!(claim_controller, address_controller, service_controller);
 }

@@ -184,7 +184,7 @@ POLICY
     --tls-cert-file="$dir/pki/apiserver.crt" --tls-private-key-file="$dir/pki/apiserver.key" \
     --client-ca-file="$dir/pki/ca.crt" \
     --authorization-mode=RBAC \
-    --service-cluster-ip-range=10.0.0.0/24 \
+    --service-cluster-ip-range=10.0.0.0/24,fd00:10:96::/112 \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$dir/pki/sa.pub" --service-account-signing-key-file="$dir/pki/sa.key" \
     --disable-admission-plugins=ServiceAccount \

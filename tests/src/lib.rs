@@ -296,6 +296,16 @@ pub struct ControllerProcess {
 impl ControllerProcess {
     /// Starts the controller as user `user` (group `system:masters`), waits until ready.
     pub async fn start(user: &str, extra: &[&str]) -> Result<ControllerProcess> {
+        Self::start_as(user, &["system:masters"], extra).await
+    }
+
+    /// Starts the controller as user `user` in `groups` only: with no `system:masters`,
+    /// it has exactly the RBAC the test granted that user.
+    pub async fn start_as(
+        user: &str,
+        groups: &[&str],
+        extra: &[&str],
+    ) -> Result<ControllerProcess> {
         let cluster = Cluster::get();
         let dir = repo_root().join("target/test-logs");
         std::fs::create_dir_all(&dir)?;
@@ -304,7 +314,10 @@ impl ControllerProcess {
         // Impersonation keeps admin rights but records the controller's own name.
         let impersonating = admin.replace(
             "  user:\n",
-            &format!("  user:\n    as: {user}\n    as-groups: [\"system:masters\"]\n"),
+            &format!(
+                "  user:\n    as: {user}\n    as-groups: {}\n",
+                serde_json::to_string(groups)?
+            ),
         );
         std::fs::write(&kubeconfig, impersonating)?;
         let port = free_port();
@@ -485,3 +498,4 @@ impl Drop for Cleanup {
         }
     }
 }
+pub mod env;

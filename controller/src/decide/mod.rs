@@ -2,6 +2,7 @@
 //! out. Nothing here performs I/O; the reconcilers gather snapshots and apply plans.
 
 pub mod address;
+pub mod autoclaim;
 pub mod claim;
 mod conditions;
 

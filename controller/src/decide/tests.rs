@@ -942,3 +942,222 @@ fn release_delay_rows() {
     assert_eq!(p.status, w(AddressPhase::Released, Some(now())));
     assert_eq!(p.requeue_after, Some(std::time::Duration::ZERO));
 }
+
+// ---- §7 auto-claims ----------------------------------------------------------------------
+
+mod autoclaim {
+    use super::*;
+    use crate::decide::autoclaim::{ServicePlan, ServiceSnapshot, Skip, plan_service, reason as r};
+    use address_controller_api::ClaimFamily;
+    use k8s_openapi::api::core::v1::Service;
+
+    fn svc(extra: Value) -> Service {
+        let mut v = json!({"metadata": {"name": "web", "namespace": "t", "uid": "svc-uid"},
+            "spec": {"type": "LoadBalancer", "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack"}});
+        merge(&mut v, extra);
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn auto_class(name: &str) -> Arc<IPAddressClass> {
+        class(
+            name,
+            json!({"metadata": {"annotations": {"ipaddressclass.local.sdn.cozystack.io/is-auto-claim-class": "true"}}}),
+        )
+    }
+
+    fn plan(
+        s: &Service,
+        classes: &[Arc<IPAddressClass>],
+        c: Option<&IPAddressClaim>,
+    ) -> ServicePlan {
+        plan_service(&ServiceSnapshot {
+            service: s,
+            classes,
+            claim: c,
+        })
+    }
+
+    fn owned_claim() -> IPAddressClaim {
+        claim(json!({"metadata": {"name": "web", "ownerReferences": [
+            {"apiVersion": "v1", "kind": "Service", "name": "web", "uid": "svc-uid", "controller": true}]}}))
+    }
+
+    #[test]
+    fn skip_rules() {
+        let classes = [auto_class("auto")];
+        let cases = [
+            (
+                json!({"spec": {"type": "ClusterIP"}}),
+                Skip::NotLoadBalancer,
+            ),
+            (
+                json!({"metadata": {"annotations": {"local.sdn.cozystack.io/ip-address-claim": "mine"}}}),
+                Skip::NamesAClaim,
+            ),
+            (
+                json!({"metadata": {"annotations": {"local.sdn.cozystack.io/auto-claim": "false"}}}),
+                Skip::OptedOut,
+            ),
+            (
+                json!({"spec": {"loadBalancerClass": "example.com/lb"}}),
+                Skip::LoadBalancerClass,
+            ),
+            (
+                json!({"spec": {"loadBalancerIP": "192.0.2.1"}}),
+                Skip::LoadBalancerIp,
+            ),
+            (
+                json!({"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}]}}}),
+                Skip::HasIngress,
+            ),
+        ];
+        for (extra, want) in cases {
+            assert_eq!(
+                plan(&svc(extra.clone()), &classes, None),
+                ServicePlan::Skip(want),
+                "{extra}"
+            );
+        }
+        for a in crate::decide::autoclaim::METALLB_ANNOTATIONS {
+            let s = svc(json!({"metadata": {"annotations": {a: "x"}}}));
+            assert_eq!(
+                plan(&s, &classes, None),
+                ServicePlan::Skip(Skip::MetalLb),
+                "{a}"
+            );
+        }
+        assert_eq!(
+            plan(&svc(json!({})), &[class("plain", json!({}))], None),
+            ServicePlan::Skip(Skip::NoAutoClaimClass)
+        );
+    }
+
+    #[test]
+    fn class_selection() {
+        let s = svc(json!({}));
+        assert_eq!(
+            plan(&s, &[auto_class("auto"), class("x", json!({}))], None),
+            ServicePlan::Create {
+                class: "auto".into(),
+                family: ClaimFamily::IPv4
+            }
+        );
+        let named = svc(
+            json!({"metadata": {"annotations": {"local.sdn.cozystack.io/ip-address-class": "x"}}}),
+        );
+        assert_eq!(
+            plan(&named, &[auto_class("auto"), class("x", json!({}))], None),
+            ServicePlan::Create {
+                class: "x".into(),
+                family: ClaimFamily::IPv4
+            }
+        );
+        // Named but missing: a warning, retried when classes change.
+        assert!(
+            matches!(plan(&named, &[auto_class("auto")], None), ServicePlan::Refuse(e) if e.reason == r::CLASS_NOT_FOUND)
+        );
+        // Several auto-claim classes: never guess.
+        assert!(
+            matches!(plan(&s, &[auto_class("a"), auto_class("b")], None),
+            ServicePlan::Refuse(e) if e.reason == r::AMBIGUOUS_AUTO_CLAIM_CLASS && e.note.contains("a, b"))
+        );
+    }
+
+    #[test]
+    fn family_mapping() {
+        let classes = [auto_class("auto")];
+        for (fams, policy, want) in [
+            (json!(["IPv4"]), "SingleStack", ClaimFamily::IPv4),
+            (json!(["IPv6"]), "SingleStack", ClaimFamily::IPv6),
+            (
+                json!(["IPv4", "IPv6"]),
+                "PreferDualStack",
+                ClaimFamily::Dual,
+            ),
+            (
+                json!(["IPv6", "IPv4"]),
+                "RequireDualStack",
+                ClaimFamily::Dual,
+            ),
+        ] {
+            let s = svc(json!({"spec": {"ipFamilies": fams, "ipFamilyPolicy": policy}}));
+            assert_eq!(
+                plan(&s, &classes, None),
+                ServicePlan::Create {
+                    class: "auto".into(),
+                    family: want
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn bad_input_is_refused_with_a_reason() {
+        let classes = [auto_class("auto")];
+        for (extra, want) in [
+            (
+                json!({"metadata": {"annotations": {"local.sdn.cozystack.io/auto-claim": "no"}}}),
+                r::INVALID_ANNOTATION,
+            ),
+            (
+                json!({"metadata": {"annotations": {"local.sdn.cozystack.io/ip-address-class": "Not_A_Name"}}}),
+                r::INVALID_ANNOTATION,
+            ),
+        ] {
+            assert!(
+                matches!(plan(&svc(extra.clone()), &classes, None), ServicePlan::Refuse(e) if e.reason == want),
+                "{extra}"
+            );
+        }
+        // A class whose driver reports no IPv6 capacity cannot serve a dual-stack Service.
+        let v4_only = class(
+            "v4",
+            json!({"metadata": {"annotations": {"ipaddressclass.local.sdn.cozystack.io/is-auto-claim-class": "true"}},
+            "status": {"capacity": {"ipv4": 14, "ipv6": 0}}}),
+        );
+        let dual = svc(
+            json!({"spec": {"ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack"}}),
+        );
+        assert!(
+            matches!(plan(&dual, &[v4_only.clone()], None), ServicePlan::Refuse(e) if e.reason == r::FAMILY_UNSUPPORTED && e.note.contains("IPv6"))
+        );
+        assert!(matches!(
+            plan(&svc(json!({})), &[v4_only], None),
+            ServicePlan::Create { .. }
+        ));
+        // "true" is an explicit opt-in.
+        let yes = svc(
+            json!({"metadata": {"annotations": {"local.sdn.cozystack.io/auto-claim": "true"}}}),
+        );
+        assert!(matches!(
+            plan(&yes, &classes, None),
+            ServicePlan::Create { .. }
+        ));
+    }
+
+    #[test]
+    fn existing_claims() {
+        let classes = [auto_class("auto")];
+        // Ours, but the Service was not annotated (crash between the two writes): repair.
+        assert_eq!(
+            plan(&svc(json!({})), &classes, Some(&owned_claim())),
+            ServicePlan::Annotate
+        );
+        // Someone else's: never taken over.
+        let foreign = claim(json!({"metadata": {"name": "web"}}));
+        assert!(
+            matches!(plan(&svc(json!({})), &classes, Some(&foreign)), ServicePlan::Refuse(e) if e.reason == r::CLAIM_NAME_TAKEN)
+        );
+        // No longer a LoadBalancer: the claim is kept, and the Service is told.
+        let cluster_ip = svc(
+            json!({"spec": {"type": "ClusterIP"}, "metadata": {"annotations": {"local.sdn.cozystack.io/ip-address-claim": "web"}}}),
+        );
+        assert!(
+            matches!(plan(&cluster_ip, &classes, Some(&owned_claim())), ServicePlan::Keep(e) if e.reason == r::NO_LONGER_LOAD_BALANCER && !e.warning)
+        );
+        assert_eq!(
+            plan(&cluster_ip, &classes, Some(&foreign)),
+            ServicePlan::Skip(Skip::NotLoadBalancer)
+        );
+    }
+}

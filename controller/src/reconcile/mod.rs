@@ -3,6 +3,7 @@
 
 pub mod address;
 pub mod claim;
+pub mod service;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,0 +1,246 @@
+//! A test environment for the controller tests: a throwaway namespace, a controller
+//! process of its own, object builders, waiting, events and audited writes. Tests that
+//! use it run one at a time ([`SERIAL`]): a controller watches the whole cluster.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClaim, IPAddressClass};
+use k8s_openapi::api::events::v1::Event;
+use kube::Client;
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::{Value, json};
+use tokio::sync::{Mutex, MutexGuard};
+
+use crate::{
+    AuditedWrite, Cleanup, ControllerProcess, TestNamespace, audited_writes, random_suffix, setup,
+    wait_for,
+};
+
+/// How long a test waits for the controller to converge.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+pub static SERIAL: Mutex<()> = Mutex::const_new(());
+
+pub struct Env {
+    pub client: Client,
+    pub ns: TestNamespace,
+    pub sfx: String,
+    pub cleanup: Cleanup,
+    pub ctl: ControllerProcess,
+    _serial: MutexGuard<'static, ()>,
+}
+
+pub async fn env(prefix: &str) -> Env {
+    let serial = SERIAL.lock().await;
+    let (_, client) = setup().await;
+    let ns = TestNamespace::create(&client, prefix).await.unwrap();
+    let sfx = random_suffix();
+    let ctl = ControllerProcess::start(&format!("ctl-{prefix}-{sfx}"), &["--leader-elect=false"])
+        .await
+        .unwrap();
+    Env {
+        client,
+        ns,
+        sfx,
+        cleanup: Cleanup::default(),
+        ctl,
+        _serial: serial,
+    }
+}
+
+impl Env {
+    pub fn name(&self, base: &str) -> String {
+        format!("{base}-{}", self.sfx)
+    }
+    pub fn claims(&self) -> Api<IPAddressClaim> {
+        Api::namespaced(self.client.clone(), &self.ns.name)
+    }
+    pub fn addresses(&self) -> Api<IPAddress> {
+        Api::all(self.client.clone())
+    }
+    pub fn classes(&self) -> Api<IPAddressClass> {
+        Api::all(self.client.clone())
+    }
+
+    pub async fn class(&mut self, base: &str, extra: Value) -> String {
+        let name = self.name(base);
+        let mut v = json!({"metadata": {"name": name}, "spec": {"provisioner": format!("{base}.drivers.test")}});
+        merge(&mut v, extra);
+        self.classes()
+            .create(&PostParams::default(), &serde_json::from_value(v).unwrap())
+            .await
+            .unwrap();
+        self.cleanup
+            .add("ipaddressclasses.local.sdn.cozystack.io", &name);
+        name
+    }
+
+    pub async fn address(&mut self, base: &str, ip: &str, class: &str, extra: Value) -> String {
+        let name = self.name(base);
+        let mut v = json!({"metadata": {"name": name},
+            "spec": {"address": ip, "className": class, "source": {"fromClass": {}}}});
+        merge(&mut v, extra);
+        self.addresses()
+            .create(&PostParams::default(), &serde_json::from_value(v).unwrap())
+            .await
+            .unwrap();
+        self.cleanup
+            .add("ipaddresses.local.sdn.cozystack.io", &name);
+        name
+    }
+
+    pub async fn claim(&self, name: &str, spec: Value) -> IPAddressClaim {
+        let v = json!({"metadata": {"name": name}, "spec": spec});
+        self.claims()
+            .create(&PostParams::default(), &serde_json::from_value(v).unwrap())
+            .await
+            .unwrap()
+    }
+
+    pub async fn wait_claim(
+        &self,
+        name: &str,
+        what: &str,
+        pred: impl Fn(&IPAddressClaim) -> bool,
+    ) -> IPAddressClaim {
+        let api = self.claims();
+        let last = std::sync::Mutex::new(None::<IPAddressClaim>);
+        let r = wait_for(&format!("claim {name}: {what}"), WAIT, || {
+            let api = api.clone();
+            let last = &last;
+            let pred = &pred;
+            async move {
+                let c = api.get(name).await?;
+                let ok = pred(&c);
+                *last.lock().unwrap() = Some(c.clone());
+                Ok(ok.then_some(c))
+            }
+        })
+        .await;
+        r.unwrap_or_else(|e| {
+            panic!(
+                "{e}\nlast seen: {:#?}",
+                last.lock().unwrap().as_ref().map(|c| &c.status)
+            )
+        })
+    }
+
+    pub async fn wait_address(
+        &self,
+        name: &str,
+        what: &str,
+        pred: impl Fn(Option<&IPAddress>) -> bool,
+    ) -> Option<IPAddress> {
+        let api = self.addresses();
+        wait_for(&format!("address {name}: {what}"), WAIT, || {
+            let api = api.clone();
+            let pred = &pred;
+            async move {
+                let a = api.get_opt(name).await?;
+                Ok(pred(a.as_ref()).then_some(a))
+            }
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Event reasons recorded on an object (claims: their namespace; cluster-scoped: default).
+    pub async fn events(&self, namespace: &str, name: &str) -> Vec<(String, String)> {
+        let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
+        let mut out: Vec<(String, String)> = api
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+            .collect();
+        out.sort();
+        out
+    }
+
+    pub async fn wait_event(&self, namespace: &str, name: &str, reason: &str) -> String {
+        wait_for(&format!("event {reason} on {name}"), WAIT, || async {
+            Ok(self
+                .events(namespace, name)
+                .await
+                .into_iter()
+                .find(|(r, _)| r == reason)
+                .map(|(_, n)| n))
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Successful writes of this test's controller to objects whose name contains the
+    /// test suffix or that live in the test namespace.
+    pub fn writes(&self, user: &str) -> Vec<AuditedWrite> {
+        audited_writes(user, |w| {
+            (w.code < 300)
+                && (w.namespace.as_deref() == Some(self.ns.name.as_str())
+                    || w.name.as_deref().is_some_and(|n| n.contains(&self.sfx)))
+        })
+        .unwrap()
+    }
+}
+
+pub fn merge(base: &mut Value, patch: Value) {
+    match (base, patch) {
+        (Value::Object(b), Value::Object(p)) => {
+            for (k, v) in p {
+                merge(b.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (b, p) => *b = p,
+    }
+}
+
+pub fn phase(c: &IPAddressClaim) -> Option<ClaimPhase> {
+    c.status.as_ref().and_then(|s| s.phase)
+}
+
+pub fn aphase(a: Option<&IPAddress>) -> Option<AddressPhase> {
+    a.and_then(|a| a.status.as_ref()).and_then(|s| s.phase)
+}
+
+pub fn condition<'a>(
+    c: &'a IPAddressClaim,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    c.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|x| x.type_ == type_)
+}
+
+pub fn count(writes: &[AuditedWrite]) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for w in writes {
+        let key = format!(
+            "{} {}{}",
+            w.verb,
+            w.resource,
+            w.subresource
+                .as_ref()
+                .map(|s| format!("/{s}"))
+                .unwrap_or_default()
+        );
+        *m.entry(key).or_default() += 1;
+    }
+    m
+}
+
+impl Env {
+    pub async fn wait_claim_gone(&self, name: &str) {
+        let api = self.claims();
+        wait_for(&format!("claim {name} gone"), WAIT, || {
+            let api = api.clone();
+            async move { Ok(api.get_opt(name).await?.is_none().then_some(())) }
+        })
+        .await
+        .unwrap();
+    }
+}
