@@ -2,6 +2,8 @@
 //! process of its own, object builders, waiting, events and audited writes. Tests that
 //! use it run one at a time ([`SERIAL`]): a controller watches the whole cluster.
 
+#![allow(clippy::unwrap_used)] // test support: a failed step fails the test loudly
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
