@@ -1119,7 +1119,7 @@ mod autoclaim {
             json!({"spec": {"ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack"}}),
         );
         assert!(
-            matches!(plan(&dual, &[v4_only.clone()], None), ServicePlan::Refuse(e) if e.reason == r::FAMILY_UNSUPPORTED && e.note.contains("IPv6"))
+            matches!(plan(&dual, std::slice::from_ref(&v4_only), None), ServicePlan::Refuse(e) if e.reason == r::FAMILY_UNSUPPORTED && e.note.contains("IPv6"))
         );
         assert!(matches!(
             plan(&svc(json!({})), &[v4_only], None),
