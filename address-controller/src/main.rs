@@ -162,7 +162,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         .unwrap_or_else(default_identity);
     let shutdown = Shutdown::new();
 
-    let (cache, drive) = cache::start(&client);
+    let (cache, drive) = cache::start(&client, args.auto_claims);
     let stores = cache.stores.clone();
     tokio::spawn(drive);
 

@@ -16,7 +16,9 @@ use kube::{Api, Client, Resource};
 /// Read-only views of the three caches.
 #[derive(Clone)]
 pub struct Stores {
+    /// Empty unless Services are watched (only auto-claims need them).
     pub services: Store<Service>,
+    pub services_watched: bool,
     pub claims: Store<IPAddressClaim>,
     pub addresses: Store<IPAddress>,
     pub classes: Store<IPAddressClass>,
@@ -28,7 +30,9 @@ impl Stores {
         ready(&self.claims).await?;
         ready(&self.addresses).await?;
         ready(&self.classes).await?;
-        ready(&self.services).await?;
+        if self.services_watched {
+            ready(&self.services).await?;
+        }
         Ok(())
     }
 }
@@ -79,7 +83,10 @@ const SUBSCRIBER_BUFFER: usize = 1024;
 
 /// Starts the watches (claims, addresses, classes, Services). The returned future drives
 /// them and must be polled for as long as the process runs.
-pub fn start(client: &Client) -> (Cache, impl Future<Output = ()> + Send + 'static) {
+pub fn start(
+    client: &Client,
+    watch_services: bool,
+) -> (Cache, impl Future<Output = ()> + Send + 'static) {
     let (claims_store, claims_writer) =
         reflector::store_shared::<IPAddressClaim>(SUBSCRIBER_BUFFER);
     let (addresses_store, addresses_writer) =
@@ -116,17 +123,23 @@ pub fn start(client: &Client) -> (Cache, impl Future<Output = ()> + Send + 'stat
         vec![classes_deleted],
     );
     let service_watch = watch(Api::<Service>::all(client.clone()), services_writer, vec![]);
+    let service_watch = async move {
+        if watch_services {
+            drain("Service", service_watch).await;
+        }
+    };
 
     let drive = async move {
         futures::join!(
             drain("IPAddressClaim", claim_watch),
             drain("IPAddress", address_watch),
             drain("IPAddressClass", class_watch),
-            drain("Service", service_watch),
+            service_watch,
         );
     };
     let stores = Stores {
         services: services_store,
+        services_watched: watch_services,
         claims: claims_store,
         addresses: addresses_store,
         classes: classes_store,

@@ -6,6 +6,7 @@ pub mod cache;
 pub mod context;
 pub mod decide;
 pub mod error;
+pub mod events;
 pub mod leader;
 pub mod metrics;
 pub mod rbac;

@@ -1,0 +1,343 @@
+//! The range allocator: pure functions over the class parameters and the addresses in use.
+//! No I/O; the driver's reconciler feeds it a snapshot.
+
+use std::collections::HashSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use address_controller_api::Family;
+use address_controller_api::family::family_of_ip;
+
+/// One CIDR of a class's `spec.parameters.cidrs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    pub network: IpAddr,
+    pub prefix: u8,
+}
+
+/// Why the parameters of a class cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParamError {
+    #[error("spec.parameters.cidrs is missing")]
+    Missing,
+    #[error("spec.parameters.cidrs must be a list of CIDR strings")]
+    NotAList,
+    #[error("spec.parameters.cidrs is empty")]
+    Empty,
+    #[error("{0:?} is not a CIDR such as 192.0.2.0/28 or 2001:db8::/120")]
+    Invalid(String),
+    #[error("{0:?} has host bits set; did you mean {1}?")]
+    HostBits(String, String),
+    #[error("{0} overlaps {1}")]
+    Overlap(String, String),
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+fn bits(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(v4) => u128::from(u32::from(v4)),
+        IpAddr::V6(v6) => u128::from(v6),
+    }
+}
+
+fn width(ip: IpAddr) -> u8 {
+    if ip.is_ipv4() { 32 } else { 128 }
+}
+
+fn from_bits(v4: bool, n: u128) -> IpAddr {
+    if v4 {
+        IpAddr::V4(Ipv4Addr::from(n as u32))
+    } else {
+        IpAddr::V6(Ipv6Addr::from(n))
+    }
+}
+
+impl Cidr {
+    pub fn parse(s: &str) -> Result<Cidr, ParamError> {
+        let invalid = || ParamError::Invalid(s.to_string());
+        let (ip, prefix) = s.split_once('/').ok_or_else(invalid)?;
+        let network: IpAddr = ip.parse().map_err(|_| invalid())?;
+        let prefix: u8 = prefix.parse().map_err(|_| invalid())?;
+        if prefix > width(network) {
+            return Err(invalid());
+        }
+        let cidr = Cidr { network, prefix };
+        if bits(network) != cidr.first_bits() {
+            let fixed = Cidr {
+                network: from_bits(network.is_ipv4(), cidr.first_bits()),
+                prefix,
+            };
+            return Err(ParamError::HostBits(s.to_string(), fixed.to_string()));
+        }
+        Ok(cidr)
+    }
+
+    fn mask(&self) -> u128 {
+        let w = width(self.network);
+        let host = u32::from(w - self.prefix);
+        let all = if w == 32 {
+            u128::from(u32::MAX)
+        } else {
+            u128::MAX
+        };
+        if host >= 128 {
+            0
+        } else {
+            all & !((1u128 << host) - 1)
+        }
+    }
+
+    fn first_bits(&self) -> u128 {
+        bits(self.network) & self.mask()
+    }
+
+    fn last_bits(&self) -> u128 {
+        let w = width(self.network);
+        let all = if w == 32 {
+            u128::from(u32::MAX)
+        } else {
+            u128::MAX
+        };
+        self.first_bits() | (all & !self.mask())
+    }
+
+    pub fn family(&self) -> Family {
+        family_of_ip(self.network)
+    }
+
+    /// The usable range: IPv4 network and broadcast addresses are skipped for prefixes
+    /// shorter than /31 (RFC 3021 makes both addresses of a /31 usable).
+    fn usable(&self) -> (u128, u128) {
+        let (first, last) = (self.first_bits(), self.last_bits());
+        if self.network.is_ipv4() && self.prefix < 31 {
+            (first + 1, last - 1)
+        } else {
+            (first, last)
+        }
+    }
+
+    /// How many addresses can be handed out (saturating).
+    pub fn capacity(&self) -> u128 {
+        let (first, last) = self.usable();
+        (last - first).saturating_add(1)
+    }
+
+    fn overlaps(&self, other: &Cidr) -> bool {
+        self.network.is_ipv4() == other.network.is_ipv4()
+            && self.first_bits() <= other.last_bits()
+            && other.first_bits() <= self.last_bits()
+    }
+}
+
+/// Parses `spec.parameters` of a class: `{"cidrs": ["192.0.2.0/28", "2001:db8::/120"]}`.
+pub fn parse_parameters(parameters: Option<&serde_json::Value>) -> Result<Vec<Cidr>, ParamError> {
+    let list = parameters
+        .and_then(|p| p.get("cidrs"))
+        .ok_or(ParamError::Missing)?;
+    let items = list.as_array().ok_or(ParamError::NotAList)?;
+    if items.is_empty() {
+        return Err(ParamError::Empty);
+    }
+    let mut cidrs = Vec::new();
+    for item in items {
+        let s = item.as_str().ok_or(ParamError::NotAList)?;
+        let c = Cidr::parse(s)?;
+        if let Some(prev) = cidrs.iter().find(|p: &&Cidr| p.overlaps(&c)) {
+            return Err(ParamError::Overlap(c.to_string(), prev.to_string()));
+        }
+        cidrs.push(c);
+    }
+    Ok(cidrs)
+}
+
+/// The first CIDR of `theirs` that overlaps one of `ours`, as (ours, theirs).
+pub fn overlap_between(ours: &[Cidr], theirs: &[Cidr]) -> Option<(Cidr, Cidr)> {
+    ours.iter()
+        .find_map(|a| theirs.iter().find(|b| a.overlaps(b)).map(|b| (*a, *b)))
+}
+
+/// Capacity per family, saturating at `i64::MAX` (an IPv6 /64 holds more than that).
+pub fn capacity(cidrs: &[Cidr]) -> (i64, i64) {
+    let sum = |f: Family| {
+        let total = cidrs
+            .iter()
+            .filter(|c| c.family() == f)
+            .fold(0u128, |acc, c| acc.saturating_add(c.capacity()));
+        i64::try_from(total).unwrap_or(i64::MAX)
+    };
+    (sum(Family::IPv4), sum(Family::IPv6))
+}
+
+/// How many addresses the allocator looks at before it declares a range exhausted; keeps a
+/// pass bounded on huge IPv6 ranges (the used set is what can block it, and that is finite).
+const SCAN_LIMIT: u128 = 1 << 20;
+
+/// The first free address of `family` in `cidrs`, in order, skipping `used`.
+pub fn first_free(cidrs: &[Cidr], family: Family, used: &HashSet<IpAddr>) -> Option<IpAddr> {
+    for c in cidrs.iter().filter(|c| c.family() == family) {
+        let (first, last) = c.usable();
+        let end = last.min(first.saturating_add(SCAN_LIMIT));
+        let mut n = first;
+        while n <= end {
+            let ip = from_bits(c.network.is_ipv4(), n);
+            if !used.contains(&ip) {
+                return Some(ip);
+            }
+            n += 1;
+        }
+    }
+    None
+}
+
+/// The object name of the IPAddress for `ip`: DNS-valid, one name per address whatever
+/// its spelling, so that creating it is the lock two racing drivers contend on.
+pub fn object_name(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, c, d] = v4.octets();
+            format!("ipv4-{a}-{b}-{c}-{d}")
+        }
+        IpAddr::V6(v6) => {
+            let groups: Vec<String> = v6.segments().iter().map(|s| format!("{s:04x}")).collect();
+            format!("ipv6-{}", groups.join("-"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ips(list: &[&str]) -> HashSet<IpAddr> {
+        list.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn parameters() {
+        let ok =
+            parse_parameters(Some(&json!({"cidrs": ["192.0.2.0/28", "2001:db8::/120"]}))).unwrap();
+        assert_eq!(ok.len(), 2);
+        let cases = [
+            (None, ParamError::Missing),
+            (Some(json!({})), ParamError::Missing),
+            (Some(json!({"cidrs": "192.0.2.0/28"})), ParamError::NotAList),
+            (Some(json!({"cidrs": [1]})), ParamError::NotAList),
+            (Some(json!({"cidrs": []})), ParamError::Empty),
+            (
+                Some(json!({"cidrs": ["192.0.2.0"]})),
+                ParamError::Invalid("192.0.2.0".into()),
+            ),
+            (
+                Some(json!({"cidrs": ["192.0.2.0/33"]})),
+                ParamError::Invalid("192.0.2.0/33".into()),
+            ),
+            (
+                Some(json!({"cidrs": ["nonsense/8"]})),
+                ParamError::Invalid("nonsense/8".into()),
+            ),
+            (
+                Some(json!({"cidrs": ["192.0.2.1/28"]})),
+                ParamError::HostBits("192.0.2.1/28".into(), "192.0.2.0/28".into()),
+            ),
+            (
+                Some(json!({"cidrs": ["192.0.2.0/24", "192.0.2.128/25"]})),
+                ParamError::Overlap("192.0.2.128/25".into(), "192.0.2.0/24".into()),
+            ),
+        ];
+        for (input, want) in cases {
+            assert_eq!(parse_parameters(input.as_ref()), Err(want), "{input:?}");
+        }
+        let a = parse_parameters(Some(&json!({"cidrs": ["192.0.2.0/28"]}))).unwrap();
+        let b =
+            parse_parameters(Some(&json!({"cidrs": ["192.0.2.8/29", "2001:db8::/64"]}))).unwrap();
+        assert!(overlap_between(&a, &b).is_some());
+        let c = parse_parameters(Some(&json!({"cidrs": ["192.0.2.16/28"]}))).unwrap();
+        assert!(overlap_between(&a, &c).is_none());
+    }
+
+    #[test]
+    fn first_free_skips_network_broadcast_and_used() {
+        let cidrs = parse_parameters(Some(
+            &json!({"cidrs": ["192.0.2.0/30", "198.51.100.0/31", "2001:db8::/127"]}),
+        ))
+        .unwrap();
+        // /30: .1 and .2 usable; then the /31: both usable.
+        assert_eq!(
+            first_free(&cidrs, Family::IPv4, &ips(&[])),
+            Some("192.0.2.1".parse().unwrap())
+        );
+        assert_eq!(
+            first_free(&cidrs, Family::IPv4, &ips(&["192.0.2.1"])),
+            Some("192.0.2.2".parse().unwrap())
+        );
+        assert_eq!(
+            first_free(&cidrs, Family::IPv4, &ips(&["192.0.2.1", "192.0.2.2"])),
+            Some("198.51.100.0".parse().unwrap())
+        );
+        assert_eq!(
+            first_free(
+                &cidrs,
+                Family::IPv4,
+                &ips(&["192.0.2.1", "192.0.2.2", "198.51.100.0", "198.51.100.1"])
+            ),
+            None
+        );
+        // IPv6 uses every address, including the first.
+        assert_eq!(
+            first_free(&cidrs, Family::IPv6, &ips(&[])),
+            Some("2001:db8::".parse().unwrap())
+        );
+        assert_eq!(
+            first_free(&cidrs, Family::IPv6, &ips(&["2001:db8::", "2001:db8::1"])),
+            None
+        );
+        let one = parse_parameters(Some(&json!({"cidrs": ["192.0.2.7/32"]}))).unwrap();
+        assert_eq!(
+            first_free(&one, Family::IPv4, &ips(&[])),
+            Some("192.0.2.7".parse().unwrap())
+        );
+        assert_eq!(first_free(&one, Family::IPv6, &ips(&[])), None);
+    }
+
+    #[test]
+    fn capacity_counts_usable_addresses() {
+        let cidrs = parse_parameters(Some(&json!({"cidrs": ["192.0.2.0/28", "198.51.100.0/31", "203.0.113.9/32", "2001:db8::/120"]}))).unwrap();
+        assert_eq!(capacity(&cidrs), (14 + 2 + 1, 256));
+        let huge = parse_parameters(Some(&json!({"cidrs": ["2001:db8::/32"]}))).unwrap();
+        assert_eq!(capacity(&huge), (0, i64::MAX));
+        assert!(first_free(&huge, Family::IPv6, &ips(&[])).is_some());
+    }
+
+    #[test]
+    fn names_are_dns_valid_and_unique_per_address() {
+        let cases = [
+            ("192.0.2.1", "ipv4-192-0-2-1"),
+            ("2001:db8::", "ipv6-2001-0db8-0000-0000-0000-0000-0000-0000"),
+            (
+                "2001:db8::1",
+                "ipv6-2001-0db8-0000-0000-0000-0000-0000-0001",
+            ),
+            ("::", "ipv6-0000-0000-0000-0000-0000-0000-0000-0000"),
+            ("fe80::", "ipv6-fe80-0000-0000-0000-0000-0000-0000-0000"),
+        ];
+        for (ip, want) in cases {
+            let name = object_name(ip.parse().unwrap());
+            assert_eq!(name, want);
+            assert!(
+                name.len() <= 63
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            );
+        }
+        // Every spelling of one address gives one name.
+        let a: IpAddr = "2001:DB8:0:0::1".parse().unwrap();
+        let b: IpAddr = "2001:db8::0:1".parse().unwrap();
+        assert_eq!(object_name(a), object_name(b));
+    }
+}
