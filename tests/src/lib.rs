@@ -306,6 +306,21 @@ impl ControllerProcess {
         groups: &[&str],
         extra: &[&str],
     ) -> Result<ControllerProcess> {
+        Self::spawn("address-controller", &["run"], user, groups, extra).await
+    }
+
+    /// Starts the reference `range-driver` as user `user` (group `system:masters`).
+    pub async fn driver(user: &str, extra: &[&str]) -> Result<ControllerProcess> {
+        Self::spawn("range-driver", &[], user, &["system:masters"], extra).await
+    }
+
+    async fn spawn(
+        bin: &str,
+        pre: &[&str],
+        user: &str,
+        groups: &[&str],
+        extra: &[&str],
+    ) -> Result<ControllerProcess> {
         let cluster = Cluster::get();
         let dir = repo_root().join("target/test-logs");
         std::fs::create_dir_all(&dir)?;
@@ -322,8 +337,9 @@ impl ControllerProcess {
         std::fs::write(&kubeconfig, impersonating)?;
         let port = free_port();
         let log = dir.join(format!("{user}.log"));
-        let child = Command::new(binary("address-controller"))
-            .args(["run", "--kubeconfig"])
+        let child = Command::new(binary(bin))
+            .args(pre)
+            .arg("--kubeconfig")
             .arg(&kubeconfig)
             .args([
                 "--probe-address",
@@ -333,13 +349,16 @@ impl ControllerProcess {
             ])
             .args(["--lease-namespace", "default"])
             .args(extra)
-            .env("RUST_LOG", "info,address_controller_controller=debug")
+            .env(
+                "RUST_LOG",
+                "info,address_controller_controller=debug,range_driver=debug",
+            )
             .stdout(std::fs::File::create(&log)?)
             .stderr(std::fs::File::create(
                 dir.join(format!("{user}.stderr.log")),
             )?)
             .spawn()
-            .context("starting address-controller")?;
+            .with_context(|| format!("starting {bin}"))?;
         let proc = ControllerProcess {
             user: user.to_string(),
             probe: format!("127.0.0.1:{port}"),
