@@ -51,7 +51,7 @@ async fn purge(e: &Env, prefixes: &[&str]) {
                 .await?
                 .items
                 .iter()
-                .any(|a| stale(a)))
+                .any(&stale))
             .then_some(()))
         }
     })
