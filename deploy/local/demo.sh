@@ -1,44 +1,115 @@
 #!/usr/bin/env bash
 # `make demo` / `make demo-down`: the quickstart on the local control plane.
-# Today it brings up the control plane with the CRDs installed; the controller, the
-# aggregated API server and the range driver join it as they land.
+#
+# Builds what is needed, starts etcd + kube-apiserver + kube-controller-manager on
+# 127.0.0.1, installs the CRDs, runs the address-controller and the range driver as local
+# processes, creates a class with a small range and a few tenants' claims, prints the
+# ledger and leaves everything running. Safe to re-run while it is up.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 # shellcheck source=versions.sh
 . "$here/versions.sh"
 dir="${DEMO_DIR:-$AC_CACHE/clusters/demo}"
+target="${CARGO_TARGET_DIR:-$root/target}"
 
 n=0
 step() { n=$((n+1)); printf '\n[demo %d] %s\n' "$n" "$*"; }
 fail() { printf '\n[demo] FAILED at step %d (%s). Logs: %s\n' "$n" "$1" "${2:-$dir/logs}" >&2; exit 1; }
 
-case "${1:-up}" in
-  up)
-    t0=$(date +%s)
-    step "build the control-plane binaries (cached by version; cold ~25 min on 2 cores)"
-    "$here/build-binaries.sh" || fail "build-binaries" "the output above"
-    step "start etcd, kube-apiserver and kube-controller-manager on 127.0.0.1"
-    kubeconfig="$("$here/cluster.sh" up "$dir")" || fail "cluster up"
-    export KUBECONFIG="$kubeconfig"
-    step "install the CRDs"
-    (cd "$root" && make -s install-crds) || fail "install-crds"
-    step "show what the cluster serves"
-    kubectl api-resources --api-group=local.sdn.cozystack.io
-    cat <<MSG
+# run NAME CMD...: start a long-running process of the demo unless it already runs.
+run() {
+  local name="$1"; shift
+  local pidfile="$dir/pids/demo-$name"
+  if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+    echo "  $name already running (pid $(cat "$pidfile"))"; return
+  fi
+  setsid "$@" >"$dir/logs/$name.log" 2>&1 < /dev/null &
+  echo $! > "$pidfile"
+  echo "  $name started (pid $!, log $dir/logs/$name.log)"
+}
 
-The local control plane is up ($(( $(date +%s) - t0 ))s).
+wait_ready() { # NAME PORT
+  for _ in $(seq 1 120); do
+    curl -fs "http://127.0.0.1:$2/readyz" >/dev/null 2>&1 && return 0
+    kill -0 "$(cat "$dir/pids/demo-$1")" 2>/dev/null || return 1
+    sleep 0.5
+  done
+  return 1
+}
+
+up() {
+  local t0; t0=$(date +%s)
+  step "build the control-plane binaries (cached by version; cold ~10 min on 2 cores)"
+  "$here/build-binaries.sh" || fail "build-binaries" "the output above"
+  step "build address-controller and range-driver (cargo build --bins)"
+  (cd "$root" && cargo build --bins --quiet) || fail "cargo build" "the output above"
+
+  step "start etcd, kube-apiserver and kube-controller-manager on 127.0.0.1"
+  kubeconfig="$("$here/cluster.sh" up "$dir")" || fail "cluster up"
+  export KUBECONFIG="$kubeconfig"
+
+  step "install the CRDs"
+  (cd "$root" && make -s install-crds >/dev/null) || fail "install-crds"
+
+  step "run the address-controller and the range driver"
+  run address-controller "$target/debug/address-controller" run --kubeconfig "$kubeconfig" \
+    --leader-elect=false --probe-address 127.0.0.1:18081
+  run range-driver "$target/debug/range-driver" --kubeconfig "$kubeconfig" \
+    --leader-elect=false --probe-address 127.0.0.1:18082
+  wait_ready address-controller 18081 || fail "address-controller ready" "$dir/logs/address-controller.log"
+  wait_ready range-driver 18082 || fail "range-driver ready" "$dir/logs/range-driver.log"
+
+  step "create a class with a small range, two tenants and their claims"
+  kubectl apply -f "$here/demo.yaml" >/dev/null || fail "kubectl apply demo.yaml"
+  # One address Released under Retain: a claim that came and went (only once).
+  if ! kubectl get ipaddresses.local.sdn.cozystack.io -o jsonpath='{range .items[*]}{.spec.claimRef.name}{"\n"}{end}' | grep -qx legacy; then
+    kubectl apply -f - >/dev/null <<'YAML' || fail "create tenant-b/legacy"
+apiVersion: local.sdn.cozystack.io/v1alpha1
+kind: IPAddressClaim
+metadata: {name: legacy, namespace: tenant-b}
+spec: {}
+YAML
+    kubectl wait -n tenant-b ipaddressclaim/legacy --for=jsonpath='{.status.phase}'=Bound --timeout=60s >/dev/null \
+      || fail "tenant-b/legacy Bound" "$dir/logs/address-controller.log"
+    kubectl delete -n tenant-b ipaddressclaim/legacy --wait=true >/dev/null || fail "delete tenant-b/legacy"
+  fi
+  for c in tenant-a/web tenant-a/mail tenant-b/db tenant-b/shop; do
+    kubectl wait -n "${c%/*}" "ipaddressclaim/${c#*/}" --for=jsonpath='{.status.phase}'=Bound --timeout=60s >/dev/null \
+      || fail "claim $c Bound" "$dir/logs/"
+  done
+
+  step "the ledger"
+  echo "\$ kubectl get ipaddressclaims -A"; kubectl get ipaddressclaims -A
+  echo; echo "\$ kubectl get ipaddresses.local.sdn.cozystack.io"; kubectl get ipaddresses.local.sdn.cozystack.io
+  echo; echo "\$ kubectl get ipaddressclasses"; kubectl get ipaddressclasses
+  echo; echo "(namespaceaddresses and poolavailabilities arrive with the aggregated API server, issue #4)"
+  cat <<MSG
+
+The quickstart is up ($(( $(date +%s) - t0 ))s). Explore:
 
   export KUBECONFIG=$kubeconfig
-  kubectl get ipaddressclasses,ipaddresses.local.sdn.cozystack.io
-  kubectl get ipaddressclaims -A
-  kubectl explain ipaddressclaim.spec
+  kubectl describe ipaddressclaim -n tenant-a mail        # conditions and events
+  kubectl get svc -n tenant-b shop -o yaml                # the auto-claim annotation
+  curl -s 127.0.0.1:18081/metrics | grep ^address_controller_ip
+  kubectl delete ipaddressclaim -n tenant-a web           # Retain: the address becomes Released
 
-Logs: $dir/logs/    Stop it with: make demo-down
+Logs: $dir/logs/    Stop everything with: make demo-down
 MSG
-    ;;
-  down)
-    "$here/cluster.sh" down "$dir"
-    ;;
+}
+
+down() {
+  for name in address-controller range-driver; do
+    f="$dir/pids/demo-$name"
+    [ -f "$f" ] || continue
+    kill -TERM -- "-$(cat "$f")" 2>/dev/null || kill -TERM "$(cat "$f")" 2>/dev/null || true
+    rm -f "$f"
+  done
+  "$here/cluster.sh" down "$dir"
+}
+
+case "${1:-up}" in
+  up) up ;;
+  down) down ;;
   *) echo "usage: demo.sh up|down" >&2; exit 2 ;;
 esac
