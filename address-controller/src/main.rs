@@ -9,6 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use address_controller_apiserver::authn::Authenticator;
+use address_controller_apiserver::authz::Authorizer;
+use address_controller_apiserver::tls;
 use address_controller_controller::{cache, context::Context, leader, metrics::Metrics, run};
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -24,8 +27,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the core controller.
-    Run(RunArgs),
+    /// Run the core controller and the aggregated API server.
+    Run(Box<RunArgs>),
     /// Write the generated manifests (CRDs, ClusterRole) into the chart. `make manifests` runs this.
     Manifests {
         /// Directory the CRD YAML files are written to.
@@ -41,6 +44,8 @@ enum Command {
 struct RunArgs {
     #[command(flatten)]
     kube: KubeArgs,
+    #[command(flatten)]
+    apiserver: ApiServerArgs,
     #[command(flatten)]
     election: ElectionArgs,
     #[command(flatten)]
@@ -59,6 +64,38 @@ struct KubeArgs {
     /// Kubeconfig to use; without it the in-cluster config (or $KUBECONFIG) is used.
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
+}
+
+#[derive(Args)]
+#[command(next_help_heading = "Components and the aggregated API server")]
+struct ApiServerArgs {
+    /// Serve the view.local.sdn.cozystack.io views (every replica serves them).
+    #[arg(long = "apiserver", env = "ADDRESS_CONTROLLER_APISERVER", default_value_t = true, action = clap::ArgAction::Set)]
+    enabled: bool,
+    /// Run the controllers (only the elected leader acts).
+    #[arg(long = "controller", env = "ADDRESS_CONTROLLER_CONTROLLER", default_value_t = true, action = clap::ArgAction::Set)]
+    controller: bool,
+    /// HTTPS address of the aggregated API server.
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_APISERVER_ADDRESS",
+        default_value = "0.0.0.0:6443"
+    )]
+    apiserver_address: SocketAddr,
+    /// Serving certificate (PEM); reloaded when it changes. Without it a self-signed one is used.
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_TLS_CERT_FILE",
+        requires = "tls_private_key_file"
+    )]
+    tls_cert_file: Option<PathBuf>,
+    /// Key of the serving certificate (PEM).
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_TLS_PRIVATE_KEY_FILE",
+        requires = "tls_cert_file"
+    )]
+    tls_private_key_file: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -118,7 +155,7 @@ fn main() -> anyhow::Result<()> {
         Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?
-            .block_on(run_controller(args)),
+            .block_on(run_controller(*args)),
     }
 }
 
@@ -177,6 +214,35 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
             }
         });
     }
+    let apiserver = if args.apiserver.enabled {
+        let cert = match (
+            &args.apiserver.tls_cert_file,
+            &args.apiserver.tls_private_key_file,
+        ) {
+            (Some(cert), Some(key)) => tls::ServingCert::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+            },
+            _ => tls::ServingCert::SelfSigned(vec!["localhost".into()]),
+        };
+        let config = tls::server_config(cert)?;
+        let authn = Authenticator::new(client.clone());
+        tokio::spawn(authn.clone().watch_config());
+        let state = Arc::new(address_controller_apiserver::State {
+            stores: stores.clone(),
+            authn,
+            authz: Authorizer::new(client.clone()),
+            synced: ready.clone(),
+        });
+        Some(tokio::spawn(address_controller_apiserver::serve_tls(
+            args.apiserver.apiserver_address,
+            config,
+            address_controller_apiserver::router(state),
+            shutdown.wait(),
+        )))
+    } else {
+        None
+    };
     let admin = tokio::spawn(admin::serve(
         args.ops.probe_address,
         admin::AdminState {
@@ -198,18 +264,23 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         metrics,
         identity.clone(),
     ));
-    let controllers = tokio::spawn(run::run(
-        cache,
-        ctx,
-        run::Settings {
-            concurrency: args.concurrency,
-            auto_claims: args.auto_claims,
-        },
-        shutdown.wait(),
-    ));
+    let controllers = if args.apiserver.controller {
+        Some(tokio::spawn(run::run(
+            cache,
+            ctx,
+            run::Settings {
+                concurrency: args.concurrency,
+                auto_claims: args.auto_claims,
+            },
+            shutdown.wait(),
+        )))
+    } else {
+        drop(cache);
+        None
+    };
 
     let election = async {
-        if !args.election.leader_elect {
+        if !args.election.leader_elect || !args.apiserver.controller {
             return shutdown.wait().await;
         }
         let cfg = leader::LeaseConfig {
@@ -238,7 +309,12 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
     };
     tokio::join!(election, signals);
     let _ = tokio::time::timeout(Duration::from_secs(10), async {
-        let _ = controllers.await;
+        if let Some(c) = controllers {
+            let _ = c.await;
+        }
+        if let Some(a) = apiserver {
+            let _ = a.await;
+        }
         let _ = admin.await;
     })
     .await;

@@ -19,6 +19,10 @@ pub struct Stores {
     /// Empty unless Services are watched (only auto-claims need them).
     pub services: Store<Service>,
     pub services_watched: bool,
+    /// The highest resourceVersion seen on any watch event (etcd revisions only grow, so
+    /// this never goes backwards, across restarts and replicas alike): the views derive
+    /// their resourceVersions from it.
+    pub revision: Arc<std::sync::atomic::AtomicU64>,
     pub claims: Store<IPAddressClaim>,
     pub addresses: Store<IPAddress>,
     pub classes: Store<IPAddressClass>,
@@ -107,22 +111,31 @@ pub fn start(
     let (claims_deleted_for_services, claims_for_services) = mpsc::unbounded();
     let (addresses_deleted, address_deletions) = mpsc::unbounded();
     let (classes_deleted, class_deletions) = mpsc::unbounded();
+    let revision = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let claim_watch = watch(
+        revision.clone(),
         Api::<IPAddressClaim>::all(client.clone()),
         claims_writer,
         vec![claims_deleted, claims_deleted_for_services],
     );
     let address_watch = watch(
+        revision.clone(),
         Api::<IPAddress>::all(client.clone()),
         addresses_writer,
         vec![addresses_deleted],
     );
     let class_watch = watch(
+        revision.clone(),
         Api::<IPAddressClass>::all(client.clone()),
         classes_writer,
         vec![classes_deleted],
     );
-    let service_watch = watch(Api::<Service>::all(client.clone()), services_writer, vec![]);
+    let service_watch = watch(
+        revision.clone(),
+        Api::<Service>::all(client.clone()),
+        services_writer,
+        vec![],
+    );
     let service_watch = async move {
         if watch_services {
             drain("Service", service_watch).await;
@@ -140,6 +153,7 @@ pub fn start(
     let stores = Stores {
         services: services_store,
         services_watched: watch_services,
+        revision,
         claims: claims_store,
         addresses: addresses_store,
         classes: classes_store,
@@ -180,6 +194,7 @@ async fn drain<T>(
 
 /// One kind's watch: managedFields stripped, deletions reported, the store kept.
 fn watch<K>(
+    revision: Arc<std::sync::atomic::AtomicU64>,
     api: Api<K>,
     writer: reflector::store::Writer<K>,
     deleted: Vec<mpsc::UnboundedSender<Arc<K>>>,
@@ -197,6 +212,17 @@ where
         .default_backoff()
         .map_ok(|ev| ev.modify(|o| o.meta_mut().managed_fields = None))
         .inspect_ok(move |ev| {
+            if let watcher::Event::Apply(o)
+            | watcher::Event::InitApply(o)
+            | watcher::Event::Delete(o) = ev
+                && let Some(rv) = o
+                    .meta()
+                    .resource_version
+                    .as_deref()
+                    .and_then(|v| v.parse::<u64>().ok())
+            {
+                revision.fetch_max(rv, std::sync::atomic::Ordering::AcqRel);
+            }
             if let watcher::Event::Delete(o) = ev {
                 let o = Arc::new(o.clone());
                 for tx in &deleted {

@@ -80,6 +80,13 @@ subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,
   # The front proxy has its own CA: an ordinary client cert must never pass as the proxy.
   cert front-proxy-ca self "/CN=address-controller-local-front-proxy-ca" "$ca_ext"
   cert front-proxy-client front-proxy-ca "/CN=front-proxy-client" "$client_ext"
+  # The aggregated API server's own CA and serving certificate: the APIService's caBundle
+  # and the name kube-apiserver verifies (<service>.<namespace>.svc).
+  cert aggr-ca self "/CN=address-controller-local-aggregated-ca" "$ca_ext"
+  cert aggr aggr-ca "/CN=address-controller-api" 'basicConstraints=critical,CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=DNS:address-controller-api.address-controller-system.svc,DNS:localhost,IP:127.0.0.1'
   # Service-account token signing key.
   openssl ecparam -name prime256v1 -genkey -noout -out "$pki/sa.key" 2>/dev/null
   openssl ec -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null

@@ -1,0 +1,364 @@
+//! Authentication, as the generic apiserver delegates it: the front-proxy client
+//! certificate is verified against the request-header CA (and only that CA) and its CN
+//! against the allowed names BEFORE any `X-Remote-*` header is read; bearer tokens go to
+//! TokenReview; a request with neither is anonymous; a bad certificate or token is 401.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use http::HeaderMap;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::PostParams;
+use kube::{Api, Client};
+use rustls::pki_types::{CertificateDer, TrustAnchor, UnixTime};
+
+/// An authenticated user.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct UserInfo {
+    pub name: String,
+    pub uid: Option<String>,
+    pub groups: Vec<String>,
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+impl UserInfo {
+    pub fn anonymous() -> Self {
+        UserInfo {
+            name: "system:anonymous".into(),
+            uid: None,
+            groups: vec!["system:unauthenticated".into()],
+            extra: BTreeMap::new(),
+        }
+    }
+
+    /// Every authenticated user is in `system:authenticated` (as the generic apiserver adds it).
+    fn authenticated(mut self) -> Self {
+        if !self
+            .groups
+            .iter()
+            .any(|g| g == "system:authenticated" || g == "system:unauthenticated")
+        {
+            self.groups.push("system:authenticated".into());
+        }
+        self
+    }
+}
+
+/// The client certificate chain the TLS handshake presented (leaf first), if any.
+#[derive(Debug, Clone, Default)]
+pub struct PeerCerts(pub Vec<CertificateDer<'static>>);
+
+/// The request-header settings published in `kube-system/extension-apiserver-authentication`.
+#[derive(Debug, Clone)]
+pub struct FrontProxy {
+    anchors: Vec<TrustAnchor<'static>>,
+    allowed_names: Vec<String>,
+    username_headers: Vec<String>,
+    uid_headers: Vec<String>,
+    group_headers: Vec<String>,
+    extra_prefixes: Vec<String>,
+}
+
+/// The values are JSON arrays of strings; empty or `null` means none.
+fn json_list(data: &BTreeMap<String, String>, key: &str) -> Vec<String> {
+    data.get(key)
+        .and_then(|v| serde_json::from_str::<Option<Vec<String>>>(v).ok())
+        .flatten()
+        .unwrap_or_default()
+}
+
+impl FrontProxy {
+    pub fn from_config_map(cm: &ConfigMap) -> Result<FrontProxy, String> {
+        let data = cm.data.clone().unwrap_or_default();
+        let pem = data
+            .get("requestheader-client-ca-file")
+            .ok_or("no requestheader-client-ca-file")?;
+        let certs: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut pem.as_bytes())
+            .filter_map(Result::ok)
+            .collect();
+        let anchors = certs
+            .iter()
+            .filter_map(|c| {
+                webpki::anchor_from_trusted_cert(c)
+                    .ok()
+                    .map(|a| a.to_owned())
+            })
+            .collect::<Vec<_>>();
+        if anchors.is_empty() {
+            return Err("requestheader-client-ca-file holds no usable CA".into());
+        }
+        Ok(FrontProxy {
+            anchors,
+            allowed_names: json_list(&data, "requestheader-allowed-names"),
+            username_headers: json_list(&data, "requestheader-username-headers"),
+            uid_headers: json_list(&data, "requestheader-uid-headers"),
+            group_headers: json_list(&data, "requestheader-group-headers"),
+            extra_prefixes: json_list(&data, "requestheader-extra-headers-prefix"),
+        })
+    }
+
+    /// Ok(true) when the chain is a valid front-proxy certificate; Ok(false) when it does
+    /// not chain to the request-header CA; Err when it does but its CN is not allowed.
+    fn verify(&self, chain: &[CertificateDer<'static>]) -> Result<bool, String> {
+        let Some(leaf) = chain.first() else {
+            return Ok(false);
+        };
+        let Ok(cert) = webpki::EndEntityCert::try_from(leaf) else {
+            return Ok(false);
+        };
+        let verified = cert.verify_for_usage(
+            webpki::ALL_VERIFICATION_ALGS,
+            &self.anchors,
+            &chain[1..],
+            UnixTime::now(),
+            webpki::KeyUsage::client_auth(),
+            None,
+            None,
+        );
+        if verified.is_err() {
+            return Ok(false);
+        }
+        if self.allowed_names.is_empty() {
+            return Ok(true);
+        }
+        let cn = x509_parser::parse_x509_certificate(leaf)
+            .ok()
+            .and_then(|(_, c)| {
+                c.subject()
+                    .iter_common_name()
+                    .next()
+                    .and_then(|n| n.as_str().ok().map(str::to_string))
+            })
+            .unwrap_or_default();
+        if self.allowed_names.contains(&cn) {
+            Ok(true)
+        } else {
+            Err(format!(
+                "client certificate CN {cn:?} is not an allowed front proxy"
+            ))
+        }
+    }
+
+    /// The user the front proxy vouches for, read from its headers.
+    fn user(&self, headers: &HeaderMap) -> Option<UserInfo> {
+        let first = |names: &[String]| {
+            names.iter().find_map(|n| {
+                headers.get_all(n.as_str()).iter().find_map(|v| {
+                    v.to_str()
+                        .ok()
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string)
+                })
+            })
+        };
+        let name = first(&self.username_headers)?;
+        let uid = first(&self.uid_headers);
+        let groups = self
+            .group_headers
+            .iter()
+            .flat_map(|h| {
+                headers
+                    .get_all(h.as_str())
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (k, v) in headers {
+            let key = k.as_str().to_ascii_lowercase();
+            for prefix in &self.extra_prefixes {
+                if let Some(rest) = key.strip_prefix(&prefix.to_ascii_lowercase())
+                    && let Ok(v) = v.to_str()
+                {
+                    extra
+                        .entry(percent_decode(rest))
+                        .or_default()
+                        .push(v.to_string());
+                }
+            }
+        }
+        Some(UserInfo {
+            name,
+            uid,
+            groups,
+            extra,
+        })
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let mut out = Vec::new();
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && let Some(v) = b
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(v);
+            i += 3;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Authentication state: the watched front-proxy settings and a TokenReview cache.
+pub struct Authenticator {
+    client: Client,
+    front_proxy: RwLock<Option<Arc<FrontProxy>>>,
+    tokens: Mutex<HashMap<String, (Instant, Option<UserInfo>)>>,
+}
+
+const TOKEN_TTL: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthnError {
+    Unauthorized(String),
+}
+
+impl Authenticator {
+    pub fn new(client: Client) -> Arc<Self> {
+        Arc::new(Authenticator {
+            client,
+            front_proxy: RwLock::new(None),
+            tokens: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Whether the front-proxy settings have been loaded.
+    pub fn ready(&self) -> bool {
+        self.front_proxy
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    pub fn set_front_proxy(&self, fp: Option<FrontProxy>) {
+        *self
+            .front_proxy
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = fp.map(Arc::new);
+    }
+
+    /// Watches `kube-system/extension-apiserver-authentication` (CA rotation and several
+    /// kube-apiservers change it) for as long as the process runs.
+    pub async fn watch_config(self: Arc<Self>) {
+        use futures::StreamExt;
+        use kube::runtime::WatchStreamExt;
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), "kube-system");
+        let cfg = kube::runtime::watcher::Config::default()
+            .fields("metadata.name=extension-apiserver-authentication");
+        let mut stream = std::pin::pin!(kube::runtime::watcher(api, cfg).default_backoff());
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(
+                    kube::runtime::watcher::Event::Apply(cm)
+                    | kube::runtime::watcher::Event::InitApply(cm),
+                ) => match FrontProxy::from_config_map(&cm) {
+                    Ok(fp) => self.set_front_proxy(Some(fp)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "extension-apiserver-authentication unusable")
+                    }
+                },
+                Ok(kube::runtime::watcher::Event::Delete(_)) => self.set_front_proxy(None),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "watching extension-apiserver-authentication"),
+            }
+        }
+    }
+
+    pub async fn authenticate(
+        &self,
+        peer: &PeerCerts,
+        headers: &HeaderMap,
+    ) -> Result<UserInfo, AuthnError> {
+        let fp = self
+            .front_proxy
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let mut cert_error = None;
+        if !peer.0.is_empty() {
+            match fp.as_deref().map(|fp| fp.verify(&peer.0)) {
+                Some(Ok(true)) => {
+                    if let Some(user) = fp.as_deref().and_then(|fp| fp.user(headers)) {
+                        return Ok(user.authenticated());
+                    }
+                }
+                Some(Err(e)) => cert_error = Some(e),
+                Some(Ok(false)) | None => {
+                    cert_error =
+                        Some("client certificate is not signed by the request-header CA".into())
+                }
+            }
+        }
+        let bearer = headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty());
+        if let Some(token) = bearer {
+            return match self.review(token).await {
+                Some(user) => Ok(user.authenticated()),
+                None => Err(AuthnError::Unauthorized("invalid bearer token".into())),
+            };
+        }
+        match cert_error {
+            Some(e) => Err(AuthnError::Unauthorized(e)),
+            None => Ok(UserInfo::anonymous()),
+        }
+    }
+
+    async fn review(&self, token: &str) -> Option<UserInfo> {
+        if let Some((at, user)) = self
+            .tokens
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(token)
+            && at.elapsed() < TOKEN_TTL
+        {
+            return user.clone();
+        }
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: token.to_string(),
+                audiences: None,
+            },
+            ..Default::default()
+        };
+        let result = Api::<TokenReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await;
+        let user = match result {
+            Ok(r) => r
+                .status
+                .filter(|s| s.authenticated == Some(true))
+                .and_then(|s| s.user)
+                .map(|u| UserInfo {
+                    name: u.username.unwrap_or_default(),
+                    uid: u.uid,
+                    groups: u.groups.unwrap_or_default(),
+                    extra: u.extra.unwrap_or_default(),
+                }),
+            Err(e) => {
+                tracing::warn!(error = %e, "TokenReview failed");
+                return None; // not cached: a transient failure
+            }
+        };
+        let mut cache = self.tokens.lock().unwrap_or_else(PoisonError::into_inner);
+        cache.retain(|_, (at, _)| at.elapsed() < TOKEN_TTL);
+        cache.insert(token.to_string(), (Instant::now(), user.clone()));
+        user
+    }
+}
