@@ -1,0 +1,511 @@
+//! The aggregated API server through a real kube-apiserver and real kubectl: registration
+//! by APIService + ExternalName Service to localhost, the views, and their security.
+
+#![allow(clippy::unwrap_used)] // test helpers fail loudly by design
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use address_controller_api::{ClaimPhase, IPAddress, IPAddressClaim};
+use address_controller_tests::env::{Env, env, phase};
+use address_controller_tests::{
+    Cluster, ControllerProcess, FIELD_MANAGER, TestNamespace, free_port, wait_for,
+};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use serde_json::{Value, json};
+
+const APISERVICE: &str = "v1alpha1.view.local.sdn.cozystack.io";
+
+/// A controller that also serves the views, registered through an APIService whose
+/// ExternalName Service points at localhost:<port>.
+async fn serving(e: &mut Env) -> ControllerProcess {
+    e.ctl.kill();
+    let cluster = Cluster::get();
+    let port = free_port();
+    let pki = cluster.dir.join("pki");
+    let ctl = ControllerProcess::start(
+        &format!("ctl-views-{}", e.sfx),
+        &[
+            "--leader-elect=false",
+            "--apiserver-address",
+            &format!("127.0.0.1:{port}"),
+            "--tls-cert-file",
+            pki.join("aggr.crt").to_str().unwrap(),
+            "--tls-private-key-file",
+            pki.join("aggr.key").to_str().unwrap(),
+        ],
+    )
+    .await
+    .unwrap();
+    let ca = std::fs::read(pki.join("aggr-ca.crt")).unwrap();
+    let objects = [
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "address-controller-system"}}),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "address-controller-api", "namespace": "address-controller-system"},
+            "spec": {"type": "ExternalName", "externalName": "localhost"}}),
+        json!({"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService", "metadata": {"name": APISERVICE},
+            "spec": {"group": "view.local.sdn.cozystack.io", "version": "v1alpha1", "groupPriorityMinimum": 1000, "versionPriority": 15,
+                "service": {"namespace": "address-controller-system", "name": "address-controller-api", "port": port},
+                "caBundle": base64(&ca)}}),
+    ];
+    let dir = tempdir();
+    let file = dir.join("register.yaml");
+    std::fs::write(
+        &file,
+        objects
+            .iter()
+            .map(|o| serde_yaml::to_string(o).unwrap())
+            .collect::<Vec<_>>()
+            .join("---\n"),
+    )
+    .unwrap();
+    cluster
+        .kubectl_ok(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager",
+            FIELD_MANAGER,
+            "-f",
+            file.to_str().unwrap(),
+        ])
+        .unwrap();
+    e.cleanup
+        .add("apiservices.apiregistration.k8s.io", APISERVICE);
+    wait_for("APIService Available", Duration::from_secs(60), || async {
+        let out = cluster.kubectl_ok(&[
+            "get",
+            "apiservice",
+            APISERVICE,
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
+        ])?;
+        Ok((out.trim() == "True").then_some(()))
+    })
+    .await
+    .unwrap();
+    ctl
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "ac-views-{}",
+        address_controller_tests::random_suffix()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn base64(data: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn kubectl(args: &[&str]) -> (bool, String, String) {
+    let out = Cluster::get().kubectl().args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn views_through_the_aggregator_with_kubectl() {
+    let mut e = env("views").await;
+    let _ctl = serving(&mut e).await;
+    let class = e.class("pub", json!({"status": {}})).await;
+    e.classes()
+        .patch_status(
+            &class,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"capacity": {"ipv4": 10, "ipv6": 4}}})),
+        )
+        .await
+        .unwrap();
+    e.address("a", "192.0.2.120", &class, json!({})).await;
+    e.address("b", "2001:db8::120", &class, json!({})).await;
+    e.address("c", "192.0.2.121", &class, json!({})).await;
+    e.claim("web", json!({"className": class})).await;
+    e.claim("mail", json!({"className": class, "family": "IPv6"}))
+        .await;
+    e.claim("gone", json!({"className": class})).await;
+    for c in ["web", "mail", "gone"] {
+        e.wait_claim(c, "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+            .await;
+    }
+    e.claims()
+        .delete("gone", &DeleteParams::default())
+        .await
+        .unwrap();
+    e.wait_claim_gone("gone").await;
+    e.claim("waiting", json!({"className": class})).await;
+    let ns = e.ns.name.clone();
+
+    // kubectl get namespaceaddresses -A: server-side Table with the holdings columns.
+    let expect = format!("{ns}   {ns}   3 ");
+    let out = wait_for("holdings to show", Duration::from_secs(30), || async {
+        let (ok, out, err) = kubectl(&["get", "namespaceaddresses", "-A"]);
+        if !ok {
+            return Err(anyhow::anyhow!("{err}"));
+        }
+        let squeezed = out
+            .split('\n')
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join("   "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        Ok(squeezed.contains(&expect).then_some(out))
+    })
+    .await
+    .unwrap();
+    let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "NAMESPACE",
+            "NAME",
+            "CLAIMS",
+            "BOUND",
+            "PENDING",
+            "LOST",
+            "IPV4",
+            "IPV6",
+            "RELEASED"
+        ],
+        "{out}"
+    );
+    let row: Vec<&str> = out
+        .lines()
+        .find(|l| l.starts_with(&ns))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        &row[2..],
+        ["3", "2", "1", "0", "1", "1", "1"],
+        "claims, bound, pending, lost, v4, v6, released: {out}"
+    );
+
+    // -n, -o wide, -o yaml, get of one, and of an empty namespace (zeros).
+    let (ok, out, err) = kubectl(&["get", "namespaceaddresses", "-n", &ns, "-o", "wide"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("ASSOCIATED") && out.contains(&class), "{out}");
+    let (ok, out, _) = kubectl(&["get", "namespaceaddresses", &ns, "-n", &ns, "-o", "yaml"]);
+    assert!(ok);
+    let v: Value = serde_yaml::from_str(&out).unwrap();
+    assert_eq!(v["kind"], "NamespaceAddresses");
+    assert_eq!(v["summary"]["releasedRetained"], 1);
+    assert_eq!(v["claims"].as_array().unwrap().len(), 3);
+    let other = TestNamespace::create(&e.client, "views-empty")
+        .await
+        .unwrap();
+    let (ok, out, err) = kubectl(&[
+        "get",
+        "--raw",
+        &format!(
+            "/apis/view.local.sdn.cozystack.io/v1alpha1/namespaces/{0}/namespaceaddresses/{0}",
+            other.name
+        ),
+    ]);
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["summary"]["claims"]["total"], 0);
+
+    // The addresses subresource, whole and filtered by claim.
+    let raw = format!(
+        "/apis/view.local.sdn.cozystack.io/v1alpha1/namespaces/{ns}/namespaceaddresses/{ns}/addresses"
+    );
+    let (ok, out, err) = kubectl(&["get", "--raw", &raw]);
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let records: BTreeMap<String, String> = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["claim"].as_str().unwrap().to_string(),
+                i["phase"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(records.get("gone").map(String::as_str), Some("Released"));
+    assert_eq!(records.get("web").map(String::as_str), Some("Bound"));
+    let (_, out, _) = kubectl(&["get", "--raw", &format!("{raw}?claim=mail")]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["items"].as_array().unwrap().len(), 1);
+    assert_eq!(v["items"][0]["family"], "IPv6");
+
+    // poolavailabilities.
+    let (ok, out, err) = kubectl(&["get", "poolavailabilities", &class, "-o", "json"]);
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (
+            v["capacity"]["ipv4"].as_i64(),
+            v["allocated"]["ipv4"].as_i64(),
+            v["free"]["ipv4"].as_i64()
+        ),
+        (Some(10), Some(2), Some(8))
+    );
+    assert_eq!(v["pendingClaims"], 1);
+    let (ok, out, _) = kubectl(&["get", "pool", &class]);
+    assert!(ok && out.contains("10/4") && out.contains("2/1"), "{out}");
+
+    // Discovery: kubectl api-resources lists the views without errors.
+    let (ok, out, err) = kubectl(&["api-resources", "--api-group=view.local.sdn.cozystack.io"]);
+    assert!(ok && !err.contains("unable to retrieve"), "{err}");
+    assert!(
+        out.contains("namespaceaddresses") && out.contains("poolavailabilities"),
+        "{out}"
+    );
+
+    // Errors: unknown names, writes, bad field selectors.
+    let (ok, _, err) = kubectl(&["get", "poolavailabilities", "nope"]);
+    assert!(!ok && err.contains("not found"), "{err}");
+    let (ok, _, err) = kubectl(&["delete", "poolavailabilities", &class]);
+    assert!(
+        !ok && (err.contains("not supported") || err.contains("MethodNotAllowed")),
+        "{err}"
+    );
+    let (ok, _, err) = kubectl(&[
+        "get",
+        "namespaceaddresses",
+        "-A",
+        "--field-selector",
+        "spec.x=1",
+    ]);
+    assert!(!ok && err.contains("not a known field selector"), "{err}");
+    let (ok, out, _) = kubectl(&[
+        "get",
+        "namespaceaddresses",
+        "-A",
+        "--field-selector",
+        &format!("metadata.namespace={ns}"),
+        "-o",
+        "name",
+    ]);
+    assert!(ok);
+    assert_eq!(
+        out.trim(),
+        format!("namespaceaddresses.view.local.sdn.cozystack.io/{ns}")
+    );
+
+    drop(other);
+}
+
+#[tokio::test]
+async fn security_front_proxy_tokens_and_rbac() {
+    let mut e = env("views-sec").await;
+    let _ctl = serving(&mut e).await;
+    let cluster = Cluster::get();
+    let ns_a = e.ns.name.clone();
+    let ns_b = TestNamespace::create(&e.client, "views-sec-b")
+        .await
+        .unwrap();
+    let user = format!("tenant-{}", e.sfx);
+    // The tenant may read the views in namespace A only.
+    let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "views", "namespace": ns_a},
+        "rules": [{"apiGroups": ["view.local.sdn.cozystack.io"], "resources": ["namespaceaddresses", "namespaceaddresses/addresses"], "verbs": ["get", "list"]}]});
+    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "views", "namespace": ns_a},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "views"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]});
+    let file = tempdir().join("rbac.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "{}---\n{}",
+            serde_yaml::to_string(&role).unwrap(),
+            serde_yaml::to_string(&binding).unwrap()
+        ),
+    )
+    .unwrap();
+    cluster
+        .kubectl_ok(&["apply", "-f", file.to_str().unwrap()])
+        .unwrap();
+
+    let as_tenant = |args: &[&str]| {
+        let mut a = args.to_vec();
+        a.extend(["--as", user.as_str()]);
+        kubectl(&a)
+    };
+    let (ok, _, err) = as_tenant(&["get", "namespaceaddresses", "-n", &ns_a]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = as_tenant(&[
+        "get",
+        "--raw",
+        &format!(
+            "/apis/view.local.sdn.cozystack.io/v1alpha1/namespaces/{ns_a}/namespaceaddresses/{ns_a}/addresses"
+        ),
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = as_tenant(&["get", "namespaceaddresses", "-n", &ns_b.name]);
+    assert!(
+        !ok && err.contains("forbidden")
+            && err.contains(&format!(
+                "User \"{user}\" cannot list resource \"namespaceaddresses\""
+            )),
+        "{err}"
+    );
+    let (ok, _, err) = as_tenant(&["get", "namespaceaddresses", "-A"]);
+    assert!(!ok && err.contains("at the cluster scope"), "{err}");
+
+    // Straight to the server, around the aggregator.
+    let port = {
+        let out = cluster
+            .kubectl_ok(&[
+                "get",
+                "apiservice",
+                APISERVICE,
+                "-o",
+                "jsonpath={.spec.service.port}",
+            ])
+            .unwrap();
+        out.trim().to_string()
+    };
+    let url = format!(
+        "https://127.0.0.1:{port}/apis/view.local.sdn.cozystack.io/v1alpha1/namespaceaddresses"
+    );
+    let pki = cluster.dir.join("pki");
+    let curl = |extra: &[&str]| {
+        let out = std::process::Command::new("curl")
+            .args([
+                "-sk",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "-H",
+                "X-Remote-User: admin",
+                "-H",
+                "X-Remote-Group: system:masters",
+            ])
+            .args(extra)
+            .arg(&url)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Forged identity headers without a client certificate: ignored, anonymous, refused.
+    assert_eq!(curl(&[]), "403");
+    // A client certificate from the cluster CA is not the front proxy: 401.
+    let admin = [pki.join("admin.crt"), pki.join("admin.key")];
+    assert_eq!(
+        curl(&[
+            "--cert",
+            admin[0].to_str().unwrap(),
+            "--key",
+            admin[1].to_str().unwrap()
+        ]),
+        "401"
+    );
+    // The real front-proxy certificate is trusted.
+    let fp = [
+        pki.join("front-proxy-client.crt"),
+        pki.join("front-proxy-client.key"),
+    ];
+    assert_eq!(
+        curl(&[
+            "--cert",
+            fp[0].to_str().unwrap(),
+            "--key",
+            fp[1].to_str().unwrap()
+        ]),
+        "200"
+    );
+    // A bad bearer token: 401. Probes need nothing.
+    assert_eq!(curl(&["-H", "Authorization: Bearer not-a-token"]), "401");
+    let out = std::process::Command::new("curl")
+        .args(["-sk", &format!("https://127.0.0.1:{port}/readyz")])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok");
+    drop(ns_b);
+}
+
+#[tokio::test]
+async fn view_numbers_match_the_crds_after_a_random_mix() {
+    let mut e = env("views-mix").await;
+    let _ctl = serving(&mut e).await;
+    let class = e.class("pub", json!({})).await;
+    // A deterministic pseudo-random mix: addresses of both families, claims of all
+    // families, some deleted again.
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15 ^ u64::from_str_radix(&e.sfx, 16).unwrap_or(1);
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for i in 0..24 {
+        let ip = if next(3) == 0 {
+            format!("2001:db8:77::{i:x}")
+        } else {
+            format!("198.18.77.{}", i + 1)
+        };
+        e.address(&format!("m{i}"), &ip, &class, json!({})).await;
+    }
+    let families = ["IPv4", "IPv6", "Dual"];
+    for i in 0..16 {
+        e.claim(
+            &format!("c{i}"),
+            json!({"className": class, "family": families[next(3) as usize]}),
+        )
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for i in 0..16 {
+        if next(3) == 0 {
+            e.claims()
+                .delete(&format!("c{i}"), &DeleteParams::default())
+                .await
+                .unwrap();
+        }
+    }
+    let ns = e.ns.name.clone();
+    let claims_api = e.claims();
+    let addresses_api: Api<IPAddress> = e.addresses();
+    // Compare once everything settled: the view must equal what the CRDs say.
+    wait_for("views equal to the CRDs", Duration::from_secs(60), || async {
+        let claims: Vec<IPAddressClaim> = claims_api.list(&ListParams::default()).await?.items;
+        if claims.iter().any(|c| c.metadata.deletion_timestamp.is_some()) {
+            return Ok(None);
+        }
+        let addresses: Vec<IPAddress> = addresses_api.list(&ListParams::default()).await?.items.into_iter()
+            .filter(|a| a.spec.class_name == class).collect();
+        let count = |p: ClaimPhase| claims.iter().filter(|c| phase(c) == Some(p)).count() as i64;
+        let aphase = |a: &IPAddress, p: &str| a.status.as_ref().and_then(|s| s.phase).map(|x| x.as_str()) == Some(p);
+        let mine = |a: &&IPAddress| a.spec.claim_ref.as_ref().is_some_and(|r| r.namespace == ns);
+        let bound = addresses.iter().filter(mine).filter(|a| aphase(a, "Bound")).count() as i64;
+        let released = addresses.iter().filter(mine).filter(|a| aphase(a, "Released")).count() as i64;
+        let (_, out, _) = kubectl(&["get", "--raw", &format!("/apis/view.local.sdn.cozystack.io/v1alpha1/namespaces/{ns}/namespaceaddresses/{ns}")]);
+        let v: Value = serde_json::from_str(&out)?;
+        let s = &v["summary"];
+        let want = json!({"total": claims.len(), "bound": count(ClaimPhase::Bound), "pending": count(ClaimPhase::Pending),
+            "lost": count(ClaimPhase::Lost), "addressesBound": bound, "releasedRetained": released});
+        let got = json!({"total": s["claims"]["total"], "bound": s["claims"]["bound"], "pending": s["claims"]["pending"],
+            "lost": s["claims"]["lost"], "addressesBound": s["addressesBound"], "releasedRetained": s["releasedRetained"]});
+        let (_, out, _) = kubectl(&["get", "--raw", &format!("/apis/view.local.sdn.cozystack.io/v1alpha1/poolavailabilities/{class}")]);
+        let p: Value = serde_json::from_str(&out)?;
+        let v4 = addresses.iter().filter(|a| !a.spec.address.contains(':')).count() as i64;
+        let pool_ok = p["allocated"]["ipv4"] == json!(v4) && p["allocated"]["ipv6"] == json!(addresses.len() as i64 - v4);
+        if got == want && pool_ok { Ok(Some(())) } else { Err(anyhow::anyhow!("view {got} vs CRDs {want}; pool {}", p["allocated"])) }
+    })
+    .await
+    .unwrap();
+}
