@@ -54,11 +54,37 @@ up() {
 
   step "run the address-controller and the range driver"
   run address-controller "$target/debug/address-controller" run --kubeconfig "$kubeconfig" \
-    --leader-elect=false --probe-address 127.0.0.1:18081
+    --leader-elect=false --probe-address 127.0.0.1:18081 --apiserver-address 127.0.0.1:18443 \
+    --tls-cert-file "$dir/pki/aggr.crt" --tls-private-key-file "$dir/pki/aggr.key"
   run range-driver "$target/debug/range-driver" --kubeconfig "$kubeconfig" \
     --leader-elect=false --probe-address 127.0.0.1:18082
   wait_ready address-controller 18081 || fail "address-controller ready" "$dir/logs/address-controller.log"
   wait_ready range-driver 18082 || fail "range-driver ready" "$dir/logs/range-driver.log"
+
+  step "register the aggregated API server (APIService + ExternalName Service to localhost)"
+  kubectl apply -f - >/dev/null <<YAML || fail "register the APIService"
+apiVersion: v1
+kind: Namespace
+metadata: {name: address-controller-system}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: address-controller-api, namespace: address-controller-system}
+spec: {type: ExternalName, externalName: localhost}
+---
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata: {name: v1alpha1.view.local.sdn.cozystack.io}
+spec:
+  group: view.local.sdn.cozystack.io
+  version: v1alpha1
+  groupPriorityMinimum: 1000
+  versionPriority: 15
+  service: {namespace: address-controller-system, name: address-controller-api, port: 18443}
+  caBundle: $(base64 -w0 "$dir/pki/aggr-ca.crt")
+YAML
+  kubectl wait apiservice/v1alpha1.view.local.sdn.cozystack.io --for=condition=Available --timeout=60s >/dev/null \
+    || fail "APIService Available" "$dir/logs/address-controller.log"
 
   step "create a class with a small range, two tenants and their claims"
   kubectl apply -f "$here/demo.yaml" >/dev/null || fail "kubectl apply demo.yaml"
@@ -83,7 +109,8 @@ YAML
   echo "\$ kubectl get ipaddressclaims -A"; kubectl get ipaddressclaims -A
   echo; echo "\$ kubectl get ipaddresses.local.sdn.cozystack.io"; kubectl get ipaddresses.local.sdn.cozystack.io
   echo; echo "\$ kubectl get ipaddressclasses"; kubectl get ipaddressclasses
-  echo; echo "(namespaceaddresses and poolavailabilities arrive with the aggregated API server, issue #4)"
+  echo; echo "\$ kubectl get namespaceaddresses -A"; kubectl get namespaceaddresses -A
+  echo; echo "\$ kubectl get poolavailabilities"; kubectl get poolavailabilities
   cat <<MSG
 
 The quickstart is up ($(( $(date +%s) - t0 ))s). Explore:
@@ -91,6 +118,8 @@ The quickstart is up ($(( $(date +%s) - t0 ))s). Explore:
   export KUBECONFIG=$kubeconfig
   kubectl describe ipaddressclaim -n tenant-a mail        # conditions and events
   kubectl get svc -n tenant-b shop -o yaml                # the auto-claim annotation
+  kubectl get namespaceaddresses -A -o wide               # holdings, through the aggregator
+  kubectl get --raw /apis/view.local.sdn.cozystack.io/v1alpha1/namespaces/tenant-b/namespaceaddresses/tenant-b/addresses
   curl -s 127.0.0.1:18081/metrics | grep ^address_controller_ip
   kubectl delete ipaddressclaim -n tenant-a web           # Retain: the address becomes Released
 
