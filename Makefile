@@ -48,3 +48,8 @@ install-crds: ## Apply the current CRDs to the cluster in $KUBECONFIG
 lint: ## cargo fmt --check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+.PHONY: bench
+bench: ## Benchmarks that print figures (list latency through the aggregator, bind throughput)
+	cargo build --bins --quiet
+	cargo bench -p address-controller-tests --bench list_latency
