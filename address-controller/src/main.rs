@@ -16,7 +16,6 @@ use address_controller_controller::{cache, context::Context, leader, metrics::Me
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use futures_shutdown::Shutdown;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 
 #[derive(Parser)]
 #[command(name = "address-controller", version, about)]
@@ -170,33 +169,16 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-async fn client(args: &KubeArgs) -> anyhow::Result<kube::Client> {
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?
-        }
-        None => kube::Config::infer().await?,
-    };
-    Ok(kube::Client::try_from(config)?)
-}
-
-fn default_identity() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "address-controller".into());
-    format!("{host}-{}", std::process::id())
-}
-
 async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
     init_logging(args.ops.log_format);
-    let client = client(&args.kube).await?;
+    let client = leader::client(args.kube.kubeconfig.as_deref())
+        .await
+        .map_err(|e| anyhow::anyhow!("kubernetes client: {e}"))?;
     let identity = args
         .election
         .identity
         .clone()
-        .unwrap_or_else(default_identity);
+        .unwrap_or_else(leader::default_identity);
     let shutdown = Shutdown::new();
 
     let (cache, drive) = cache::start(&client, args.auto_claims);

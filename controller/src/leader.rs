@@ -204,3 +204,26 @@ async fn release(api: &Api<Lease>, cfg: &LeaseConfig) {
         Err(e) => tracing::warn!(lease = %cfg.name, error = %e, "could not release the lease"),
     }
 }
+
+/// This replica's identity when none is configured: host name and process id.
+pub fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// A client from an explicit kubeconfig, else the in-cluster config or `$KUBECONFIG`.
+pub async fn client(
+    kubeconfig: Option<&std::path::Path>,
+) -> Result<Client, Box<dyn std::error::Error + Send + Sync>> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Ok(Client::try_from(config)?)
+}

@@ -55,12 +55,7 @@ fn claims_for_address(
     {
         return Vec::new();
     }
-    claims
-        .state()
-        .iter()
-        .filter(|c| unsettled(c))
-        .map(|c| ObjectRef::from_obj(c.as_ref()))
-        .collect()
+    unsettled_claims(claims)
 }
 
 /// Addresses whose claimRef names this claim.

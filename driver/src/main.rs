@@ -13,11 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use address_controller_controller::{cache, leader};
-use anyhow::Context as _;
 use axum::Router;
 use axum::routing::get;
 use clap::Parser;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 
 #[derive(Parser)]
 #[command(
@@ -70,21 +68,13 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let kc = Kubeconfig::read_from(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?
-        }
-        None => kube::Config::infer().await?,
-    };
-    let client = kube::Client::try_from(config)?;
-    let identity = args.identity.clone().unwrap_or_else(|| {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_default();
-        format!("{host}-{}", std::process::id())
-    });
+    let client = leader::client(args.kubeconfig.as_deref())
+        .await
+        .map_err(|e| anyhow::anyhow!("kubernetes client: {e}"))?;
+    let identity = args
+        .identity
+        .clone()
+        .unwrap_or_else(leader::default_identity);
     let (cache, drive) = cache::start(&client, false);
     tokio::spawn(drive);
 

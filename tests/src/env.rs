@@ -246,3 +246,39 @@ impl Env {
         .unwrap();
     }
 }
+
+/// Leader-election flags with a short lease, so failover happens within seconds.
+pub fn fast_lease(lease: &str) -> Vec<String> {
+    [
+        "--lease-name",
+        lease,
+        "--lease-duration",
+        "3s",
+        "--renew-deadline",
+        "2s",
+        "--retry-period",
+        "500ms",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Waits until the Lease `name` in `default` is held by `holder`.
+pub async fn wait_lease_holder(client: &Client, name: &str, holder: &str) {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "default");
+    wait_for(&format!("lease {name} held by {holder}"), WAIT, || {
+        let leases = leases.clone();
+        async move {
+            let h = leases
+                .get_opt(name)
+                .await?
+                .and_then(|l| l.spec)
+                .and_then(|s| s.holder_identity);
+            Ok((h.as_deref() == Some(holder)).then_some(()))
+        }
+    })
+    .await
+    .unwrap();
+}

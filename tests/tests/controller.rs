@@ -944,16 +944,8 @@ async fn a_standby_replica_takes_over_when_the_leader_dies() {
     e.ctl.kill(); // this test brings its own elected replicas
     let class = e.class("pub", json!({})).await;
     let lease = e.name("lease");
-    let args = [
-        "--lease-name",
-        &lease,
-        "--lease-duration",
-        "3s",
-        "--renew-deadline",
-        "2s",
-        "--retry-period",
-        "500ms",
-    ];
+    let args = address_controller_tests::env::fast_lease(&lease);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut one = ControllerProcess::start(&format!("ctl-one-{}", e.sfx), &args)
         .await
         .unwrap();

@@ -302,16 +302,8 @@ async fn two_replicas_with_one_leader_never_double_allocate() {
     let mut e = env("drv-ha").await;
     purge(&e, &["198.18.40.", "2001:db8:40::"]).await;
     let lease = e.name("drv-lease");
-    let args = [
-        "--lease-name",
-        &lease,
-        "--lease-duration",
-        "3s",
-        "--renew-deadline",
-        "2s",
-        "--retry-period",
-        "500ms",
-    ];
+    let args = address_controller_tests::env::fast_lease(&lease);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut one = ControllerProcess::driver(&format!("drv-one-{}", e.sfx), &args)
         .await
         .unwrap();
@@ -365,27 +357,7 @@ async fn two_replicas_with_one_leader_never_double_allocate() {
 
     // The leader dies; the standby takes over and serves new claims.
     one.kill();
-    let standby = two.user.clone();
-    wait_for(
-        "the standby to take the lease",
-        Duration::from_secs(30),
-        || {
-            let leases = leases.clone();
-            let standby = standby.clone();
-            let lease = lease.clone();
-            async move {
-                Ok((leases
-                    .get(&lease)
-                    .await?
-                    .spec
-                    .and_then(|s| s.holder_identity)
-                    == Some(standby))
-                .then_some(()))
-            }
-        },
-    )
-    .await
-    .unwrap();
+    address_controller_tests::env::wait_lease_holder(&e.client, &lease, &two.user).await;
     for i in 20..26 {
         e.claim(&format!("c{i:02}"), json!({"className": class}))
             .await;
