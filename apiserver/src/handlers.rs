@@ -11,6 +11,7 @@ use kube::ResourceExt;
 use serde_json::{Value, json};
 
 use crate::State;
+use crate::registry::Resource;
 use crate::status::ApiError;
 use crate::views::{self, API_VERSION, GROUP, VERSION};
 
@@ -135,13 +136,13 @@ pub fn negotiate(headers: &HeaderMap) -> Shape {
 }
 
 /// One computed object of a list, with what a Table row needs.
-struct Item {
-    key: String,
-    value: Value,
-    cells: Vec<Value>,
+pub(crate) struct Item {
+    pub key: String,
+    pub value: Value,
+    pub cells: Vec<Value>,
 }
 
-fn columns(resource: &str) -> Vec<Value> {
+pub(crate) fn columns(resource: &str) -> Vec<Value> {
     let col = |name: &str, ty: &str, desc: &str, priority: i32| json!({"name": name, "type": ty, "format": if name == "Name" { "name" } else { "" }, "description": desc, "priority": priority});
     match resource {
         "namespaceaddresses" => vec![
@@ -186,57 +187,37 @@ fn pair(p: &views::PerFamily) -> String {
     format!("{}/{}", f(p.ipv4), f(p.ipv6))
 }
 
-/// Serves one request for a view.
-pub fn serve(
-    state: &State,
-    method: &Method,
-    uri: &Uri,
-    headers: &HeaderMap,
-    target: &Target,
-) -> Response {
-    match serve_inner(state, method, uri, headers, target) {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
+/// The caches at one moment, and the views computed from them.
+pub(crate) struct Snapshot {
+    pub rv: String,
+    claims: Vec<std::sync::Arc<address_controller_api::IPAddressClaim>>,
+    addresses: Vec<std::sync::Arc<address_controller_api::IPAddress>>,
+    classes: Vec<std::sync::Arc<address_controller_api::IPAddressClass>>,
 }
 
-fn serve_inner(
-    state: &State,
-    method: &Method,
-    uri: &Uri,
-    headers: &HeaderMap,
-    target: &Target,
-) -> Result<Response, ApiError> {
-    let Some(resource) = crate::registry::find(&target.resource) else {
-        return Err(ApiError::path_not_found());
-    };
-    if resource.namespaced != target.namespace.is_some() && target.name.is_some() {
-        return Err(ApiError::path_not_found());
+impl Snapshot {
+    pub fn take(state: &State) -> Snapshot {
+        // The revision is read first: a view is never newer than the resourceVersion it
+        // reports, so a watch resumed from it misses nothing.
+        let rv = state.stores.revision.load(Ordering::Acquire).to_string();
+        Snapshot {
+            rv,
+            claims: state.stores.claims.state(),
+            addresses: state.stores.addresses.state(),
+            classes: state.stores.classes.state(),
+        }
     }
-    if *method != Method::GET && *method != Method::HEAD {
-        let query = query_map(uri);
-        return Err(ApiError::method_not_allowed(
-            verb(method, target, &query),
-            resource.plural,
-        ));
-    }
-    let query = query_map(uri);
-    if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
-        return Err(ApiError::method_not_allowed("watch", resource.plural));
-    }
-    let rv = state.stores.revision.load(Ordering::Acquire).to_string();
-    let claims = state.stores.claims.state();
-    let addresses = state.stores.addresses.state();
-    let classes = state.stores.classes.state();
 
-    let one = |ns: Option<&str>, name: &str| -> Result<Item, ApiError> {
+    fn one(&self, resource: &Resource, ns: Option<&str>, name: &str) -> Result<Item, ApiError> {
+        let (claims, addresses, classes, rv) =
+            (&self.claims, &self.addresses, &self.classes, &self.rv);
         match resource.plural {
             "namespaceaddresses" => {
                 let ns = ns.unwrap_or_default();
                 if name != ns {
                     return Err(ApiError::not_found(resource.plural, name));
                 }
-                let v = views::namespace_addresses(ns, &claims, &addresses, &rv);
+                let v = views::namespace_addresses(ns, claims, addresses, rv);
                 let s = &v.summary;
                 let cells = vec![
                     json!(ns),
@@ -268,7 +249,7 @@ fn serve_inner(
                     .iter()
                     .find(|c| c.name_any() == name)
                     .ok_or_else(|| ApiError::not_found(resource.plural, name))?;
-                let v = views::pool_availability(class, &claims, &addresses, &rv);
+                let v = views::pool_availability(class, claims, addresses, rv);
                 let cells = vec![
                     json!(name),
                     json!(v.provisioner),
@@ -292,11 +273,104 @@ fn serve_inner(
                 })
             }
         }
+    }
+
+    /// Every object a list or watch of `target` covers, filtered by the selectors, in
+    /// stable order.
+    pub fn all(
+        &self,
+        resource: &Resource,
+        target: &Target,
+        query: &BTreeMap<String, String>,
+    ) -> Result<Vec<Item>, ApiError> {
+        let names: Vec<(Option<String>, String)> = match resource.plural {
+            "namespaceaddresses" => match &target.namespace {
+                // A namespace always has its (possibly empty) holdings object.
+                Some(ns) => vec![(Some(ns.clone()), ns.clone())],
+                None => views::namespaces(&self.claims, &self.addresses)
+                    .into_iter()
+                    .map(|ns| (Some(ns.clone()), ns))
+                    .collect(),
+            },
+            _ => self.classes.iter().map(|c| (None, c.name_any())).collect(),
+        };
+        let field = field_selector(query.get("fieldSelector").map(String::as_str).unwrap_or(""))?;
+        let labels = query
+            .get("labelSelector")
+            .map(String::as_str)
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        let mut items = Vec::new();
+        for (ns, name) in names {
+            let matches = field.iter().all(|(k, eq, v)| {
+                let actual = if k == "metadata.name" {
+                    Some(name.as_str())
+                } else {
+                    ns.as_deref()
+                };
+                (actual == Some(v.as_str())) == *eq
+            });
+            // Views carry no labels: any label requirement except a negation excludes them.
+            let labelled =
+                labels.is_empty() || labels.split(',').all(|r| r.trim().starts_with('!'));
+            if matches && labelled {
+                items.push(self.one(resource, ns.as_deref(), &name)?);
+            }
+        }
+        items.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(items)
+    }
+}
+
+/// Serves one request for a view.
+pub fn serve(
+    state: &std::sync::Arc<State>,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    target: &Target,
+) -> Response {
+    match serve_inner(state, method, uri, headers, target) {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn serve_inner(
+    state: &std::sync::Arc<State>,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    target: &Target,
+) -> Result<Response, ApiError> {
+    let Some(resource) = crate::registry::find(&target.resource) else {
+        return Err(ApiError::path_not_found());
     };
+    if resource.namespaced != target.namespace.is_some() && target.name.is_some() {
+        return Err(ApiError::path_not_found());
+    }
+    let query = query_map(uri);
+    if *method != Method::GET && *method != Method::HEAD {
+        return Err(ApiError::method_not_allowed(
+            verb(method, target, &query),
+            resource.plural,
+        ));
+    }
+    if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
+        return crate::watch::serve(
+            state.clone(),
+            resource,
+            target.clone(),
+            query,
+            negotiate(headers),
+        );
+    }
+    let snap = Snapshot::take(state);
 
     // GET of one object or its subresource.
     if let Some(name) = &target.name {
-        let item = one(target.namespace.as_deref(), name)?;
+        let item = snap.one(resource, target.namespace.as_deref(), name)?;
         return match target.subresource.as_deref() {
             None => Ok(render_one(item, resource.plural, negotiate(headers))),
             Some("addresses") if resource.plural == "namespaceaddresses" => {
@@ -304,8 +378,8 @@ fn serve_inner(
                 let records = views::address_records(
                     ns,
                     query.get("claim").map(String::as_str),
-                    &addresses,
-                    &rv,
+                    &snap.addresses,
+                    &snap.rv,
                 );
                 Ok(Json(records).into_response())
             }
@@ -313,49 +387,8 @@ fn serve_inner(
         };
     }
 
-    // LIST.
-    let names: Vec<(Option<String>, String)> = match resource.plural {
-        "namespaceaddresses" => match &target.namespace {
-            // A namespace always has its (possibly empty) holdings object.
-            Some(ns) => vec![(Some(ns.clone()), ns.clone())],
-            None => views::namespaces(&claims, &addresses)
-                .into_iter()
-                .map(|ns| (Some(ns.clone()), ns))
-                .collect(),
-        },
-        _ => {
-            let mut n: Vec<String> = classes.iter().map(|c| c.name_any()).collect();
-            n.sort();
-            n.into_iter().map(|n| (None, n)).collect()
-        }
-    };
-    let field = field_selector(query.get("fieldSelector").map(String::as_str).unwrap_or(""))?;
-    let labels = query
-        .get("labelSelector")
-        .map(String::as_str)
-        .unwrap_or("")
-        .trim()
-        .to_string();
-    let mut items = Vec::new();
-    for (ns, name) in names {
-        if !field.iter().all(|(k, eq, v)| {
-            let actual = if k == "metadata.name" {
-                Some(name.as_str())
-            } else {
-                ns.as_deref()
-            };
-            (actual == Some(v.as_str())) == *eq
-        }) {
-            continue;
-        }
-        // Views carry no labels: any label requirement except a pure negation excludes them.
-        if !labels.is_empty() && !labels.split(',').all(|r| r.trim().starts_with('!')) {
-            continue;
-        }
-        items.push(one(ns.as_deref(), &name)?);
-    }
-    items.sort_by(|a, b| a.key.cmp(&b.key));
-    // limit / continue: the continue token is the key of the last item returned.
+    // LIST, with limit / continue (the token is the key of the last item returned).
+    let mut items = snap.all(resource, target, &query)?;
     if let Some(after) = query.get("continue").filter(|c| !c.is_empty()) {
         items.retain(|i| i.key.as_str() > after.as_str());
     }
@@ -371,7 +404,13 @@ fn serve_inner(
     } else {
         None
     };
-    Ok(render_list(items, resource, &rv, next, negotiate(headers)))
+    Ok(render_list(
+        items,
+        resource,
+        &snap.rv,
+        next,
+        negotiate(headers),
+    ))
 }
 
 /// `metadata.name` / `metadata.namespace` with `=`, `==` or `!=`; anything else is a 400.
@@ -399,7 +438,7 @@ fn field_selector(s: &str) -> Result<Vec<(String, bool, String)>, ApiError> {
     Ok(out)
 }
 
-fn partial(value: &Value) -> Value {
+pub(crate) fn partial(value: &Value) -> Value {
     json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": value["metadata"]})
 }
 

@@ -9,6 +9,7 @@ pub mod registry;
 pub mod status;
 pub mod tls;
 pub mod views;
+pub mod watch;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
