@@ -222,3 +222,6 @@ pub async fn serve_tls(
         });
     }
 }
+
+#[cfg(test)]
+mod tests;

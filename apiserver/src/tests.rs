@@ -1,0 +1,360 @@
+//! Router-level tests with `tower::ServiceExt::oneshot`: no sockets, no cluster. Caches
+//! are filled by hand; the front-proxy CA and client certificate are made with rcgen.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+
+use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass};
+use address_controller_controller::cache::Stores;
+use axum::body::Body;
+use http::{Request, StatusCode};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::Event;
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair,
+};
+use rustls::pki_types::CertificateDer;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use crate::authn::{Authenticator, FrontProxy, PeerCerts};
+use crate::authz::Authorizer;
+use crate::{State, router};
+
+fn store<K>(objects: Vec<Value>) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + 'static,
+{
+    let (reader, mut writer) = reflector::store::<K>();
+    writer.apply_watcher_event(&Event::Init);
+    for o in objects {
+        writer.apply_watcher_event(&Event::InitApply(serde_json::from_value(o).unwrap()));
+    }
+    writer.apply_watcher_event(&Event::InitDone);
+    reader
+}
+
+/// A client that fails every request: these tests must never reach an API server.
+fn offline_client() -> kube::Client {
+    let svc = tower::service_fn(|_req: http::Request<kube::client::Body>| async {
+        Err::<http::Response<String>, std::io::Error>(std::io::Error::other("offline"))
+    });
+    kube::Client::new(svc, "default")
+}
+
+struct Pki {
+    ca_pem: String,
+    proxy: Vec<CertificateDer<'static>>,
+    stranger: Vec<CertificateDer<'static>>,
+}
+
+fn client_cert(cn: &str, issuer: &CertifiedIssuer<'_, KeyPair>) -> CertificateDer<'static> {
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.distinguished_name.push(DnType::CommonName, cn);
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    p.signed_by(&KeyPair::generate().unwrap(), issuer)
+        .unwrap()
+        .der()
+        .clone()
+}
+
+fn ca(cn: &str) -> CertifiedIssuer<'static, KeyPair> {
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name.push(DnType::CommonName, cn);
+    CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap()
+}
+
+fn pki() -> Pki {
+    let fp = ca("front-proxy-ca");
+    let other = ca("cluster-ca");
+    Pki {
+        ca_pem: fp.pem(),
+        proxy: vec![client_cert("front-proxy-client", &fp)],
+        stranger: vec![client_cert("front-proxy-client", &other)],
+    }
+}
+
+fn app(pki: &Pki) -> axum::Router {
+    let claims = store::<IPAddressClaim>(vec![
+        json!({"metadata": {"name": "web", "namespace": "a"}, "spec": {}, "status": {"phase": "Bound", "className": "pub", "addresses": [{"name": "x", "address": "192.0.2.1"}]}}),
+        json!({"metadata": {"name": "db", "namespace": "b"}, "spec": {}, "status": {"phase": "Pending", "className": "pub"}}),
+        json!({"metadata": {"name": "c", "namespace": "c"}, "spec": {}}),
+    ]);
+    let addresses = store::<IPAddress>(vec![
+        json!({"metadata": {"name": "x"}, "spec": {"address": "192.0.2.1", "className": "pub",
+        "source": {"fromClass": {}}, "claimRef": {"namespace": "a", "name": "web"}}, "status": {"phase": "Bound"}}),
+    ]);
+    let classes = store::<IPAddressClass>(vec![
+        json!({"metadata": {"name": "pub"}, "spec": {"provisioner": "p"}, "status": {"capacity": {"ipv4": 4}}}),
+        json!({"metadata": {"name": "zzz"}, "spec": {"provisioner": "q"}}),
+    ]);
+    let stores = Stores {
+        services: store(vec![]),
+        services_watched: false,
+        claims,
+        addresses,
+        classes,
+        revision: Arc::new(AtomicU64::new(77)),
+    };
+    let client = offline_client();
+    let authn = Authenticator::new(client.clone());
+    let cm: ConfigMap = serde_json::from_value(json!({"data": {
+        "requestheader-client-ca-file": pki.ca_pem, "requestheader-allowed-names": "[\"front-proxy-client\"]",
+        "requestheader-username-headers": "[\"X-Remote-User\"]", "requestheader-group-headers": "[\"X-Remote-Group\"]",
+        "requestheader-extra-headers-prefix": "[\"X-Remote-Extra-\"]"}}))
+    .unwrap();
+    authn.set_front_proxy(Some(FrontProxy::from_config_map(&cm).unwrap()));
+    router(Arc::new(State {
+        stores,
+        authn,
+        authz: Authorizer::new(client),
+        synced: Arc::new(AtomicBool::new(true)),
+    }))
+}
+
+async fn call(
+    app: &axum::Router,
+    certs: &[CertificateDer<'static>],
+    method: &str,
+    uri: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, BTreeMap<String, String>, Value) {
+    let mut req = Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let mut req = req.body(Body::empty()).unwrap();
+    req.extensions_mut().insert(PeerCerts(certs.to_vec()));
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let hdrs = resp
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
+        .collect();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (
+        status,
+        hdrs,
+        serde_json::from_slice(&bytes)
+            .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into())),
+    )
+}
+
+const ADMIN: [(&str, &str); 2] = [
+    ("X-Remote-User", "admin"),
+    ("X-Remote-Group", "system:masters"),
+];
+const BASE: &str = "/apis/view.local.sdn.cozystack.io/v1alpha1";
+
+#[tokio::test]
+async fn authentication_trusts_headers_only_from_the_front_proxy() {
+    let pki = pki();
+    let app = app(&pki);
+    let url = format!("{BASE}/namespaceaddresses");
+    assert_eq!(
+        call(&app, &pki.proxy, "GET", &url, &ADMIN).await.0,
+        StatusCode::OK
+    );
+    // Same CN, wrong CA: 401, the headers are never read.
+    let (code, _, body) = call(&app, &pki.stranger, "GET", &url, &ADMIN).await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("Unauthorized"))
+    );
+    // No certificate: anonymous; its SubjectAccessReview cannot even be asked offline.
+    assert_eq!(
+        call(&app, &[], "GET", &url, &ADMIN).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    // Probes need nothing.
+    assert_eq!(
+        call(&app, &[], "GET", "/readyz", &[]).await.0,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn negotiation_lists_and_pagination() {
+    let pki = pki();
+    let app = app(&pki);
+    let get = |uri: String, accept: &'static str| {
+        let app = app.clone();
+        let certs = pki.proxy.clone();
+        async move {
+            let mut h = ADMIN.to_vec();
+            h.push(("Accept", accept));
+            call(&app, &certs, "GET", &uri, &h).await
+        }
+    };
+    let (_, _, list) = get(format!("{BASE}/namespaceaddresses"), "application/json").await;
+    assert_eq!(list["kind"], "NamespaceAddressesList");
+    let names: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a", "b", "c"]);
+    assert_eq!(list["metadata"]["resourceVersion"], "77");
+    let (_, _, table) = get(
+        format!("{BASE}/namespaceaddresses"),
+        "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+    )
+    .await;
+    assert_eq!(table["kind"], "Table");
+    assert_eq!(table["columnDefinitions"][0]["name"], "Name");
+    assert_eq!(table["rows"][0]["cells"][1], 1);
+    assert_eq!(table["rows"][0]["object"]["kind"], "PartialObjectMetadata");
+    let (_, _, meta) = get(
+        format!("{BASE}/poolavailabilities"),
+        "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+    )
+    .await;
+    assert_eq!(meta["kind"], "PartialObjectMetadataList");
+    // limit / continue walk the list in a stable order.
+    let (_, _, page1) = get(
+        format!("{BASE}/namespaceaddresses?limit=2"),
+        "application/json",
+    )
+    .await;
+    assert_eq!(page1["items"].as_array().unwrap().len(), 2);
+    let token = page1["metadata"]["continue"].as_str().unwrap().to_string();
+    let (_, _, page2) = get(
+        format!(
+            "{BASE}/namespaceaddresses?limit=2&continue={}",
+            token.replace('/', "%2F")
+        ),
+        "application/json",
+    )
+    .await;
+    assert_eq!(page2["items"][0]["metadata"]["name"], "c");
+    assert!(page2["metadata"].get("continue").is_none());
+    // Selectors.
+    let (_, _, sel) = get(
+        format!("{BASE}/namespaceaddresses?fieldSelector=metadata.namespace%3Db"),
+        "application/json",
+    )
+    .await;
+    assert_eq!(sel["items"].as_array().unwrap().len(), 1);
+    let (code, _, body) = get(
+        format!("{BASE}/namespaceaddresses?fieldSelector=spec.x%3D1"),
+        "application/json",
+    )
+    .await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("BadRequest"))
+    );
+    let (_, _, sel) = get(
+        format!("{BASE}/poolavailabilities?labelSelector=tier%3Dgold"),
+        "application/json",
+    )
+    .await;
+    assert!(sel["items"].as_array().unwrap().is_empty());
+    // One object; an empty namespace has zeros; the pool's numbers.
+    let (_, _, empty) = get(
+        format!("{BASE}/namespaces/zz/namespaceaddresses/zz"),
+        "application/json",
+    )
+    .await;
+    assert_eq!(empty["summary"]["claims"]["total"], 0);
+    let (_, _, pool) = get(format!("{BASE}/poolavailabilities/pub"), "application/json").await;
+    assert_eq!(
+        (
+            pool["free"]["ipv4"].as_i64(),
+            pool["pendingClaims"].as_i64()
+        ),
+        (Some(3), Some(1))
+    );
+}
+
+#[tokio::test]
+async fn errors_are_status_objects() {
+    let pki = pki();
+    let app = app(&pki);
+    let cases = [
+        (
+            "DELETE",
+            format!("{BASE}/poolavailabilities/pub"),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+        ),
+        (
+            "POST",
+            format!("{BASE}/namespaces/a/namespaceaddresses"),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+        ),
+        (
+            "GET",
+            format!("{BASE}/poolavailabilities/nope"),
+            StatusCode::NOT_FOUND,
+            "NotFound",
+        ),
+        (
+            "GET",
+            format!("{BASE}/namespaces/a/namespaceaddresses/b"),
+            StatusCode::NOT_FOUND,
+            "NotFound",
+        ),
+        (
+            "GET",
+            format!("{BASE}/nothing"),
+            StatusCode::NOT_FOUND,
+            "NotFound",
+        ),
+        (
+            "GET",
+            format!("{BASE}/namespaceaddresses?watch=true&resourceVersion=5"),
+            StatusCode::GONE,
+            "Expired",
+        ),
+    ];
+    for (method, uri, code, reason) in cases {
+        let (got, _, body) = call(&app, &pki.proxy, method, &uri, &ADMIN).await;
+        assert_eq!(
+            (got, body["kind"].as_str(), body["reason"].as_str()),
+            (code, Some("Status"), Some(reason)),
+            "{method} {uri}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn discovery_documents() {
+    let pki = pki();
+    let app = app(&pki);
+    let mut h = ADMIN.to_vec();
+    h.push((
+        "Accept",
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json",
+    ));
+    let (code, headers, body) = call(&app, &pki.proxy, "GET", "/apis", &h).await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(
+        headers["content-type"],
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+    );
+    assert_eq!(
+        body["items"][0]["metadata"]["name"],
+        "view.local.sdn.cozystack.io"
+    );
+    let (_, _, legacy) = call(&app, &pki.proxy, "GET", BASE, &ADMIN).await;
+    assert_eq!(legacy["kind"], "APIResourceList");
+    let (_, _, group) = call(
+        &app,
+        &pki.proxy,
+        "GET",
+        "/apis/view.local.sdn.cozystack.io",
+        &ADMIN,
+    )
+    .await;
+    assert_eq!(group["preferredVersion"]["version"], "v1alpha1");
+}
