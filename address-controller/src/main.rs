@@ -95,6 +95,13 @@ struct ApiServerArgs {
         requires = "tls_cert_file"
     )]
     tls_private_key_file: Option<PathBuf>,
+    /// HTTPS address of /metrics (TokenReview + SubjectAccessReview on the path); empty disables it.
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_METRICS_ADDRESS",
+        default_value = "0.0.0.0:8443"
+    )]
+    metrics_address: String,
 }
 
 #[derive(Args)]
@@ -196,7 +203,10 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
             }
         });
     }
-    let apiserver = if args.apiserver.enabled {
+    // The TLS endpoints (views, secure metrics) share the serving certificate and the
+    // delegated authentication and authorization.
+    let needs_tls = args.apiserver.enabled || !args.apiserver.metrics_address.is_empty();
+    let secure = if needs_tls {
         let cert = match (
             &args.apiserver.tls_cert_file,
             &args.apiserver.tls_private_key_file,
@@ -207,24 +217,48 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
             },
             _ => tls::ServingCert::SelfSigned(vec!["localhost".into()]),
         };
-        let config = tls::server_config(cert)?;
         let authn = Authenticator::new(client.clone());
         tokio::spawn(authn.clone().watch_config());
-        let state = Arc::new(address_controller_apiserver::State {
-            stores: stores.clone(),
+        Some((
+            tls::server_config(cert)?,
             authn,
-            authz: Authorizer::new(client.clone()),
-            synced: ready.clone(),
-        });
-        Some(tokio::spawn(address_controller_apiserver::serve_tls(
-            args.apiserver.apiserver_address,
-            config,
-            address_controller_apiserver::router(state),
-            shutdown.wait(),
-        )))
+            Arc::new(Authorizer::new(client.clone())),
+        ))
     } else {
         None
     };
+    let mut servers = Vec::new();
+    if let (true, Some((config, authn, authz))) = (args.apiserver.enabled, &secure) {
+        let state = Arc::new(address_controller_apiserver::State {
+            stores: stores.clone(),
+            authn: authn.clone(),
+            authz: authz.clone(),
+            synced: ready.clone(),
+        });
+        servers.push(tokio::spawn(address_controller_apiserver::serve_tls(
+            args.apiserver.apiserver_address,
+            config.clone(),
+            address_controller_apiserver::router(state),
+            shutdown.wait(),
+        )));
+    }
+    if let (false, Some((config, authn, authz))) =
+        (args.apiserver.metrics_address.is_empty(), &secure)
+    {
+        let addr: SocketAddr = args.apiserver.metrics_address.parse()?;
+        let m = metrics.clone();
+        let app = address_controller_apiserver::metrics_router(
+            authn.clone(),
+            authz.clone(),
+            Arc::new(move || m.render()),
+        );
+        servers.push(tokio::spawn(address_controller_apiserver::serve_tls(
+            addr,
+            config.clone(),
+            app,
+            shutdown.wait(),
+        )));
+    }
     let admin = tokio::spawn(admin::serve(
         args.ops.probe_address,
         admin::AdminState {
@@ -294,8 +328,8 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         if let Some(c) = controllers {
             let _ = c.await;
         }
-        if let Some(a) = apiserver {
-            let _ = a.await;
+        for server in servers {
+            let _ = server.await;
         }
         let _ = admin.await;
     })

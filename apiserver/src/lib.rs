@@ -31,7 +31,7 @@ use crate::status::ApiError;
 pub struct State {
     pub stores: Stores,
     pub authn: Arc<Authenticator>,
-    pub authz: Authorizer,
+    pub authz: Arc<Authorizer>,
     /// The caches completed their initial list.
     pub synced: Arc<AtomicBool>,
 }
@@ -181,8 +181,14 @@ pub async fn serve_tls(
     app: Router,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "aggregated API server listening (TLS)");
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(%addr, error = %e, "cannot listen");
+            return Err(e);
+        }
+    };
+    tracing::info!(%addr, "listening (TLS)");
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     tokio::pin!(shutdown);
     loop {
@@ -225,3 +231,47 @@ pub async fn serve_tls(
 
 #[cfg(test)]
 mod tests;
+
+/// The secure metrics endpoint: `/metrics` over TLS, for principals allowed to `get` the
+/// non-resource path `/metrics` (TokenReview + SubjectAccessReview, as for the views).
+pub fn metrics_router(
+    authn: Arc<Authenticator>,
+    authz: Arc<Authorizer>,
+    render: Arc<dyn Fn() -> String + Send + Sync>,
+) -> Router {
+    Router::new().fallback(move |req: Request| {
+        let (authn, authz, render) = (authn.clone(), authz.clone(), render.clone());
+        async move {
+            let path = req.uri().path().to_string();
+            if path != "/metrics" {
+                return ApiError::path_not_found().into_response();
+            }
+            let peer = req
+                .extensions()
+                .get::<PeerCerts>()
+                .cloned()
+                .unwrap_or_default();
+            let user = match authn.authenticate(&peer, req.headers()).await {
+                Ok(u) => u,
+                Err(_) => return ApiError::unauthorized().into_response(),
+            };
+            let attrs = Attributes::Path {
+                verb: "get".into(),
+                path: path.clone(),
+            };
+            match authz.allowed(&user, &attrs).await {
+                Ok(true) => (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    render(),
+                )
+                    .into_response(),
+                Ok(false) => ApiError::forbidden_path(&user.name, "get", &path).into_response(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "SubjectAccessReview failed");
+                    ApiError::unavailable("authorization is unavailable").into_response()
+                }
+            }
+        }
+    })
+}

@@ -111,7 +111,7 @@ fn app(pki: &Pki) -> axum::Router {
     router(Arc::new(State {
         stores,
         authn,
-        authz: Authorizer::new(client),
+        authz: Arc::new(Authorizer::new(client)),
         synced: Arc::new(AtomicBool::new(true)),
     }))
 }

@@ -55,6 +55,7 @@ up() {
   step "run the address-controller and the range driver"
   run address-controller "$target/debug/address-controller" run --kubeconfig "$kubeconfig" \
     --leader-elect=false --probe-address 127.0.0.1:18081 --apiserver-address 127.0.0.1:18443 \
+    --metrics-address 127.0.0.1:18444 \
     --tls-cert-file "$dir/pki/aggr.crt" --tls-private-key-file "$dir/pki/aggr.key"
   run range-driver "$target/debug/range-driver" --kubeconfig "$kubeconfig" \
     --leader-elect=false --probe-address 127.0.0.1:18082

@@ -19,9 +19,15 @@ const APISERVICE: &str = "v1alpha1.view.local.sdn.cozystack.io";
 /// A controller that also serves the views, registered through an APIService whose
 /// ExternalName Service points at localhost:<port>.
 async fn serving(e: &mut Env) -> ControllerProcess {
+    serving_with_metrics(e).await.0
+}
+
+/// [`serving`], also returning the port of the HTTPS /metrics endpoint.
+async fn serving_with_metrics(e: &mut Env) -> (ControllerProcess, u16) {
     e.ctl.kill();
     let cluster = Cluster::get();
     let port = free_port();
+    let metrics_port = free_port();
     let pki = cluster.dir.join("pki");
     let ctl = ControllerProcess::start(
         &format!("ctl-views-{}", e.sfx),
@@ -33,6 +39,8 @@ async fn serving(e: &mut Env) -> ControllerProcess {
             pki.join("aggr.crt").to_str().unwrap(),
             "--tls-private-key-file",
             pki.join("aggr.key").to_str().unwrap(),
+            "--metrics-address",
+            &format!("127.0.0.1:{metrics_port}"),
         ],
     )
     .await
@@ -83,7 +91,7 @@ async fn serving(e: &mut Env) -> ControllerProcess {
     })
     .await
     .unwrap();
-    ctl
+    (ctl, metrics_port)
 }
 
 fn tempdir() -> std::path::PathBuf {
@@ -312,7 +320,7 @@ async fn views_through_the_aggregator_with_kubectl() {
 #[tokio::test]
 async fn security_front_proxy_tokens_and_rbac() {
     let mut e = env("views-sec").await;
-    let _ctl = serving(&mut e).await;
+    let (_ctl, metrics_port) = serving_with_metrics(&mut e).await;
     let cluster = Cluster::get();
     let ns_a = e.ns.name.clone();
     let ns_b = TestNamespace::create(&e.client, "views-sec-b")
@@ -435,6 +443,65 @@ async fn security_front_proxy_tokens_and_rbac() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ok");
+
+    // /metrics over HTTPS: only for a token whose principal may get the path.
+    let reader_role = format!("metrics-reader-{}", e.sfx);
+    let rbac = json!([
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "scraper", "namespace": ns_a}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "nobody", "namespace": ns_a}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": reader_role},
+            "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": reader_role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": reader_role},
+            "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": ns_a}]},
+    ]);
+    let file = tempdir().join("metrics-rbac.yaml");
+    std::fs::write(
+        &file,
+        rbac.as_array()
+            .unwrap()
+            .iter()
+            .map(|o| serde_yaml::to_string(o).unwrap())
+            .collect::<Vec<_>>()
+            .join("---\n"),
+    )
+    .unwrap();
+    cluster
+        .kubectl_ok(&["apply", "-f", file.to_str().unwrap()])
+        .unwrap();
+    e.cleanup
+        .add("clusterroles.rbac.authorization.k8s.io", &reader_role);
+    e.cleanup.add(
+        "clusterrolebindings.rbac.authorization.k8s.io",
+        &reader_role,
+    );
+    let token = |sa: &str| {
+        cluster
+            .kubectl_ok(&["create", "token", sa, "-n", &ns_a])
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let metrics = |auth: Option<String>| {
+        let mut cmd = std::process::Command::new("curl");
+        cmd.args(["-sk", "-w", "\n%{http_code}"]);
+        if let Some(t) = auth {
+            cmd.args(["-H", &format!("Authorization: Bearer {t}")]);
+        }
+        let out = cmd
+            .arg(format!("https://127.0.0.1:{metrics_port}/metrics"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap();
+        (code.to_string(), body.to_string())
+    };
+    let (code, body) = metrics(Some(token("scraper")));
+    assert_eq!(code, "200", "{body}");
+    assert!(body.contains("address_controller_ipaddresses"), "{body}");
+    assert_eq!(metrics(Some(token("nobody"))).0, "403");
+    assert_eq!(metrics(None).0, "403", "anonymous");
+    assert_eq!(metrics(Some("garbage".into())).0, "401");
     drop(ns_b);
 }
 
