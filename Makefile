@@ -24,8 +24,8 @@ test: ## Run all tests (fmt, clippy, unit, integration on a real local control p
 	@deploy/local/test.sh
 
 .PHONY: manifests
-manifests: ## Regenerate the CRDs and the ClusterRole in chart/address-controller from the code
-	$(CARGO) run -q -p address-controller -- manifests --crds-dir chart/address-controller/crds --role chart/address-controller/templates/role.yaml
+manifests: ## Regenerate the CRDs, the ClusterRole and the views' OpenAPI documents from the code
+	$(CARGO) run -q -p address-controller -- manifests --crds-dir chart/address-controller/crds --role chart/address-controller/templates/role.yaml --openapi-dir openapi
 
 .PHONY: build-binaries
 build-binaries: ## Build kube-apiserver, kube-controller-manager, etcd and helm (cached by version)

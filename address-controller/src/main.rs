@@ -36,6 +36,9 @@ enum Command {
         /// File the ClusterRole is written to.
         #[arg(long, default_value = "chart/address-controller/templates/role.yaml")]
         role: PathBuf,
+        /// Directory the OpenAPI documents of the views are written to.
+        #[arg(long, default_value = "openapi")]
+        openapi_dir: PathBuf,
     },
 }
 
@@ -157,7 +160,11 @@ enum LogFormat {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Manifests { crds_dir, role } => write_manifests(&crds_dir, &role),
+        Command::Manifests {
+            crds_dir,
+            role,
+            openapi_dir,
+        } => write_manifests(&crds_dir, &role, &openapi_dir),
         Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?
@@ -262,7 +269,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
     let admin = tokio::spawn(admin::serve(
         args.ops.probe_address,
         admin::AdminState {
-            ready,
+            ready: ready.clone(),
             metrics: metrics.clone(),
         },
         shutdown.wait(),
@@ -277,6 +284,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         client.clone(),
         stores,
         leadership.clone(),
+        ready.clone(),
         metrics,
         identity.clone(),
     ));
@@ -352,7 +360,15 @@ async fn wait_for_signal() {
     }
 }
 
-fn write_manifests(crds_dir: &Path, role: &Path) -> anyhow::Result<()> {
+fn write_manifests(crds_dir: &Path, role: &Path, openapi_dir: &Path) -> anyhow::Result<()> {
+    for (name, doc) in address_controller_apiserver::openapi::files() {
+        let path = openapi_dir.join(name);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        std::fs::write(&path, doc).with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
     if let Some(dir) = role.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }

@@ -5,6 +5,7 @@
 pub mod authn;
 pub mod authz;
 pub mod handlers;
+pub mod openapi;
 pub mod registry;
 pub mod status;
 pub mod tls;
@@ -169,6 +170,11 @@ async fn handle(state: Arc<State>, req: Request) -> Response {
             }
         }
         (None, p) if p == group => axum::Json(registry::api_group()).into_response(),
+        (None, "/openapi/v2") => axum::Json(openapi::v2()).into_response(),
+        (None, "/openapi/v3") => axum::Json(openapi::v3_index()).into_response(),
+        (None, p) if p == format!("/openapi/v3{group}/{}", views::VERSION) => {
+            axum::Json(openapi::v3()).into_response()
+        }
         (None, p) if p == version => axum::Json(registry::api_resource_list()).into_response(),
         _ => ApiError::path_not_found().into_response(),
     }

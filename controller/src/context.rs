@@ -19,6 +19,9 @@ pub struct Context {
     pub client: Client,
     pub stores: Stores,
     pub leader: Arc<Leadership>,
+    /// Every cache completed its initial list. Until then a claim would look unbound
+    /// merely because the addresses are not loaded yet, so nothing reconciles.
+    pub synced: Arc<std::sync::atomic::AtomicBool>,
     pub metrics: Arc<Metrics>,
     pub events: Events,
     pub recent_claims: RecentWrites<IPAddressClaim>,
@@ -31,6 +34,7 @@ impl Context {
         client: Client,
         stores: Stores,
         leader: Arc<Leadership>,
+        synced: Arc<std::sync::atomic::AtomicBool>,
         metrics: Arc<Metrics>,
         instance: String,
     ) -> Self {
@@ -39,11 +43,17 @@ impl Context {
             client,
             stores,
             leader,
+            synced,
             metrics,
             recent_claims: RecentWrites::default(),
             recent_addresses: RecentWrites::default(),
             in_flight: InFlight::default(),
         }
+    }
+
+    /// Whether this process may act now: it leads, and its caches are complete.
+    pub fn may_act(&self) -> bool {
+        self.leader.is_leader() && self.synced.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Publishes an event on `obj` (see [`Events::publish`]).

@@ -88,12 +88,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         });
     }
     let listener = tokio::net::TcpListener::bind(args.probe_address).await?;
+    let probe_ready = ready.clone();
     let probes = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/readyz",
             get(move || {
-                let ready = ready.clone();
+                let ready = probe_ready.clone();
                 async move {
                     if ready.load(Ordering::Acquire) {
                         (axum::http::StatusCode::OK, "ok")
@@ -117,6 +118,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         client.clone(),
         cache.stores.clone(),
         leadership.clone(),
+        ready.clone(),
         identity.clone(),
     ));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -30,6 +30,9 @@ pub struct Ctx {
     client: Client,
     stores: Stores,
     leader: Arc<Leadership>,
+    /// The caches completed their initial list; nothing is allocated before (an address
+    /// not loaded yet would look free).
+    synced: Arc<std::sync::atomic::AtomicBool>,
     events: Events,
     /// (claim uid, family) → when this process created an address for it.
     in_flight: Mutex<HashMap<(String, Family), Instant>>,
@@ -48,14 +51,31 @@ pub enum Error {
 }
 
 impl Ctx {
-    pub fn new(client: Client, stores: Stores, leader: Arc<Leadership>, instance: String) -> Self {
+    pub fn new(
+        client: Client,
+        stores: Stores,
+        leader: Arc<Leadership>,
+        synced: Arc<std::sync::atomic::AtomicBool>,
+        instance: String,
+    ) -> Self {
         Ctx {
+            synced,
             events: Events::new(client.clone(), "range-driver", instance),
             client,
             stores,
             leader,
             in_flight: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn may_act(&self) -> Option<Action> {
+        if !self.leader.is_leader() {
+            return Some(Action::await_change());
+        }
+        if !self.synced.load(std::sync::atomic::Ordering::Acquire) {
+            return Some(Action::requeue(Duration::from_millis(500)));
+        }
+        None
     }
 
     fn in_flight(&self) -> HashSet<(String, Family)> {
@@ -98,8 +118,8 @@ fn our_classes(classes: &Store<IPAddressClass>) -> Vec<ObjectRef<IPAddressClass>
 }
 
 async fn reconcile_claim(obj: Arc<IPAddressClaim>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    if !ctx.leader.is_leader() {
-        return Ok(Action::await_change());
+    if let Some(wait) = ctx.may_act() {
+        return Ok(wait);
     }
     let Some(claim) = ctx.stores.claims.get(&ObjectRef::from_obj(obj.as_ref())) else {
         return Ok(Action::await_change());
@@ -160,8 +180,8 @@ async fn reconcile_claim(obj: Arc<IPAddressClaim>, ctx: Arc<Ctx>) -> Result<Acti
 }
 
 async fn reconcile_class(obj: Arc<IPAddressClass>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    if !ctx.leader.is_leader() {
-        return Ok(Action::await_change());
+    if let Some(wait) = ctx.may_act() {
+        return Ok(wait);
     }
     let Some(class) = ctx.stores.classes.get(&ObjectRef::from_obj(obj.as_ref())) else {
         return Ok(Action::await_change());

@@ -45,6 +45,15 @@ async fn serving_with_metrics(e: &mut Env) -> (ControllerProcess, u16) {
     )
     .await
     .unwrap();
+    register(e, port).await;
+    (ctl, metrics_port)
+}
+
+/// Registers the views through an APIService whose ExternalName Service points at
+/// localhost:<port>, and waits until it is Available.
+async fn register(e: &mut Env, port: u16) {
+    let cluster = Cluster::get();
+    let pki = cluster.dir.join("pki");
     let ca = std::fs::read(pki.join("aggr-ca.crt")).unwrap();
     let objects = [
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "address-controller-system"}}),
@@ -91,7 +100,6 @@ async fn serving_with_metrics(e: &mut Env) -> (ControllerProcess, u16) {
     })
     .await
     .unwrap();
-    (ctl, metrics_port)
 }
 
 fn tempdir() -> std::path::PathBuf {
@@ -575,4 +583,127 @@ async fn view_numbers_match_the_crds_after_a_random_mix() {
     })
     .await
     .unwrap();
+}
+
+#[tokio::test]
+async fn explain_watch_and_certificate_rotation() {
+    let mut e = env("views-more").await;
+    e.ctl.kill();
+    let cluster = Cluster::get();
+    // Serve from copies of the certificate files, so the test can rotate them.
+    let dir = tempdir();
+    let pki = cluster.dir.join("pki");
+    for f in ["aggr.crt", "aggr.key"] {
+        std::fs::copy(pki.join(f), dir.join(f)).unwrap();
+    }
+    let port = free_port();
+    let _ctl = ControllerProcess::start(
+        &format!("ctl-views-more-{}", e.sfx),
+        &[
+            "--leader-elect=false",
+            "--apiserver-address",
+            &format!("127.0.0.1:{port}"),
+            "--tls-cert-file",
+            dir.join("aggr.crt").to_str().unwrap(),
+            "--tls-private-key-file",
+            dir.join("aggr.key").to_str().unwrap(),
+        ],
+    )
+    .await
+    .unwrap();
+    register(&mut e, port).await;
+
+    // kubectl explain through the aggregated OpenAPI v3.
+    let out = wait_for(
+        "kubectl explain namespaceaddresses.summary",
+        Duration::from_secs(90),
+        || async {
+            let (ok, out, err) = kubectl(&["explain", "namespaceaddresses.summary"]);
+            if ok && out.contains("FIELDS") {
+                Ok(Some(out))
+            } else {
+                Err(anyhow::anyhow!("{err}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        out.contains("KIND:       NamespaceAddresses") && out.contains("releasedRetained"),
+        "{out}"
+    );
+
+    // kubectl get -w sees a change.
+    let ns = e.ns.name.clone();
+    let class = e.class("pub", json!({})).await;
+    e.address("a", "192.0.2.130", &class, json!({})).await;
+    let mut watch = Cluster::get()
+        .kubectl()
+        .args([
+            "get",
+            "namespaceaddresses",
+            "-n",
+            &ns,
+            "-w",
+            "--output-watch-events",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    e.claim("web", json!({"className": class})).await;
+    e.wait_claim("web", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _ = watch.kill();
+    let out = watch.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("MODIFIED") && l.contains(&ns)),
+        "{text}"
+    );
+
+    // Rotation: new files are served without a restart.
+    let serial = || {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("openssl s_client -connect 127.0.0.1:{port} -servername localhost </dev/null 2>/dev/null | openssl x509 -noout -serial"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let before = serial();
+    assert!(before.starts_with("serial="), "{before}");
+    let ext = dir.join("ext");
+    std::fs::write(&ext, "subjectAltName=DNS:address-controller-api.address-controller-system.svc,DNS:localhost\nextendedKeyUsage=serverAuth\n").unwrap();
+    let sh = format!(
+        "cd {d} && openssl ecparam -name prime256v1 -genkey -noout -out new.key && openssl req -new -key new.key -subj /CN=rotated -out new.csr \
+         && openssl x509 -req -in new.csr -CA {p}/aggr-ca.crt -CAkey {p}/aggr-ca.key -CAcreateserial -days 1 -extfile ext -out new.crt \
+         && mv new.key aggr.key.tmp && mv new.crt aggr.crt && mv aggr.key.tmp aggr.key",
+        d = dir.display(),
+        p = pki.display()
+    );
+    assert!(
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&sh)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let after = wait_for(
+        "the rotated certificate",
+        Duration::from_secs(10),
+        || async {
+            let s = serial();
+            Ok((s != before && s.starts_with("serial=")).then_some(s))
+        },
+    )
+    .await
+    .unwrap();
+    assert_ne!(after, before);
+    // The aggregator keeps working across the rotation.
+    let (ok, _, err) = kubectl(&["get", "namespaceaddresses", "-n", &ns]);
+    assert!(ok, "{err}");
 }

@@ -21,8 +21,13 @@ use crate::decide::autoclaim::{ServicePlan, ServiceSnapshot, plan_service, reaso
 use crate::error::{Error, Result};
 
 pub async fn reconcile(obj: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
-    if !ctx.leader.is_leader() {
-        return Ok(Action::await_change());
+    if !ctx.may_act() {
+        // Not the leader: nothing to do. Caches incomplete: look again shortly.
+        return Ok(if ctx.leader.is_leader() {
+            Action::requeue(std::time::Duration::from_millis(500))
+        } else {
+            Action::await_change()
+        });
     }
     let start = Instant::now();
     let result = reconcile_inner(&obj, &ctx).await;
