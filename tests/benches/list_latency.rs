@@ -6,8 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use address_controller_tests::env::env;
-use address_controller_tests::{Cluster, ControllerProcess, FIELD_MANAGER, free_port, wait_for};
+use address_controller_tests::env::{env, register_views};
+use address_controller_tests::{Cluster, ControllerProcess, free_port, wait_for};
 use futures::StreamExt;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
@@ -59,41 +59,7 @@ async fn main() {
     )
     .await
     .expect("controller");
-    let ca = std::fs::read_to_string(pki.join("aggr-ca.crt")).expect("ca");
-    let apiservice = json!({"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService", "metadata": {"name": "v1alpha1.view.local.sdn.cozystack.io"},
-        "spec": {"group": "view.local.sdn.cozystack.io", "version": "v1alpha1", "groupPriorityMinimum": 1000, "versionPriority": 15,
-            "service": {"namespace": "address-controller-system", "name": "address-controller-api", "port": port},
-            "caBundle": k8s_openapi::ByteString(ca.into_bytes())}});
-    let yaml = format!("{}---\n{}---\n{}",
-        serde_yaml::to_string(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "address-controller-system"}})).expect("yaml"),
-        serde_yaml::to_string(&json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "address-controller-api", "namespace": "address-controller-system"},
-            "spec": {"type": "ExternalName", "externalName": "localhost"}})).expect("yaml"),
-        serde_yaml::to_string(&apiservice).expect("yaml"));
-    let file = std::env::temp_dir().join(format!("bench-{}.yaml", e.sfx));
-    std::fs::write(&file, yaml).expect("write");
-    cluster
-        .kubectl_ok(&[
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "--field-manager",
-            FIELD_MANAGER,
-            "-f",
-            file.to_str().expect("utf-8"),
-        ])
-        .expect("register");
-    e.cleanup.add(
-        "apiservices.apiregistration.k8s.io",
-        "v1alpha1.view.local.sdn.cozystack.io",
-    );
-    cluster
-        .kubectl_ok(&[
-            "wait",
-            "apiservice/v1alpha1.view.local.sdn.cozystack.io",
-            "--for=condition=Available",
-            "--timeout=60s",
-        ])
-        .expect("available");
+    register_views(&mut e, port).await;
 
     let class = e.class("bench", json!({})).await;
     let client = e.client.clone();

@@ -15,8 +15,8 @@ use serde_json::{Value, json};
 use tokio::sync::{Mutex, MutexGuard};
 
 use crate::{
-    AuditedWrite, Cleanup, ControllerProcess, TestNamespace, audited_writes, random_suffix, setup,
-    wait_for,
+    AuditedWrite, Cleanup, Cluster, ControllerProcess, FIELD_MANAGER, TestNamespace,
+    audited_writes, random_suffix, setup, wait_for,
 };
 
 /// How long a test waits for the controller to converge.
@@ -281,4 +281,89 @@ pub async fn wait_lease_holder(client: &Client, name: &str, holder: &str) {
     })
     .await
     .unwrap();
+}
+
+/// The APIService of the views.
+pub const APISERVICE: &str = "v1alpha1.view.local.sdn.cozystack.io";
+
+/// Registers the views through an APIService whose ExternalName Service points at
+/// localhost:<port>, and waits until it is Available.
+pub async fn register_views(e: &mut Env, port: u16) {
+    let cluster = Cluster::get();
+    let pki = cluster.dir.join("pki");
+    let ca = std::fs::read(pki.join("aggr-ca.crt")).unwrap();
+    let objects = [
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "address-controller-system"}}),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "address-controller-api", "namespace": "address-controller-system"},
+            "spec": {"type": "ExternalName", "externalName": "localhost"}}),
+        json!({"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService", "metadata": {"name": APISERVICE},
+            "spec": {"group": "view.local.sdn.cozystack.io", "version": "v1alpha1", "groupPriorityMinimum": 1000, "versionPriority": 15,
+                "service": {"namespace": "address-controller-system", "name": "address-controller-api", "port": port},
+                "caBundle": base64(&ca)}}),
+    ];
+    let dir = tempdir();
+    let file = dir.join("register.yaml");
+    std::fs::write(
+        &file,
+        objects
+            .iter()
+            .map(|o| serde_yaml::to_string(o).unwrap())
+            .collect::<Vec<_>>()
+            .join("---\n"),
+    )
+    .unwrap();
+    cluster
+        .kubectl_ok(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager",
+            FIELD_MANAGER,
+            "-f",
+            file.to_str().unwrap(),
+        ])
+        .unwrap();
+    e.cleanup
+        .add("apiservices.apiregistration.k8s.io", APISERVICE);
+    wait_for("APIService Available", Duration::from_secs(60), || async {
+        let out = cluster.kubectl_ok(&[
+            "get",
+            "apiservice",
+            APISERVICE,
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
+        ])?;
+        Ok((out.trim() == "True").then_some(()))
+    })
+    .await
+    .unwrap();
+}
+
+/// A fresh temporary directory.
+pub fn tempdir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("ac-views-{}", random_suffix()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Standard base64 (the APIService's caBundle).
+fn base64(data: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }

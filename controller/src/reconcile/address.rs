@@ -1,5 +1,4 @@
 use std::sync::Arc;
-use std::time::Instant;
 
 use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -16,19 +15,7 @@ use crate::decide::address::{AddressPlan, AddressSnapshot, plan_address};
 use crate::error::{Error, Result};
 
 pub async fn reconcile(obj: Arc<IPAddress>, ctx: Arc<Context>) -> Result<Action> {
-    if !ctx.may_act() {
-        // Not the leader: nothing to do. Caches incomplete: look again shortly.
-        return Ok(if ctx.leader.is_leader() {
-            Action::requeue(std::time::Duration::from_millis(500))
-        } else {
-            Action::await_change()
-        });
-    }
-    let start = Instant::now();
-    let result = reconcile_inner(&obj, &ctx).await;
-    let label = result.as_ref().map_or_else(Error::category, |_| "success");
-    ctx.metrics.observe("address", label, start.elapsed());
-    result
+    super::instrumented(&ctx, "address", reconcile_inner(&obj, &ctx)).await
 }
 
 async fn reconcile_inner(obj: &IPAddress, ctx: &Context) -> Result<Action> {

@@ -1,5 +1,4 @@
 use std::sync::Arc;
-use std::time::Instant;
 
 use address_controller_api::names::PROVISIONER_ANNOTATION;
 use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClaimStatus};
@@ -21,19 +20,7 @@ use crate::recent::key_of;
 const MAX_CANDIDATE_RETRIES: usize = 8;
 
 pub async fn reconcile(obj: Arc<IPAddressClaim>, ctx: Arc<Context>) -> Result<Action> {
-    if !ctx.may_act() {
-        // Not the leader: nothing to do. Caches incomplete: look again shortly.
-        return Ok(if ctx.leader.is_leader() {
-            Action::requeue(std::time::Duration::from_millis(500))
-        } else {
-            Action::await_change()
-        });
-    }
-    let start = Instant::now();
-    let result = reconcile_inner(&obj, &ctx).await;
-    let label = result.as_ref().map_or_else(Error::category, |_| "success");
-    ctx.metrics.observe("claim", label, start.elapsed());
-    result
+    super::instrumented(&ctx, "claim", reconcile_inner(&obj, &ctx)).await
 }
 
 async fn reconcile_inner(obj: &IPAddressClaim, ctx: &Context) -> Result<Action> {

@@ -34,6 +34,28 @@ fn merge_meta(existing: Option<Value>, rv: &str) -> Value {
     meta
 }
 
+/// Runs one pass when this process may act (it leads and its caches are complete), and
+/// records its outcome and duration.
+pub(crate) async fn instrumented(
+    ctx: &Context,
+    controller: &'static str,
+    pass: impl std::future::Future<Output = Result<Action, Error>>,
+) -> Result<Action, Error> {
+    if !ctx.may_act() {
+        // Not the leader: nothing to do. Caches incomplete: look again shortly.
+        return Ok(if ctx.leader.is_leader() {
+            Action::requeue(Duration::from_millis(500))
+        } else {
+            Action::await_change()
+        });
+    }
+    let start = std::time::Instant::now();
+    let result = pass.await;
+    let label = result.as_ref().map_or_else(Error::category, |_| "success");
+    ctx.metrics.observe(controller, label, start.elapsed());
+    result
+}
+
 /// Requeue policy by error kind: a lost race is retried at once (the cache is about to
 /// catch up), anything else with a backoff.
 pub fn error_policy<K>(_obj: Arc<K>, err: &Error, _ctx: Arc<Context>) -> Action {

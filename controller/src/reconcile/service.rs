@@ -2,7 +2,6 @@
 //! plan. At most two writes per Service, ever: create the claim, annotate the Service.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use address_controller_api::names::SERVICE_CLAIM_ANNOTATION;
 use address_controller_api::{IPAddressClaim, IPAddressClaimSpec};
@@ -21,19 +20,7 @@ use crate::decide::autoclaim::{ServicePlan, ServiceSnapshot, plan_service, reaso
 use crate::error::{Error, Result};
 
 pub async fn reconcile(obj: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
-    if !ctx.may_act() {
-        // Not the leader: nothing to do. Caches incomplete: look again shortly.
-        return Ok(if ctx.leader.is_leader() {
-            Action::requeue(std::time::Duration::from_millis(500))
-        } else {
-            Action::await_change()
-        });
-    }
-    let start = Instant::now();
-    let result = reconcile_inner(&obj, &ctx).await;
-    let label = result.as_ref().map_or_else(Error::category, |_| "success");
-    ctx.metrics.observe("service", label, start.elapsed());
-    result
+    super::instrumented(&ctx, "service", reconcile_inner(&obj, &ctx)).await
 }
 
 async fn reconcile_inner(obj: &Service, ctx: &Context) -> Result<Action> {
