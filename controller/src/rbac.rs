@@ -63,6 +63,18 @@ const RULES: &[Rule] = &[
         verbs: &["create", "patch"],
         why: "events",
     },
+    Rule {
+        group: "authentication.k8s.io",
+        resources: &["tokenreviews"],
+        verbs: &["create"],
+        why: "aggregated API server and /metrics: delegated authentication of bearer tokens",
+    },
+    Rule {
+        group: "authorization.k8s.io",
+        resources: &["subjectaccessreviews"],
+        verbs: &["create"],
+        why: "aggregated API server and /metrics: delegated authorization",
+    },
 ];
 
 /// The ClusterRole of the binary.
