@@ -306,7 +306,16 @@ impl ControllerProcess {
         groups: &[&str],
         extra: &[&str],
     ) -> Result<ControllerProcess> {
-        Self::spawn("address-controller", &["run"], user, groups, extra).await
+        // Every process gets its own loopback ports unless the test chose them.
+        let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        for flag in ["--apiserver-address", "--metrics-address"] {
+            if !extra.contains(&flag) {
+                args.push(flag.to_string());
+                args.push(format!("127.0.0.1:{}", free_port()));
+            }
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Self::spawn("address-controller", &["run"], user, groups, &args).await
     }
 
     /// Starts the reference `range-driver` as user `user` (group `system:masters`).
