@@ -94,8 +94,9 @@ fn holder(address: &IPAddress, claim: Option<&IPAddressClaim>) -> Option<Holder>
     })
 }
 
-/// The status write that moves the address to `phase`, or `None` if it is there already.
-fn to_phase(
+/// The status write that moves the address to `phase_to` / `released_at_to`, or `None`
+/// when it is there already.
+fn status_write(
     a: &IPAddress,
     phase_to: AddressPhase,
     released_at_to: Option<Time>,
@@ -104,25 +105,11 @@ fn to_phase(
         phase: phase_to,
         released_at: released_at_to,
     };
-    let have = AddressStatusWrite {
-        phase: phase(a)?,
+    let have = phase(a).map(|p| AddressStatusWrite {
+        phase: p,
         released_at: released_at(a).cloned(),
-    };
-    (have != want).then_some(want)
-}
-
-fn status_write(
-    a: &IPAddress,
-    phase_to: AddressPhase,
-    released_at_to: Option<Time>,
-) -> Option<AddressStatusWrite> {
-    match phase(a) {
-        None => Some(AddressStatusWrite {
-            phase: phase_to,
-            released_at: released_at_to,
-        }),
-        Some(_) => to_phase(a, phase_to, released_at_to),
-    }
+    });
+    (have.as_ref() != Some(&want)).then_some(want)
 }
 
 /// The release delay of a class, if it has a valid one.
