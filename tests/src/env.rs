@@ -266,21 +266,26 @@ pub fn fast_lease(lease: &str) -> Vec<String> {
 
 /// Waits until the Lease `name` in `default` is held by `holder`.
 pub async fn wait_lease_holder(client: &Client, name: &str, holder: &str) {
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(client.clone(), "default");
-    wait_for(&format!("lease {name} held by {holder}"), WAIT, || {
-        let leases = leases.clone();
-        async move {
-            let h = leases
-                .get_opt(name)
-                .await?
-                .and_then(|l| l.spec)
-                .and_then(|s| s.holder_identity);
-            Ok((h.as_deref() == Some(holder)).then_some(()))
-        }
-    })
+    wait_for(
+        &format!("lease {name} held by {holder}"),
+        WAIT,
+        || async move {
+            Ok((lease_holder(client, name).await?.as_deref() == Some(holder)).then_some(()))
+        },
+    )
     .await
     .unwrap();
+}
+
+/// Who holds the Lease `name` in `default`, if anyone.
+pub async fn lease_holder(client: &Client, name: &str) -> anyhow::Result<Option<String>> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "default");
+    Ok(leases
+        .get_opt(name)
+        .await?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity))
 }
 
 /// The APIService of the views.

@@ -110,7 +110,8 @@ async fn rbac_and_service_account_tokens_work() {
     // The token authenticates, and RBAC denies what nobody granted.
     let server = cluster.env_var("KUBE_APISERVER_URL").unwrap();
     let ca = cluster.dir.join("pki/ca.crt");
-    let can_i = |verb: &str| {
+    // kubectl with nothing but the token.
+    let as_robot = |args: &[&str]| {
         cluster
             .kubectl()
             .args([
@@ -120,40 +121,19 @@ async fn rbac_and_service_account_tokens_work() {
                 "--certificate-authority",
             ])
             .arg(&ca)
-            .args([
-                "--token",
-                &token,
-                "auth",
-                "can-i",
-                verb,
-                "configmaps",
-                "-n",
-                &ns.name,
-            ])
+            .args(["--token", &token])
+            .args(args)
             .output()
             .unwrap()
     };
-    let out = can_i("list");
+    let out = as_robot(&["auth", "can-i", "list", "configmaps", "-n", &ns.name]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no", "{out:?}");
-    let out = cluster
-        .kubectl()
-        .args([
-            "--kubeconfig=/dev/null",
-            "--server",
-            &server,
-            "--certificate-authority",
-        ])
-        .arg(&ca)
-        .args([
-            "--token",
-            &token,
-            "auth",
-            "whoami",
-            "-o",
-            "jsonpath={.status.userInfo.username}",
-        ])
-        .output()
-        .unwrap();
+    let out = as_robot(&[
+        "auth",
+        "whoami",
+        "-o",
+        "jsonpath={.status.userInfo.username}",
+    ]);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
         format!("system:serviceaccount:{}:robot", ns.name)

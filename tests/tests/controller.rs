@@ -956,15 +956,9 @@ async fn a_standby_replica_takes_over_when_the_leader_dies() {
     e.claim("first", json!({"className": class})).await;
     e.wait_claim("first", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
         .await;
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(e.client.clone(), "default");
-    let holder = leases
-        .get(&lease)
+    let holder = address_controller_tests::env::lease_holder(&e.client, &lease)
         .await
         .unwrap()
-        .spec
-        .unwrap()
-        .holder_identity
         .unwrap();
     let (leader, standby) = if holder == one.user {
         (&mut one, &two)
@@ -984,13 +978,9 @@ async fn a_standby_replica_takes_over_when_the_leader_dies() {
         phase(c) == Some(ClaimPhase::Bound)
     })
     .await;
-    let holder = leases
-        .get(&lease)
+    let holder = address_controller_tests::env::lease_holder(&e.client, &lease)
         .await
         .unwrap()
-        .spec
-        .unwrap()
-        .holder_identity
         .unwrap();
     assert_eq!(holder, standby.user);
     assert!(!e.writes(&standby.user).is_empty());

@@ -9,7 +9,7 @@ use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClass
 use address_controller_tests::env::{Env, WAIT, aphase, env, phase};
 use address_controller_tests::{ControllerProcess, wait_for};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const RANGE: &str = "range.drivers.local.sdn.cozystack.io";
@@ -89,6 +89,18 @@ fn class_condition<'a>(
     t: &str,
 ) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
     c.status.as_ref()?.conditions.iter().find(|x| x.type_ == t)
+}
+
+/// Waits until the class reports ParametersValid=False and returns the reason given.
+async fn invalid_parameters(e: &Env, class: &str) -> String {
+    let c = wait_class(e, class, "ParametersValid=False", |c| {
+        class_condition(c, "ParametersValid").is_some_and(|x| x.status == "False")
+    })
+    .await;
+    class_condition(&c, "ParametersValid")
+        .unwrap()
+        .message
+        .clone()
 }
 
 async fn address_named(e: &Env, name: &str) -> IPAddress {
@@ -256,17 +268,8 @@ async fn capacity_and_bad_parameters_are_published_on_the_class() {
         } else {
             range_class(&mut e, base, params, json!({})).await
         };
-        let c = wait_class(&e, &name, "ParametersValid=False", |c| {
-            class_condition(c, "ParametersValid").is_some_and(|x| x.status == "False")
-        })
-        .await;
-        assert!(
-            class_condition(&c, "ParametersValid")
-                .unwrap()
-                .message
-                .contains(want),
-            "{base}"
-        );
+        let message = invalid_parameters(&e, &name).await;
+        assert!(message.contains(want), "{base}: {message}");
         e.wait_event("default", &name, "InvalidParameters").await;
         // Nothing is allocated from it.
         let claim = format!("claim-{base}");
@@ -275,16 +278,7 @@ async fn capacity_and_bad_parameters_are_published_on_the_class() {
             .await;
     }
     // The overlap is reported on both classes.
-    let c = wait_class(&e, &ok, "overlap reported", |c| {
-        class_condition(c, "ParametersValid").is_some_and(|x| x.status == "False")
-    })
-    .await;
-    assert!(
-        class_condition(&c, "ParametersValid")
-            .unwrap()
-            .message
-            .contains("overlaps")
-    );
+    assert!(invalid_parameters(&e, &ok).await.contains("overlaps"));
     let ours = e
         .addresses()
         .list(&ListParams::default())
@@ -343,15 +337,9 @@ async fn two_replicas_with_one_leader_never_double_allocate() {
     wait_for("20 claims bound", Duration::from_secs(60), all_bound)
         .await
         .unwrap();
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(e.client.clone(), "default");
-    let holder = leases
-        .get(&lease)
+    let holder = address_controller_tests::env::lease_holder(&e.client, &lease)
         .await
         .unwrap()
-        .spec
-        .unwrap()
-        .holder_identity
         .unwrap();
     assert_eq!(holder, one.user, "the first replica leads");
 
