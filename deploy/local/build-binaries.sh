@@ -3,7 +3,7 @@
 # Go module proxy) into a version-keyed cache outside the repository. A binary that is already
 # cached at the pinned version is not rebuilt. Prints where the binaries are.
 #
-# Usage: deploy/local/build-binaries.sh [--print-env]
+# Usage: deploy/local/build-binaries.sh [--print-env] [etcd|helm|kube ...]   (default: all)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.sh
@@ -61,11 +61,19 @@ build_helm() {
 
 command -v go >/dev/null || { log "go is required (https://go.dev); none on PATH"; exit 1; }
 start=$(date +%s)
+print_env=
+components=()
+for arg in "$@"; do
+  case "$arg" in
+    --print-env) print_env=1 ;;
+    etcd|helm|kube) components+=("$arg") ;;
+    *) log "unknown argument: $arg (expected --print-env, etcd, helm or kube)"; exit 2 ;;
+  esac
+done
 # Small ones first so a failure in the module graph shows up quickly.
-build_etcd
-build_helm
-build_kube
+[ ${#components[@]} -gt 0 ] || components=(etcd helm kube)
+for c in "${components[@]}"; do "build_$c"; done
 log "done in $(( $(date +%s) - start ))s"
-if [ "${1:-}" = "--print-env" ]; then
+if [ -n "$print_env" ]; then
   printf 'KUBE_BIN=%s\nETCD_BIN=%s\nHELM_BIN=%s\n' "$KUBE_BIN" "$ETCD_BIN" "$HELM_BIN"
 fi

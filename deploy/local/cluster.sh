@@ -220,7 +220,7 @@ POLICY
   start kube-controller-manager "$KUBE_BIN/kube-controller-manager" \
     --kubeconfig="$dir/admin.kubeconfig" \
     --authentication-kubeconfig="$dir/admin.kubeconfig" --authorization-kubeconfig="$dir/admin.kubeconfig" \
-    --controllers=garbage-collector-controller,namespace-controller \
+    --controllers=garbage-collector-controller,namespace-controller,clusterrole-aggregation-controller,validatingadmissionpolicy-status-controller \
     --leader-elect=false --use-service-account-credentials=false \
     --bind-address=127.0.0.1 --secure-port="$kcm_port" --cert-dir="$dir/kcm"
 
