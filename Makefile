@@ -44,6 +44,11 @@ install-crds: ## Apply the current CRDs to the cluster in $KUBECONFIG
 	kubectl apply --server-side --field-manager=address-controller-install -f chart/address-controller/crds/
 	kubectl wait --for=condition=Established --timeout=60s -f chart/address-controller/crds/
 
+.PHONY: helm-package
+helm-package: ## helm lint the chart and package it into dist/ (helm is built and cached like the control plane)
+	@deploy/local/build-binaries.sh helm
+	@. deploy/local/versions.sh && "$$HELM_BIN/helm" lint --strict chart/address-controller && "$$HELM_BIN/helm" package chart/address-controller --destination dist/
+
 .PHONY: lint
 lint: ## cargo fmt --check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check

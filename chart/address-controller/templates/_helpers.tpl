@@ -1,0 +1,48 @@
+{{/*
+Names are fixed: the chart is a cluster singleton and the generated ClusterRole
+(templates/role.yaml) is named `address-controller`.
+*/}}
+{{- define "address-controller.name" -}}address-controller{{- end -}}
+{{- define "address-controller.apiServiceName" -}}address-controller-api{{- end -}}
+{{- define "address-controller.metricsServiceName" -}}address-controller-metrics{{- end -}}
+{{- define "address-controller.tlsSecretName" -}}
+{{- if eq .Values.apiService.tls.mode "secret" -}}
+{{- required "apiService.tls.existingSecret is required when apiService.tls.mode is secret" .Values.apiService.tls.existingSecret -}}
+{{- else -}}
+address-controller-api-tls
+{{- end -}}
+{{- end -}}
+
+{{- define "address-controller.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "address-controller.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "address-controller.labels" -}}
+{{ include "address-controller.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "address-controller.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{/* DNS names of the serving certificate: both Services, short and qualified. */}}
+{{- define "address-controller.dnsNames" -}}
+{{- $ns := .Release.Namespace -}}
+{{- $names := list -}}
+{{- range $svc := list (include "address-controller.apiServiceName" .) (include "address-controller.metricsServiceName" .) -}}
+{{- $names = concat $names (list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns)) -}}
+{{- end -}}
+{{- toJson $names -}}
+{{- end -}}
+
+{{- define "address-controller.monitoring" -}}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" -}}true{{- end -}}
+{{- end -}}
