@@ -279,8 +279,17 @@ pub async fn wait_lease_holder(client: &Client, name: &str, holder: &str) {
 
 /// Who holds the Lease `name` in `default`, if anyone.
 pub async fn lease_holder(client: &Client, name: &str) -> anyhow::Result<Option<String>> {
+    lease_holder_in(client, "default", name).await
+}
+
+/// Who holds the Lease `name` in `namespace`, if anyone.
+pub async fn lease_holder_in(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<Option<String>> {
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(client.clone(), "default");
+        Api::namespaced(client.clone(), namespace);
     Ok(leases
         .get_opt(name)
         .await?

@@ -331,8 +331,7 @@ impl ControllerProcess {
         extra: &[&str],
     ) -> Result<ControllerProcess> {
         let cluster = Cluster::get();
-        let dir = repo_root().join("target/test-logs");
-        std::fs::create_dir_all(&dir)?;
+        let dir = log_dir()?;
         let kubeconfig = dir.join(format!("{user}.kubeconfig"));
         let admin = std::fs::read_to_string(&cluster.kubeconfig)?;
         // Impersonation keeps admin rights but records the controller's own name.
@@ -344,33 +343,52 @@ impl ControllerProcess {
             ),
         );
         std::fs::write(&kubeconfig, impersonating)?;
-        let port = free_port();
-        let log = dir.join(format!("{user}.log"));
-        let child = Command::new(binary(bin))
-            .args(pre)
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .args([
+        let probe = format!("127.0.0.1:{}", free_port());
+        let mut args: Vec<String> = pre.iter().map(|s| s.to_string()).collect();
+        args.extend(
+            [
                 "--probe-address",
-                &format!("127.0.0.1:{port}"),
+                &probe,
                 "--identity",
                 user,
-            ])
-            .args(["--lease-namespace", "default"])
-            .args(extra)
+                "--lease-namespace",
+                "default",
+            ]
+            .map(str::to_string),
+        );
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Self::launch(bin, user, &kubeconfig, &args, &probe).await
+    }
+
+    /// Starts `bin ARGS --kubeconfig KUBECONFIG` exactly as given — for a process that
+    /// must run with its own credentials (a ServiceAccount token) and its own flags.
+    /// `probe` is the `--probe-address` among ARGS; returns once `/readyz` answers.
+    pub async fn launch(
+        bin: &str,
+        name: &str,
+        kubeconfig: &Path,
+        args: &[String],
+        probe: &str,
+    ) -> Result<ControllerProcess> {
+        let dir = log_dir()?;
+        let log = dir.join(format!("{name}.log"));
+        let child = Command::new(binary(bin))
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
             .env(
                 "RUST_LOG",
                 "info,address_controller_controller=debug,range_driver=debug",
             )
             .stdout(std::fs::File::create(&log)?)
             .stderr(std::fs::File::create(
-                dir.join(format!("{user}.stderr.log")),
+                dir.join(format!("{name}.stderr.log")),
             )?)
             .spawn()
             .with_context(|| format!("starting {bin}"))?;
         let proc = ControllerProcess {
-            user: user.to_string(),
-            probe: format!("127.0.0.1:{port}"),
+            user: name.to_string(),
+            probe: probe.to_string(),
             log,
             child,
         };
@@ -421,6 +439,13 @@ impl Drop for ControllerProcess {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Where test processes write their logs and kubeconfigs.
+fn log_dir() -> Result<PathBuf> {
+    let dir = repo_root().join("target/test-logs");
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
 }
 
 /// A minimal HTTP/1.1 GET on loopback: (status, body).

@@ -1,0 +1,1321 @@
+//! The Helm chart `chart/address-controller`: `helm lint` / `helm template` over a matrix of
+//! values with assertions on the rendered objects, the values schema refusing bad input,
+//! and real installs into the local control plane — the binary running on the host as the
+//! chart's ServiceAccount with the chart's certificate behind the chart's APIService, the
+//! admission policy, and the roles aggregated into view/edit/admin.
+//!
+//! The local control plane has no kubelet, so the Deployment's pods never start: the
+//! cluster tests install with `apiService.service.externalName=localhost` and run the
+//! binary themselves, with the Deployment's own arguments.
+
+#![allow(clippy::unwrap_used)] // test helpers fail loudly by design
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use address_controller_api::{ClaimPhase, IPAddressClaim};
+use address_controller_tests::env::{APISERVICE, lease_holder_in, phase, tempdir};
+use address_controller_tests::{
+    Cleanup, Cluster, ControllerProcess, TestNamespace, free_port, random_suffix, repo_root, setup,
+    wait_for,
+};
+use kube::api::Api;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Installs of the chart own cluster-scoped objects with fixed names: one at a time.
+static INSTALL: Mutex<()> = Mutex::const_new(());
+
+fn chart_dir() -> PathBuf {
+    repo_root().join("chart/address-controller")
+}
+
+fn helm() -> Command {
+    let cluster = Cluster::get();
+    let mut cmd = Command::new(cluster.env_var("HELM").unwrap());
+    cmd.env("KUBECONFIG", &cluster.kubeconfig);
+    cmd
+}
+
+/// Runs helm; Ok(stdout) or Err(stderr).
+fn run_helm(args: &[&str]) -> Result<String, String> {
+    let out = helm().args(args).output().unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8(out.stdout).unwrap())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// A values file holding `values` (JSON is YAML).
+fn values_file(values: &Value) -> PathBuf {
+    let f = tempdir().join("values.yaml");
+    std::fs::write(&f, serde_json::to_string(values).unwrap()).unwrap();
+    f
+}
+
+/// `helm template` into namespace `address-controller-system` for Kubernetes 1.36 with
+/// `values` and extra flags; the rendered objects, or helm's error.
+fn render(values: &Value, extra: &[&str]) -> Result<Vec<Value>, String> {
+    let file = values_file(values);
+    let chart = chart_dir();
+    let mut args = vec![
+        "template",
+        "address-controller",
+        chart.to_str().unwrap(),
+        "--namespace",
+        "address-controller-system",
+        "--kube-version",
+        "1.36.0",
+        "-f",
+        file.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let text = run_helm(&args)?;
+    Ok(parse_docs(&text))
+}
+
+fn parse_docs(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn kind_names(objs: &[Value]) -> BTreeSet<String> {
+    objs.iter()
+        .map(|o| {
+            format!(
+                "{}/{}",
+                o["kind"].as_str().unwrap(),
+                o["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objs.iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind}/{name} among {:?}", kind_names(objs)))
+}
+
+fn has(objs: &[Value], kind: &str) -> bool {
+    objs.iter().any(|o| o["kind"] == kind)
+}
+
+fn container(objs: &[Value]) -> &Value {
+    &find(objs, "Deployment", "address-controller")["spec"]["template"]["spec"]["containers"][0]
+}
+
+fn args(objs: &[Value]) -> Vec<String> {
+    container(objs)["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn app_version() -> String {
+    let chart: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(chart_dir().join("Chart.yaml")).unwrap())
+            .unwrap();
+    chart["appVersion"].as_str().unwrap().to_string()
+}
+
+/// Standard base64 decoding (Secret data).
+fn b64decode(s: &str) -> Vec<u8> {
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    };
+    let bytes: Vec<u8> = s.bytes().filter(|c| *c != b'=' && *c != b'\n').collect();
+    let mut out = Vec::new();
+    for chunk in bytes.chunks(4) {
+        let mut n = 0u32;
+        for (i, c) in chunk.iter().enumerate() {
+            n |= u32::from(val(*c)) << (18 - 6 * i);
+        }
+        for i in 0..chunk.len().saturating_sub(1) {
+            out.push((n >> (16 - 8 * i)) as u8);
+        }
+    }
+    out
+}
+
+fn openssl(args: &[&str]) -> String {
+    let out = Command::new("openssl").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+// ---- rendering ---------------------------------------------------------------------------
+
+#[test]
+fn lint_passes_for_every_values_set_of_the_matrix() {
+    let chart = chart_dir();
+    let matrix: &[(Value, &[&str])] = &[
+        (json!({}), &[]),
+        (
+            json!({"metrics": {"serviceMonitor": {"enabled": true}, "prometheusRule": {"enabled": true}}}),
+            &["--api-versions", "monitoring.coreos.com/v1"],
+        ),
+        (json!({"metrics": {"enabled": false}}), &[]),
+        (
+            json!({"admissionPolicy": {"enabled": true, "allowedGroups": ["ip-admins"]}}),
+            &[],
+        ),
+        (
+            json!({"apiService": {"tls": {"mode": "certManager"}}}),
+            &["--api-versions", "cert-manager.io/v1"],
+        ),
+        (
+            json!({"apiService": {"tls": {"mode": "secret", "existingSecret": "my-tls", "caBundle": "Zm9v"}}}),
+            &[],
+        ),
+    ];
+    for (values, extra) in matrix {
+        render(values, extra).unwrap_or_else(|e| panic!("helm template {values}: {e}"));
+        if !extra.is_empty() {
+            // helm lint cannot be told about extra API versions.
+            continue;
+        }
+        let file = values_file(values);
+        let out = run_helm(&[
+            "lint",
+            chart.to_str().unwrap(),
+            "--strict",
+            "--kube-version",
+            "1.36.0",
+            "-f",
+            file.to_str().unwrap(),
+        ])
+        .unwrap_or_else(|e| panic!("helm lint {values}: {e}"));
+        assert!(out.contains("0 chart(s) failed"), "{values}: {out}");
+    }
+}
+
+#[test]
+fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
+    // The chart moves with the workspace: one version everywhere.
+    assert_eq!(app_version(), env!("CARGO_PKG_VERSION"));
+    let objs = render(&json!({}), &[]).unwrap();
+    let expected: BTreeSet<String> = [
+        "APIService/v1alpha1.view.local.sdn.cozystack.io",
+        "ClusterRole/address-controller",
+        "ClusterRole/address-controller-aggregate-edit",
+        "ClusterRole/address-controller-aggregate-view",
+        "ClusterRole/address-controller-metrics-reader",
+        "ClusterRoleBinding/address-controller",
+        "ClusterRoleBinding/address-controller:system:auth-delegator",
+        "Deployment/address-controller",
+        "PodDisruptionBudget/address-controller",
+        "RoleBinding/address-controller:extension-apiserver-authentication-reader",
+        "Secret/address-controller-api-tls",
+        "Service/address-controller-api",
+        "Service/address-controller-metrics",
+        "ServiceAccount/address-controller",
+    ]
+    .map(str::to_string)
+    .into();
+    assert_eq!(kind_names(&objs), expected);
+
+    // The Deployment: two replicas, the appVersion image, hardened, probed.
+    let deploy = find(&objs, "Deployment", "address-controller");
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    let pod = &deploy["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "address-controller");
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    let c = container(&objs);
+    assert_eq!(
+        c["image"],
+        format!("ghcr.io/cozystack/address-controller:{}", app_version())
+    );
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(c["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let probe_port = c["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "probes")
+        .unwrap();
+    assert_eq!(probe_port["containerPort"], 8081);
+    assert!(args(&objs).contains(&"--probe-address=0.0.0.0:8081".to_string()));
+    assert!(args(&objs).contains(&"--metrics-address=0.0.0.0:8443".to_string()));
+    assert!(args(&objs).contains(&"--leader-elect=true".to_string()));
+    assert!(c["resources"]["requests"]["memory"].is_string());
+    let envs: Vec<&str> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert!(envs.contains(&"POD_NAMESPACE") && envs.contains(&"POD_NAME"));
+
+    // The certificate files the binary reads are the chart's Secret.
+    let mount = c["volumeMounts"][0]["mountPath"].as_str().unwrap();
+    assert!(args(&objs).contains(&format!("--tls-cert-file={mount}/tls.crt")));
+    assert!(args(&objs).contains(&format!("--tls-private-key-file={mount}/tls.key")));
+    assert_eq!(
+        pod["volumes"][0]["secret"]["secretName"],
+        "address-controller-api-tls"
+    );
+
+    // The APIService trusts exactly the CA that signed the serving certificate, whose names
+    // are the Service's.
+    let secret = find(&objs, "Secret", "address-controller-api-tls");
+    let api = find(&objs, "APIService", APISERVICE);
+    assert_eq!(api["spec"]["caBundle"], secret["data"]["ca.crt"]);
+    assert!(api["spec"].get("insecureSkipTLSVerify").is_none());
+    assert_eq!(
+        api["spec"]["service"],
+        json!({"name": "address-controller-api", "namespace": "address-controller-system", "port": 443})
+    );
+    let dir = tempdir();
+    for key in ["ca.crt", "tls.crt"] {
+        std::fs::write(
+            dir.join(key),
+            b64decode(secret["data"][key].as_str().unwrap()),
+        )
+        .unwrap();
+    }
+    let ca = dir.join("ca.crt");
+    let crt = dir.join("tls.crt");
+    let verified = openssl(&[
+        "verify",
+        "-CAfile",
+        ca.to_str().unwrap(),
+        crt.to_str().unwrap(),
+    ]);
+    assert!(verified.contains(": OK"), "{verified}");
+    let sans = openssl(&[
+        "x509",
+        "-noout",
+        "-ext",
+        "subjectAltName",
+        "-in",
+        crt.to_str().unwrap(),
+    ]);
+    for name in [
+        "DNS:address-controller-api.address-controller-system.svc",
+        "DNS:address-controller-metrics.address-controller-system.svc",
+    ] {
+        assert!(sans.contains(name), "{name} missing from {sans}");
+    }
+
+    // The API Service selects the Deployment's pods.
+    let svc = find(&objs, "Service", "address-controller-api");
+    assert_eq!(svc["spec"]["type"], "ClusterIP");
+    let labels = &deploy["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in svc["spec"]["selector"].as_object().unwrap() {
+        assert_eq!(&labels[k], v, "selector {k}");
+    }
+
+    // Bindings: the generated role, auth delegation, the authentication ConfigMap reader.
+    let sa = json!([{"kind": "ServiceAccount", "name": "address-controller", "namespace": "address-controller-system"}]);
+    let crb = find(&objs, "ClusterRoleBinding", "address-controller");
+    assert_eq!(crb["roleRef"]["name"], "address-controller");
+    assert_eq!(crb["subjects"], sa);
+    let delegator = find(
+        &objs,
+        "ClusterRoleBinding",
+        "address-controller:system:auth-delegator",
+    );
+    assert_eq!(delegator["roleRef"]["name"], "system:auth-delegator");
+    assert_eq!(delegator["subjects"], sa);
+    let reader = find(
+        &objs,
+        "RoleBinding",
+        "address-controller:extension-apiserver-authentication-reader",
+    );
+    assert_eq!(reader["metadata"]["namespace"], "kube-system");
+    assert_eq!(
+        reader["roleRef"],
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "extension-apiserver-authentication-reader"})
+    );
+    assert_eq!(reader["subjects"], sa);
+
+    // Metrics: the Service and the reader role.
+    let metrics = find(&objs, "Service", "address-controller-metrics");
+    assert_eq!(metrics["spec"]["ports"][0]["port"], 8443);
+    let role = find(&objs, "ClusterRole", "address-controller-metrics-reader");
+    assert_eq!(
+        role["rules"],
+        json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
+    );
+}
+
+#[test]
+fn image_digest_wins_over_tag_and_knobs_reach_the_pod() {
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    let objs = render(
+        &json!({"image": {"tag": "v9", "digest": digest}, "replicaCount": 3,
+            "priorityClassName": "system-cluster-critical", "nodeSelector": {"role": "infra"},
+            "tolerations": [{"key": "infra", "operator": "Exists"}],
+            "imagePullSecrets": [{"name": "ghcr"}], "controller": {"autoClaims": false},
+            "podDisruptionBudget": {"enabled": false}}),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        container(&objs)["image"],
+        format!("ghcr.io/cozystack/address-controller@{digest}")
+    );
+    let deploy = find(&objs, "Deployment", "address-controller");
+    assert_eq!(deploy["spec"]["replicas"], 3);
+    let pod = &deploy["spec"]["template"]["spec"];
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
+    assert_eq!(pod["nodeSelector"], json!({"role": "infra"}));
+    assert_eq!(pod["tolerations"][0]["key"], "infra");
+    assert_eq!(pod["imagePullSecrets"], json!([{"name": "ghcr"}]));
+    assert!(args(&objs).contains(&"--auto-claims=false".to_string()));
+    assert!(!has(&objs, "PodDisruptionBudget"));
+
+    let tagged = render(&json!({"image": {"tag": "v9"}}), &[]).unwrap();
+    assert_eq!(
+        container(&tagged)["image"],
+        "ghcr.io/cozystack/address-controller:v9"
+    );
+}
+
+#[test]
+fn monitoring_objects_follow_values_and_capabilities() {
+    let on = json!({"metrics": {
+        "serviceMonitor": {"enabled": true, "labels": {"release": "prom"}},
+        "prometheusRule": {"enabled": true, "labels": {"team": "net"},
+            "conflictOrLost": {"for": "10m", "severity": "page"}}}});
+    // Without monitoring.coreos.com/v1 nothing is rendered (the install would fail).
+    let absent = render(&on, &[]).unwrap();
+    assert!(!has(&absent, "ServiceMonitor") && !has(&absent, "PrometheusRule"));
+
+    let objs = render(&on, &["--api-versions", "monitoring.coreos.com/v1"]).unwrap();
+    let sm = find(&objs, "ServiceMonitor", "address-controller");
+    assert_eq!(sm["metadata"]["labels"]["release"], "prom");
+    let ep = &sm["spec"]["endpoints"][0];
+    assert_eq!(ep["port"], "metrics");
+    assert_eq!(ep["scheme"], "https");
+    assert_eq!(
+        ep["tlsConfig"]["serverName"],
+        "address-controller-metrics.address-controller-system.svc"
+    );
+    assert_eq!(
+        ep["tlsConfig"]["ca"]["secret"],
+        json!({"name": "address-controller-api-tls", "key": "ca.crt"})
+    );
+    // The ServiceMonitor selects the metrics Service, and only it.
+    let metrics = find(&objs, "Service", "address-controller-metrics");
+    let api = find(&objs, "Service", "address-controller-api");
+    let selects = |svc: &Value| {
+        sm["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .all(|(k, v)| &svc["metadata"]["labels"][k] == v)
+    };
+    assert!(selects(metrics) && !selects(api));
+
+    let rule = find(&objs, "PrometheusRule", "address-controller");
+    assert_eq!(rule["metadata"]["labels"]["team"], "net");
+    let rules = rule["spec"]["groups"][0]["rules"].as_array().unwrap();
+    let alert = |name: &str| rules.iter().find(|r| r["alert"] == name).unwrap();
+    let lost = alert("IPAddressConflictOrLost");
+    assert_eq!(lost["for"], "10m");
+    assert_eq!(lost["labels"]["severity"], "page");
+    assert!(
+        lost["expr"]
+            .as_str()
+            .unwrap()
+            .contains("address_controller_ipaddresses{phase=~\"Conflict|Lost\"}")
+    );
+    let pending = alert("IPAddressClaimPending");
+    assert_eq!(pending["for"], "15m");
+    assert_eq!(pending["labels"]["severity"], "warning");
+    assert!(
+        pending["expr"]
+            .as_str()
+            .unwrap()
+            .contains("address_controller_ipaddressclaims{phase=\"Pending\"}")
+    );
+    // Prometheus' own template syntax survives Helm's.
+    assert!(
+        lost["annotations"]["summary"]
+            .as_str()
+            .unwrap()
+            .contains("{{ $labels.class }}")
+    );
+
+    // Metrics off: no Service, no role, no scrape config, the binary's endpoint disabled.
+    let mut off = on.clone();
+    off["metrics"]["enabled"] = json!(false);
+    let objs = render(&off, &["--api-versions", "monitoring.coreos.com/v1"]).unwrap();
+    assert!(!has(&objs, "ServiceMonitor") && !has(&objs, "PrometheusRule"));
+    assert!(!kind_names(&objs).contains("Service/address-controller-metrics"));
+    assert!(!kind_names(&objs).contains("ClusterRole/address-controller-metrics-reader"));
+    assert!(args(&objs).contains(&"--metrics-address=".to_string()));
+}
+
+#[test]
+fn admission_policy_renders_only_when_enabled() {
+    let objs = render(&json!({}), &[]).unwrap();
+    assert!(!has(&objs, "ValidatingAdmissionPolicy"));
+    let objs = render(
+        &json!({"admissionPolicy": {"enabled": true, "allowedUsernames": ["ip-admin"],
+            "allowedGroups": ["ip-admins"], "validationActions": ["Warn", "Audit"],
+            "namespaceSelector": {"matchLabels": {"tenant": "true"}}}}),
+        &[],
+    )
+    .unwrap();
+    let policy = find(
+        &objs,
+        "ValidatingAdmissionPolicy",
+        "address-controller-reserve-address-name",
+    );
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    let allowed = policy["spec"]["variables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "allowed")
+        .unwrap()["expression"]
+        .as_str()
+        .unwrap();
+    assert!(
+        allowed.contains(r#"["ip-admin"]"#) && allowed.contains(r#"["ip-admins"]"#),
+        "{allowed}"
+    );
+    let binding = find(
+        &objs,
+        "ValidatingAdmissionPolicyBinding",
+        "address-controller-reserve-address-name",
+    );
+    assert_eq!(
+        binding["spec"]["validationActions"],
+        json!(["Warn", "Audit"])
+    );
+    assert_eq!(
+        binding["spec"]["matchResources"]["namespaceSelector"],
+        json!({"matchLabels": {"tenant": "true"}})
+    );
+}
+
+#[test]
+fn tls_modes_cert_manager_and_existing_secret() {
+    // cert-manager: refused with a clear message where it is not installed.
+    let cm = json!({"apiService": {"tls": {"mode": "certManager"}}});
+    let err = render(&cm, &[]).unwrap_err();
+    assert!(err.contains("cert-manager.io/v1 is not served"), "{err}");
+
+    let objs = render(&cm, &["--api-versions", "cert-manager.io/v1"]).unwrap();
+    assert!(!kind_names(&objs).contains("Secret/address-controller-api-tls"));
+    let cert = find(&objs, "Certificate", "address-controller-api");
+    assert_eq!(cert["spec"]["secretName"], "address-controller-api-tls");
+    assert!(
+        cert["spec"]["dnsNames"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(
+                "address-controller-api.address-controller-system.svc"
+            ))
+    );
+    assert_eq!(cert["spec"]["issuerRef"]["name"], "address-controller-ca");
+    find(&objs, "Issuer", "address-controller-ca");
+    find(&objs, "Issuer", "address-controller-selfsigned");
+    let api = find(&objs, "APIService", APISERVICE);
+    assert_eq!(
+        api["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        "address-controller-system/address-controller-api"
+    );
+    assert!(api["spec"].get("caBundle").is_none());
+
+    let own_issuer = json!({"apiService": {"tls": {"mode": "certManager",
+        "certManager": {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}}}}});
+    let objs = render(&own_issuer, &["--api-versions", "cert-manager.io/v1"]).unwrap();
+    assert!(!has(&objs, "Issuer"));
+    assert_eq!(
+        find(&objs, "Certificate", "address-controller-api")["spec"]["issuerRef"],
+        json!({"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"})
+    );
+
+    // An existing Secret: nothing generated, the pod mounts it, the APIService trusts the
+    // given CA.
+    let objs = render(
+        &json!({"apiService": {"tls": {"mode": "secret", "existingSecret": "corp-tls", "caBundle": "Q0E="}}}),
+        &[],
+    )
+    .unwrap();
+    assert!(!has(&objs, "Secret"));
+    assert_eq!(
+        find(&objs, "Deployment", "address-controller")["spec"]["template"]["spec"]["volumes"][0]["secret"]
+            ["secretName"],
+        "corp-tls"
+    );
+    assert_eq!(
+        find(&objs, "APIService", APISERVICE)["spec"]["caBundle"],
+        "Q0E="
+    );
+    let err = render(
+        &json!({"apiService": {"tls": {"mode": "secret", "existingSecret": "corp-tls"}}}),
+        &[],
+    )
+    .unwrap_err();
+    assert!(err.contains("set apiService.tls.caBundle"), "{err}");
+    let err = render(&json!({"apiService": {"tls": {"mode": "secret"}}}), &[]).unwrap_err();
+    assert!(
+        err.contains("apiService.tls.existingSecret is required"),
+        "{err}"
+    );
+}
+
+#[test]
+fn schema_refuses_bad_values_naming_the_field() {
+    let cases = [
+        (json!({"replicaCount": 0}), "/replicaCount"),
+        (json!({"replicaCount": "two"}), "/replicaCount"),
+        (json!({"replicas": 2}), "replicas"),
+        (
+            json!({"apiService": {"tls": {"mode": "selfSigned"}}}),
+            "/apiService/tls/mode",
+        ),
+        (
+            json!({"admissionPolicy": {"validationActions": ["Deny", "Warn"]}}),
+            "/admissionPolicy/validationActions",
+        ),
+        (
+            json!({"admissionPolicy": {"validationActions": ["Block"]}}),
+            "/admissionPolicy/validationActions",
+        ),
+        (
+            json!({"admissionPolicy": {"validationActions": []}}),
+            "/admissionPolicy/validationActions",
+        ),
+        (json!({"logFormat": "xml"}), "/logFormat"),
+        (json!({"image": {"digest": "latest"}}), "/image/digest"),
+        (
+            json!({"controller": {"leaderElection": {"leaseDuration": "15"}}}),
+            "/controller/leaderElection/leaseDuration",
+        ),
+        (json!({"metrics": {"enabled": "yes"}}), "/metrics/enabled"),
+        (
+            json!({"apiService": {"service": {"port": 70000}}}),
+            "/apiService/service/port",
+        ),
+    ];
+    for (values, field) in cases {
+        let err = render(&values, &[])
+            .err()
+            .unwrap_or_else(|| panic!("{values} was accepted"));
+        assert!(err.contains("schema"), "{values}: {err}");
+        assert!(
+            err.contains(field),
+            "{values}: error does not name {field}: {err}"
+        );
+    }
+}
+
+// ---- real installs -------------------------------------------------------------------------
+
+/// A release installed into its own namespace; uninstalled (and the namespace deleted) when
+/// dropped, so an unavailable APIService never outlives the test.
+struct Release {
+    ns: String,
+}
+
+impl Release {
+    /// `helm upgrade --install` with `values`; the API Service points at localhost:`port`.
+    fn install(ns: &str, port: u16, values: &Value) -> Result<String, String> {
+        let mut v = json!({"apiService": {"service": {"externalName": "localhost", "port": port}}});
+        address_controller_tests::env::merge(&mut v, values.clone());
+        let file = values_file(&v);
+        run_helm(&[
+            "upgrade",
+            "--install",
+            "address-controller",
+            chart_dir().to_str().unwrap(),
+            "--namespace",
+            ns,
+            "--create-namespace",
+            "-f",
+            file.to_str().unwrap(),
+        ])
+    }
+
+    async fn new(port: u16, values: &Value) -> Release {
+        let cluster = Cluster::get();
+        // A registration left by another test file would make the install fail on ownership.
+        cluster
+            .kubectl_ok(&["delete", "apiservice", APISERVICE, "--ignore-not-found"])
+            .unwrap();
+        let ns = format!("acs-{}", random_suffix());
+        let out = Self::install(&ns, port, values).unwrap_or_else(|e| panic!("helm install: {e}"));
+        assert!(out.contains("STATUS: deployed"), "{out}");
+        Release { ns }
+    }
+
+    fn manifest(&self) -> Vec<Value> {
+        parse_docs(&run_helm(&["get", "manifest", "address-controller", "-n", &self.ns]).unwrap())
+    }
+
+    fn uninstall(&self) -> Result<String, String> {
+        run_helm(&["uninstall", "address-controller", "-n", &self.ns])
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        let _ = self.uninstall();
+        let _ = Cluster::get()
+            .kubectl()
+            .args([
+                "delete",
+                "namespace",
+                &self.ns,
+                "--wait=false",
+                "--ignore-not-found",
+            ])
+            .output();
+    }
+}
+
+/// `kubectl ARGS` as `user` in `groups`, with `stdin`: Ok(stdout) or Err(stderr).
+fn kubectl_as(user: &str, groups: &[&str], args: &[&str], stdin: &str) -> Result<String, String> {
+    let mut cmd = Cluster::get().kubectl();
+    cmd.args(args).args(["--as", user]);
+    for g in groups {
+        cmd.args(["--as-group", g]);
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// A kubeconfig for the admin cluster entry with a bearer token instead of the admin cert.
+fn token_kubeconfig(token: &str, path: &Path) {
+    let admin: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&Cluster::get().kubeconfig).unwrap())
+            .unwrap();
+    let mut cfg = admin.clone();
+    cfg["users"][0]["user"] = serde_yaml::to_value(json!({"token": token})).unwrap();
+    std::fs::write(path, serde_yaml::to_string(&cfg).unwrap()).unwrap();
+}
+
+fn create_token(sa: &str, ns: &str) -> String {
+    Cluster::get()
+        .kubectl_ok(&["create", "token", sa, "-n", ns, "--duration", "1h"])
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+fn secret_data(ns: &str, name: &str, key: &str) -> String {
+    Cluster::get()
+        .kubectl_ok(&[
+            "get",
+            "secret",
+            name,
+            "-n",
+            ns,
+            "-o",
+            &format!("go-template={{{{index .data \"{key}\"}}}}"),
+        ])
+        .unwrap()
+}
+
+async fn apiservice_available() -> anyhow::Result<Option<()>> {
+    let out = Cluster::get().kubectl_ok(&[
+        "get",
+        "apiservice",
+        APISERVICE,
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
+    ])?;
+    Ok((out.trim() == "True").then_some(()))
+}
+
+#[tokio::test]
+async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and_apiservice() {
+    let _one = INSTALL.lock().await;
+    let (cluster, client) = setup().await;
+    let port = free_port();
+    let release = Release::new(port, &json!({})).await;
+    let ns = release.ns.clone();
+
+    // Every rendered object was accepted and exists.
+    let manifest = release.manifest();
+    let file = tempdir().join("manifest.yaml");
+    std::fs::write(
+        &file,
+        manifest
+            .iter()
+            .map(|o| serde_yaml::to_string(o).unwrap())
+            .collect::<Vec<_>>()
+            .join("---\n"),
+    )
+    .unwrap();
+    let names = cluster
+        .kubectl_ok(&["get", "-f", file.to_str().unwrap(), "-o", "name"])
+        .unwrap();
+    assert_eq!(names.lines().count(), manifest.len(), "{names}");
+
+    // The binary, as the chart's ServiceAccount (a TokenRequest token, no admin
+    // credentials), with the chart's certificate and the Deployment's own arguments.
+    let dir = tempdir();
+    let kubeconfig = dir.join("sa.kubeconfig");
+    token_kubeconfig(&create_token("address-controller", &ns), &kubeconfig);
+    for key in ["tls.crt", "tls.key", "ca.crt"] {
+        let pem = b64decode(&secret_data(&ns, "address-controller-api-tls", key));
+        std::fs::write(dir.join(key), pem).unwrap();
+    }
+    let deploy: Value = serde_json::from_str(
+        &cluster
+            .kubectl_ok(&[
+                "get",
+                "deployment",
+                "address-controller",
+                "-n",
+                &ns,
+                "-o",
+                "json",
+            ])
+            .unwrap(),
+    )
+    .unwrap();
+    let c = &deploy["spec"]["template"]["spec"]["containers"][0];
+    let mount = c["volumeMounts"][0]["mountPath"].as_str().unwrap();
+    let metrics_port = free_port();
+    let probe = format!("127.0.0.1:{}", free_port());
+    let identity = format!("chart-{ns}");
+    let mut argv: Vec<String> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            a.as_str()
+                .unwrap()
+                .replace("0.0.0.0:6443", &format!("127.0.0.1:{port}"))
+                .replace("0.0.0.0:8443", &format!("127.0.0.1:{metrics_port}"))
+                .replace("0.0.0.0:8081", &probe)
+                .replace(mount, dir.to_str().unwrap())
+        })
+        .collect();
+    // What the pod gets from the downward API.
+    argv.extend(["--lease-namespace", &ns, "--identity", &identity].map(str::to_string));
+    let mut ctl =
+        ControllerProcess::launch("address-controller", &identity, &kubeconfig, &argv, &probe)
+            .await
+            .unwrap();
+
+    // Registered through the chart's APIService: Available, and kubectl works through it.
+    wait_for("APIService Available", WAIT, apiservice_available)
+        .await
+        .unwrap();
+    wait_for("the chart's controller leads", WAIT, || async {
+        let holder = lease_holder_in(&client, &ns, "address-controller").await?;
+        Ok((holder.as_deref() == Some(identity.as_str())).then_some(()))
+    })
+    .await
+    .unwrap();
+
+    // Claims bind with exactly the chart's RBAC.
+    let tenant = TestNamespace::create(&client, "chart-tenant")
+        .await
+        .unwrap();
+    let mut cleanup = Cleanup::default();
+    let sfx = random_suffix();
+    let class = format!("chart-{sfx}");
+    let address = format!("chart-{sfx}");
+    let objects = json!([
+        {"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddressClass",
+         "metadata": {"name": class}, "spec": {"provisioner": "chart.drivers.test"}},
+        {"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddress",
+         "metadata": {"name": address},
+         "spec": {"address": "198.51.100.77", "className": class, "source": {"fromClass": {}}}},
+        {"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddressClaim",
+         "metadata": {"name": "web", "namespace": tenant.name}, "spec": {"className": class}},
+    ]);
+    cleanup.add("ipaddressclasses.local.sdn.cozystack.io", &class);
+    cleanup.add("ipaddresses.local.sdn.cozystack.io", &address);
+    for o in objects.as_array().unwrap() {
+        kubectl_as(
+            "admin",
+            &["system:masters"],
+            &["create", "-f", "-"],
+            &o.to_string(),
+        )
+        .unwrap();
+    }
+    let claims: Api<IPAddressClaim> = Api::namespaced(client.clone(), &tenant.name);
+    wait_for(
+        "claim web Bound by the chart's controller",
+        WAIT,
+        || async {
+            let c = claims.get("web").await?;
+            Ok((phase(&c) == Some(ClaimPhase::Bound)).then_some(c))
+        },
+    )
+    .await
+    .unwrap();
+    let holdings = cluster
+        .kubectl_ok(&["get", "namespaceaddresses", "-A"])
+        .unwrap();
+    let row = holdings
+        .lines()
+        .find(|l| l.starts_with(&format!("{} ", tenant.name)))
+        .unwrap_or_else(|| panic!("no row for {}:\n{holdings}", tenant.name));
+    assert_eq!(
+        row.split_whitespace().nth(3),
+        Some("1"),
+        "BOUND: {holdings}"
+    );
+
+    // /metrics: a token bound to address-controller-metrics-reader reads it, others do not;
+    // the certificate is valid for the metrics Service's name.
+    for (sa, bind) in [("scraper", true), ("nobody", false)] {
+        cluster
+            .kubectl_ok(&["create", "serviceaccount", sa, "-n", &ns])
+            .unwrap();
+        if bind {
+            cluster
+                .kubectl_ok(&[
+                    "create",
+                    "clusterrolebinding",
+                    &format!("{ns}-scraper"),
+                    "--clusterrole",
+                    "address-controller-metrics-reader",
+                    "--serviceaccount",
+                    &format!("{ns}:{sa}"),
+                ])
+                .unwrap();
+            cleanup.add(
+                "clusterrolebindings.rbac.authorization.k8s.io",
+                &format!("{ns}-scraper"),
+            );
+        }
+    }
+    let host = format!("address-controller-metrics.{ns}.svc");
+    let scrape = |sa: &str| {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
+            .arg(dir.join("ca.crt"))
+            .args(["--resolve", &format!("{host}:{metrics_port}:127.0.0.1")])
+            .args([
+                "-H",
+                &format!("Authorization: Bearer {}", create_token(sa, &ns)),
+            ])
+            .arg(format!("https://{host}:{metrics_port}/metrics"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // The SubjectAccessReview cache is short; the binding was just created.
+    wait_for("scraper reads /metrics", WAIT, || async {
+        Ok((scrape("scraper") == "200").then_some(()))
+    })
+    .await
+    .unwrap();
+    assert_eq!(scrape("nobody"), "403");
+
+    // helm upgrade keeps the certificates (and so the APIService stays Available).
+    let before: Vec<String> = ["ca.crt", "tls.crt", "tls.key"]
+        .iter()
+        .map(|k| secret_data(&ns, "address-controller-api-tls", k))
+        .collect();
+    let bundle = || {
+        cluster
+            .kubectl_ok(&[
+                "get",
+                "apiservice",
+                APISERVICE,
+                "-o",
+                "jsonpath={.spec.caBundle}",
+            ])
+            .unwrap()
+    };
+    let bundle_before = bundle();
+    let out = Release::install(&ns, port, &json!({"replicaCount": 3})).unwrap();
+    assert!(out.contains("REVISION: 2"), "{out}");
+    let after: Vec<String> = ["ca.crt", "tls.crt", "tls.key"]
+        .iter()
+        .map(|k| secret_data(&ns, "address-controller-api-tls", k))
+        .collect();
+    assert!(before == after, "helm upgrade rotated the certificate");
+    assert_eq!(bundle_before, bundle());
+    assert_eq!(bundle_before, before[0]);
+    let replicas = cluster
+        .kubectl_ok(&[
+            "get",
+            "deployment",
+            "address-controller",
+            "-n",
+            &ns,
+            "-o",
+            "jsonpath={.spec.replicas}",
+        ])
+        .unwrap();
+    assert_eq!(replicas, "3");
+    assert!(apiservice_available().await.unwrap().is_some());
+
+    // helm uninstall leaves the CRDs, every IPAddress and the claims.
+    ctl.stop();
+    let out = release.uninstall().unwrap();
+    assert!(out.contains("uninstalled"), "{out}");
+    for crd in [
+        "ipaddressclasses.local.sdn.cozystack.io",
+        "ipaddresses.local.sdn.cozystack.io",
+        "ipaddressclaims.local.sdn.cozystack.io",
+    ] {
+        cluster.kubectl_ok(&["get", "crd", crd]).unwrap();
+    }
+    let kept = cluster
+        .kubectl_ok(&[
+            "get",
+            "ipaddresses.local.sdn.cozystack.io",
+            &address,
+            "-o",
+            "jsonpath={.spec.claimRef.name}",
+        ])
+        .unwrap();
+    assert_eq!(kept, "web", "the address and its binding survive");
+    assert!(claims.get_opt("web").await.unwrap().is_some());
+    let gone = cluster
+        .kubectl_ok(&[
+            "get",
+            "apiservice",
+            APISERVICE,
+            "--ignore-not-found",
+            "-o",
+            "name",
+        ])
+        .unwrap();
+    assert!(gone.trim().is_empty(), "APIService left behind: {gone}");
+
+    // No controller runs any more: let the test's objects go without it.
+    for (kind, name, namespace) in [
+        (
+            "ipaddressclaims.local.sdn.cozystack.io",
+            "web",
+            tenant.name.as_str(),
+        ),
+        (
+            "ipaddresses.local.sdn.cozystack.io",
+            address.as_str(),
+            "default",
+        ),
+    ] {
+        cluster
+            .kubectl_ok(&[
+                "patch",
+                kind,
+                name,
+                "-n",
+                namespace,
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#,
+            ])
+            .unwrap();
+    }
+}
+
+/// A claim manifest for `kubectl create -f -`.
+fn claim_json(ns: &str, name: &str, address_name: Option<&str>) -> String {
+    let mut spec = json!({"family": "IPv4"});
+    if let Some(a) = address_name {
+        spec["addressName"] = json!(a);
+    }
+    json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddressClaim",
+        "metadata": {"name": name, "namespace": ns}, "spec": spec})
+    .to_string()
+}
+
+#[tokio::test]
+async fn the_admission_policy_reserves_address_name_to_the_allowlist() {
+    let _one = INSTALL.lock().await;
+    let (cluster, client) = setup().await;
+    let release = Release::new(
+        free_port(),
+        &json!({"admissionPolicy": {"enabled": true, "allowedUsernames": ["ip-admin"],
+            "allowedGroups": ["ip-admins"],
+            "namespaceSelector": {"matchLabels": {"address-controller.test/pinning": "reserved"}}}}),
+    )
+    .await;
+    let policy = "address-controller-reserve-address-name";
+    // The API server type-checks the policy's CEL: no warnings.
+    let checked = wait_for("policy type-checked", WAIT, || async {
+        let p: Value = serde_json::from_str(&cluster.kubectl_ok(&[
+            "get",
+            "validatingadmissionpolicy",
+            policy,
+            "-o",
+            "json",
+        ])?)?;
+        Ok((p["status"]["observedGeneration"] == p["metadata"]["generation"]).then_some(p))
+    })
+    .await
+    .unwrap();
+    assert!(
+        checked["status"]["typeChecking"]
+            .get("expressionWarnings")
+            .is_none(),
+        "{:#}",
+        checked["status"]
+    );
+
+    let guarded = TestNamespace::create(&client, "chart-pin").await.unwrap();
+    cluster
+        .kubectl_ok(&[
+            "label",
+            "namespace",
+            &guarded.name,
+            "address-controller.test/pinning=reserved",
+        ])
+        .unwrap();
+    let open = TestNamespace::create(&client, "chart-open").await.unwrap();
+    let g = guarded.name.as_str();
+    let tenant =
+        |args: &[&str], stdin: &str| kubectl_as("tenant", &["system:masters"], args, stdin);
+    let create = ["create", "-f", "-"];
+    let merge = |name: &str, patch: &str| -> Vec<String> {
+        ["patch", "ipc", name, "-n", g, "--type=merge", "-p", patch]
+            .map(str::to_string)
+            .to_vec()
+    };
+
+    // A tenant may not set it. The policy becomes active within moments of its creation;
+    // until then each attempt uses a fresh name.
+    let attempt = std::sync::atomic::AtomicU32::new(0);
+    let denied = wait_for(
+        "the policy denies a tenant's pinned claim",
+        WAIT,
+        || async {
+            let n = attempt.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            match tenant(
+                &create,
+                &claim_json(g, &format!("pinned-by-tenant-{n}"), Some("a")),
+            ) {
+                Ok(_) => Ok(None),
+                Err(e) if e.contains("ValidatingAdmissionPolicy") => Ok(Some(e)),
+                Err(e) => Err(anyhow::anyhow!(e)),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        denied.contains("spec.addressName is reserved: tenant may not set, change or remove it"),
+        "{denied}"
+    );
+    // ... but may create unpinned claims and may not pin them later.
+    tenant(&create, &claim_json(g, "free", None)).unwrap();
+    let set = merge("free", r#"{"spec":{"addressName":"a"}}"#);
+    let set: Vec<&str> = set.iter().map(String::as_str).collect();
+    let err = tenant(&set, "").unwrap_err();
+    assert!(err.contains("spec.addressName is reserved"), "{err}");
+
+    // An allowlisted user and a member of an allowlisted group may.
+    kubectl_as(
+        "ip-admin",
+        &["system:masters"],
+        &create,
+        &claim_json(g, "pinned", Some("a")),
+    )
+    .unwrap();
+    let change = merge("pinned", r#"{"spec":{"addressName":"b"}}"#);
+    let change: Vec<&str> = change.iter().map(String::as_str).collect();
+    kubectl_as("bob", &["system:masters", "ip-admins"], &change, "").unwrap();
+
+    // Edits that leave the field alone pass; changing or removing it does not.
+    let label = merge("pinned", r#"{"metadata":{"labels":{"tier":"web"}}}"#);
+    let label: Vec<&str> = label.iter().map(String::as_str).collect();
+    tenant(&label, "").unwrap();
+    for patch in [
+        r#"{"spec":{"addressName":"c"}}"#,
+        r#"{"spec":{"addressName":null}}"#,
+    ] {
+        let args = merge("pinned", patch);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let err = tenant(&args, "").unwrap_err();
+        assert!(
+            err.contains("spec.addressName is reserved"),
+            "{patch}: {err}"
+        );
+    }
+    let pinned = cluster
+        .kubectl_ok(&[
+            "get",
+            "ipc",
+            "pinned",
+            "-n",
+            g,
+            "-o",
+            "jsonpath={.spec.addressName}",
+        ])
+        .unwrap();
+    assert_eq!(pinned, "b");
+
+    // Outside the namespace selector the policy does not apply.
+    tenant(&create, &claim_json(&open.name, "pinned", Some("a"))).unwrap();
+    drop(release);
+}
+
+#[tokio::test]
+async fn aggregated_roles_give_a_namespace_editor_exactly_claims_and_views() {
+    let _one = INSTALL.lock().await;
+    let (cluster, client) = setup().await;
+    let release = Release::new(free_port(), &json!({})).await;
+    let a = TestNamespace::create(&client, "chart-rbac-a")
+        .await
+        .unwrap();
+    let b = TestNamespace::create(&client, "chart-rbac-b")
+        .await
+        .unwrap();
+    for (user, role) in [("editor", "edit"), ("viewer", "view")] {
+        cluster
+            .kubectl_ok(&[
+                "create",
+                "rolebinding",
+                user,
+                "-n",
+                &a.name,
+                "--clusterrole",
+                role,
+                "--user",
+                user,
+            ])
+            .unwrap();
+    }
+    // SubjectAccessReviews with explicit attributes: no discovery involved, so the answer
+    // does not depend on the (here unavailable) aggregated API.
+    let can = |user: &str, verb: &str, resource: &str, ns: &str| {
+        let (resource, sub) = resource.split_once('/').unwrap_or((resource, ""));
+        let (resource, group) = resource.split_once('.').unwrap_or((resource, ""));
+        let sar = json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {"user": user, "resourceAttributes": {"verb": verb, "group": group,
+                "resource": resource, "subresource": sub, "namespace": ns}}});
+        kubectl_as(
+            "admin",
+            &["system:masters"],
+            &["create", "-f", "-", "-o", "jsonpath={.status.allowed}"],
+            &sar.to_string(),
+        )
+        .unwrap()
+            == "true"
+    };
+    const CLAIMS: &str = "ipaddressclaims.local.sdn.cozystack.io";
+    const HOLDINGS: &str = "namespaceaddresses.view.local.sdn.cozystack.io";
+    const RECORDS: &str = "namespaceaddresses.view.local.sdn.cozystack.io/addresses";
+    // The ClusterRole aggregation controller folds the chart's roles in.
+    let (na, nb) = (a.name.as_str(), b.name.as_str());
+    wait_for(
+        "edit and view aggregate the chart's roles",
+        WAIT,
+        || async {
+            Ok(
+                (can("editor", "create", CLAIMS, na) && can("viewer", "list", HOLDINGS, na))
+                    .then_some(()),
+            )
+        },
+    )
+    .await
+    .unwrap();
+    let table: &[(&str, &str, &str, &str, bool)] = &[
+        ("editor", "create", CLAIMS, na, true),
+        ("editor", "delete", CLAIMS, na, true),
+        ("editor", "patch", CLAIMS, na, true),
+        ("editor", "list", CLAIMS, na, true),
+        ("editor", "get", HOLDINGS, na, true),
+        ("editor", "watch", HOLDINGS, na, true),
+        ("editor", "get", RECORDS, na, true),
+        (
+            "editor",
+            "update",
+            "ipaddressclaims.local.sdn.cozystack.io/status",
+            na,
+            false,
+        ),
+        ("editor", "list", CLAIMS, nb, false),
+        ("editor", "get", HOLDINGS, nb, false),
+        (
+            "editor",
+            "list",
+            "ipaddresses.local.sdn.cozystack.io",
+            "",
+            false,
+        ),
+        (
+            "editor",
+            "list",
+            "ipaddressclasses.local.sdn.cozystack.io",
+            "",
+            false,
+        ),
+        (
+            "editor",
+            "list",
+            "poolavailabilities.view.local.sdn.cozystack.io",
+            "",
+            false,
+        ),
+        ("viewer", "list", CLAIMS, na, true),
+        ("viewer", "get", RECORDS, na, true),
+        ("viewer", "create", CLAIMS, na, false),
+        ("viewer", "delete", CLAIMS, na, false),
+    ];
+    for (user, verb, resource, ns, want) in table {
+        assert_eq!(
+            can(user, verb, resource, ns),
+            *want,
+            "{user} {verb} {resource} in {ns:?}"
+        );
+    }
+
+    // The aggregation is togglable: off, the editor loses claims again.
+    Release::install(
+        &release.ns,
+        free_port(),
+        &json!({"aggregateRoles": {"enabled": false}}),
+    )
+    .unwrap();
+    wait_for("edit no longer covers claims", WAIT, || async {
+        Ok((!can("editor", "create", CLAIMS, na)).then_some(()))
+    })
+    .await
+    .unwrap();
+    assert!(!can("viewer", "list", HOLDINGS, na));
+    drop(release);
+}
