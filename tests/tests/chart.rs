@@ -272,6 +272,10 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
         .map(|e| e["name"].as_str().unwrap())
         .collect();
     assert!(envs.contains(&"POD_NAMESPACE") && envs.contains(&"POD_NAME"));
+    assert!(
+        !envs.contains(&"RUST_LOG"),
+        "the binary's own log default applies"
+    );
 
     // The certificate files the binary reads are the chart's Secret.
     let mount = c["volumeMounts"][0]["mountPath"].as_str().unwrap();
@@ -374,7 +378,8 @@ fn image_digest_wins_over_tag_and_knobs_reach_the_pod() {
             "priorityClassName": "system-cluster-critical", "nodeSelector": {"role": "infra"},
             "tolerations": [{"key": "infra", "operator": "Exists"}],
             "imagePullSecrets": [{"name": "ghcr"}], "controller": {"autoClaims": false},
-            "podDisruptionBudget": {"enabled": false}}),
+            "podDisruptionBudget": {"enabled": false}, "logLevel": "debug",
+            "extraArgs": ["--concurrency=4"]}),
         &[],
     )
     .unwrap();
@@ -390,7 +395,15 @@ fn image_digest_wins_over_tag_and_knobs_reach_the_pod() {
     assert_eq!(pod["tolerations"][0]["key"], "infra");
     assert_eq!(pod["imagePullSecrets"], json!([{"name": "ghcr"}]));
     assert!(args(&objs).contains(&"--auto-claims=false".to_string()));
+    assert_eq!(args(&objs).last().unwrap(), "--concurrency=4");
     assert!(!has(&objs, "PodDisruptionBudget"));
+    let rust_log = container(&objs)["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "RUST_LOG")
+        .unwrap();
+    assert_eq!(rust_log["value"], "debug");
 
     let tagged = render(&json!({"image": {"tag": "v9"}}), &[]).unwrap();
     assert_eq!(
@@ -403,7 +416,7 @@ fn image_digest_wins_over_tag_and_knobs_reach_the_pod() {
 fn monitoring_objects_follow_values_and_capabilities() {
     let on = json!({"metrics": {
         "serviceMonitor": {"enabled": true, "labels": {"release": "prom"}},
-        "prometheusRule": {"enabled": true, "labels": {"team": "net"},
+        "prometheusRule": {"enabled": true, "labels": {"team": "net"}, "alertLabels": {"route": "netops"},
             "conflictOrLost": {"for": "10m", "severity": "page"}}}});
     // Without monitoring.coreos.com/v1 nothing is rendered (the install would fail).
     let absent = render(&on, &[]).unwrap();
@@ -441,7 +454,10 @@ fn monitoring_objects_follow_values_and_capabilities() {
     let alert = |name: &str| rules.iter().find(|r| r["alert"] == name).unwrap();
     let lost = alert("IPAddressConflictOrLost");
     assert_eq!(lost["for"], "10m");
-    assert_eq!(lost["labels"]["severity"], "page");
+    assert_eq!(
+        lost["labels"],
+        json!({"severity": "page", "route": "netops"})
+    );
     assert!(
         lost["expr"]
             .as_str()
@@ -450,7 +466,10 @@ fn monitoring_objects_follow_values_and_capabilities() {
     );
     let pending = alert("IPAddressClaimPending");
     assert_eq!(pending["for"], "15m");
-    assert_eq!(pending["labels"]["severity"], "warning");
+    assert_eq!(
+        pending["labels"],
+        json!({"severity": "warning", "route": "netops"})
+    );
     assert!(
         pending["expr"]
             .as_str()
@@ -639,6 +658,8 @@ fn schema_refuses_bad_values_naming_the_field() {
 /// dropped, so an unavailable APIService never outlives the test.
 struct Release {
     ns: String,
+    /// The output of the first install, NOTES included.
+    notes: String,
 }
 
 impl Release {
@@ -667,9 +688,10 @@ impl Release {
             .kubectl_ok(&["delete", "apiservice", APISERVICE, "--ignore-not-found"])
             .unwrap();
         let ns = format!("acs-{}", random_suffix());
-        let out = Self::install(&ns, port, values).unwrap_or_else(|e| panic!("helm install: {e}"));
-        assert!(out.contains("STATUS: deployed"), "{out}");
-        Release { ns }
+        let notes =
+            Self::install(&ns, port, values).unwrap_or_else(|e| panic!("helm install: {e}"));
+        assert!(notes.contains("STATUS: deployed"), "{notes}");
+        Release { ns, notes }
     }
 
     fn manifest(&self) -> Vec<Value> {
@@ -774,6 +796,18 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
     let port = free_port();
     let release = Release::new(port, &json!({})).await;
     let ns = release.ns.clone();
+    // NOTES.txt tells the user how to claim and read holdings, in the release's terms.
+    for hint in [
+        "kind: IPAddressClaim",
+        "kubectl get namespaceaddresses -n <namespace>",
+        &format!("https://address-controller-metrics.{ns}.svc:8443/metrics"),
+    ] {
+        assert!(
+            release.notes.contains(hint),
+            "NOTES lack {hint:?}:\n{}",
+            release.notes
+        );
+    }
 
     // Every rendered object was accepted and exists.
     let manifest = release.manifest();
@@ -1318,4 +1352,46 @@ async fn aggregated_roles_give_a_namespace_editor_exactly_claims_and_views() {
     .unwrap();
     assert!(!can("viewer", "list", HOLDINGS, na));
     drop(release);
+}
+
+#[test]
+fn the_image_and_the_chart_agree() {
+    let dockerfile = std::fs::read_to_string(repo_root().join("deploy/image/Dockerfile")).unwrap();
+    let line = |prefix: &str| {
+        dockerfile
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .next_back()
+            .unwrap_or_else(|| panic!("no {prefix} in the Dockerfile"))
+            .trim_start_matches(prefix)
+            .trim()
+            .to_string()
+    };
+    let objs = render(&json!({}), &[]).unwrap();
+    let pod = &find(&objs, "Deployment", "address-controller")["spec"]["template"]["spec"];
+    // The image's user is the one the pod runs as.
+    let user = format!(
+        "{}:{}",
+        pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]
+    );
+    assert_eq!(line("USER "), user);
+    // The pod's args are the subcommand of the image's entrypoint.
+    assert_eq!(
+        line("ENTRYPOINT "),
+        r#"["/usr/local/bin/address-controller"]"#
+    );
+    assert_eq!(args(&objs)[0], "run");
+    // The image is built with the pinned toolchain (rust-toolchain.toml `channel = "1.95.0"`).
+    let toolchain = std::fs::read_to_string(repo_root().join("rust-toolchain.toml")).unwrap();
+    let channel = toolchain
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("channel"))
+        .and_then(|rest| rest.split('"').nth(1))
+        .unwrap();
+    let minor = channel.rsplit_once('.').map_or(channel, |(m, _)| m);
+    assert!(
+        line("FROM rust:").starts_with(&format!("{minor}-")),
+        "the Dockerfile builds with rust:{}, rust-toolchain.toml pins {channel}",
+        line("FROM rust:")
+    );
 }
