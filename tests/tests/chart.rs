@@ -1360,8 +1360,7 @@ fn the_image_and_the_chart_agree() {
     let line = |prefix: &str| {
         dockerfile
             .lines()
-            .filter(|l| l.starts_with(prefix))
-            .next_back()
+            .rfind(|l| l.starts_with(prefix))
             .unwrap_or_else(|| panic!("no {prefix} in the Dockerfile"))
             .trim_start_matches(prefix)
             .trim()
