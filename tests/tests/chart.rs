@@ -683,15 +683,51 @@ impl Release {
 
     async fn new(port: u16, values: &Value) -> Release {
         let cluster = Cluster::get();
-        // A registration left by another test file would make the install fail on ownership.
+        // Cluster-scoped objects left by another test file (the views' APIService) or by an
+        // aborted run would make the install fail on ownership.
         cluster
             .kubectl_ok(&["delete", "apiservice", APISERVICE, "--ignore-not-found"])
             .unwrap();
-        let ns = format!("acs-{}", random_suffix());
-        let notes =
-            Self::install(&ns, port, values).unwrap_or_else(|e| panic!("helm install: {e}"));
-        assert!(notes.contains("STATUS: deployed"), "{notes}");
-        Release { ns, notes }
+        // The generated ClusterRole carries no Helm labels.
+        cluster
+            .kubectl_ok(&[
+                "delete",
+                "clusterrole",
+                "address-controller",
+                "--ignore-not-found",
+            ])
+            .unwrap();
+        cluster
+            .kubectl_ok(&[
+                "delete",
+                "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings",
+                "-l",
+                "app.kubernetes.io/name=address-controller,app.kubernetes.io/managed-by=Helm",
+            ])
+            .unwrap();
+        cluster
+            .kubectl_ok(&[
+                "delete",
+                "rolebindings",
+                "-n",
+                "kube-system",
+                "-l",
+                "app.kubernetes.io/name=address-controller,app.kubernetes.io/managed-by=Helm",
+            ])
+            .unwrap();
+        let mut release = Release {
+            ns: format!("acs-{}", random_suffix()),
+            notes: String::new(),
+        };
+        // The guard exists before the install: a failed install is uninstalled too.
+        release.notes = Self::install(&release.ns, port, values)
+            .unwrap_or_else(|e| panic!("helm install: {e}"));
+        assert!(
+            release.notes.contains("STATUS: deployed"),
+            "{}",
+            release.notes
+        );
+        release
     }
 
     fn manifest(&self) -> Vec<Value> {
@@ -1393,4 +1429,105 @@ fn the_image_and_the_chart_agree() {
         "the Dockerfile builds with rust:{}, rust-toolchain.toml pins {channel}",
         line("FROM rust:")
     );
+}
+
+#[tokio::test]
+async fn monitoring_and_cert_manager_objects_are_accepted_by_their_real_crds() {
+    let _one = INSTALL.lock().await;
+    let (cluster, _client) = setup().await;
+    // The real CRDs of prometheus-operator and cert-manager (pinned Go modules), so the
+    // chart sees the APIs through .Capabilities and the API server validates the objects.
+    let script = repo_root().join("deploy/local/third-party-crds.sh");
+    let out = Command::new(&script).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut cleanup = Cleanup::default();
+    let mut crds = Vec::new();
+    for file in String::from_utf8(out.stdout).unwrap().lines() {
+        let applied = cluster
+            .kubectl_ok(&[
+                "apply",
+                "--server-side",
+                "--field-manager",
+                "address-controller-tests",
+                "-f",
+                file,
+                "-o",
+                "name",
+            ])
+            .unwrap();
+        let crd = applied.trim().to_string();
+        cleanup.add(
+            "customresourcedefinitions.apiextensions.k8s.io",
+            crd.trim_start_matches("customresourcedefinition.apiextensions.k8s.io/"),
+        );
+        crds.push(crd);
+    }
+    for crd in &crds {
+        cluster
+            .kubectl_ok(&["wait", "--for=condition=Established", "--timeout=60s", crd])
+            .unwrap();
+    }
+    for gv in ["monitoring.coreos.com/v1", "cert-manager.io/v1"] {
+        wait_for(&format!("{gv} served"), WAIT, || async {
+            Ok(cluster
+                .kubectl_ok(&["get", "--raw", &format!("/apis/{gv}")])
+                .is_ok()
+                .then_some(()))
+        })
+        .await
+        .unwrap();
+    }
+
+    let release = Release::new(
+        free_port(),
+        &json!({"metrics": {"serviceMonitor": {"enabled": true, "labels": {"release": "prom"}},
+                            "prometheusRule": {"enabled": true}},
+                "apiService": {"tls": {"mode": "certManager"}}}),
+    )
+    .await;
+    let manifest = release.manifest();
+    for object in [
+        "ServiceMonitor/address-controller",
+        "PrometheusRule/address-controller",
+        "Certificate/address-controller-api",
+        "Certificate/address-controller-ca",
+        "Issuer/address-controller-ca",
+        "Issuer/address-controller-selfsigned",
+    ] {
+        assert!(
+            kind_names(&manifest).contains(object),
+            "{object} not rendered although its API is served"
+        );
+    }
+    let file = tempdir().join("manifest.yaml");
+    std::fs::write(
+        &file,
+        manifest
+            .iter()
+            .map(|o| serde_yaml::to_string(o).unwrap())
+            .collect::<Vec<_>>()
+            .join("---\n"),
+    )
+    .unwrap();
+    let names = cluster
+        .kubectl_ok(&["get", "-f", file.to_str().unwrap(), "-o", "name"])
+        .unwrap();
+    assert_eq!(names.lines().count(), manifest.len(), "{names}");
+    // cainjector (not running here) fills the caBundle; the chart sets none of its own.
+    let api: Value = serde_json::from_str(
+        &cluster
+            .kubectl_ok(&["get", "apiservice", APISERVICE, "-o", "json"])
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        api["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        format!("{}/address-controller-api", release.ns)
+    );
+    assert!(api["spec"].get("caBundle").is_none());
+    drop(release);
 }
