@@ -381,3 +381,40 @@ fn base64(data: &[u8]) -> String {
     }
     out
 }
+
+/// Standard base64 decoding (Secret data).
+pub fn b64decode(s: &str) -> Vec<u8> {
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    };
+    let bytes: Vec<u8> = s.bytes().filter(|c| *c != b'=' && *c != b'\n').collect();
+    let mut out = Vec::new();
+    for chunk in bytes.chunks(4) {
+        let mut n = 0u32;
+        for (i, c) in chunk.iter().enumerate() {
+            n |= u32::from(val(*c)) << (18 - 6 * i);
+        }
+        for i in 0..chunk.len().saturating_sub(1) {
+            out.push((n >> (16 - 8 * i)) as u8);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn base64_round_trips_every_padding_length() {
+        for data in [&b""[..], b"a", b"ab", b"abc", b"abcd", b"\x00\xff\x10\x80"] {
+            let encoded = super::base64(data);
+            assert_eq!(encoded.len() % 4, 0);
+            assert_eq!(super::b64decode(&encoded), data, "{encoded}");
+        }
+        assert_eq!(super::base64(b"CA"), "Q0E=");
+    }
+}

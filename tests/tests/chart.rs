@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use address_controller_api::{ClaimPhase, IPAddressClaim};
-use address_controller_tests::env::{APISERVICE, lease_holder_in, phase, tempdir};
+use address_controller_tests::env::{APISERVICE, b64decode, lease_holder_in, phase, tempdir};
 use address_controller_tests::{
     Cleanup, Cluster, ControllerProcess, TestNamespace, free_port, random_suffix, repo_root, setup,
     wait_for,
@@ -127,30 +127,6 @@ fn app_version() -> String {
         serde_yaml::from_str(&std::fs::read_to_string(chart_dir().join("Chart.yaml")).unwrap())
             .unwrap();
     chart["appVersion"].as_str().unwrap().to_string()
-}
-
-/// Standard base64 decoding (Secret data).
-fn b64decode(s: &str) -> Vec<u8> {
-    let val = |c: u8| match c {
-        b'A'..=b'Z' => c - b'A',
-        b'a'..=b'z' => c - b'a' + 26,
-        b'0'..=b'9' => c - b'0' + 52,
-        b'+' => 62,
-        b'/' => 63,
-        _ => panic!("not base64: {c}"),
-    };
-    let bytes: Vec<u8> = s.bytes().filter(|c| *c != b'=' && *c != b'\n').collect();
-    let mut out = Vec::new();
-    for chunk in bytes.chunks(4) {
-        let mut n = 0u32;
-        for (i, c) in chunk.iter().enumerate() {
-            n |= u32::from(val(*c)) << (18 - 6 * i);
-        }
-        for i in 0..chunk.len().saturating_sub(1) {
-            out.push((n >> (16 - 8 * i)) as u8);
-        }
-    }
-    out
 }
 
 fn openssl(args: &[&str]) -> String {
@@ -755,6 +731,20 @@ impl Drop for Release {
     }
 }
 
+/// Every object of a release's manifest exists in the cluster: the API server accepted it.
+fn assert_all_exist(manifest: &[Value]) {
+    let file = tempdir().join("manifest.yaml");
+    let docs: Vec<String> = manifest
+        .iter()
+        .map(|o| serde_yaml::to_string(o).unwrap())
+        .collect();
+    std::fs::write(&file, docs.join("---\n")).unwrap();
+    let names = Cluster::get()
+        .kubectl_ok(&["get", "-f", file.to_str().unwrap(), "-o", "name"])
+        .unwrap();
+    assert_eq!(names.lines().count(), manifest.len(), "{names}");
+}
+
 /// `kubectl ARGS` as `user` in `groups`, with `stdin`: Ok(stdout) or Err(stderr).
 fn kubectl_as(user: &str, groups: &[&str], args: &[&str], stdin: &str) -> Result<String, String> {
     let mut cmd = Cluster::get().kubectl();
@@ -847,20 +837,7 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
 
     // Every rendered object was accepted and exists.
     let manifest = release.manifest();
-    let file = tempdir().join("manifest.yaml");
-    std::fs::write(
-        &file,
-        manifest
-            .iter()
-            .map(|o| serde_yaml::to_string(o).unwrap())
-            .collect::<Vec<_>>()
-            .join("---\n"),
-    )
-    .unwrap();
-    let names = cluster
-        .kubectl_ok(&["get", "-f", file.to_str().unwrap(), "-o", "name"])
-        .unwrap();
-    assert_eq!(names.lines().count(), manifest.len(), "{names}");
+    assert_all_exist(&manifest);
 
     // The binary, as the chart's ServiceAccount (a TokenRequest token, no admin
     // credentials), with the chart's certificate and the Deployment's own arguments.
@@ -1503,20 +1480,7 @@ async fn monitoring_and_cert_manager_objects_are_accepted_by_their_real_crds() {
             "{object} not rendered although its API is served"
         );
     }
-    let file = tempdir().join("manifest.yaml");
-    std::fs::write(
-        &file,
-        manifest
-            .iter()
-            .map(|o| serde_yaml::to_string(o).unwrap())
-            .collect::<Vec<_>>()
-            .join("---\n"),
-    )
-    .unwrap();
-    let names = cluster
-        .kubectl_ok(&["get", "-f", file.to_str().unwrap(), "-o", "name"])
-        .unwrap();
-    assert_eq!(names.lines().count(), manifest.len(), "{names}");
+    assert_all_exist(&manifest);
     // cainjector (not running here) fills the caBundle; the chart sets none of its own.
     let api: Value = serde_json::from_str(
         &cluster
