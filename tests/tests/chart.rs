@@ -1495,3 +1495,38 @@ async fn monitoring_and_cert_manager_objects_are_accepted_by_their_real_crds() {
     assert!(api["spec"].get("caBundle").is_none());
     drop(release);
 }
+
+#[test]
+fn every_schema_property_has_a_documented_default_and_vice_versa() {
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(chart_dir().join("values.schema.json")).unwrap(),
+    )
+    .unwrap();
+    let values: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(chart_dir().join("values.yaml")).unwrap())
+            .unwrap();
+    // Walks the schema's declared properties alongside values.yaml.
+    fn walk(schema: &Value, values: &Value, path: &str, missing: &mut Vec<String>) {
+        let Some(props) = schema["properties"].as_object() else {
+            return;
+        };
+        for (key, sub) in props {
+            let here = format!("{path}.{key}");
+            match values.get(key) {
+                None => missing.push(format!("{here}: in the schema, not in values.yaml")),
+                Some(v) => walk(sub, v, &here, missing),
+            }
+        }
+        if let Some(obj) = values.as_object() {
+            for key in obj.keys().filter(|k| !props.contains_key(*k)) {
+                missing.push(format!("{path}.{key}: in values.yaml, not in the schema"));
+            }
+        }
+    }
+    let mut missing = Vec::new();
+    walk(&schema, &values, "", &mut missing);
+    // issuerRef is an empty object by default: its fields are optional.
+    missing.retain(|m| !m.starts_with(".apiService.tls.certManager.issuerRef."));
+    assert!(missing.is_empty(), "{missing:#?}");
+    assert_eq!(schema["additionalProperties"], false);
+}
