@@ -2,9 +2,10 @@
 # `make demo` / `make demo-down`: the quickstart on the local control plane.
 #
 # Builds what is needed, starts etcd + kube-apiserver + kube-controller-manager on
-# 127.0.0.1, installs the CRDs, runs the address-controller and the range driver as local
-# processes, creates a class with a small range and a few tenants' claims, prints the
-# ledger and leaves everything running. Safe to re-run while it is up.
+# 127.0.0.1, installs the Helm chart, runs the address-controller (as the chart's
+# ServiceAccount, with the chart's certificate, behind the chart's APIService) and the range
+# driver as local processes, creates a class with a small range and a few tenants' claims,
+# prints the ledger and leaves everything running. Safe to re-run while it is up.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -49,41 +50,44 @@ up() {
   kubeconfig="$("$here/cluster.sh" up "$dir")" || fail "cluster up"
   export KUBECONFIG="$kubeconfig"
 
-  step "install the CRDs"
+  step "install the chart (helm upgrade --install; its API Service points at localhost)"
+  # No kubelet runs here, so the chart's pods cannot start: the binary runs below as a local
+  # process in their place — as the chart's ServiceAccount, with the chart's certificate.
+  # A registration made by an older demo (not by Helm) is replaced.
+  if [ "$(kubectl get apiservice v1alpha1.view.local.sdn.cozystack.io --ignore-not-found \
+          -o jsonpath='{.metadata.labels.app\.kubernetes\.io/managed-by}')" = "" ]; then
+    kubectl delete apiservice v1alpha1.view.local.sdn.cozystack.io --ignore-not-found >/dev/null
+    kubectl delete service -n address-controller-system address-controller-api --ignore-not-found >/dev/null
+  fi
   (cd "$root" && make -s install-crds >/dev/null) || fail "install-crds"
+  "$HELM_BIN/helm" upgrade --install address-controller "$root/chart/address-controller" \
+    --namespace address-controller-system --create-namespace \
+    --set apiService.service.externalName=localhost --set apiService.service.port=18443 \
+    --set replicaCount=1 >"$dir/logs/helm.log" 2>&1 || fail "helm upgrade --install" "$dir/logs/helm.log"
+  local sa="$dir/address-controller-sa" ns=address-controller-system
+  mkdir -p "$sa"
+  for key in tls.crt tls.key; do
+    kubectl get secret -n "$ns" address-controller-api-tls -o go-template="{{index .data \"$key\" | base64decode}}" \
+      > "$sa/$key" || fail "read the chart's certificate"
+  done
+  token="$(kubectl create token address-controller -n "$ns" --duration 8760h)" || fail "TokenRequest"
+  rm -f "$sa/kubeconfig"
+  server="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
+  ( export KUBECONFIG="$sa/kubeconfig"
+    kubectl config set-cluster local --server="$server" --certificate-authority="$dir/pki/ca.crt" --embed-certs
+    kubectl config set-credentials address-controller --token="$token"
+    kubectl config set-context local --cluster=local --user=address-controller
+    kubectl config use-context local ) >/dev/null || fail "write the ServiceAccount's kubeconfig"
 
-  step "run the address-controller and the range driver"
-  run address-controller "$target/debug/address-controller" run --kubeconfig "$kubeconfig" \
-    --leader-elect=false --probe-address 127.0.0.1:18081 --apiserver-address 127.0.0.1:18443 \
-    --metrics-address 127.0.0.1:18444 \
-    --tls-cert-file "$dir/pki/aggr.crt" --tls-private-key-file "$dir/pki/aggr.key"
+  step "run the address-controller (as the chart's ServiceAccount) and the range driver"
+  run address-controller "$target/debug/address-controller" run --kubeconfig "$sa/kubeconfig" \
+    --lease-namespace "$ns" --identity demo --probe-address 127.0.0.1:18081 \
+    --apiserver-address 127.0.0.1:18443 --metrics-address 127.0.0.1:18444 \
+    --tls-cert-file "$sa/tls.crt" --tls-private-key-file "$sa/tls.key"
   run range-driver "$target/debug/range-driver" --kubeconfig "$kubeconfig" \
     --leader-elect=false --probe-address 127.0.0.1:18082
   wait_ready address-controller 18081 || fail "address-controller ready" "$dir/logs/address-controller.log"
   wait_ready range-driver 18082 || fail "range-driver ready" "$dir/logs/range-driver.log"
-
-  step "register the aggregated API server (APIService + ExternalName Service to localhost)"
-  kubectl apply -f - >/dev/null <<YAML || fail "register the APIService"
-apiVersion: v1
-kind: Namespace
-metadata: {name: address-controller-system}
----
-apiVersion: v1
-kind: Service
-metadata: {name: address-controller-api, namespace: address-controller-system}
-spec: {type: ExternalName, externalName: localhost}
----
-apiVersion: apiregistration.k8s.io/v1
-kind: APIService
-metadata: {name: v1alpha1.view.local.sdn.cozystack.io}
-spec:
-  group: view.local.sdn.cozystack.io
-  version: v1alpha1
-  groupPriorityMinimum: 1000
-  versionPriority: 15
-  service: {namespace: address-controller-system, name: address-controller-api, port: 18443}
-  caBundle: $(base64 -w0 "$dir/pki/aggr-ca.crt")
-YAML
   kubectl wait apiservice/v1alpha1.view.local.sdn.cozystack.io --for=condition=Available --timeout=60s >/dev/null \
     || fail "APIService Available" "$dir/logs/address-controller.log"
 
