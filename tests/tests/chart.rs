@@ -215,6 +215,14 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
     assert_eq!(deploy["spec"]["replicas"], 2);
     let pod = &deploy["spec"]["template"]["spec"];
     assert_eq!(pod["serviceAccountName"], "address-controller");
+    // Replicas prefer different nodes, matched by the Deployment's own selector.
+    let spread = &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        [0]["podAffinityTerm"];
+    assert_eq!(spread["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(
+        spread["labelSelector"]["matchLabels"],
+        deploy["spec"]["selector"]["matchLabels"]
+    );
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
     assert_eq!(
         pod["securityContext"]["seccompProfile"]["type"],
@@ -353,6 +361,7 @@ fn image_digest_wins_over_tag_and_knobs_reach_the_pod() {
         &json!({"image": {"tag": "v9", "digest": digest}, "replicaCount": 3,
             "priorityClassName": "system-cluster-critical", "nodeSelector": {"role": "infra"},
             "tolerations": [{"key": "infra", "operator": "Exists"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "role", "operator": "In", "values": ["infra"]}]}]}}},
             "imagePullSecrets": [{"name": "ghcr"}], "controller": {"autoClaims": false},
             "podDisruptionBudget": {"enabled": false}, "logLevel": "debug",
             "extraArgs": ["--concurrency=4"]}),
@@ -369,6 +378,11 @@ fn image_digest_wins_over_tag_and_knobs_reach_the_pod() {
     assert_eq!(pod["priorityClassName"], "system-cluster-critical");
     assert_eq!(pod["nodeSelector"], json!({"role": "infra"}));
     assert_eq!(pod["tolerations"][0]["key"], "infra");
+    // An explicit affinity replaces the default spreading.
+    assert_eq!(
+        pod["affinity"],
+        json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "role", "operator": "In", "values": ["infra"]}]}]}}})
+    );
     assert_eq!(pod["imagePullSecrets"], json!([{"name": "ghcr"}]));
     assert!(args(&objs).contains(&"--auto-claims=false".to_string()));
     assert_eq!(args(&objs).last().unwrap(), "--concurrency=4");
