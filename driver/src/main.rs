@@ -5,6 +5,7 @@
 
 mod allocator;
 mod provision;
+mod rbac;
 mod reconcile;
 
 use std::net::SocketAddr;
@@ -50,10 +51,17 @@ struct Args {
         default_value = "0.0.0.0:8082"
     )]
     probe_address: SocketAddr,
+    /// Print the ClusterRole this driver needs (YAML) and exit; `make manifests` uses it.
+    #[arg(long)]
+    print_cluster_role: bool,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.print_cluster_role {
+        print!("{}", rbac::cluster_role_yaml()?);
+        return Ok(());
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {

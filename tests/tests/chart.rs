@@ -402,6 +402,74 @@ fn image_digest_wins_over_tag_and_knobs_reach_the_pod() {
     );
 }
 
+/// Whether a label selector (`matchLabels` map) selects `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    selector
+        .as_object()
+        .unwrap()
+        .iter()
+        .all(|(k, v)| &labels[k] == v)
+}
+
+#[test]
+fn the_range_driver_is_opt_in_with_its_generated_role_and_its_own_pods() {
+    let off = render(&json!({}), &[]).unwrap();
+    assert!(
+        kind_names(&off).iter().all(|n| !n.contains("range-driver")),
+        "{:?}",
+        kind_names(&off)
+    );
+
+    let objs = render(&json!({"rangeDriver": {"enabled": true}}), &[]).unwrap();
+    let name = "address-controller-range-driver";
+    let generated: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(chart_dir().join("files/range-driver-role.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        find(&objs, "ClusterRole", name)["rules"],
+        generated["rules"]
+    );
+    let crb = find(&objs, "ClusterRoleBinding", name);
+    assert_eq!(crb["roleRef"]["name"], name);
+    assert_eq!(
+        crb["subjects"],
+        json!([{"kind": "ServiceAccount", "name": name, "namespace": "address-controller-system"}])
+    );
+    let driver = find(&objs, "Deployment", name);
+    let pod = &driver["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], name);
+    let c = &pod["containers"][0];
+    assert_eq!(c["command"], json!(["/usr/local/bin/range-driver"]));
+    assert_eq!(c["image"], container(&objs)["image"]);
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+
+    // The controller's Services, PDB and Deployment select the controller's pods and never
+    // the driver's (which have no API server behind 6443).
+    let controller_pod =
+        &find(&objs, "Deployment", "address-controller")["spec"]["template"]["metadata"]["labels"];
+    let driver_pod = &driver["spec"]["template"]["metadata"]["labels"];
+    let selectors = [
+        &find(&objs, "Service", "address-controller-api")["spec"]["selector"],
+        &find(&objs, "Service", "address-controller-metrics")["spec"]["selector"],
+        &find(&objs, "PodDisruptionBudget", "address-controller")["spec"]["selector"]["matchLabels"],
+        &find(&objs, "Deployment", "address-controller")["spec"]["selector"]["matchLabels"],
+    ];
+    for sel in selectors {
+        assert!(selects(sel, controller_pod), "{sel} misses the controller");
+        assert!(!selects(sel, driver_pod), "{sel} selects the driver");
+    }
+    assert!(selects(
+        &driver["spec"]["selector"]["matchLabels"],
+        driver_pod
+    ));
+    assert!(!selects(
+        &driver["spec"]["selector"]["matchLabels"],
+        controller_pod
+    ));
+}
+
 #[test]
 fn monitoring_objects_follow_values_and_capabilities() {
     let on = json!({"metrics": {
@@ -429,14 +497,9 @@ fn monitoring_objects_follow_values_and_capabilities() {
     // The ServiceMonitor selects the metrics Service, and only it.
     let metrics = find(&objs, "Service", "address-controller-metrics");
     let api = find(&objs, "Service", "address-controller-api");
-    let selects = |svc: &Value| {
-        sm["spec"]["selector"]["matchLabels"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .all(|(k, v)| &svc["metadata"]["labels"][k] == v)
-    };
-    assert!(selects(metrics) && !selects(api));
+    let sm_selector = &sm["spec"]["selector"]["matchLabels"];
+    assert!(selects(sm_selector, &metrics["metadata"]["labels"]));
+    assert!(!selects(sm_selector, &api["metadata"]["labels"]));
 
     let rule = find(&objs, "PrometheusRule", "address-controller");
     assert_eq!(rule["metadata"]["labels"]["team"], "net");
@@ -818,6 +881,34 @@ fn secret_data(ns: &str, name: &str, key: &str) -> String {
         .unwrap()
 }
 
+/// The first container of an installed Deployment.
+fn installed_container(ns: &str, deployment: &str) -> Value {
+    let deploy: Value = serde_json::from_str(
+        &Cluster::get()
+            .kubectl_ok(&["get", "deployment", deployment, "-n", ns, "-o", "json"])
+            .unwrap(),
+    )
+    .unwrap();
+    deploy["spec"]["template"]["spec"]["containers"][0].clone()
+}
+
+/// A container's args with `replace` applied: the pod's addresses and paths become the
+/// host's.
+fn host_args(container: &Value, replace: &[(&str, &str)]) -> Vec<String> {
+    container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            replace
+                .iter()
+                .fold(a.as_str().unwrap().to_string(), |a, (from, to)| {
+                    a.replace(from, to)
+                })
+        })
+        .collect()
+}
+
 async fn apiservice_available() -> anyhow::Result<Option<()>> {
     let out = Cluster::get().kubectl_ok(&[
         "get",
@@ -834,7 +925,7 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
     let _one = INSTALL.lock().await;
     let (cluster, client) = setup().await;
     let port = free_port();
-    let release = Release::new(port, &json!({})).await;
+    let release = Release::new(port, &json!({"rangeDriver": {"enabled": true}})).await;
     let ns = release.ns.clone();
     // NOTES.txt tells the user how to claim and read holdings, in the release's terms.
     for hint in [
@@ -862,38 +953,20 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
         let pem = b64decode(&secret_data(&ns, "address-controller-api-tls", key));
         std::fs::write(dir.join(key), pem).unwrap();
     }
-    let deploy: Value = serde_json::from_str(
-        &cluster
-            .kubectl_ok(&[
-                "get",
-                "deployment",
-                "address-controller",
-                "-n",
-                &ns,
-                "-o",
-                "json",
-            ])
-            .unwrap(),
-    )
-    .unwrap();
-    let c = &deploy["spec"]["template"]["spec"]["containers"][0];
+    let c = installed_container(&ns, "address-controller");
     let mount = c["volumeMounts"][0]["mountPath"].as_str().unwrap();
     let metrics_port = free_port();
     let probe = format!("127.0.0.1:{}", free_port());
     let identity = format!("chart-{ns}");
-    let mut argv: Vec<String> = c["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| {
-            a.as_str()
-                .unwrap()
-                .replace("0.0.0.0:6443", &format!("127.0.0.1:{port}"))
-                .replace("0.0.0.0:8443", &format!("127.0.0.1:{metrics_port}"))
-                .replace("0.0.0.0:8081", &probe)
-                .replace(mount, dir.to_str().unwrap())
-        })
-        .collect();
+    let mut argv = host_args(
+        &c,
+        &[
+            ("0.0.0.0:6443", &format!("127.0.0.1:{port}")),
+            ("0.0.0.0:8443", &format!("127.0.0.1:{metrics_port}")),
+            ("0.0.0.0:8081", &probe),
+            (mount, dir.to_str().unwrap()),
+        ],
+    );
     // What the pod gets from the downward API.
     argv.extend(["--lease-namespace", &ns, "--identity", &identity].map(str::to_string));
     let mut ctl =
@@ -962,6 +1035,72 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
         row.split_whitespace().nth(3),
         Some("1"),
         "BOUND: {holdings}"
+    );
+
+    // The chart's range driver, as its own ServiceAccount with its Deployment's arguments,
+    // provisions a claim of a range class.
+    let driver_sa = "address-controller-range-driver";
+    let driver_kubeconfig = dir.join("driver.kubeconfig");
+    token_kubeconfig(&create_token(driver_sa, &ns), &driver_kubeconfig);
+    let driver_probe = format!("127.0.0.1:{}", free_port());
+    let driver_id = format!("driver-{ns}");
+    let mut driver_argv = host_args(
+        &installed_container(&ns, driver_sa),
+        &[("0.0.0.0:8082", &driver_probe)],
+    );
+    driver_argv.extend(["--lease-namespace", &ns, "--identity", &driver_id].map(str::to_string));
+    let mut driver = ControllerProcess::launch(
+        "range-driver",
+        &driver_id,
+        &driver_kubeconfig,
+        &driver_argv,
+        &driver_probe,
+    )
+    .await
+    .unwrap();
+    let range = format!("chart-range-{sfx}");
+    cleanup.add("ipaddressclasses.local.sdn.cozystack.io", &range);
+    let dynamic = [
+        json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddressClass",
+            "metadata": {"name": range}, "spec": {"provisioner": "range.drivers.local.sdn.cozystack.io",
+                "parameters": {"cidrs": ["100.64.77.0/30"]}}}),
+        json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddressClaim",
+            "metadata": {"name": "dynamic", "namespace": tenant.name}, "spec": {"className": range}}),
+    ];
+    for o in dynamic {
+        kubectl_as(
+            "admin",
+            &["system:masters"],
+            &["create", "-f", "-"],
+            &o.to_string(),
+        )
+        .unwrap();
+    }
+    let bound = wait_for(
+        "claim dynamic Bound to a driver-made address",
+        WAIT,
+        || async {
+            let c = claims.get("dynamic").await?;
+            Ok((phase(&c) == Some(ClaimPhase::Bound)).then_some(c))
+        },
+    )
+    .await
+    .unwrap();
+    let provisioned = bound.status.unwrap().addresses[0].name.clone();
+    cleanup.add("ipaddresses.local.sdn.cozystack.io", &provisioned);
+    assert_eq!(provisioned, "ipv4-100-64-77-1");
+    let capacity = cluster
+        .kubectl_ok(&[
+            "get",
+            "ipac",
+            &range,
+            "-o",
+            "jsonpath={.status.capacity.ipv4}",
+        ])
+        .unwrap();
+    assert_eq!(
+        capacity, "2",
+        "the driver publishes class status with its role"
     );
 
     // /metrics: a token bound to address-controller-metrics-reader reads it, others do not;
@@ -1053,6 +1192,7 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
 
     // helm uninstall leaves the CRDs, every IPAddress and the claims.
     ctl.stop();
+    driver.stop();
     let out = release.uninstall().unwrap();
     assert!(out.contains("uninstalled"), "{out}");
     for crd in [
@@ -1095,6 +1235,16 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
         (
             "ipaddresses.local.sdn.cozystack.io",
             address.as_str(),
+            "default",
+        ),
+        (
+            "ipaddressclaims.local.sdn.cozystack.io",
+            "dynamic",
+            tenant.name.as_str(),
+        ),
+        (
+            "ipaddresses.local.sdn.cozystack.io",
+            provisioned.as_str(),
             "default",
         ),
     ] {
@@ -1407,6 +1557,13 @@ fn the_image_and_the_chart_agree() {
         r#"["/usr/local/bin/address-controller"]"#
     );
     assert_eq!(args(&objs)[0], "run");
+    // The range driver's command is where the image puts it.
+    assert!(
+        dockerfile
+            .lines()
+            .any(|l| l.starts_with("COPY ") && l.ends_with(" /usr/local/bin/range-driver")),
+        "the image has no /usr/local/bin/range-driver"
+    );
     // The image is built with the pinned toolchain (rust-toolchain.toml `channel = "1.95.0"`).
     let toolchain = std::fs::read_to_string(repo_root().join("rust-toolchain.toml")).unwrap();
     let channel = toolchain

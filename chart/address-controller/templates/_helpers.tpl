@@ -18,6 +18,12 @@ app.kubernetes.io/name: {{ include "address-controller.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* The controller's pods (not the range driver's): Deployment, Services, PDB. */}}
+{{- define "address-controller.podSelector" -}}
+{{ include "address-controller.selectorLabels" . }}
+app.kubernetes.io/component: controller
+{{- end -}}
+
 {{- define "address-controller.labels" -}}
 {{ include "address-controller.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
