@@ -4,7 +4,7 @@
 # Builds what is needed, starts etcd + kube-apiserver + kube-controller-manager on
 # 127.0.0.1, installs the Helm chart, runs the address-controller (as the chart's
 # ServiceAccount, with the chart's certificate, behind the chart's APIService) and the range
-# driver as local processes, creates a class with a small range and a few tenants' claims,
+# driver (as its ServiceAccount) as local processes, creates a class with a small range and a few tenants' claims,
 # prints the ledger and leaves everything running. Safe to re-run while it is up.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -28,6 +28,20 @@ run() {
   setsid "$@" >"$dir/logs/$name.log" 2>&1 < /dev/null &
   echo $! > "$pidfile"
   echo "  $name started (pid $!, log $dir/logs/$name.log)"
+}
+
+# sa_kubeconfig SERVICEACCOUNT FILE: a kubeconfig with a one-year TokenRequest token of the
+# chart's ServiceAccount (no admin credentials).
+sa_kubeconfig() {
+  local token server
+  token="$(kubectl create token "$1" -n address-controller-system --duration 8760h)" || fail "TokenRequest for $1"
+  server="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
+  rm -f "$2"
+  ( export KUBECONFIG="$2"
+    kubectl config set-cluster local --server="$server" --certificate-authority="$dir/pki/ca.crt" --embed-certs
+    kubectl config set-credentials "$1" --token="$token"
+    kubectl config set-context local --cluster=local --user="$1"
+    kubectl config use-context local ) >/dev/null || fail "write the kubeconfig of $1"
 }
 
 wait_ready() { # NAME PORT
@@ -63,29 +77,24 @@ up() {
   "$HELM_BIN/helm" upgrade --install address-controller "$root/chart/address-controller" \
     --namespace address-controller-system --create-namespace \
     --set apiService.service.externalName=localhost --set apiService.service.port=18443 \
-    --set replicaCount=1 >"$dir/logs/helm.log" 2>&1 || fail "helm upgrade --install" "$dir/logs/helm.log"
+    --set replicaCount=1 --set rangeDriver.enabled=true >"$dir/logs/helm.log" 2>&1 || fail "helm upgrade --install" "$dir/logs/helm.log"
   local sa="$dir/address-controller-sa" ns=address-controller-system
   mkdir -p "$sa"
   for key in tls.crt tls.key; do
     kubectl get secret -n "$ns" address-controller-api-tls -o go-template="{{index .data \"$key\" | base64decode}}" \
       > "$sa/$key" || fail "read the chart's certificate"
   done
-  token="$(kubectl create token address-controller -n "$ns" --duration 8760h)" || fail "TokenRequest"
-  rm -f "$sa/kubeconfig"
-  server="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
-  ( export KUBECONFIG="$sa/kubeconfig"
-    kubectl config set-cluster local --server="$server" --certificate-authority="$dir/pki/ca.crt" --embed-certs
-    kubectl config set-credentials address-controller --token="$token"
-    kubectl config set-context local --cluster=local --user=address-controller
-    kubectl config use-context local ) >/dev/null || fail "write the ServiceAccount's kubeconfig"
+  sa_kubeconfig address-controller "$sa/kubeconfig"
+  sa_kubeconfig address-controller-range-driver "$sa/range-driver.kubeconfig"
 
-  step "run the address-controller (as the chart's ServiceAccount) and the range driver"
+  step "run the address-controller and the range driver (as the chart's ServiceAccounts)"
   run address-controller "$target/debug/address-controller" run --kubeconfig "$sa/kubeconfig" \
     --lease-namespace "$ns" --identity demo --probe-address 127.0.0.1:18081 \
     --apiserver-address 127.0.0.1:18443 --metrics-address 127.0.0.1:18444 \
     --tls-cert-file "$sa/tls.crt" --tls-private-key-file "$sa/tls.key"
-  run range-driver "$target/debug/range-driver" --kubeconfig "$kubeconfig" \
-    --leader-elect=false --probe-address 127.0.0.1:18082
+  run range-driver "$target/debug/range-driver" --kubeconfig "$sa/range-driver.kubeconfig" \
+    --lease-namespace "$ns" --lease-name address-controller-range-driver --identity demo \
+    --probe-address 127.0.0.1:18082
   wait_ready address-controller 18081 || fail "address-controller ready" "$dir/logs/address-controller.log"
   wait_ready range-driver 18082 || fail "range-driver ready" "$dir/logs/range-driver.log"
   kubectl wait apiservice/v1alpha1.view.local.sdn.cozystack.io --for=condition=Available --timeout=60s >/dev/null \
