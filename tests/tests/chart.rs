@@ -238,6 +238,19 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
     assert_eq!(c["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    // Both pods share placement, pod security and environment.
+    let controller = &find(&objs, "Deployment", "address-controller")["spec"]["template"]["spec"];
+    for key in ["nodeSelector", "securityContext"] {
+        assert_eq!(pod[key], controller[key], "{key}");
+    }
+    assert_eq!(c["env"], controller["containers"][0]["env"]);
+    assert!(
+        c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "RUST_LOG")
+    );
     let probe_port = c["ports"]
         .as_array()
         .unwrap()
@@ -420,7 +433,12 @@ fn the_range_driver_is_opt_in_with_its_generated_role_and_its_own_pods() {
         kind_names(&off)
     );
 
-    let objs = render(&json!({"rangeDriver": {"enabled": true}}), &[]).unwrap();
+    let objs = render(
+        &json!({"rangeDriver": {"enabled": true}, "nodeSelector": {"role": "infra"},
+            "logLevel": "debug"}),
+        &[],
+    )
+    .unwrap();
     let name = "address-controller-range-driver";
     let generated: Value = serde_yaml::from_str(
         &std::fs::read_to_string(chart_dir().join("files/range-driver-role.yaml")).unwrap(),
@@ -444,6 +462,19 @@ fn the_range_driver_is_opt_in_with_its_generated_role_and_its_own_pods() {
     assert_eq!(c["image"], container(&objs)["image"]);
     assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    // Both pods share placement, pod security and environment.
+    let controller = &find(&objs, "Deployment", "address-controller")["spec"]["template"]["spec"];
+    for key in ["nodeSelector", "securityContext"] {
+        assert_eq!(pod[key], controller[key], "{key}");
+    }
+    assert_eq!(c["env"], controller["containers"][0]["env"]);
+    assert!(
+        c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "RUST_LOG")
+    );
 
     // The controller's Services, PDB and Deployment select the controller's pods and never
     // the driver's (which have no API server behind 6443).
