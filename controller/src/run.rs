@@ -13,6 +13,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::cache::{Cache, Deletions};
 use crate::context::Context;
+use crate::decide::claim::{could_use, pinned_to};
 use crate::decide::refers_to;
 use crate::reconcile::{self, error_policy};
 
@@ -41,21 +42,26 @@ fn unsettled_claims(claims: &Store<IPAddressClaim>) -> Vec<ObjectRef<IPAddressCl
         .collect()
 }
 
-/// Claims an address change may concern: the claim it names, and — when the address is
-/// free — every claim still waiting for one.
+/// Claims an address change may concern: the claim it names, the claims pinned to it
+/// (their waiting reason follows its state), and — when it is free — every claim still
+/// waiting for one that could use it (class, family).
 fn claims_for_address(
     claims: &Store<IPAddressClaim>,
     a: &IPAddress,
 ) -> Vec<ObjectRef<IPAddressClaim>> {
+    let free = a.spec.claim_ref.is_none()
+        && a.metadata.deletion_timestamp.is_none()
+        && a.status.as_ref().and_then(|s| s.phase) == Some(AddressPhase::Available);
+    let mut out: Vec<ObjectRef<IPAddressClaim>> = claims
+        .state()
+        .iter()
+        .filter(|c| unsettled(c) && (pinned_to(c, a) || (free && could_use(c, a))))
+        .map(|c| ObjectRef::from_obj(c.as_ref()))
+        .collect();
     if let Some(r) = &a.spec.claim_ref {
-        return vec![ObjectRef::new(&r.name).within(&r.namespace)];
+        out.push(ObjectRef::new(&r.name).within(&r.namespace));
     }
-    if a.metadata.deletion_timestamp.is_some()
-        || a.status.as_ref().and_then(|s| s.phase) != Some(AddressPhase::Available)
-    {
-        return Vec::new();
-    }
-    unsettled_claims(claims)
+    out
 }
 
 /// Addresses whose claimRef names this claim.

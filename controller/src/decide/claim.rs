@@ -105,13 +105,9 @@ pub enum Resolution<'a> {
     },
 }
 
-/// Resolves the class of a claim: `spec.className`, else the sticky `status.className`,
-/// else the single default class. Never guesses.
-pub fn resolve_class<'a>(
-    claim: &IPAddressClaim,
-    classes: &'a [Arc<IPAddressClass>],
-) -> Resolution<'a> {
-    let named = claim
+/// The class a claim names: `spec.className`, else the sticky `status.className`.
+fn named_class(claim: &IPAddressClaim) -> Option<&str> {
+    claim
         .spec
         .class_name
         .as_deref()
@@ -122,7 +118,16 @@ pub fn resolve_class<'a>(
                 .as_ref()
                 .and_then(|s| s.class_name.as_deref())
                 .filter(|n| !n.is_empty())
-        });
+        })
+}
+
+/// Resolves the class of a claim: `spec.className`, else the sticky `status.className`,
+/// else the single default class. Never guesses.
+pub fn resolve_class<'a>(
+    claim: &IPAddressClaim,
+    classes: &'a [Arc<IPAddressClass>],
+) -> Resolution<'a> {
+    let named = named_class(claim);
     if let Some(name) = named {
         return match classes.iter().find(|c| c.name_any() == name) {
             Some(c) => Resolution::Resolved(c),
@@ -225,6 +230,26 @@ fn is_candidate(a: &IPAddress, class: &str, family: Family, taken: &HashSet<Stri
         && !is_deleting(a)
         && address_family(a) == Some(family)
         && !taken.contains(&a.name_any())
+}
+
+/// Whether `claim` is pinned to `a` (`spec.addressName`).
+pub fn pinned_to(claim: &IPAddressClaim, a: &IPAddress) -> bool {
+    claim.spec.address_name.as_deref() == Some(a.name_any().as_str())
+}
+
+/// Whether the free address `a` could ever satisfy `claim`: its pin, its named (or sticky)
+/// class and its family allow it. A claim for which this is false can never bind `a`, so a
+/// change of `a` need not wake it. Claims of the default class (nothing named) are kept:
+/// which class is the default can change.
+pub fn could_use(claim: &IPAddressClaim, a: &IPAddress) -> bool {
+    if let Some(pin) = claim.spec.address_name.as_deref().filter(|p| !p.is_empty()) {
+        return pin == a.name_any();
+    }
+    let named = named_class(claim);
+    if named.is_some_and(|n| n != a.spec.class_name) {
+        return false;
+    }
+    address_family(a).is_some_and(|f| claim.spec.family.families().contains(&f))
 }
 
 fn claim_ref_of(claim: &IPAddressClaim) -> ClaimRef {

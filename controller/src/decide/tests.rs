@@ -1161,3 +1161,52 @@ mod autoclaim {
         );
     }
 }
+
+#[test]
+fn a_free_address_concerns_only_claims_that_could_use_it() {
+    use super::claim::{could_use, pinned_to};
+    let v4 = addr("a", "192.0.2.1", "pub", json!({}));
+    let v6 = addr("b", "2001:db8::1", "pub", json!({}));
+    let other = addr("c", "192.0.2.2", "priv", json!({}));
+    let rows: &[(&str, Value, [bool; 3])] = &[
+        // (what, claim, could use [v4, v6, other])
+        ("default class, IPv4", json!({}), [true, false, true]),
+        (
+            "default class, Dual",
+            json!({"spec": {"family": "Dual"}}),
+            [true, true, true],
+        ),
+        (
+            "named class, IPv6",
+            json!({"spec": {"className": "pub", "family": "IPv6"}}),
+            [false, true, false],
+        ),
+        (
+            "sticky class from status",
+            json!({"status": {"className": "priv"}}),
+            [false, false, true],
+        ),
+        (
+            "spec wins over status",
+            json!({"spec": {"className": "pub"}, "status": {"className": "priv"}}),
+            [true, false, false],
+        ),
+        (
+            "pinned",
+            json!({"spec": {"addressName": "c"}}),
+            [false, false, true],
+        ),
+    ];
+    for (what, extra, want) in rows {
+        let c = claim(extra.clone());
+        let got = [
+            could_use(&c, &v4),
+            could_use(&c, &v6),
+            could_use(&c, &other),
+        ];
+        assert_eq!(&got, want, "{what}");
+    }
+    let pinned = claim(json!({"spec": {"addressName": "c"}}));
+    assert!(pinned_to(&pinned, &other) && !pinned_to(&pinned, &v4));
+    assert!(!pinned_to(&claim(json!({})), &v4));
+}
