@@ -238,19 +238,6 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
     assert_eq!(c["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
-    // Both pods share placement, pod security and environment.
-    let controller = &find(&objs, "Deployment", "address-controller")["spec"]["template"]["spec"];
-    for key in ["nodeSelector", "securityContext"] {
-        assert_eq!(pod[key], controller[key], "{key}");
-    }
-    assert_eq!(c["env"], controller["containers"][0]["env"]);
-    assert!(
-        c["env"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|e| e["name"] == "RUST_LOG")
-    );
     let probe_port = c["ports"]
         .as_array()
         .unwrap()
@@ -408,6 +395,43 @@ fn image_digest_wins_over_tag_and_knobs_reach_the_pod() {
         .unwrap();
     assert_eq!(rust_log["value"], "debug");
 
+    // Host networking, with ports that do not collide with the node's own.
+    let host = render(
+        &json!({"hostNetwork": true, "containerPorts": {"apiserver": 10443, "metrics": 10444, "probes": 10081}}),
+        &[],
+    )
+    .unwrap();
+    let pod = &find(&host, "Deployment", "address-controller")["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
+    for arg in [
+        "--apiserver-address=0.0.0.0:10443",
+        "--metrics-address=0.0.0.0:10444",
+        "--probe-address=0.0.0.0:10081",
+    ] {
+        assert!(args(&host).contains(&arg.to_string()), "{arg}");
+    }
+    let ports: Vec<(String, i64)> = container(&host)["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_string(),
+                p["containerPort"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ports,
+        [("https", 10443), ("metrics", 10444), ("probes", 10081)].map(|(n, p)| (n.to_string(), p))
+    );
+    // The Services follow by port name.
+    assert_eq!(
+        find(&host, "Service", "address-controller-api")["spec"]["ports"][0]["targetPort"],
+        "https"
+    );
+
     let tagged = render(&json!({"image": {"tag": "v9"}}), &[]).unwrap();
     assert_eq!(
         container(&tagged)["image"],
@@ -435,7 +459,7 @@ fn the_range_driver_is_opt_in_with_its_generated_role_and_its_own_pods() {
 
     let objs = render(
         &json!({"rangeDriver": {"enabled": true}, "nodeSelector": {"role": "infra"},
-            "logLevel": "debug"}),
+            "logLevel": "debug", "hostNetwork": true}),
         &[],
     )
     .unwrap();
@@ -468,6 +492,9 @@ fn the_range_driver_is_opt_in_with_its_generated_role_and_its_own_pods() {
         assert_eq!(pod[key], controller[key], "{key}");
     }
     assert_eq!(c["env"], controller["containers"][0]["env"]);
+    // Only the aggregated server needs the host's network; the driver only calls out.
+    assert_eq!(controller["hostNetwork"], true);
+    assert!(pod.get("hostNetwork").is_none());
     assert!(
         c["env"]
             .as_array()
