@@ -339,18 +339,25 @@ pub async fn register_views(e: &mut Env, port: u16) {
         .unwrap();
     e.cleanup
         .add("apiservices.apiregistration.k8s.io", APISERVICE);
-    wait_for("APIService Available", Duration::from_secs(60), || async {
-        let out = cluster.kubectl_ok(&[
-            "get",
-            "apiservice",
-            APISERVICE,
-            "-o",
-            "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
-        ])?;
-        Ok((out.trim() == "True").then_some(()))
-    })
+    wait_for(
+        "APIService Available",
+        Duration::from_secs(60),
+        apiservice_available,
+    )
     .await
     .unwrap();
+}
+
+/// `Some(())` once the views' APIService reports `Available=True`: a `wait_for` probe.
+pub async fn apiservice_available() -> anyhow::Result<Option<()>> {
+    let out = Cluster::get().kubectl_ok(&[
+        "get",
+        "apiservice",
+        APISERVICE,
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
+    ])?;
+    Ok((out.trim() == "True").then_some(()))
 }
 
 /// A fresh temporary directory.

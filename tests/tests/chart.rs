@@ -17,7 +17,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use address_controller_api::{ClaimPhase, IPAddressClaim};
-use address_controller_tests::env::{APISERVICE, b64decode, lease_holder_in, phase, tempdir};
+use address_controller_tests::env::{
+    APISERVICE, apiservice_available, b64decode, lease_holder_in, phase, tempdir,
+};
 use address_controller_tests::{
     Cleanup, Cluster, ControllerProcess, TestNamespace, free_port, random_suffix, repo_root, setup,
     wait_for,
@@ -967,17 +969,6 @@ fn host_args(container: &Value, replace: &[(&str, &str)]) -> Vec<String> {
         .collect()
 }
 
-async fn apiservice_available() -> anyhow::Result<Option<()>> {
-    let out = Cluster::get().kubectl_ok(&[
-        "get",
-        "apiservice",
-        APISERVICE,
-        "-o",
-        "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
-    ])?;
-    Ok((out.trim() == "True").then_some(()))
-}
-
 #[tokio::test]
 async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and_apiservice() {
     let _one = INSTALL.lock().await;
@@ -1321,6 +1312,11 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
     }
 }
 
+/// `kubectl patch` arguments: a JSON merge patch of claim `name` in `ns`.
+fn merge_patch<'a>(ns: &'a str, name: &'a str, patch: &'a str) -> [&'a str; 8] {
+    ["patch", "ipc", name, "-n", ns, "--type=merge", "-p", patch]
+}
+
 /// A claim manifest for `kubectl create -f -`.
 fn claim_json(ns: &str, name: &str, address_name: Option<&str>) -> String {
     let mut spec = json!({"family": "IPv4"});
@@ -1379,11 +1375,6 @@ async fn the_admission_policy_reserves_address_name_to_the_allowlist() {
     let tenant =
         |args: &[&str], stdin: &str| kubectl_as("tenant", &["system:masters"], args, stdin);
     let create = ["create", "-f", "-"];
-    let merge = |name: &str, patch: &str| -> Vec<String> {
-        ["patch", "ipc", name, "-n", g, "--type=merge", "-p", patch]
-            .map(str::to_string)
-            .to_vec()
-    };
 
     // A tenant may not set it. The policy becomes active within moments of its creation;
     // until then each attempt uses a fresh name.
@@ -1411,8 +1402,7 @@ async fn the_admission_policy_reserves_address_name_to_the_allowlist() {
     );
     // ... but may create unpinned claims and may not pin them later.
     tenant(&create, &claim_json(g, "free", None)).unwrap();
-    let set = merge("free", r#"{"spec":{"addressName":"a"}}"#);
-    let set: Vec<&str> = set.iter().map(String::as_str).collect();
+    let set = merge_patch(g, "free", r#"{"spec":{"addressName":"a"}}"#);
     let err = tenant(&set, "").unwrap_err();
     assert!(err.contains("spec.addressName is reserved"), "{err}");
 
@@ -1424,20 +1414,17 @@ async fn the_admission_policy_reserves_address_name_to_the_allowlist() {
         &claim_json(g, "pinned", Some("a")),
     )
     .unwrap();
-    let change = merge("pinned", r#"{"spec":{"addressName":"b"}}"#);
-    let change: Vec<&str> = change.iter().map(String::as_str).collect();
+    let change = merge_patch(g, "pinned", r#"{"spec":{"addressName":"b"}}"#);
     kubectl_as("bob", &["system:masters", "ip-admins"], &change, "").unwrap();
 
     // Edits that leave the field alone pass; changing or removing it does not.
-    let label = merge("pinned", r#"{"metadata":{"labels":{"tier":"web"}}}"#);
-    let label: Vec<&str> = label.iter().map(String::as_str).collect();
+    let label = merge_patch(g, "pinned", r#"{"metadata":{"labels":{"tier":"web"}}}"#);
     tenant(&label, "").unwrap();
     for patch in [
         r#"{"spec":{"addressName":"c"}}"#,
         r#"{"spec":{"addressName":null}}"#,
     ] {
-        let args = merge("pinned", patch);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let args = merge_patch(g, "pinned", patch);
         let err = tenant(&args, "").unwrap_err();
         assert!(
             err.contains("spec.addressName is reserved"),
