@@ -127,8 +127,7 @@ pub fn resolve_class<'a>(
     claim: &IPAddressClaim,
     classes: &'a [Arc<IPAddressClass>],
 ) -> Resolution<'a> {
-    let named = named_class(claim);
-    if let Some(name) = named {
+    if let Some(name) = named_class(claim) {
         return match classes.iter().find(|c| c.name_any() == name) {
             Some(c) => Resolution::Resolved(c),
             None => Resolution::Failed {
@@ -232,9 +231,14 @@ fn is_candidate(a: &IPAddress, class: &str, family: Family, taken: &HashSet<Stri
         && !taken.contains(&a.name_any())
 }
 
+/// The address a claim is pinned to (`spec.addressName`; the schema refuses an empty one).
+fn pin_of(claim: &IPAddressClaim) -> Option<&str> {
+    claim.spec.address_name.as_deref()
+}
+
 /// Whether `claim` is pinned to `a` (`spec.addressName`).
 pub fn pinned_to(claim: &IPAddressClaim, a: &IPAddress) -> bool {
-    claim.spec.address_name.as_deref() == Some(a.name_any().as_str())
+    pin_of(claim) == Some(a.name_any().as_str())
 }
 
 /// Whether the free address `a` could ever satisfy `claim`: its pin, its named (or sticky)
@@ -242,11 +246,10 @@ pub fn pinned_to(claim: &IPAddressClaim, a: &IPAddress) -> bool {
 /// change of `a` need not wake it. Claims of the default class (nothing named) are kept:
 /// which class is the default can change.
 pub fn could_use(claim: &IPAddressClaim, a: &IPAddress) -> bool {
-    if let Some(pin) = claim.spec.address_name.as_deref().filter(|p| !p.is_empty()) {
-        return pin == a.name_any();
+    if pin_of(claim).is_some() {
+        return pinned_to(claim, a);
     }
-    let named = named_class(claim);
-    if named.is_some_and(|n| n != a.spec.class_name) {
+    if named_class(claim).is_some_and(|n| n != a.spec.class_name) {
         return false;
     }
     address_family(a).is_some_and(|f| claim.spec.family.families().contains(&f))
@@ -396,7 +399,7 @@ pub fn plan_claim(s: &ClaimSnapshot<'_>) -> ClaimPlan {
                 }
                 let mut problems = Vec::new();
                 for family in &missing {
-                    match claim.spec.address_name.as_deref() {
+                    match pin_of(claim) {
                         Some(pin) => {
                             let a = s
                                 .addresses
