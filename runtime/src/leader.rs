@@ -1,13 +1,17 @@
-//! Leader election on a `coordination.k8s.io/v1` Lease. Only the leader's reconcilers act;
-//! every replica keeps its caches warm (the API server views are served by all of them).
+//! Leader election on a `coordination.k8s.io/v1` Lease. Only the leader acts; every replica
+//! keeps its caches warm.
 //!
 //! Expiry is judged by the local clock from the moment this replica last saw the lease
-//! record change, not by comparing timestamps written by another machine, so clock skew
-//! between replicas cannot cause two leaders.
+//! record change, never by comparing timestamps another machine wrote, so clock skew cannot
+//! make two leaders. Every attempt is bounded in time, and the leader steps down the moment
+//! its last successful renewal is older than the renew deadline — even while a renewal
+//! request hangs — so it stops acting before any other replica may consider the lease
+//! expired (lease duration > renew deadline).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use clap::Args;
 use futures::Stream;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -15,8 +19,70 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
-/// Whether this replica leads, observable by the reconcilers.
+/// The election flags every binary shares.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Leader election")]
+pub struct ElectionArgs {
+    /// Elect a leader among replicas on a coordination.k8s.io Lease; only the leader acts.
+    #[arg(long, env = "LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Name of the Lease [default: the binary's name].
+    #[arg(long, env = "LEASE_NAME")]
+    pub lease_name: Option<String>,
+    /// Namespace of the Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// Identity of this replica in the Lease [default: host name and process id].
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// How long a lease stays valid without renewal.
+    #[arg(long, env = "LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease_duration: Duration,
+    /// How long the leader tries to renew before it steps down (then the process exits).
+    #[arg(long, env = "RENEW_DEADLINE", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub renew_deadline: Duration,
+    /// Pause between election attempts.
+    #[arg(long, env = "RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub retry_period: Duration,
+}
+
+impl ElectionArgs {
+    /// This replica's identity.
+    pub fn identity(&self) -> String {
+        self.identity.clone().unwrap_or_else(default_identity)
+    }
+
+    /// The Lease settings, with `default_name` when `--lease-name` is not given.
+    pub fn config(&self, default_name: &str) -> Result<LeaseConfig, ElectionError> {
+        if self.renew_deadline >= self.lease_duration {
+            return Err(ElectionError::Settings(format!(
+                "--renew-deadline ({:?}) must be shorter than --lease-duration ({:?})",
+                self.renew_deadline, self.lease_duration
+            )));
+        }
+        if self.retry_period >= self.renew_deadline {
+            return Err(ElectionError::Settings(format!(
+                "--retry-period ({:?}) must be shorter than --renew-deadline ({:?})",
+                self.retry_period, self.renew_deadline
+            )));
+        }
+        Ok(LeaseConfig {
+            namespace: self.lease_namespace.clone(),
+            name: self
+                .lease_name
+                .clone()
+                .unwrap_or_else(|| default_name.to_string()),
+            identity: self.identity(),
+            lease_duration: self.lease_duration,
+            renew_deadline: self.renew_deadline,
+            retry_period: self.retry_period,
+        })
+    }
+}
+
+/// Whether this replica leads, observable by workers and metrics.
 pub struct Leadership {
     tx: watch::Sender<bool>,
 }
@@ -40,9 +106,20 @@ impl Leadership {
         *self.tx.borrow()
     }
 
-    fn set(&self, leader: bool) {
+    pub(crate) fn set(&self, leader: bool) {
         self.tx
             .send_if_modified(|v| std::mem::replace(v, leader) != leader);
+    }
+
+    /// Resolves at the next change of leadership.
+    pub async fn changed(&self) {
+        let mut rx = self.tx.subscribe();
+        let _ = rx.changed().await;
+    }
+
+    /// A receiver of leadership changes.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.tx.subscribe()
     }
 
     /// Yields once each time this replica becomes the leader (also at once, if it already
@@ -78,9 +155,11 @@ pub struct LeaseConfig {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum LeaderError {
+pub enum ElectionError {
     #[error("lost the lease {0}: could not renew it within the renew deadline")]
     Lost(String),
+    #[error("leader election settings: {0}")]
+    Settings(String),
 }
 
 /// Runs the election until leadership is lost (an error: the process should exit and be
@@ -91,38 +170,78 @@ pub async fn run(
     cfg: LeaseConfig,
     leadership: Arc<Leadership>,
     shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), LeaderError> {
+) -> Result<(), ElectionError> {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
     let mut observed: Option<(LeaseSpec, Instant)> = None;
     let mut last_renew: Option<Instant> = None;
     tokio::pin!(shutdown);
     loop {
-        match try_acquire_or_renew(&api, &cfg, &mut observed).await {
-            Ok(true) => {
+        // An attempt may not outlive the renew deadline of a leader, nor a retry period
+        // by much for a follower.
+        let budget = match (leadership.is_leader(), last_renew) {
+            (true, Some(t)) => cfg.renew_deadline.saturating_sub(t.elapsed()),
+            _ => cfg.renew_deadline,
+        };
+        let attempt = tokio::time::timeout(budget, try_acquire_or_renew(&api, &cfg, &mut observed));
+        let outcome = tokio::select! {
+            r = attempt => Some(r),
+            () = &mut shutdown => None,
+        };
+        match outcome {
+            None => return step_down_on_shutdown(&api, &cfg, &leadership).await,
+            Some(Ok(Ok(true))) => {
                 if !leadership.is_leader() {
                     tracing::info!(lease = %cfg.name, identity = %cfg.identity, "became the leader");
                 }
                 last_renew = Some(Instant::now());
                 leadership.set(true);
             }
-            Ok(false) => {}
-            Err(e) => tracing::warn!(lease = %cfg.name, error = %e, "lease update failed"),
+            Some(Ok(Ok(false))) => {
+                if leadership.is_leader() {
+                    // Someone else holds the lease now (it expired from their view).
+                    leadership.set(false);
+                    return Err(ElectionError::Lost(cfg.name.clone()));
+                }
+            }
+            Some(Ok(Err(e))) => {
+                tracing::warn!(lease = %cfg.name, error = %e, "lease update failed")
+            }
+            Some(Err(_)) => tracing::warn!(lease = %cfg.name, "lease update timed out"),
         }
-        if leadership.is_leader() && last_renew.is_some_and(|t| t.elapsed() > cfg.renew_deadline) {
+        if leadership.is_leader() && last_renew.is_some_and(|t| t.elapsed() >= cfg.renew_deadline) {
             leadership.set(false);
-            return Err(LeaderError::Lost(cfg.name.clone()));
+            return Err(ElectionError::Lost(cfg.name.clone()));
+        }
+        // Sleep until the next attempt — for a leader, never past its renew deadline.
+        let mut pause = cfg.retry_period;
+        if let (true, Some(t)) = (leadership.is_leader(), last_renew) {
+            pause = pause.min(cfg.renew_deadline.saturating_sub(t.elapsed()));
         }
         tokio::select! {
-            _ = tokio::time::sleep(cfg.retry_period) => {}
-            _ = &mut shutdown => {
-                if leadership.is_leader() {
-                    leadership.set(false);
-                    release(&api, &cfg).await;
-                }
-                return Ok(());
-            }
+            () = tokio::time::sleep(pause) => {}
+            () = &mut shutdown => return step_down_on_shutdown(&api, &cfg, &leadership).await,
         }
     }
+}
+
+async fn step_down_on_shutdown(
+    api: &Api<Lease>,
+    cfg: &LeaseConfig,
+    leadership: &Leadership,
+) -> Result<(), ElectionError> {
+    if leadership.is_leader() {
+        leadership.set(false);
+        if tokio::time::timeout(
+            cfg.retry_period.max(Duration::from_secs(1)),
+            release(api, cfg),
+        )
+        .await
+        .is_err()
+        {
+            tracing::warn!(lease = %cfg.name, "releasing the lease timed out");
+        }
+    }
+    Ok(())
 }
 
 fn now() -> MicroTime {
@@ -211,19 +330,4 @@ pub fn default_identity() -> String {
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "unknown-host".into());
     format!("{host}-{}", std::process::id())
-}
-
-/// A client from an explicit kubeconfig, else the in-cluster config or `$KUBECONFIG`.
-pub async fn client(
-    kubeconfig: Option<&std::path::Path>,
-) -> Result<Client, Box<dyn std::error::Error + Send + Sync>> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await?
-        }
-        None => kube::Config::infer().await?,
-    };
-    Ok(Client::try_from(config)?)
 }

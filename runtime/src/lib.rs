@@ -1,0 +1,19 @@
+//! What the core controller and every driver share (linkerd's `kubert` plays this part
+//! there): the Kubernetes client with every call bounded ([`client`]), watched caches with
+//! change handlers and health ([`cache`], [`health`]), a work queue and its workers
+//! ([`queue`], [`workers`]), leader election ([`leader`]), events ([`events`]), task
+//! supervision and shutdown ([`supervise`]), the probe port ([`probes`]), logging
+//! ([`logging`]) and ClusterRole rendering ([`rbac`]).
+
+pub mod cache;
+pub mod client;
+pub mod events;
+pub mod health;
+pub mod leader;
+pub mod logging;
+pub mod probes;
+pub mod queue;
+pub mod rbac;
+pub mod supervise;
+pub mod workers;
+pub mod world;

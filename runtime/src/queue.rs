@@ -1,0 +1,352 @@
+//! A work queue with the semantics of client-go's workqueue, which every Kubernetes
+//! controller author knows: a key is queued at most once, a key is never processed by two
+//! workers at once (a key added while it runs is processed again afterwards), delayed adds
+//! keep the earliest deadline, and failures back off exponentially per key until the key
+//! succeeds (or is forgotten because its object is gone).
+//!
+//! Producers (watch handlers) only insert into sets: adding never blocks and never waits
+//! for a consumer, so a slow reconciler cannot stall a watch. Stalls are detected instead:
+//! [`Queue::stalled`] reports a queue that has work ready while no worker picked anything
+//! up for longer than a bound.
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::hash::Hash;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// Exponential backoff per key: `base * 2^(failures-1)`, capped.
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    pub base: Duration,
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        // client-go's default controller rate limiter: 5 ms doubling up to 1000 s. A lower
+        // cap suits a binder: an address that cannot be written for minutes is retried at
+        // least every five.
+        Backoff {
+            base: Duration::from_millis(5),
+            max: Duration::from_secs(300),
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay before retry number `failures` (1 = the first retry).
+    pub fn delay(&self, failures: u32) -> Duration {
+        let exp = failures.saturating_sub(1).min(31);
+        self.base
+            .checked_mul(1u32 << exp)
+            .map_or(self.max, |d| d.min(self.max))
+    }
+}
+
+struct State<K> {
+    /// Keys ready to be handed out, in order.
+    ready: VecDeque<K>,
+    /// Keys in `ready` (a key is queued once).
+    queued: HashSet<K>,
+    /// Keys a worker is processing now.
+    running: HashSet<K>,
+    /// Keys added while running: queued again when their worker finishes.
+    dirty: HashSet<K>,
+    /// Delayed keys: (deadline, sequence) → key, and each key's earliest deadline.
+    delayed: BTreeSet<(Instant, u64, K)>,
+    deadline_of: HashMap<K, (Instant, u64)>,
+    seq: u64,
+    failures: HashMap<K, u32>,
+    /// When a worker last took a key (or the queue was created).
+    last_take: Instant,
+    shut_down: bool,
+}
+
+/// See the module documentation.
+pub struct Queue<K> {
+    state: Mutex<State<K>>,
+    notify: Notify,
+    backoff: Backoff,
+}
+
+impl<K: Clone + Eq + Hash + Ord> Queue<K> {
+    pub fn new(backoff: Backoff) -> Self {
+        Queue {
+            state: Mutex::new(State {
+                ready: VecDeque::new(),
+                queued: HashSet::new(),
+                running: HashSet::new(),
+                dirty: HashSet::new(),
+                delayed: BTreeSet::new(),
+                deadline_of: HashMap::new(),
+                seq: 0,
+                failures: HashMap::new(),
+                last_take: Instant::now(),
+                shut_down: false,
+            }),
+            notify: Notify::new(),
+            backoff,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<K>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `key` now.
+    pub fn add(&self, key: K) {
+        let mut s = self.lock();
+        if Self::enqueue(&mut s, key) {
+            drop(s);
+            self.notify.notify_one();
+        }
+    }
+
+    /// Queues every key of `keys` now.
+    pub fn add_all(&self, keys: impl IntoIterator<Item = K>) {
+        let mut s = self.lock();
+        let mut n = 0;
+        for k in keys {
+            if Self::enqueue(&mut s, k) {
+                n += 1;
+            }
+        }
+        drop(s);
+        for _ in 0..n {
+            self.notify.notify_one();
+        }
+    }
+
+    /// True when the key became ready (it was neither queued nor running).
+    fn enqueue(s: &mut State<K>, key: K) -> bool {
+        if s.shut_down {
+            return false;
+        }
+        if let Some(at) = s.deadline_of.remove(&key) {
+            s.delayed.remove(&(at.0, at.1, key.clone()));
+        }
+        if s.running.contains(&key) {
+            s.dirty.insert(key);
+            return false;
+        }
+        if s.queued.insert(key.clone()) {
+            s.ready.push_back(key);
+            return true;
+        }
+        false
+    }
+
+    /// Queues `key` after `delay`; an earlier pending deadline for the key wins.
+    pub fn add_after(&self, key: K, delay: Duration) {
+        if delay.is_zero() {
+            return self.add(key);
+        }
+        let at = Instant::now() + delay;
+        let mut s = self.lock();
+        if s.shut_down || s.queued.contains(&key) {
+            return;
+        }
+        if let Some(&(old, seq)) = s.deadline_of.get(&key) {
+            if old <= at {
+                return;
+            }
+            s.delayed.remove(&(old, seq, key.clone()));
+        }
+        s.seq += 1;
+        let seq = s.seq;
+        s.delayed.insert((at, seq, key.clone()));
+        s.deadline_of.insert(key, (at, seq));
+        drop(s);
+        // A worker may be sleeping until a later deadline.
+        self.notify.notify_one();
+    }
+
+    /// Queues `key` after its next backoff delay and returns that delay.
+    pub fn add_backoff(&self, key: K) -> Duration {
+        let failures = {
+            let mut s = self.lock();
+            let n = s.failures.entry(key.clone()).or_insert(0);
+            *n = n.saturating_add(1);
+            *n
+        };
+        let delay = self.backoff.delay(failures);
+        self.add_after(key, delay);
+        delay
+    }
+
+    /// Resets the backoff of `key` (it succeeded, or its object is gone).
+    pub fn forget(&self, key: &K) {
+        self.lock().failures.remove(key);
+    }
+
+    /// Failures of `key` since it last succeeded.
+    pub fn failures(&self, key: &K) -> u32 {
+        self.lock().failures.get(key).copied().unwrap_or(0)
+    }
+
+    /// Waits for the next key and marks it running. `None` once the queue is shut down.
+    pub async fn next(&self) -> Option<K> {
+        loop {
+            // Registered before the state is read, so a notification sent in between
+            // (notify_one or notify_waiters) is not lost.
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let wake_at = {
+                let mut s = self.lock();
+                if s.shut_down {
+                    return None;
+                }
+                let now = Instant::now();
+                // Move due delayed keys to ready.
+                while let Some((at, seq, key)) = s.delayed.first().cloned() {
+                    if at > now {
+                        break;
+                    }
+                    s.delayed.remove(&(at, seq, key.clone()));
+                    s.deadline_of.remove(&key);
+                    Self::enqueue(&mut s, key);
+                }
+                if let Some(key) = s.ready.pop_front() {
+                    s.queued.remove(&key);
+                    s.running.insert(key.clone());
+                    s.last_take = now;
+                    // Let another worker look at what is left.
+                    if !s.ready.is_empty() {
+                        self.notify.notify_one();
+                    }
+                    return Some(key);
+                }
+                s.delayed.first().map(|(at, _, _)| *at)
+            };
+            match wake_at {
+                Some(at) => {
+                    let _ = tokio::time::timeout_at(at, notified).await;
+                }
+                None => notified.await,
+            }
+        }
+    }
+
+    /// Marks `key` finished; it is queued again if it was added while running.
+    pub fn done(&self, key: &K) {
+        let mut s = self.lock();
+        s.running.remove(key);
+        if s.dirty.remove(key) && Self::enqueue(&mut s, key.clone()) {
+            drop(s);
+            self.notify.notify_one();
+        }
+    }
+
+    /// Stops handing out keys; waiting workers get `None`.
+    pub fn shut_down(&self) {
+        self.lock().shut_down = true;
+        self.notify.notify_waiters();
+    }
+
+    /// Keys ready, delayed and running (for metrics).
+    pub fn depth(&self) -> (usize, usize, usize) {
+        let s = self.lock();
+        (s.ready.len(), s.delayed.len(), s.running.len())
+    }
+
+    /// Work is ready, yet no worker took any for longer than `bound`: the consumers are
+    /// stuck (a worker hangs, or nobody polls the queue).
+    pub fn stalled(&self, bound: Duration) -> bool {
+        let s = self.lock();
+        !s.ready.is_empty() && s.last_take.elapsed() > bound
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn q() -> Queue<String> {
+        Queue::new(Backoff::default())
+    }
+
+    #[tokio::test]
+    async fn a_key_is_queued_once_and_never_runs_twice_at_once() {
+        let q = q();
+        q.add("a".into());
+        q.add("a".into());
+        q.add("b".into());
+        assert_eq!(q.depth().0, 2);
+        let a = q.next().await.unwrap();
+        assert_eq!(a, "a");
+        // Added while running: not handed out to a second worker...
+        q.add("a".into());
+        assert_eq!(q.next().await.unwrap(), "b");
+        assert_eq!(q.depth().0, 0);
+        // ...but queued again once the first worker is done.
+        q.done(&a);
+        assert_eq!(q.next().await.unwrap(), "a");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delayed_adds_keep_the_earliest_deadline_and_an_add_now_wins() {
+        let q = q();
+        q.add_after("a".into(), Duration::from_secs(10));
+        q.add_after("a".into(), Duration::from_secs(20));
+        q.add_after("a".into(), Duration::from_secs(5));
+        let start = Instant::now();
+        assert_eq!(q.next().await.unwrap(), "a");
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+        q.done(&"a".to_string());
+        q.add_after("b".into(), Duration::from_secs(60));
+        q.add("b".into());
+        let start = Instant::now();
+        assert_eq!(q.next().await.unwrap(), "b");
+        assert!(start.elapsed() < Duration::from_secs(1));
+        assert_eq!(q.depth().1, 0, "the delayed entry was replaced");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_back_off_exponentially_per_key_until_forgotten() {
+        let q = q();
+        let delays: Vec<Duration> = (0..4).map(|_| q.add_backoff("a".into())).collect();
+        assert_eq!(
+            delays,
+            [5, 10, 20, 40].map(Duration::from_millis).to_vec(),
+            "per-key doubling"
+        );
+        assert_eq!(q.add_backoff("b".into()), Duration::from_millis(5));
+        assert_eq!(q.failures(&"a".to_string()), 4);
+        q.forget(&"a".to_string());
+        assert_eq!(q.failures(&"a".to_string()), 0);
+        assert_eq!(
+            Backoff::default().delay(40),
+            Duration::from_secs(300),
+            "capped"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_queue_nobody_takes_from_reports_a_stall() {
+        let q = q();
+        assert!(!q.stalled(Duration::from_secs(1)), "empty is not stalled");
+        q.add("a".into());
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(q.stalled(Duration::from_secs(1)));
+        let k = q.next().await.unwrap();
+        assert!(!q.stalled(Duration::from_secs(1)));
+        q.done(&k);
+    }
+
+    #[tokio::test]
+    async fn shut_down_releases_waiting_workers() {
+        let q = std::sync::Arc::new(q());
+        let w = {
+            let q = q.clone();
+            tokio::spawn(async move { q.next().await })
+        };
+        tokio::task::yield_now().await;
+        q.shut_down();
+        assert_eq!(w.await.unwrap(), None);
+    }
+}

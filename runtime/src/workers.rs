@@ -1,0 +1,210 @@
+//! Workers that run a reconcile function over a [`Queue`], only while this process may act
+//! (it leads, and its caches are live), with the retry policy decided by the error.
+
+use std::fmt::Display;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::health::Health;
+use crate::leader::Leadership;
+use crate::queue::Queue;
+
+/// What a successful pass asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing until the object (or something it depends on) changes.
+    Done,
+    /// Pass again after this long (a real deadline, such as a release delay).
+    RequeueAfter(Duration),
+}
+
+/// How a failed pass is retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// With the key's exponential backoff (conflicts start at 5 ms and double).
+    Backoff,
+    /// Not at all: the object is gone, or the error can only be fixed by a change that
+    /// will trigger a pass by itself.
+    Never,
+}
+
+/// An error of a pass.
+pub trait PassError: Display {
+    fn retry(&self) -> Retry;
+    /// A short static label for metrics.
+    fn category(&self) -> &'static str;
+}
+
+/// Whether this process may act: it leads and its view is live.
+#[derive(Clone)]
+pub struct Gate {
+    pub leadership: Arc<Leadership>,
+    pub health: Arc<Health>,
+}
+
+impl Gate {
+    pub fn may_act(&self) -> bool {
+        self.leadership.is_leader() && self.health.live()
+    }
+
+    /// Resolves once the process may act.
+    pub async fn ready(&self) {
+        while !self.may_act() {
+            tokio::select! {
+                () = self.leadership.changed() => {}
+                // Liveness has no change notification; this only runs while not acting.
+                () = tokio::time::sleep(Duration::from_millis(250)) => {}
+            }
+        }
+    }
+}
+
+/// Records one pass (controller, result label, duration).
+pub type Observe = Arc<dyn Fn(&'static str, &'static str, Duration) + Send + Sync>;
+
+/// Runs `workers` workers of `controller` until the queue shuts down.
+pub async fn run<K, F, Fut, E>(
+    controller: &'static str,
+    queue: Arc<Queue<K>>,
+    workers: usize,
+    gate: Gate,
+    reconcile: F,
+    observe: Observe,
+) where
+    K: Clone + Eq + Hash + Ord + Display + Send + Sync + 'static,
+    F: Fn(K) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Outcome, E>> + Send,
+    E: PassError,
+{
+    let reconcile = Arc::new(reconcile);
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..workers.max(1) {
+        let (queue, gate, reconcile, observe) = (
+            queue.clone(),
+            gate.clone(),
+            reconcile.clone(),
+            observe.clone(),
+        );
+        set.spawn(async move {
+            loop {
+                gate.ready().await;
+                let Some(key) = queue.next().await else {
+                    return;
+                };
+                if !gate.may_act() {
+                    // Leadership or liveness went away while waiting: keep the key.
+                    queue.done(&key);
+                    queue.add(key);
+                    continue;
+                }
+                let start = Instant::now();
+                let result = reconcile(key.clone()).await;
+                let label = match &result {
+                    Ok(_) => "success",
+                    Err(e) => e.category(),
+                };
+                observe(controller, label, start.elapsed());
+                match result {
+                    Ok(Outcome::Done) => queue.forget(&key),
+                    Ok(Outcome::RequeueAfter(d)) => {
+                        queue.forget(&key);
+                        queue.add_after(key.clone(), d);
+                    }
+                    Err(e) => match e.retry() {
+                        Retry::Backoff => {
+                            let delay = queue.add_backoff(key.clone());
+                            let failures = queue.failures(&key);
+                            if failures >= 3 {
+                                tracing::warn!(controller, %key, failures, ?delay, error = %e, "pass failed");
+                            } else {
+                                tracing::debug!(controller, %key, ?delay, error = %e, "pass failed");
+                            }
+                        }
+                        Retry::Never => {
+                            tracing::debug!(controller, %key, error = %e, "pass failed; not retried");
+                            queue.forget(&key);
+                        }
+                    },
+                }
+                queue.done(&key);
+            }
+        });
+    }
+    while set.join_next().await.is_some() {}
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::health::Bounds;
+    use std::sync::Mutex;
+
+    #[derive(Debug)]
+    struct E(Retry);
+    impl Display for E {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "{:?}", self.0)
+        }
+    }
+    impl PassError for E {
+        fn retry(&self) -> Retry {
+            self.0
+        }
+        fn category(&self) -> &'static str {
+            "test"
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_the_leader_acts_and_errors_retry_by_kind() {
+        let leadership = Leadership::follower();
+        let gate = Gate {
+            leadership: leadership.clone(),
+            health: Health::new(Bounds::default()),
+        };
+        let queue = Arc::new(Queue::<String>::new(Default::default()));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let runner = {
+            let seen = seen.clone();
+            tokio::spawn(run(
+                "test",
+                queue.clone(),
+                2,
+                gate,
+                move |k: String| {
+                    let seen = seen.clone();
+                    async move {
+                        let n = {
+                            let mut s = seen.lock().unwrap();
+                            s.push(k.clone());
+                            s.iter().filter(|x| **x == k).count()
+                        };
+                        match (k.as_str(), n) {
+                            ("flaky", 1 | 2) => Err(E(Retry::Backoff)),
+                            ("gone", _) => Err(E(Retry::Never)),
+                            _ => Ok(Outcome::Done),
+                        }
+                    }
+                },
+                Arc::new(|_, _, _| {}),
+            ))
+        };
+        queue.add_all(["flaky".to_string(), "gone".to_string(), "ok".to_string()]);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(seen.lock().unwrap().is_empty(), "a follower does nothing");
+        leadership_set(&leadership, true);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut got = seen.lock().unwrap().clone();
+        got.sort();
+        assert_eq!(got, ["flaky", "flaky", "flaky", "gone", "ok"]);
+        queue.shut_down();
+        runner.await.unwrap();
+    }
+
+    fn leadership_set(l: &Leadership, v: bool) {
+        l.set(v);
+    }
+}

@@ -1,0 +1,83 @@
+//! The caches of this API's kinds — claims, addresses, classes, and Services where needed —
+//! one watch per kind per process, shared by every consumer in it (the core's reconcilers
+//! and the aggregated views, or a driver's runner).
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass};
+use k8s_openapi::api::core::v1::Service;
+use kube::{Api, Client};
+
+use crate::cache::{Cache, WatchConfig};
+use crate::health::Health;
+use crate::supervise::Tasks;
+
+#[derive(Clone)]
+pub struct World {
+    pub claims: Arc<Cache<IPAddressClaim>>,
+    pub addresses: Arc<Cache<IPAddress>>,
+    pub classes: Arc<Cache<IPAddressClass>>,
+    /// Only where Services are needed (auto-claims).
+    pub services: Option<Arc<Cache<Service>>>,
+    /// The highest resourceVersion any of the watches has seen.
+    pub revision: Arc<AtomicU64>,
+    pub health: Arc<Health>,
+}
+
+impl World {
+    /// The caches, empty until [`World::watch`] runs them; register change handlers first.
+    pub fn new(with_services: bool, health: Arc<Health>) -> World {
+        let revision = Arc::new(AtomicU64::new(0));
+        let w = World {
+            claims: Cache::new("IPAddressClaim", revision.clone()),
+            addresses: Cache::new("IPAddress", revision.clone()),
+            classes: Cache::new("IPAddressClass", revision.clone()),
+            services: with_services.then(|| Cache::new("Service", revision.clone())),
+            revision,
+            health,
+        };
+        w.health.watch(w.claims.health.clone());
+        w.health.watch(w.addresses.health.clone());
+        w.health.watch(w.classes.health.clone());
+        if let Some(s) = &w.services {
+            w.health.watch(s.health.clone());
+        }
+        w
+    }
+
+    /// Runs every watch, and the watchdog that restarts silent ones, as supervised tasks.
+    pub fn watch(&self, client: &Client, tasks: &mut Tasks) {
+        let cfg = WatchConfig::default();
+        tasks.spawn_forever(
+            "watch IPAddressClaims",
+            self.claims
+                .clone()
+                .run(Api::all(client.clone()), cfg.clone()),
+        );
+        tasks.spawn_forever(
+            "watch IPAddresses",
+            self.addresses
+                .clone()
+                .run(Api::all(client.clone()), cfg.clone()),
+        );
+        tasks.spawn_forever(
+            "watch IPAddressClasses",
+            self.classes
+                .clone()
+                .run(Api::all(client.clone()), cfg.clone()),
+        );
+        if let Some(s) = &self.services {
+            tasks.spawn_forever(
+                "watch Services",
+                s.clone().run(Api::all(client.clone()), cfg),
+            );
+        }
+        tasks.spawn_forever("cache watchdog", self.health.clone().watchdog());
+    }
+
+    /// Every class (classes are few).
+    pub fn classes(&self) -> Vec<Arc<IPAddressClass>> {
+        self.classes.store.all()
+    }
+}
