@@ -1,21 +1,28 @@
-//! `address-controller`: one binary for the core controller and (issue #4) the
-//! aggregated API server.
-
-mod admin;
+//! `address-controller`: one binary for the core controller and the aggregated API server.
+//! `main` wires the parts and supervises them: any critical task that stops ends the
+//! process with a non-zero exit.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use address_controller_apiserver::authn::Authenticator;
 use address_controller_apiserver::authz::Authorizer;
 use address_controller_apiserver::tls;
-use address_controller_controller::{cache, context::Context, leader, metrics::Metrics, run};
+use address_controller_controller::context::Context;
+use address_controller_controller::metrics::Metrics;
+use address_controller_controller::run;
+use address_controller_runtime::client::ClientArgs;
+use address_controller_runtime::health::{Bounds, Health};
+use address_controller_runtime::leader::{self, ElectionArgs, Leadership};
+use address_controller_runtime::logging::LogArgs;
+use address_controller_runtime::probes::{self, ProbeArgs};
+use address_controller_runtime::supervise::{Shutdown, Tasks, signal};
+use address_controller_runtime::workers::Gate;
+use address_controller_runtime::world::World;
 use anyhow::Context as _;
-use clap::{Args, Parser, Subcommand, ValueEnum};
-use futures_shutdown::Shutdown;
+use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "address-controller", version, about)]
@@ -45,27 +52,23 @@ enum Command {
 #[derive(Args)]
 struct RunArgs {
     #[command(flatten)]
-    kube: KubeArgs,
+    kube: ClientArgs,
     #[command(flatten)]
     apiserver: ApiServerArgs,
     #[command(flatten)]
     election: ElectionArgs,
     #[command(flatten)]
-    ops: OpsArgs,
+    probes: ProbeArgs,
+    #[command(flatten)]
+    log: LogArgs,
+    #[command(flatten)]
+    liveness: LivenessArgs,
     /// Reconciles running at once, per controller.
     #[arg(long, env = "ADDRESS_CONTROLLER_CONCURRENCY", default_value_t = 16)]
     concurrency: u16,
     /// Create an IPAddressClaim for every LoadBalancer Service that names none (SPEC §7).
     #[arg(long, env = "ADDRESS_CONTROLLER_AUTO_CLAIMS", default_value_t = true, action = clap::ArgAction::Set)]
     auto_claims: bool,
-}
-
-#[derive(Args)]
-#[command(next_help_heading = "Kubernetes API")]
-struct KubeArgs {
-    /// Kubeconfig to use; without it the in-cluster config (or $KUBECONFIG) is used.
-    #[arg(long, env = "KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -107,57 +110,6 @@ struct ApiServerArgs {
     metrics_address: String,
 }
 
-#[derive(Args)]
-#[command(next_help_heading = "Leader election")]
-struct ElectionArgs {
-    /// Elect a leader among replicas on a coordination.k8s.io Lease; only the leader reconciles.
-    #[arg(long, env = "ADDRESS_CONTROLLER_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
-    leader_elect: bool,
-    /// Name of the Lease.
-    #[arg(
-        long,
-        env = "ADDRESS_CONTROLLER_LEASE_NAME",
-        default_value = "address-controller"
-    )]
-    lease_name: String,
-    /// Namespace of the Lease.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
-    lease_namespace: String,
-    /// Identity of this replica in the Lease (default: host name and process id).
-    #[arg(long, env = "POD_NAME")]
-    identity: Option<String>,
-    /// How long a lease stays valid without renewal.
-    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
-    lease_duration: Duration,
-    /// How long the leader tries to renew before giving up (then the process exits).
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-    renew_deadline: Duration,
-    /// Pause between election attempts.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-    retry_period: Duration,
-}
-
-#[derive(Args)]
-#[command(next_help_heading = "Operations")]
-struct OpsArgs {
-    /// Plain-HTTP address of /healthz, /readyz and /metrics.
-    #[arg(
-        long,
-        env = "ADDRESS_CONTROLLER_PROBE_ADDRESS",
-        default_value = "0.0.0.0:8081"
-    )]
-    probe_address: SocketAddr,
-    /// Log format.
-    #[arg(long, env = "ADDRESS_CONTROLLER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
-    log_format: LogFormat,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Plain,
-    Json,
-}
-
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Manifests {
@@ -165,55 +117,58 @@ fn main() -> anyhow::Result<()> {
             role,
             openapi_dir,
         } => write_manifests(&crds_dir, &role, &openapi_dir),
-        Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()?
-            .block_on(run_controller(*args)),
-    }
-}
-
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,kube_runtime::controller=warn")
-    });
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    match format {
-        LogFormat::Plain => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
-
-async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
-    init_logging(args.ops.log_format);
-    let client = leader::client(args.kube.kubeconfig.as_deref())
-        .await
-        .map_err(|e| anyhow::anyhow!("kubernetes client: {e}"))?;
-    let identity = args
-        .election
-        .identity
-        .clone()
-        .unwrap_or_else(leader::default_identity);
-    let shutdown = Shutdown::new();
-
-    let (cache, drive) = cache::start(&client, args.auto_claims);
-    let stores = cache.stores.clone();
-    tokio::spawn(drive);
-
-    let metrics = Arc::new(Metrics::new(stores.clone())?);
-    let ready = Arc::new(AtomicBool::new(false));
-    {
-        let (stores, ready) = (stores.clone(), ready.clone());
-        tokio::spawn(async move {
-            if stores.wait_until_ready().await.is_ok() {
-                tracing::info!("caches synced");
-                ready.store(true, Ordering::Release);
+        Command::Run(args) => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            if let Err(e) = runtime.block_on(run(*args)) {
+                // A critical task stopped (a server could not bind, the lease was lost, ...):
+                // exit non-zero so the pod is restarted clean.
+                eprintln!("address-controller: {e:#}");
+                std::process::exit(1);
             }
-        });
+            Ok(())
+        }
     }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    args.log.init();
+    let client = args.kube.client().await?;
+    let identity = args.election.identity();
+    let shutdown = Shutdown::default();
+    let mut tasks = Tasks::new(shutdown.clone());
+    let health = Health::new(args.liveness.bounds());
+    let controller = args.apiserver.controller;
+    let world = World::new(controller && args.auto_claims, health.clone());
+    let metrics = Arc::new(Metrics::new(world.clone())?);
+    let leadership = if args.election.leader_elect && controller {
+        Leadership::follower()
+    } else if controller {
+        Leadership::always()
+    } else {
+        Leadership::follower()
+    };
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        world.clone(),
+        Gate {
+            leadership: leadership.clone(),
+            health: health.clone(),
+        },
+        metrics.clone(),
+        identity.clone(),
+    ));
+    if controller {
+        // Handlers first: they must see the initial lists.
+        run::register(&ctx);
+    }
+    world.watch(&client, &mut tasks);
+
     // The TLS endpoints (views, secure metrics) share the serving certificate and the
     // delegated authentication and authorization.
     let needs_tls = args.apiserver.enabled || !args.apiserver.metrics_address.is_empty();
-    let secure = if needs_tls {
+    if needs_tls {
         let cert = match (
             &args.apiserver.tls_cert_file,
             &args.apiserver.tls_private_key_file,
@@ -224,139 +179,103 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
             },
             _ => tls::ServingCert::SelfSigned(vec!["localhost".into()]),
         };
+        let config = tls::server_config(cert)?;
         let authn = Authenticator::new(client.clone());
-        tokio::spawn(authn.clone().watch_config());
-        Some((
-            tls::server_config(cert)?,
-            authn,
-            Arc::new(Authorizer::new(client.clone())),
-        ))
-    } else {
-        None
-    };
-    let mut servers = Vec::new();
-    if let (true, Some((config, authn, authz))) = (args.apiserver.enabled, &secure) {
-        let state = Arc::new(address_controller_apiserver::State {
-            stores: stores.clone(),
-            authn: authn.clone(),
-            authz: authz.clone(),
-            synced: ready.clone(),
-        });
-        servers.push(tokio::spawn(address_controller_apiserver::serve_tls(
-            args.apiserver.apiserver_address,
-            config.clone(),
-            address_controller_apiserver::router(state),
-            shutdown.wait(),
-        )));
-    }
-    if let (false, Some((config, authn, authz))) =
-        (args.apiserver.metrics_address.is_empty(), &secure)
-    {
-        let addr: SocketAddr = args.apiserver.metrics_address.parse()?;
-        let m = metrics.clone();
-        let app = address_controller_apiserver::metrics_router(
-            authn.clone(),
-            authz.clone(),
-            Arc::new(move || m.render()),
-        );
-        servers.push(tokio::spawn(address_controller_apiserver::serve_tls(
-            addr,
-            config.clone(),
-            app,
-            shutdown.wait(),
-        )));
-    }
-    let admin = tokio::spawn(admin::serve(
-        args.ops.probe_address,
-        admin::AdminState {
-            ready: ready.clone(),
-            metrics: metrics.clone(),
-        },
-        shutdown.wait(),
-    ));
-
-    let leadership = if args.election.leader_elect {
-        leader::Leadership::follower()
-    } else {
-        leader::Leadership::always()
-    };
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        stores,
-        leadership.clone(),
-        ready.clone(),
-        metrics,
-        identity.clone(),
-    ));
-    let controllers = if args.apiserver.controller {
-        Some(tokio::spawn(run::run(
-            cache,
-            ctx,
-            run::Settings {
-                concurrency: args.concurrency,
-                auto_claims: args.auto_claims,
-            },
-            shutdown.wait(),
-        )))
-    } else {
-        drop(cache);
-        None
-    };
-
-    let election = async {
-        if !args.election.leader_elect || !args.apiserver.controller {
-            return shutdown.wait().await;
+        let authz = Arc::new(Authorizer::new(client.clone()));
+        tasks.spawn_forever("front-proxy settings watch", authn.clone().watch_config());
+        if args.apiserver.enabled {
+            let state = Arc::new(address_controller_apiserver::State {
+                world: world.clone(),
+                authn: authn.clone(),
+                authz: authz.clone(),
+            });
+            let serve = address_controller_apiserver::serve_tls(
+                args.apiserver.apiserver_address,
+                config.clone(),
+                address_controller_apiserver::router(state),
+                shutdown.wait(),
+            );
+            tasks.spawn("aggregated API server", async move {
+                serve.await.context("aggregated API server")
+            });
         }
-        let cfg = leader::LeaseConfig {
-            namespace: args.election.lease_namespace.clone(),
-            name: args.election.lease_name.clone(),
-            identity: identity.clone(),
-            lease_duration: args.election.lease_duration,
-            renew_deadline: args.election.renew_deadline,
-            retry_period: args.election.retry_period,
+        if !args.apiserver.metrics_address.is_empty() {
+            let addr: SocketAddr = args.apiserver.metrics_address.parse()?;
+            let m = metrics.clone();
+            let app = address_controller_apiserver::metrics_router(
+                authn,
+                authz,
+                Arc::new(move || m.render()),
+            );
+            let serve = address_controller_apiserver::serve_tls(addr, config, app, shutdown.wait());
+            tasks.spawn("metrics server", async move {
+                serve.await.context("metrics server")
+            });
+        }
+    }
+    tasks.spawn(
+        "probes",
+        probes::serve(args.probes.probe_address, health.clone(), shutdown.wait()),
+    );
+    if controller {
+        let settings = run::Settings {
+            concurrency: args.concurrency,
+            auto_claims: args.auto_claims,
         };
-        if let Err(e) = leader::run(client.clone(), cfg, leadership.clone(), shutdown.wait()).await
-        {
-            // Like client-go: a replica that lost the lease exits and is restarted clean.
-            tracing::error!(error = %e, "leadership lost; exiting");
-            std::process::exit(1);
+        tasks.spawn("controllers", {
+            let ctx = ctx.clone();
+            async move {
+                run::run(ctx, settings).await;
+                Ok(())
+            }
+        });
+        let stop = shutdown.wait();
+        tasks.spawn("controllers shutdown", async move {
+            stop.await;
+            run::shut_down(&ctx);
+            Ok(())
+        });
+        if args.election.leader_elect {
+            let cfg = args.election.config("address-controller")?;
+            let stop = shutdown.wait();
+            tasks.spawn("leader election", async move {
+                leader::run(client, cfg, leadership, stop).await?;
+                Ok(())
+            });
         }
-    };
-
-    let signals = {
+    }
+    tasks.spawn("signals", {
         let shutdown = shutdown.clone();
         async move {
-            wait_for_signal().await;
+            signal().await;
             tracing::info!("shutting down");
             shutdown.trigger();
+            Ok(())
         }
-    };
-    tokio::join!(election, signals);
-    let _ = tokio::time::timeout(Duration::from_secs(10), async {
-        if let Some(c) = controllers {
-            let _ = c.await;
-        }
-        for server in servers {
-            let _ = server.await;
-        }
-        let _ = admin.await;
-    })
-    .await;
+    });
+    tasks.supervise(Duration::from_secs(10)).await?;
     Ok(())
 }
 
-async fn wait_for_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
+/// Bounds of liveness (readiness, and whether the leader may act).
+#[derive(Args)]
+#[command(next_help_heading = "Liveness of the caches")]
+struct LivenessArgs {
+    /// A watch that heard nothing (no event, no bookmark) for this long makes the replica
+    /// not ready and is restarted; kube-apiserver sends a bookmark about every minute.
+    #[arg(long, env = "WATCH_SILENCE_BOUND", default_value = "90s", value_parser = humantime::parse_duration)]
+    watch_silence_bound: Duration,
+    /// A work queue with ready work nobody took for this long makes the leader not ready.
+    #[arg(long, env = "QUEUE_STALL_BOUND", default_value = "60s", value_parser = humantime::parse_duration)]
+    queue_stall_bound: Duration,
+}
+
+impl LivenessArgs {
+    fn bounds(&self) -> Bounds {
+        Bounds {
+            silence: self.watch_silence_bound,
+            stall: self.queue_stall_bound,
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
     }
 }
 
@@ -386,28 +305,4 @@ fn write_manifests(crds_dir: &Path, role: &Path, openapi_dir: &Path) -> anyhow::
         println!("wrote {}", path.display());
     }
     Ok(())
-}
-
-/// A one-shot, cloneable shutdown signal.
-mod futures_shutdown {
-    use tokio::sync::watch;
-
-    #[derive(Clone)]
-    pub struct Shutdown(watch::Sender<bool>);
-
-    impl Shutdown {
-        pub fn new() -> Self {
-            Shutdown(watch::Sender::new(false))
-        }
-        pub fn trigger(&self) {
-            self.0.send_replace(true);
-        }
-        /// Resolves once [`Shutdown::trigger`] was called.
-        pub fn wait(&self) -> impl Future<Output = ()> + Send + Sync + 'static {
-            let mut rx = self.0.subscribe();
-            async move {
-                let _ = rx.wait_for(|v| *v).await;
-            }
-        }
-    }
 }

@@ -1,3 +1,5 @@
+//! Setting a `metav1.Condition` the way Kubernetes controllers do.
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 /// Sets a condition in `conditions`, keeping `lastTransitionTime` unless the status

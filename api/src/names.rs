@@ -62,6 +62,11 @@ pub mod reason {
 pub mod event {
     // on claims
     pub const MATCHED: &str = "Matched";
+    /// A claim became Bound to an address it did not match itself (pre-bound by a driver).
+    pub const BOUND: &str = "Bound";
+    /// An address naming the claim was released because the claim already holds one of
+    /// its family (SPEC §5.7).
+    pub const SURPLUS_ADDRESS: &str = "SurplusAddress";
     pub const ADDRESS_RELEASED: &str = "AddressReleased";
     pub const ADDRESS_DELETED: &str = "AddressDeleted";
     // on addresses

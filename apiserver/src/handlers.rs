@@ -199,12 +199,12 @@ impl Snapshot {
     pub fn take(state: &State) -> Snapshot {
         // The revision is read first: a view is never newer than the resourceVersion it
         // reports, so a watch resumed from it misses nothing.
-        let rv = state.stores.revision.load(Ordering::Acquire).to_string();
+        let rv = state.world.revision.load(Ordering::Acquire).to_string();
         Snapshot {
             rv,
-            claims: state.stores.claims.state(),
-            addresses: state.stores.addresses.state(),
-            classes: state.stores.classes.state(),
+            claims: state.world.claims.store.all(),
+            addresses: state.world.addresses.store.all(),
+            classes: state.world.classes.store.all(),
         }
     }
 

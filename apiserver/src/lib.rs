@@ -14,9 +14,8 @@ pub mod watch;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use address_controller_controller::cache::Stores;
+use address_controller_runtime::world::World;
 use axum::Router;
 use axum::extract::Request;
 use axum::http::{Method, StatusCode, header};
@@ -30,16 +29,14 @@ use crate::status::ApiError;
 
 /// Shared state of the server.
 pub struct State {
-    pub stores: Stores,
+    pub world: World,
     pub authn: Arc<Authenticator>,
     pub authz: Arc<Authorizer>,
-    /// The caches completed their initial list.
-    pub synced: Arc<AtomicBool>,
 }
 
 impl State {
     fn ready(&self) -> bool {
-        self.synced.load(Ordering::Acquire) && self.authn.ready()
+        self.world.health.live() && self.authn.ready()
     }
 }
 
@@ -139,7 +136,7 @@ async fn handle(state: Arc<State>, req: Request) -> Response {
             return ApiError::unavailable("authorization is unavailable").into_response();
         }
     }
-    if !state.synced.load(Ordering::Acquire) {
+    if !state.world.health.synced() {
         return ApiError::unavailable("caches are not synced yet").into_response();
     }
     let headers = req.headers().clone();

@@ -3,15 +3,15 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::Ordering;
 
 use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass};
-use address_controller_controller::cache::Stores;
+use address_controller_runtime::cache::{Cache, key_of};
+use address_controller_runtime::health::{Bounds, Health};
+use address_controller_runtime::world::World;
 use axum::body::Body;
 use http::{Request, StatusCode};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher::Event;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair,
@@ -24,17 +24,15 @@ use crate::authn::{Authenticator, FrontProxy, PeerCerts};
 use crate::authz::Authorizer;
 use crate::{State, router};
 
-fn store<K>(objects: Vec<Value>) -> Store<K>
+fn fill<K>(cache: &Cache<K>, objects: Vec<Value>)
 where
-    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + 'static,
+    K: address_controller_runtime::cache::Object,
 {
-    let (reader, mut writer) = reflector::store::<K>();
-    writer.apply_watcher_event(&Event::Init);
     for o in objects {
-        writer.apply_watcher_event(&Event::InitApply(serde_json::from_value(o).unwrap()));
+        let o: K = serde_json::from_value(o).unwrap();
+        cache.apply(key_of(&o), Some(Arc::new(o)));
     }
-    writer.apply_watcher_event(&Event::InitDone);
-    reader
+    cache.health.mark_synced();
 }
 
 /// A client that fails every request: these tests must never reach an API server.
@@ -79,27 +77,30 @@ fn pki() -> Pki {
 }
 
 fn app(pki: &Pki) -> axum::Router {
-    let claims = store::<IPAddressClaim>(vec![
-        json!({"metadata": {"name": "web", "namespace": "a"}, "spec": {}, "status": {"phase": "Bound", "className": "pub", "addresses": [{"name": "x", "address": "192.0.2.1"}]}}),
-        json!({"metadata": {"name": "db", "namespace": "b"}, "spec": {}, "status": {"phase": "Pending", "className": "pub"}}),
-        json!({"metadata": {"name": "c", "namespace": "c"}, "spec": {}}),
-    ]);
-    let addresses = store::<IPAddress>(vec![
-        json!({"metadata": {"name": "x"}, "spec": {"address": "192.0.2.1", "className": "pub",
+    let world = World::new(false, Health::new(Bounds::default()));
+    fill::<IPAddressClaim>(
+        &world.claims,
+        vec![
+            json!({"metadata": {"name": "web", "namespace": "a"}, "spec": {}, "status": {"phase": "Bound", "className": "pub", "addresses": [{"name": "x", "address": "192.0.2.1"}]}}),
+            json!({"metadata": {"name": "db", "namespace": "b"}, "spec": {}, "status": {"phase": "Pending", "className": "pub"}}),
+            json!({"metadata": {"name": "c", "namespace": "c"}, "spec": {}}),
+        ],
+    );
+    fill::<IPAddress>(
+        &world.addresses,
+        vec![
+            json!({"metadata": {"name": "x"}, "spec": {"address": "192.0.2.1", "className": "pub",
         "source": {"fromClass": {}}, "claimRef": {"namespace": "a", "name": "web"}}, "status": {"phase": "Bound"}}),
-    ]);
-    let classes = store::<IPAddressClass>(vec![
-        json!({"metadata": {"name": "pub"}, "spec": {"provisioner": "p"}, "status": {"capacity": {"ipv4": 4}}}),
-        json!({"metadata": {"name": "zzz"}, "spec": {"provisioner": "q"}}),
-    ]);
-    let stores = Stores {
-        services: store(vec![]),
-        services_watched: false,
-        claims,
-        addresses,
-        classes,
-        revision: Arc::new(AtomicU64::new(77)),
-    };
+        ],
+    );
+    fill::<IPAddressClass>(
+        &world.classes,
+        vec![
+            json!({"metadata": {"name": "pub"}, "spec": {"provisioner": "p"}, "status": {"capacity": {"ipv4": 4}}}),
+            json!({"metadata": {"name": "zzz"}, "spec": {"provisioner": "q"}}),
+        ],
+    );
+    world.revision.store(77, Ordering::Release);
     let client = offline_client();
     let authn = Authenticator::new(client.clone());
     let cm: ConfigMap = serde_json::from_value(json!({"data": {
@@ -109,10 +110,9 @@ fn app(pki: &Pki) -> axum::Router {
     .unwrap();
     authn.set_front_proxy(Some(FrontProxy::from_config_map(&cm).unwrap()));
     router(Arc::new(State {
-        stores,
+        world,
         authn,
         authz: Arc::new(Authorizer::new(client)),
-        synced: Arc::new(AtomicBool::new(true)),
     }))
 }
 

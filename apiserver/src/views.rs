@@ -356,23 +356,25 @@ pub fn pool_availability(
             address_controller_api::names::HELD_ANNOTATION,
         )
     };
-    let next_release = address_controller_controller::decide::address::release_delay(Some(class))
-        .and_then(|delay| {
-            let delay = k8s_openapi::jiff::SignedDuration::try_from(delay).ok()?;
-            mine.iter()
-                .filter(|a| aphase(a) == Some(AddressPhase::Released) && !held(a))
-                .filter_map(|a| {
-                    a.status
-                        .as_ref()?
-                        .released_at
-                        .as_ref()?
-                        .0
-                        .checked_add(delay)
-                        .ok()
-                })
-                .min()
-                .map(Time)
-        });
+    let next_release = address_controller_controller::decide::release_delay::release_delay(Some(
+        class,
+    ))
+    .and_then(|delay| {
+        let delay = k8s_openapi::jiff::SignedDuration::try_from(delay).ok()?;
+        mine.iter()
+            .filter(|a| aphase(a) == Some(AddressPhase::Released) && !held(a))
+            .filter_map(|a| {
+                a.status
+                    .as_ref()?
+                    .released_at
+                    .as_ref()?
+                    .0
+                    .checked_add(delay)
+                    .ok()
+            })
+            .min()
+            .map(Time)
+    });
     PoolAvailability {
         api_version: API_VERSION.into(),
         kind: "PoolAvailability".into(),

@@ -134,7 +134,7 @@ pub fn serve(
     if target.name.is_some() {
         return Err(ApiError::method_not_allowed("watch", resource.plural));
     }
-    let current = state.stores.revision.load(Ordering::Acquire);
+    let current = state.world.revision.load(Ordering::Acquire);
     let requested = query
         .get("resourceVersion")
         .filter(|v| !v.is_empty() && *v != "0");
@@ -195,7 +195,7 @@ pub fn serve(
                 return None;
             }
             tokio::time::sleep(POLL).await;
-            if w.state.stores.revision.load(Ordering::Acquire) != w.revision {
+            if w.state.world.revision.load(Ordering::Acquire) != w.revision {
                 if w.refresh().is_err() {
                     return None;
                 }

@@ -1,74 +1,69 @@
+//! Everything a pass needs, shared by all workers (controller-rs's `Context`).
+
 use std::sync::Arc;
 
 use address_controller_api::{IPAddress, IPAddressClaim};
+use address_controller_runtime::events::Events;
+use address_controller_runtime::queue::{Backoff, Queue};
+use address_controller_runtime::workers::Gate;
+use address_controller_runtime::world::World;
 use kube::Client;
-use kube::runtime::reflector::Lookup;
 
-use crate::cache::Stores;
-use crate::decide::PlannedEvent;
-use crate::events::Events;
-use crate::leader::Leadership;
+use crate::index::Index;
 use crate::metrics::Metrics;
-use crate::recent::{InFlight, RecentWrites};
+use crate::recent::RecentWrites;
 
-/// The name the controller reports events and writes under.
+/// The name the controller reports events under.
 pub const CONTROLLER_NAME: &str = "address-controller";
 
-/// Everything a reconcile pass needs, shared by all workers.
+/// The work queues, keyed by `namespace/name` (claims, Services) or `name` (addresses).
+pub struct Queues {
+    pub claims: Arc<Queue<String>>,
+    pub addresses: Arc<Queue<String>>,
+    pub services: Arc<Queue<String>>,
+}
+
+impl Default for Queues {
+    fn default() -> Self {
+        Queues {
+            claims: Arc::new(Queue::new(Backoff::default())),
+            addresses: Arc::new(Queue::new(Backoff::default())),
+            services: Arc::new(Queue::new(Backoff::default())),
+        }
+    }
+}
+
 pub struct Context {
     pub client: Client,
-    pub stores: Stores,
-    pub leader: Arc<Leadership>,
-    /// Every cache completed its initial list. Until then a claim would look unbound
-    /// merely because the addresses are not loaded yet, so nothing reconciles.
-    pub synced: Arc<std::sync::atomic::AtomicBool>,
-    pub metrics: Arc<Metrics>,
+    pub world: World,
+    pub index: Arc<Index>,
+    /// Leadership and liveness: whether this process may act.
+    pub gate: Gate,
     pub events: Events,
+    pub metrics: Arc<Metrics>,
     pub recent_claims: RecentWrites<IPAddressClaim>,
     pub recent_addresses: RecentWrites<IPAddress>,
-    pub in_flight: InFlight,
+    pub queues: Queues,
 }
 
 impl Context {
     pub fn new(
         client: Client,
-        stores: Stores,
-        leader: Arc<Leadership>,
-        synced: Arc<std::sync::atomic::AtomicBool>,
+        world: World,
+        gate: Gate,
         metrics: Arc<Metrics>,
         instance: String,
     ) -> Self {
         Context {
             events: Events::new(client.clone(), CONTROLLER_NAME, instance),
             client,
-            stores,
-            leader,
-            synced,
+            world,
+            index: Arc::new(Index::default()),
+            gate,
             metrics,
             recent_claims: RecentWrites::default(),
             recent_addresses: RecentWrites::default(),
-            in_flight: InFlight::default(),
+            queues: Queues::default(),
         }
-    }
-
-    /// Whether this process may act now: it leads, and its caches are complete.
-    pub fn may_act(&self) -> bool {
-        self.leader.is_leader() && self.synced.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// Publishes an event on `obj` (see [`Events::publish`]).
-    pub async fn publish<K>(&self, obj: &K, ev: &PlannedEvent)
-    where
-        K: kube::Resource<DynamicType = ()> + Lookup<DynamicType = ()>,
-    {
-        self.events.publish(obj, ev).await;
-    }
-
-    /// See [`Events::publish_once`].
-    pub async fn publish_once<K>(&self, obj: &K, ev: Option<&PlannedEvent>)
-    where
-        K: kube::Resource<DynamicType = ()> + Lookup<DynamicType = ()>,
-    {
-        self.events.publish_once(obj, ev).await;
     }
 }

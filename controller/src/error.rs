@@ -1,16 +1,31 @@
+use address_controller_runtime::workers::{PassError, Retry};
 use thiserror::Error;
 
 /// What can go wrong in a reconcile pass. [`Error::category`] is the bounded label used
-/// in metrics and in the requeue policy.
+/// in metrics; [`PassError::retry`] decides the requeue.
 #[derive(Debug, Error)]
 pub enum Error {
-    /// A guarded write lost a race: the object changed since the snapshot. Recompute.
+    /// A guarded write lost a race: the object changed since the snapshot. Recompute
+    /// (with the key's backoff, which starts at a few milliseconds).
     #[error("{object} changed while {action}; recomputing")]
     Conflict {
         action: &'static str,
         object: String,
     },
-    /// Any other API error.
+    /// The object the pass writes is gone: nothing left to do, not retried.
+    #[error("{object} is gone ({action})")]
+    Gone {
+        action: &'static str,
+        object: String,
+    },
+    /// The API server refused the write as invalid: retrying the same write cannot help.
+    #[error("{action} {object} was refused: {message}")]
+    Invalid {
+        action: &'static str,
+        object: String,
+        message: String,
+    },
+    /// Any other API error (including timeouts): retried with backoff.
     #[error("{action} {object}: {source}")]
     Kube {
         action: &'static str,
@@ -21,14 +36,7 @@ pub enum Error {
 }
 
 impl Error {
-    pub fn category(&self) -> &'static str {
-        match self {
-            Error::Conflict { .. } => "conflict",
-            Error::Kube { .. } => "api",
-        }
-    }
-
-    /// Maps a kube error, turning HTTP 409 into [`Error::Conflict`].
+    /// Maps a kube error by its HTTP status.
     pub fn kube(
         action: &'static str,
         object: impl Into<String>,
@@ -36,11 +44,54 @@ impl Error {
         let object = object.into();
         move |source| match &source {
             kube::Error::Api(s) if s.code == 409 => Error::Conflict { action, object },
+            kube::Error::Api(s) if s.code == 404 => Error::Gone { action, object },
+            kube::Error::Api(s) if s.code == 422 => Error::Invalid {
+                action,
+                object,
+                message: s.message.clone(),
+            },
             _ => Error::Kube {
                 action,
                 object,
                 source,
             },
+        }
+    }
+}
+
+impl Error {
+    /// Like [`Error::kube`], for a write to an object other than the one being reconciled:
+    /// that object being gone means the snapshot was stale, so the pass is recomputed.
+    pub fn kube_other(
+        action: &'static str,
+        object: impl Into<String>,
+    ) -> impl FnOnce(kube::Error) -> Error {
+        let object = object.into();
+        move |source| match &source {
+            kube::Error::Api(s) if s.code == 404 => Error::Conflict { action, object },
+            _ => Error::kube(action, object)(source),
+        }
+    }
+}
+
+impl PassError for Error {
+    fn retry(&self) -> Retry {
+        match self {
+            Error::Conflict { .. } | Error::Kube { .. } => Retry::Backoff,
+            Error::Gone { .. } => Retry::Never,
+            Error::Invalid { .. } => {
+                tracing::warn!(error = %self, "write refused by the API server");
+                Retry::Never
+            }
+        }
+    }
+
+    fn category(&self) -> &'static str {
+        match self {
+            Error::Conflict { .. } => "conflict",
+            Error::Gone { .. } => "gone",
+            Error::Invalid { .. } => "invalid",
+            Error::Kube { .. } => "api",
         }
     }
 }

@@ -10,7 +10,7 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
-use crate::cache::Stores;
+use address_controller_runtime::world::World;
 
 /// The metrics of one process.
 pub struct Metrics {
@@ -20,7 +20,7 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn new(stores: Stores) -> Result<Self, prometheus::Error> {
+    pub fn new(world: World) -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         let reconciles = IntCounterVec::new(
             Opts::new(
@@ -41,7 +41,7 @@ impl Metrics {
         )?;
         registry.register(Box::new(reconciles.clone()))?;
         registry.register(Box::new(durations.clone()))?;
-        registry.register(Box::new(Ledger::new(stores)?))?;
+        registry.register(Box::new(Ledger::new(world)?))?;
         Ok(Self {
             registry,
             reconciles,
@@ -74,7 +74,7 @@ impl Metrics {
 /// `address_controller_ipaddresses{class,phase}` and
 /// `address_controller_ipaddressclaims{namespace,class,phase}`, counted from the caches.
 struct Ledger {
-    stores: Stores,
+    world: World,
     addresses: IntGaugeVec,
     claims: IntGaugeVec,
 }
@@ -83,9 +83,9 @@ const ADDRESSES: &str = "address_controller_ipaddresses";
 const CLAIMS: &str = "address_controller_ipaddressclaims";
 
 impl Ledger {
-    fn new(stores: Stores) -> Result<Self, prometheus::Error> {
+    fn new(world: World) -> Result<Self, prometheus::Error> {
         Ok(Self {
-            stores,
+            world,
             addresses: Self::addresses_vec()?,
             claims: Self::claims_vec()?,
         })
@@ -131,12 +131,12 @@ impl Collector for Ledger {
                 .map(|p| (p.as_str(), 0))
                 .collect::<BTreeMap<_, _>>()
         };
-        for class in self.stores.classes.state() {
+        for class in self.world.classes.store.all() {
             per_class
                 .entry(kube::ResourceExt::name_any(class.as_ref()))
                 .or_insert_with(zeros);
         }
-        for a in self.stores.addresses.state() {
+        for a in self.world.addresses.store.all() {
             let phase = a
                 .status
                 .as_ref()
@@ -155,7 +155,7 @@ impl Collector for Ledger {
                     .set(*n);
             }
         }
-        for c in self.stores.claims.state() {
+        for c in self.world.claims.store.all() {
             let status = c.status.as_ref();
             let ns = c.metadata.namespace.clone().unwrap_or_default();
             let class = status

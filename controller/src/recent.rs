@@ -1,19 +1,23 @@
 //! Bridging the gap between a successful write and the watch event that brings it into
 //! the cache. Without this a worker that just bound an address would, on its next pass,
-//! still see the address free (or its claim unbound) and act again: a second address for
-//! the same claim, or a conflict storm. Reading through [`RecentWrites`] gives each worker
-//! its own writes until the cache has caught up; [`InFlight`] keeps workers of one
-//! process from racing for the same free address (SPEC §4.7: N claims, ~N writes).
+//! still see the address free (or its claim unbound) and act again. [`RecentWrites`] holds
+//! only this process's recent writes, consulted per object (never copied whole), in shards
+//! so workers do not queue on one lock; an entry ends when the cache shows the write (or a
+//! newer version), or after a few minutes.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use kube::{Resource, ResourceExt};
+use kube::Resource;
+
+use address_controller_runtime::cache::key_of;
 
 /// Entries older than this are dropped even if the cache never showed the object again
 /// (it was deleted, or the watch restarted).
 const MAX_AGE: Duration = Duration::from_secs(300);
+const SHARDS: usize = 16;
 
 struct Written<K> {
     /// The resourceVersions our writes replaced: while the cache holds one of them, the
@@ -30,40 +34,41 @@ impl<K: Resource> Written<K> {
     }
 }
 
-/// Objects this process wrote recently, by name (`namespace/name` for namespaced kinds).
+/// Objects this process wrote recently, by key.
 pub struct RecentWrites<K> {
-    entries: Mutex<HashMap<String, Written<K>>>,
+    shards: Vec<Mutex<HashMap<String, Written<K>>>>,
+    hasher: std::collections::hash_map::RandomState,
 }
 
 impl<K> Default for RecentWrites<K> {
     fn default() -> Self {
         Self {
-            entries: Mutex::new(HashMap::new()),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: Default::default(),
         }
     }
 }
 
-/// The key of an object in [`RecentWrites`] and [`InFlight`].
-pub fn key_of<K: Resource>(o: &K) -> String {
-    match o.meta().namespace.as_deref() {
-        Some(ns) => format!("{ns}/{}", o.name_any()),
-        None => o.name_any(),
-    }
-}
-
 impl<K: Resource> RecentWrites<K> {
+    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, HashMap<String, Written<K>>> {
+        let i = usize::try_from(self.hasher.hash_one(key) % SHARDS as u64).unwrap_or(0);
+        self.shards[i]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Records that `before` was replaced by `after`.
     pub fn record(&self, before: &K, after: K) {
         let key = key_of(before);
         let before_rv = before.meta().resource_version.clone();
-        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut stale = match entries.remove(&key) {
+        let mut shard = self.shard(&key);
+        let mut stale = match shard.remove(&key) {
             // `before` was itself our previous write: the cache may still be older than it.
             Some(prev) if prev.object.meta().resource_version == before_rv => prev.stale,
             _ => HashSet::new(),
         };
         stale.insert(before_rv);
-        entries.insert(
+        shard.insert(
             key,
             Written {
                 stale,
@@ -76,86 +81,48 @@ impl<K: Resource> RecentWrites<K> {
     /// The freshest known version of a cached object.
     pub fn latest(&self, cached: Arc<K>) -> Arc<K> {
         let key = key_of(cached.as_ref());
-        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        match entries.get(&key) {
+        let mut shard = self.shard(&key);
+        match shard.get(&key) {
             Some(w) if w.covers(cached.as_ref()) => w.object.clone(),
             Some(_) => {
                 // The cache caught up with (or moved past) our write.
-                entries.remove(&key);
+                shard.remove(&key);
                 cached
             }
             None => cached,
         }
     }
 
-    /// [`Self::latest`] for every object of a cache snapshot.
-    pub fn overlay(&self, cached: Vec<Arc<K>>) -> Vec<Arc<K>> {
-        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        entries.retain(|_, w| w.at.elapsed() < MAX_AGE);
-        if entries.is_empty() {
-            return cached;
-        }
-        cached
-            .into_iter()
-            .map(|o| {
-                let key = key_of(o.as_ref());
-                match entries.get(&key) {
-                    Some(w) if w.covers(o.as_ref()) => w.object.clone(),
-                    Some(_) => {
-                        entries.remove(&key);
-                        o
-                    }
-                    None => o,
-                }
-            })
-            .collect()
-    }
-}
-
-/// Free addresses that a worker is binding right now, with the claim binding each.
-#[derive(Default)]
-pub struct InFlight {
-    by_address: Mutex<HashMap<String, String>>,
-}
-
-impl InFlight {
-    /// Addresses being bound by claims other than `claim`.
-    pub fn taken_by_others(&self, claim: &str) -> HashSet<String> {
-        let map = self
-            .by_address
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        map.iter()
-            .filter(|(_, c)| *c != claim)
-            .map(|(a, _)| a.clone())
-            .collect()
-    }
-
-    /// Reserves `address` for `claim`; false when another claim holds it.
-    pub fn reserve(&self, address: &str, claim: &str) -> bool {
-        let mut map = self
-            .by_address
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match map.get(address) {
-            Some(c) if c != claim => false,
-            _ => {
-                map.insert(address.to_string(), claim.to_string());
-                true
-            }
+    /// The cache now holds `current` (or nothing) under `key`: forget our write unless the
+    /// cache is still older than it.
+    pub fn observe(&self, key: &str, current: Option<&K>) {
+        let mut shard = self.shard(key);
+        let keep = match (shard.get(key), current) {
+            (Some(w), Some(c)) => w.covers(c),
+            (Some(_), None) => false,
+            (None, _) => return,
+        };
+        if !keep {
+            shard.remove(key);
         }
     }
 
-    pub fn release(&self, address: &str) {
-        self.by_address
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(address);
+    /// Entries held (for tests and metrics).
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use k8s_openapi::api::core::v1::ConfigMap;
 
@@ -166,35 +133,19 @@ mod tests {
         .unwrap()
     }
 
+    fn rv(c: &Arc<ConfigMap>) -> &str {
+        c.metadata.resource_version.as_deref().unwrap()
+    }
+
     #[test]
     fn overlay_until_the_cache_catches_up() {
         let recent = RecentWrites::default();
         recent.record(&cm("1"), cm("2"));
-        assert_eq!(
-            recent
-                .latest(Arc::new(cm("1")))
-                .metadata
-                .resource_version
-                .as_deref(),
-            Some("2")
-        );
+        assert_eq!(rv(&recent.latest(Arc::new(cm("1")))), "2");
         // The cache moved on: the entry is dropped and the cache wins from now on.
-        assert_eq!(
-            recent
-                .latest(Arc::new(cm("3")))
-                .metadata
-                .resource_version
-                .as_deref(),
-            Some("3")
-        );
-        assert_eq!(
-            recent
-                .latest(Arc::new(cm("1")))
-                .metadata
-                .resource_version
-                .as_deref(),
-            Some("1")
-        );
+        assert_eq!(rv(&recent.latest(Arc::new(cm("3")))), "3");
+        assert_eq!(rv(&recent.latest(Arc::new(cm("1")))), "1");
+        assert!(recent.is_empty());
     }
 
     #[test]
@@ -203,44 +154,21 @@ mod tests {
         recent.record(&cm("1"), cm("2"));
         recent.record(&cm("2"), cm("3"));
         for cached in ["1", "2"] {
-            assert_eq!(
-                recent
-                    .latest(Arc::new(cm(cached)))
-                    .metadata
-                    .resource_version
-                    .as_deref(),
-                Some("3")
-            );
+            assert_eq!(rv(&recent.latest(Arc::new(cm(cached)))), "3");
         }
-        assert_eq!(
-            recent.overlay(vec![Arc::new(cm("1"))])[0]
-                .metadata
-                .resource_version
-                .as_deref(),
-            Some("3")
-        );
-        assert_eq!(
-            recent
-                .latest(Arc::new(cm("3")))
-                .metadata
-                .resource_version
-                .as_deref(),
-            Some("3")
-        );
+        assert_eq!(rv(&recent.latest(Arc::new(cm("3")))), "3");
     }
 
     #[test]
-    fn in_flight_keeps_claims_apart() {
-        let f = InFlight::default();
-        assert!(f.reserve("a", "ns/one"));
-        assert!(f.reserve("a", "ns/one"), "re-entrant for the same claim");
-        assert!(!f.reserve("a", "ns/two"));
-        assert_eq!(
-            f.taken_by_others("ns/two"),
-            HashSet::from(["a".to_string()])
-        );
-        assert!(f.taken_by_others("ns/one").is_empty());
-        f.release("a");
-        assert!(f.reserve("a", "ns/two"));
+    fn the_watch_clears_entries_it_has_caught_up_with() {
+        let recent = RecentWrites::default();
+        recent.record(&cm("1"), cm("2"));
+        recent.observe("n/x", Some(&cm("1")));
+        assert_eq!(recent.len(), 1, "the cache is still older than our write");
+        recent.observe("n/x", Some(&cm("2")));
+        assert!(recent.is_empty());
+        recent.record(&cm("2"), cm("3"));
+        recent.observe("n/x", None);
+        assert!(recent.is_empty(), "deleted");
     }
 }

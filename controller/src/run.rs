@@ -1,21 +1,27 @@
-//! Wiring: the two controllers on the shared caches, and what triggers whom.
+//! Wiring: what each cache change updates and wakes, and the workers.
+//!
+//! Every change runs, on its watch's task and in this order: the recent-writes overlay
+//! forgets what the cache now shows, the [`Index`] takes the change in, and the keys it
+//! concerns are queued. Queueing only inserts into a set: nothing here can block a watch.
+//!
+//! | change | passes |
+//! |---|---|
+//! | address | the address; the claims it names (before and after) and the claims pinned to it; when it became free, the waiting claims the pump picks (one per free address) |
+//! | claim | the claim; the addresses naming it when its existence, uid, deletion or listed addresses changed; the Service named after it; the pump's picks when it starts or stops waiting |
+//! | class | the claims waiting in its pools and the unresolved claims; its Released addresses (release delay); LoadBalancer Services without a claim |
+//! | Service | the Service |
+//! | leadership acquired | everything |
 
-use std::future::Future;
 use std::sync::Arc;
 
 use address_controller_api::names::SERVICE_CLAIM_ANNOTATION;
-use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClaim, IPAddressClass};
-use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::Service;
+use address_controller_runtime::cache::{Change, key_of};
+use address_controller_runtime::workers::{self, Observe};
+use futures::StreamExt;
 use kube::ResourceExt;
-use kube::runtime::controller::{self, Controller};
-use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::cache::{Cache, Deletions};
 use crate::context::Context;
-use crate::decide::claim::{could_use, pinned_to};
-use crate::decide::refers_to;
-use crate::reconcile::{self, error_policy};
+use crate::reconcile;
 
 /// Tuning of the controllers.
 #[derive(Clone, Debug)]
@@ -26,177 +32,158 @@ pub struct Settings {
     pub auto_claims: bool,
 }
 
-fn unsettled(c: &IPAddressClaim) -> bool {
-    !matches!(
-        c.status.as_ref().and_then(|s| s.phase),
-        Some(ClaimPhase::Bound | ClaimPhase::Lost)
-    )
-}
-
-fn unsettled_claims(claims: &Store<IPAddressClaim>) -> Vec<ObjectRef<IPAddressClaim>> {
-    claims
-        .state()
-        .iter()
-        .filter(|c| unsettled(c))
-        .map(|c| ObjectRef::from_obj(c.as_ref()))
-        .collect()
-}
-
-/// Claims an address change may concern: the claim it names, the claims pinned to it
-/// (their waiting reason follows its state), and — when it is free — every claim still
-/// waiting for one that could use it (class, family).
-fn claims_for_address(
-    claims: &Store<IPAddressClaim>,
-    a: &IPAddress,
-) -> Vec<ObjectRef<IPAddressClaim>> {
-    let free = a.spec.claim_ref.is_none()
-        && a.metadata.deletion_timestamp.is_none()
-        && a.status.as_ref().and_then(|s| s.phase) == Some(AddressPhase::Available);
-    let mut out: Vec<ObjectRef<IPAddressClaim>> = claims
-        .state()
-        .iter()
-        .filter(|c| unsettled(c) && (pinned_to(c, a) || (free && could_use(c, a))))
-        .map(|c| ObjectRef::from_obj(c.as_ref()))
-        .collect();
-    if let Some(r) = &a.spec.claim_ref {
-        out.push(ObjectRef::new(&r.name).within(&r.namespace));
-    }
-    out
-}
-
-/// Addresses whose claimRef names this claim.
-fn addresses_for_claim(
-    addresses: &Store<IPAddress>,
-    c: &IPAddressClaim,
-) -> Vec<ObjectRef<IPAddress>> {
-    addresses
-        .state()
-        .iter()
-        .filter(|a| a.spec.claim_ref.as_ref().is_some_and(|r| refers_to(r, c)))
-        .map(|a| ObjectRef::from_obj(a.as_ref()))
-        .collect()
-}
-
-/// LoadBalancer Services that name no claim yet.
-fn pending_services(services: &Store<Service>) -> Vec<ObjectRef<Service>> {
-    services
-        .state()
-        .iter()
-        .filter(|s| s.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer"))
-        .filter(|s| !s.annotations().contains_key(SERVICE_CLAIM_ANNOTATION))
-        .map(|s| ObjectRef::from_obj(s.as_ref()))
-        .collect()
-}
-
-/// The Service an auto-claim would be named after.
-fn service_of(c: &IPAddressClaim) -> Option<ObjectRef<Service>> {
-    Some(ObjectRef::new(&c.name_any()).within(&c.namespace()?))
-}
-
-/// Runs the controllers until `shutdown` resolves.
-pub async fn run(
-    cache: Cache,
-    ctx: Arc<Context>,
-    settings: Settings,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) {
-    let shutdown = shutdown.shared();
-    let config = controller::Config::default().concurrency(settings.concurrency);
-    let service_config = config.clone();
-    let service_shutdown = shutdown.clone();
-    let service_leader = ctx.leader.acquired();
-    let service_ctx = ctx.clone();
-    let claims_for_services = cache.claims.clone();
-    let classes_for_services = cache.classes.clone();
-    let stores = ctx.stores.clone();
-
-    let claims_for_address_store = stores.claims.clone();
-    let claims_for_class_store = stores.claims.clone();
-    let claims_for_deleted_address = stores.claims.clone();
-    let claims_for_deleted_class = stores.claims.clone();
-    let Deletions {
-        claims: deleted_claims,
-        claims_for_services: deleted_claims_for_services,
-        addresses: deleted_addresses,
-        classes: deleted_classes,
-    } = cache.deletions;
-    // A deleted address concerns its claim (now Lost); a deleted class, the waiting claims.
-    let claim_triggers = futures::stream::select(
-        deleted_addresses.flat_map(move |a| {
-            futures::stream::iter(claims_for_address(&claims_for_deleted_address, &a))
-        }),
-        deleted_classes
-            .flat_map(move |_| futures::stream::iter(unsettled_claims(&claims_for_deleted_class))),
-    );
-    let claim_controller =
-        Controller::for_shared_stream(cache.claims.clone(), stores.claims.clone())
-            .with_config(config.clone())
-            .watches_shared_stream(cache.addresses.clone(), move |a: Arc<IPAddress>| {
-                claims_for_address(&claims_for_address_store, &a)
-            })
-            .watches_shared_stream(cache.classes.clone(), move |_class: Arc<IPAddressClass>| {
-                unsettled_claims(&claims_for_class_store)
-            })
-            .reconcile_on(claim_triggers)
-            .reconcile_all_on(ctx.leader.acquired())
-            .graceful_shutdown_on(shutdown.clone())
-            .run(reconcile::claim::reconcile, error_policy, ctx.clone())
-            .for_each(|_| async {});
-
-    let addresses_for_claim_store = stores.addresses.clone();
-    let addresses_for_deleted_store = stores.addresses.clone();
-    let addresses_for_class_store = stores.addresses.clone();
-    let deleted = deleted_claims.flat_map(move |c| {
-        futures::stream::iter(addresses_for_claim(&addresses_for_deleted_store, &c))
-    });
-    let address_controller =
-        Controller::for_shared_stream(cache.addresses, stores.addresses.clone())
-            .with_config(config)
-            .watches_shared_stream(cache.claims, move |c: Arc<IPAddressClaim>| {
-                addresses_for_claim(&addresses_for_claim_store, &c)
-            })
-            .watches_shared_stream(cache.classes, move |class: Arc<IPAddressClass>| {
-                // A changed release delay concerns the class's Released addresses.
-                let name = class.name_any();
-                addresses_for_class_store
-                    .state()
-                    .iter()
-                    .filter(|a| {
-                        a.spec.class_name == name
-                            && a.status.as_ref().and_then(|s| s.phase)
-                                == Some(AddressPhase::Released)
-                    })
-                    .map(|a| ObjectRef::from_obj(a.as_ref()))
-                    .collect::<Vec<_>>()
-            })
-            .reconcile_on(deleted)
-            .reconcile_all_on(ctx.leader.acquired())
-            .graceful_shutdown_on(shutdown)
-            .run(reconcile::address::reconcile, error_policy, ctx)
-            .for_each(|_| async {});
-
-    let services_for_class = stores.services.clone();
-    let service_controller = async move {
-        if !settings.auto_claims {
-            return;
+/// Registers the change handlers on the caches. Call before the watches start.
+pub fn register(ctx: &Arc<Context>) {
+    let c = ctx.clone();
+    ctx.world.addresses.on_change(move |ch| {
+        let Some(obj) = ch.object() else { return };
+        let key = key_of(obj.as_ref());
+        c.recent_addresses.observe(&key, ch.new.as_deref());
+        let wake = c
+            .index
+            .address_changed(ch.old.as_deref(), ch.new.as_deref());
+        c.queues.addresses.add(key);
+        c.queues.claims.add_all(wake.claims);
+        if ch.new.is_none()
+            && let Some(uid) = obj.uid()
+        {
+            c.events.forget(&uid);
         }
-        Controller::for_shared_stream(cache.services, stores.services.clone())
-            .with_config(service_config)
-            // A class appearing or changing may settle Services that were waiting for it.
-            .watches_shared_stream(classes_for_services, move |_c: Arc<IPAddressClass>| {
-                pending_services(&services_for_class)
-            })
-            // The same-named claim changing (or going away) changes what the Service gets.
-            .watches_shared_stream(claims_for_services, |c: Arc<IPAddressClaim>| service_of(&c))
-            .reconcile_on(
-                deleted_claims_for_services.flat_map(|c| futures::stream::iter(service_of(&c))),
-            )
-            .reconcile_all_on(service_leader)
-            .graceful_shutdown_on(service_shutdown)
-            .run(reconcile::service::reconcile, error_policy, service_ctx)
-            .for_each(|_| async {})
-            .await;
-    };
+    });
+    let c = ctx.clone();
+    ctx.world.claims.on_change(move |ch: &Change<_>| {
+        let Some(obj) = ch.object() else { return };
+        let key = key_of(obj.as_ref());
+        c.recent_claims.observe(&key, ch.new.as_deref());
+        let wake = c.index.claim_changed(ch.old.as_deref(), ch.new.as_deref());
+        c.queues.claims.add(key.clone());
+        c.queues.claims.add_all(wake.claims);
+        c.queues.addresses.add_all(wake.addresses);
+        if c.world.services.is_some() {
+            // The same-named claim decides what its Service gets (SPEC §7).
+            c.queues.services.add(key);
+        }
+        if ch.new.is_none()
+            && let Some(uid) = obj.uid()
+        {
+            c.events.forget(&uid);
+        }
+    });
+    let c = ctx.clone();
+    ctx.world.classes.on_change(move |ch| {
+        let Some(obj) = ch.object() else { return };
+        let name = obj.name_any();
+        c.queues.claims.add_all(c.index.claims_for_class(&name));
+        c.queues.addresses.add_all(c.index.released_in(&name));
+        if let Some(services) = &c.world.services {
+            // A class appearing or changing may settle Services waiting for it.
+            c.queues.services.add_all(
+                services
+                    .store
+                    .all()
+                    .iter()
+                    .filter(|s| {
+                        s.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")
+                            && !s.annotations().contains_key(SERVICE_CLAIM_ANNOTATION)
+                    })
+                    .map(|s| key_of(s.as_ref())),
+            );
+        }
+    });
+    if let Some(services) = &ctx.world.services {
+        let c = ctx.clone();
+        services.on_change(move |ch| {
+            if let Some(obj) = ch.object() {
+                c.queues.services.add(key_of(obj.as_ref()));
+            }
+        });
+    }
+    let leader = ctx.gate.leadership.clone();
+    for (name, q) in [
+        ("claim queue", ctx.queues.claims.clone()),
+        ("address queue", ctx.queues.addresses.clone()),
+        ("service queue", ctx.queues.services.clone()),
+    ] {
+        let leader = leader.clone();
+        ctx.world.health.queue(name, q, move || leader.is_leader());
+    }
+}
 
-    futures::join!(claim_controller, address_controller, service_controller);
+/// Runs the workers until the queues shut down; on every leadership acquisition every
+/// object is queued (the new leader re-examines everything).
+pub async fn run(ctx: Arc<Context>, settings: Settings) {
+    let observe: Observe = {
+        let metrics = ctx.metrics.clone();
+        Arc::new(move |controller, result, took| metrics.observe(controller, result, took))
+    };
+    let n = usize::from(settings.concurrency);
+    let everything = {
+        let ctx = ctx.clone();
+        ctx.gate.leadership.acquired().for_each(move |()| {
+            let ctx = ctx.clone();
+            async move {
+                tracing::info!("leading: examining every object");
+                ctx.queues
+                    .addresses
+                    .add_all(ctx.world.addresses.store.keys());
+                ctx.queues.claims.add_all(ctx.world.claims.store.keys());
+                if let Some(s) = &ctx.world.services {
+                    ctx.queues.services.add_all(s.store.keys());
+                }
+            }
+        })
+    };
+    let claims = {
+        let ctx2 = ctx.clone();
+        workers::run(
+            "claim",
+            ctx.queues.claims.clone(),
+            n,
+            ctx.gate.clone(),
+            move |k| reconcile::claim::reconcile(ctx2.clone(), k),
+            observe.clone(),
+        )
+    };
+    let addresses = {
+        let ctx2 = ctx.clone();
+        workers::run(
+            "address",
+            ctx.queues.addresses.clone(),
+            n,
+            ctx.gate.clone(),
+            move |k| reconcile::address::reconcile(ctx2.clone(), k),
+            observe.clone(),
+        )
+    };
+    let services = {
+        let ctx2 = ctx.clone();
+        let enabled = settings.auto_claims && ctx.world.services.is_some();
+        async move {
+            if enabled {
+                workers::run(
+                    "service",
+                    ctx2.queues.services.clone(),
+                    n,
+                    ctx2.gate.clone(),
+                    {
+                        let ctx3 = ctx2.clone();
+                        move |k| reconcile::service::reconcile(ctx3.clone(), k)
+                    },
+                    observe,
+                )
+                .await;
+            }
+        }
+    };
+    tokio::select! {
+        () = async { futures::join!(claims, addresses, services); } => {}
+        () = everything => {}
+    }
+}
+
+/// Stops the workers (they finish the pass in hand).
+pub fn shut_down(ctx: &Context) {
+    ctx.queues.claims.shut_down();
+    ctx.queues.addresses.shut_down();
+    ctx.queues.services.shut_down();
 }

@@ -1,7 +1,6 @@
 //! The range allocator: pure functions over the class parameters and the addresses in use.
 //! No I/O; the driver's reconciler feeds it a snapshot.
 
-use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use address_controller_api::Family;
@@ -176,15 +175,19 @@ pub fn capacity(cidrs: &[Cidr]) -> (i64, i64) {
 /// pass bounded on huge IPv6 ranges (the used set is what can block it, and that is finite).
 const SCAN_LIMIT: u128 = 1 << 20;
 
-/// The first free address of `family` in `cidrs`, in order, skipping `used`.
-pub fn first_free(cidrs: &[Cidr], family: Family, used: &HashSet<IpAddr>) -> Option<IpAddr> {
+/// The first free address of `family` in `cidrs`, in order, skipping those `in_use`.
+pub fn first_free(
+    cidrs: &[Cidr],
+    family: Family,
+    in_use: &dyn Fn(IpAddr) -> bool,
+) -> Option<IpAddr> {
     for c in cidrs.iter().filter(|c| c.family() == family) {
         let (first, last) = c.usable();
         let end = last.min(first.saturating_add(SCAN_LIMIT));
         let mut n = first;
         while n <= end {
             let ip = from_bits(c.network.is_ipv4(), n);
-            if !used.contains(&ip) {
+            if !in_use(ip) {
                 return Some(ip);
             }
             n += 1;
@@ -193,28 +196,16 @@ pub fn first_free(cidrs: &[Cidr], family: Family, used: &HashSet<IpAddr>) -> Opt
     None
 }
 
-/// The object name of the IPAddress for `ip`: DNS-valid, one name per address whatever
-/// its spelling, so that creating it is the lock two racing drivers contend on.
-pub fn object_name(ip: IpAddr) -> String {
-    match ip {
-        IpAddr::V4(v4) => {
-            let [a, b, c, d] = v4.octets();
-            format!("ipv4-{a}-{b}-{c}-{d}")
-        }
-        IpAddr::V6(v6) => {
-            let groups: Vec<String> = v6.segments().iter().map(|s| format!("{s:04x}")).collect();
-            format!("ipv6-{}", groups.join("-"))
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
 
-    fn ips(list: &[&str]) -> HashSet<IpAddr> {
-        list.iter().map(|s| s.parse().unwrap()).collect()
+    /// "In use" for the addresses of `list`.
+    fn ips(list: &[&str]) -> impl Fn(IpAddr) -> bool {
+        let set: std::collections::HashSet<IpAddr> =
+            list.iter().map(|s| s.parse().unwrap()).collect();
+        move |ip| set.contains(&ip)
     }
 
     #[test]
@@ -311,33 +302,5 @@ mod tests {
         let huge = parse_parameters(Some(&json!({"cidrs": ["2001:db8::/32"]}))).unwrap();
         assert_eq!(capacity(&huge), (0, i64::MAX));
         assert!(first_free(&huge, Family::IPv6, &ips(&[])).is_some());
-    }
-
-    #[test]
-    fn names_are_dns_valid_and_unique_per_address() {
-        let cases = [
-            ("192.0.2.1", "ipv4-192-0-2-1"),
-            ("2001:db8::", "ipv6-2001-0db8-0000-0000-0000-0000-0000-0000"),
-            (
-                "2001:db8::1",
-                "ipv6-2001-0db8-0000-0000-0000-0000-0000-0001",
-            ),
-            ("::", "ipv6-0000-0000-0000-0000-0000-0000-0000-0000"),
-            ("fe80::", "ipv6-fe80-0000-0000-0000-0000-0000-0000-0000"),
-        ];
-        for (ip, want) in cases {
-            let name = object_name(ip.parse().unwrap());
-            assert_eq!(name, want);
-            assert!(
-                name.len() <= 63
-                    && name
-                        .bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            );
-        }
-        // Every spelling of one address gives one name.
-        let a: IpAddr = "2001:DB8:0:0::1".parse().unwrap();
-        let b: IpAddr = "2001:db8::0:1".parse().unwrap();
-        assert_eq!(object_name(a), object_name(b));
     }
 }

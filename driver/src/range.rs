@@ -1,43 +1,38 @@
-//! What the range driver does with one claim or one class (SPEC §8), as pure functions.
+//! The range driver: a [`Driver`] that allocates from the CIDRs in a class's
+//! `spec.parameters.cidrs`, in list order, first free address first.
 
-use std::collections::HashSet;
-use std::net::IpAddr;
 use std::sync::Arc;
 
-use address_controller_api::family::{family_of, parse_address};
-use address_controller_api::names::PROVISIONER_ANNOTATION;
-use address_controller_api::{
-    AddressSource, ClaimPhase, ClaimRef, Family, FromClass, IPAddress, IPAddressClaim,
-    IPAddressClass, IPAddressSpec,
-};
+use address_controller_api::{AddressSource, FromClass, IPAddressClass};
+use address_controller_driver_kit::{AllocateError, Allocation, Capacity, Driver, Request};
 use kube::ResourceExt;
-use kube::api::ObjectMeta;
 
 use crate::allocator::{self, Cidr, ParamError};
 
 /// The provisioner name this driver answers to.
 pub const PROVISIONER: &str = "range.drivers.local.sdn.cozystack.io";
 
-/// A class of this driver with its parsed ranges, or why they cannot be used.
-pub type ClassRange = (Arc<IPAddressClass>, Result<Vec<Cidr>, ParamError>);
+pub struct Range;
 
-/// The parsed ranges of each of this driver's classes, with overlaps between classes
-/// reported as errors on every class involved.
-pub fn class_ranges(classes: &[Arc<IPAddressClass>]) -> Vec<ClassRange> {
-    let ours: Vec<ClassRange> = classes
-        .iter()
-        .filter(|c| c.spec.provisioner == PROVISIONER)
-        .map(|c| {
-            (
-                c.clone(),
-                allocator::parse_parameters(c.spec.parameters.as_ref()),
-            )
-        })
-        .collect();
-    ours.iter()
-        .map(|(class, parsed)| {
-            let checked = parsed.clone().and_then(|mine| {
-                for (other, theirs) in &ours {
+impl Driver for Range {
+    type Params = Vec<Cidr>;
+
+    fn provisioner(&self) -> &str {
+        PROVISIONER
+    }
+
+    /// Each class's CIDRs; a range overlapping another class's is an error on both.
+    fn parameters(&self, classes: &[Arc<IPAddressClass>]) -> Vec<Result<Vec<Cidr>, String>> {
+        let parsed: Vec<Result<Vec<Cidr>, ParamError>> = classes
+            .iter()
+            .map(|c| allocator::parse_parameters(c.spec.parameters.as_ref()))
+            .collect();
+        classes
+            .iter()
+            .zip(&parsed)
+            .map(|(class, mine)| {
+                let mine = mine.clone().map_err(|e| e.to_string())?;
+                for (other, theirs) in classes.iter().zip(&parsed) {
                     if other.name_any() == class.name_any() {
                         continue;
                     }
@@ -47,261 +42,111 @@ pub fn class_ranges(classes: &[Arc<IPAddressClass>]) -> Vec<ClassRange> {
                         return Err(ParamError::Overlap(
                             a.to_string(),
                             format!("{b} of class {}", other.name_any()),
-                        ));
+                        )
+                        .to_string());
                     }
                 }
                 Ok(mine)
-            });
-            (class.clone(), checked)
+            })
+            .collect()
+    }
+
+    fn capacity(&self, cidrs: &Vec<Cidr>) -> Capacity {
+        let (ipv4, ipv6) = allocator::capacity(cidrs);
+        Capacity { ipv4, ipv6 }
+    }
+
+    fn describe(&self, cidrs: &Vec<Cidr>) -> String {
+        let list: Vec<String> = cidrs.iter().map(ToString::to_string).collect();
+        format!("{} range(s): {}", cidrs.len(), list.join(", "))
+    }
+
+    async fn allocate(&self, req: Request<'_, Vec<Cidr>>) -> Result<Allocation, AllocateError> {
+        let address = allocator::first_free(req.params, req.family, req.in_use)
+            .ok_or(AllocateError::Exhausted)?;
+        Ok(Allocation {
+            address,
+            source: AddressSource {
+                from_class: Some(FromClass {}),
+                provider_ref: None,
+            },
+            name: None,
         })
-        .collect()
-}
-
-/// What to do for one claim.
-#[derive(Debug, Clone)]
-pub enum ClaimWork {
-    /// Not ours, not pending, pinned, Lost, or fully provisioned.
-    Nothing,
-    /// Create these addresses (one per missing family), in order.
-    Create(Vec<IPAddress>),
-    /// The class cannot be used (bad parameters): reported on the class.
-    BadClass(String),
-    /// No free address for these families in this class.
-    Exhausted {
-        class: String,
-        families: Vec<Family>,
-    },
-}
-
-/// Plans the addresses one claim still needs. `in_flight` holds (claim uid, family) pairs
-/// this process created recently that the cache may not show yet.
-pub fn plan_claim(
-    claim: &IPAddressClaim,
-    ranges: &[ClassRange],
-    addresses: &[Arc<IPAddress>],
-    in_flight: &HashSet<(String, Family)>,
-) -> ClaimWork {
-    if claim
-        .annotations()
-        .get(PROVISIONER_ANNOTATION)
-        .map(String::as_str)
-        != Some(PROVISIONER)
-        || claim.spec.address_name.is_some()
-        || claim.metadata.deletion_timestamp.is_some()
-    {
-        return ClaimWork::Nothing;
-    }
-    let status = claim.status.as_ref();
-    if matches!(
-        status.and_then(|s| s.phase),
-        Some(ClaimPhase::Bound | ClaimPhase::Lost)
-    ) {
-        return ClaimWork::Nothing;
-    }
-    let Some(class_name) = status
-        .and_then(|s| s.class_name.clone())
-        .or_else(|| claim.spec.class_name.clone())
-    else {
-        return ClaimWork::Nothing;
-    };
-    let Some((class, parsed)) = ranges.iter().find(|(c, _)| c.name_any() == class_name) else {
-        return ClaimWork::Nothing;
-    };
-    let cidrs = match parsed {
-        Ok(c) => c,
-        Err(e) => return ClaimWork::BadClass(e.to_string()),
-    };
-    let uid = claim.metadata.uid.clone().unwrap_or_default();
-    let ns = claim.namespace().unwrap_or_default();
-    let mine = |a: &IPAddress| {
-        a.spec.claim_ref.as_ref().is_some_and(|r| {
-            r.namespace == ns
-                && r.name == claim.name_any()
-                && r.uid.as_deref().is_none_or(|u| u == uid)
-        }) && a.metadata.deletion_timestamp.is_none()
-    };
-    let have: HashSet<Family> = addresses
-        .iter()
-        .filter(|a| mine(a))
-        .filter_map(|a| family_of(&a.spec.address).ok())
-        .collect();
-    let mut used: HashSet<IpAddr> = addresses
-        .iter()
-        .filter_map(|a| parse_address(&a.spec.address).ok())
-        .collect();
-    let mut create = Vec::new();
-    let mut exhausted = Vec::new();
-    for family in claim.spec.family.families() {
-        if have.contains(family) || in_flight.contains(&(uid.clone(), *family)) {
-            continue;
-        }
-        match allocator::first_free(cidrs, *family, &used) {
-            Some(ip) => {
-                used.insert(ip);
-                create.push(IPAddress {
-                    metadata: ObjectMeta {
-                        name: Some(allocator::object_name(ip)),
-                        ..Default::default()
-                    },
-                    spec: IPAddressSpec {
-                        address: ip.to_string(),
-                        class_name: class.name_any(),
-                        reclaim_policy: class.spec.reclaim_policy,
-                        claim_ref: Some(ClaimRef {
-                            namespace: ns.clone(),
-                            name: claim.name_any(),
-                            uid: Some(uid.clone()),
-                        }),
-                        source: AddressSource {
-                            from_class: Some(FromClass {}),
-                            provider_ref: None,
-                        },
-                    },
-                    status: None,
-                });
-            }
-            None => exhausted.push(*family),
-        }
-    }
-    if !exhausted.is_empty() {
-        // Nothing half-done for a Dual claim: provision both families or neither.
-        return ClaimWork::Exhausted {
-            class: class.name_any(),
-            families: exhausted,
-        };
-    }
-    if create.is_empty() {
-        ClaimWork::Nothing
-    } else {
-        ClaimWork::Create(create)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
-    use serde_json::{Value, json};
+    use address_controller_api::Family;
+    use serde_json::json;
 
-    fn class(name: &str, cidrs: Value) -> Arc<IPAddressClass> {
-        Arc::new(serde_json::from_value(json!({"metadata": {"name": name},
-            "spec": {"provisioner": PROVISIONER, "reclaimPolicy": "Delete", "parameters": {"cidrs": cidrs}}})).unwrap())
-    }
-
-    fn claim(family: &str, extra: Value) -> IPAddressClaim {
-        let mut v = json!({"metadata": {"name": "c", "namespace": "t", "uid": "u1",
-            "annotations": {PROVISIONER_ANNOTATION: PROVISIONER}},
-            "spec": {"className": "r", "family": family}, "status": {"phase": "Pending", "className": "r"}});
-        if let (Some(o), Value::Object(e)) = (v.as_object_mut(), extra) {
-            o.extend(e);
-        }
-        serde_json::from_value(v).unwrap()
-    }
-
-    fn addr(ip: &str, claim: Option<&str>) -> Arc<IPAddress> {
+    fn class(name: &str, cidrs: serde_json::Value) -> Arc<IPAddressClass> {
         Arc::new(
-            serde_json::from_value(
-                json!({"metadata": {"name": allocator::object_name(ip.parse().unwrap())},
-            "spec": {"address": ip, "className": "r", "source": {"fromClass": {}},
-                "claimRef": claim.map(|c| json!({"namespace": "t", "name": c}))}}),
-            )
+            serde_json::from_value(json!({"metadata": {"name": name},
+                "spec": {"provisioner": PROVISIONER, "parameters": {"cidrs": cidrs}}}))
             .unwrap(),
         )
     }
 
     #[test]
-    fn creates_one_address_per_missing_family() {
-        let ranges = class_ranges(&[class("r", json!(["192.0.2.0/30", "2001:db8::/126"]))]);
-        let w = plan_claim(
-            &claim("Dual", json!({})),
-            &ranges,
-            &[addr("192.0.2.1", Some("other"))],
-            &HashSet::new(),
-        );
-        let ClaimWork::Create(list) = w else {
-            panic!("{w:?}")
-        };
-        let got: Vec<(&str, &str)> = list
-            .iter()
-            .map(|a| (a.metadata.name.as_deref().unwrap(), a.spec.address.as_str()))
-            .collect();
-        assert_eq!(
-            got,
-            [
-                ("ipv4-192-0-2-2", "192.0.2.2"),
-                ("ipv6-2001-0db8-0000-0000-0000-0000-0000-0000", "2001:db8::")
-            ]
-        );
-        let a = &list[0];
-        assert_eq!(
-            a.spec.claim_ref.as_ref().unwrap().uid.as_deref(),
-            Some("u1")
-        );
-        assert_eq!(
-            a.spec.reclaim_policy.as_str(),
-            "Delete",
-            "copied from the class"
-        );
-        assert!(a.spec.source.from_class.is_some());
-        // One family already there: only the other is created.
-        let w = plan_claim(
-            &claim("Dual", json!({})),
-            &ranges,
-            &[addr("192.0.2.1", Some("c"))],
-            &HashSet::new(),
+    fn overlaps_between_classes_are_errors_on_both() {
+        let classes = [
+            class("a", json!(["192.0.2.0/28"])),
+            class("b", json!(["192.0.2.8/29"])),
+            class("c", json!(["198.51.100.0/30"])),
+            class("d", json!("not a list")),
+        ];
+        let p = Range.parameters(&classes);
+        assert!(
+            p[0].as_ref().unwrap_err().contains("of class b"),
+            "{:?}",
+            p[0]
         );
         assert!(
-            matches!(w, ClaimWork::Create(l) if l.len() == 1 && l[0].spec.address == "2001:db8::")
+            p[1].as_ref().unwrap_err().contains("of class a"),
+            "{:?}",
+            p[1]
         );
-        // Created a moment ago, not in the cache yet: not created twice.
-        let in_flight = HashSet::from([("u1".to_string(), Family::IPv4)]);
-        assert!(matches!(
-            plan_claim(&claim("IPv4", json!({})), &ranges, &[], &in_flight),
-            ClaimWork::Nothing
-        ));
+        assert_eq!(
+            Range.capacity(p[2].as_ref().unwrap()),
+            Capacity { ipv4: 2, ipv6: 0 }
+        );
+        assert!(p[3].is_err());
     }
 
-    #[test]
-    fn skips_what_is_not_its_business() {
-        let ranges = class_ranges(&[class("r", json!(["192.0.2.0/30"]))]);
-        for extra in [
-            json!({"metadata": {"name": "c", "namespace": "t", "uid": "u1", "annotations": {PROVISIONER_ANNOTATION: "other"}}}),
-            json!({"status": {"phase": "Lost", "className": "r"}}),
-            json!({"status": {"phase": "Bound", "className": "r"}}),
-            json!({"spec": {"className": "r", "family": "IPv4", "addressName": "x"}}),
-        ] {
-            assert!(
-                matches!(
-                    plan_claim(&claim("IPv4", extra.clone()), &ranges, &[], &HashSet::new()),
-                    ClaimWork::Nothing
-                ),
-                "{extra}"
-            );
+    #[tokio::test]
+    async fn allocates_the_first_free_address_or_reports_exhaustion() {
+        let c = class("a", json!(["192.0.2.0/30", "2001:db8::/127"]));
+        let params = Range
+            .parameters(std::slice::from_ref(&c))
+            .remove(0)
+            .unwrap();
+        let claim = serde_json::from_value(
+            json!({"metadata": {"name": "x", "namespace": "t"}, "spec": {}}),
+        )
+        .unwrap();
+        fn taken(ip: std::net::IpAddr) -> bool {
+            ip.to_string() == "192.0.2.1"
         }
-    }
-
-    #[test]
-    fn exhaustion_and_bad_parameters() {
-        let ranges = class_ranges(&[class("r", json!(["192.0.2.0/30"]))]);
-        let full = [addr("192.0.2.1", Some("x")), addr("192.0.2.2", Some("y"))];
-        assert!(
-            matches!(plan_claim(&claim("IPv4", json!({})), &ranges, &full, &HashSet::new()), ClaimWork::Exhausted { families, .. } if families == [Family::IPv4])
+        let req =
+            |family, in_use: &'static (dyn Fn(std::net::IpAddr) -> bool + Send + Sync)| Request {
+                class: &c,
+                params: &params,
+                claim: &claim,
+                family,
+                in_use,
+            };
+        let a = Range.allocate(req(Family::IPv4, &|_| false)).await.unwrap();
+        assert_eq!(a.address.to_string(), "192.0.2.1");
+        let a = Range.allocate(req(Family::IPv4, &taken)).await.unwrap();
+        assert_eq!(a.address.to_string(), "192.0.2.2");
+        assert_eq!(
+            Range.allocate(req(Family::IPv4, &|_| true)).await,
+            Err(AllocateError::Exhausted)
         );
-        // A Dual claim on a v4-only range: exhausted for IPv6, and nothing half-created.
-        assert!(
-            matches!(plan_claim(&claim("Dual", json!({})), &ranges, &[], &HashSet::new()), ClaimWork::Exhausted { families, .. } if families == [Family::IPv6])
-        );
-        // Overlapping classes of this driver are refused, both of them.
-        let ranges = class_ranges(&[
-            class("r", json!(["192.0.2.0/24"])),
-            class("s", json!(["192.0.2.128/25"])),
-        ]);
-        assert!(
-            ranges
-                .iter()
-                .all(|(_, r)| matches!(r, Err(ParamError::Overlap(..))))
-        );
-        assert!(
-            matches!(plan_claim(&claim("IPv4", json!({})), &ranges, &[], &HashSet::new()), ClaimWork::BadClass(m) if m.contains("overlaps"))
-        );
+        let a = Range.allocate(req(Family::IPv6, &|_| false)).await.unwrap();
+        assert_eq!(a.address.to_string(), "2001:db8::");
     }
 }

@@ -289,6 +289,8 @@ pub fn binary(name: &str) -> PathBuf {
 pub struct ControllerProcess {
     pub user: String,
     pub probe: String,
+    /// `host:port` of the HTTPS /metrics endpoint, when the process serves one.
+    pub metrics_address: Option<String>,
     pub log: PathBuf,
     child: std::process::Child,
 }
@@ -386,9 +388,15 @@ impl ControllerProcess {
             )?)
             .spawn()
             .with_context(|| format!("starting {bin}"))?;
+        let metrics_address = args
+            .iter()
+            .position(|a| a == "--metrics-address")
+            .and_then(|i| args.get(i + 1))
+            .cloned();
         let proc = ControllerProcess {
             user: name.to_string(),
             probe: probe.to_string(),
+            metrics_address,
             log,
             child,
         };
@@ -410,9 +418,18 @@ impl ControllerProcess {
         .await
     }
 
-    /// The text of `/metrics`.
+    /// The text of `/metrics`, read over HTTPS with a token allowed to (the plain probe
+    /// port serves probes only).
     pub async fn metrics(&self) -> Result<String> {
-        Ok(http_get(&format!("http://{}/metrics", self.probe)).await?.1)
+        let addr = self
+            .metrics_address
+            .as_deref()
+            .ok_or_else(|| anyhow!("{} serves no /metrics", self.user))?;
+        let (code, body) = https_get(&format!("https://{addr}/metrics"), Some(&metrics_token()?))?;
+        if code != 200 {
+            bail!("GET /metrics of {}: {code}: {body}", self.user);
+        }
+        Ok(body)
     }
 
     /// SIGKILL: no cleanup, no lease release — a crash.
@@ -476,6 +493,78 @@ pub async fn http_get(url: &str) -> Result<(u16, String)> {
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     Ok((status, body))
+}
+
+/// An HTTPS GET on loopback with curl (the server's certificate is not checked: tests
+/// that care about it check it themselves): (status, body).
+pub fn https_get(url: &str, token: Option<&str>) -> Result<(u16, String)> {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sk", "--max-time", "10", "-w", "\n%{http_code}"]);
+    if let Some(t) = token {
+        cmd.args(["-H", &format!("Authorization: Bearer {t}")]);
+    }
+    let out = cmd.arg(url).output().context("running curl")?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text
+        .rsplit_once('\n')
+        .ok_or_else(|| anyhow!("curl {url}: no status"))?;
+    Ok((code.trim().parse().unwrap_or(0), body.to_string()))
+}
+
+/// A token allowed to `get /metrics` (a ServiceAccount of the harness, made once per test
+/// process).
+pub fn metrics_token() -> Result<String> {
+    static TOKEN: OnceLock<String> = OnceLock::new();
+    if let Some(t) = TOKEN.get() {
+        return Ok(t.clone());
+    }
+    let cluster = Cluster::get();
+    let objects = [
+        serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "test-metrics-scraper", "namespace": "default"}}),
+        serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "address-controller-test-metrics-reader"},
+            "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]}),
+        serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "address-controller-test-metrics-reader"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "address-controller-test-metrics-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "test-metrics-scraper", "namespace": "default"}]}),
+    ];
+    let mut child = cluster
+        .kubectl()
+        .args([
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager",
+            FIELD_MANAGER,
+            "-f",
+            "-",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .context("kubectl apply")?;
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().ok_or_else(|| anyhow!("no stdin"))?;
+        for o in &objects {
+            writeln!(stdin, "---\n{}", serde_yaml::to_string(o)?)?;
+        }
+    }
+    if !child.wait()?.success() {
+        bail!("applying the metrics scraper's RBAC failed");
+    }
+    let token = cluster
+        .kubectl_ok(&[
+            "create",
+            "token",
+            "test-metrics-scraper",
+            "-n",
+            "default",
+            "--duration",
+            "24h",
+        ])?
+        .trim()
+        .to_string();
+    Ok(TOKEN.get_or_init(|| token).clone())
 }
 
 // ---- counting requests ------------------------------------------------------------------

@@ -44,12 +44,9 @@ async fn static_binding_costs_four_writes_and_converges_to_zero_also_after_resta
     assert_eq!(s.class_name.as_deref(), Some(class.as_str()));
     assert_eq!(s.addresses.len(), 1);
     assert_eq!(s.addresses[0].name, a, "the lowest name wins");
-    assert_eq!(
-        c.annotations()
-            .get(PROVISIONER_ANNOTATION)
-            .map(String::as_str),
-        Some("pub.drivers.test")
-    );
+    // A claim bound to a free address is never stamped: no driver is asked to provision
+    // a second address for it (SPEC §5.7).
+    assert_eq!(c.annotations().get(PROVISIONER_ANNOTATION), None);
     assert!(
         c.finalizers()
             .iter()

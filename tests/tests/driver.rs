@@ -167,7 +167,7 @@ async fn claims_bind_to_driver_made_addresses_and_delete_frees_them() {
 
     // The range is full for IPv4: the next claim waits, with an event and a class condition.
     e.claim("third", json!({"className": class})).await;
-    let note = e.wait_event(&e.ns.name, "third", "RangeExhausted").await;
+    let note = e.wait_event(&e.ns.name, "third", "Exhausted").await;
     assert!(note.contains(&class), "{note}");
     wait_class(&e, &class, "Exhausted", |c| {
         class_condition(c, "Exhausted").is_some_and(|x| x.status == "True")
@@ -216,7 +216,7 @@ async fn retain_keeps_an_address_out_of_the_range_until_released() {
         "the Released address is not handed out again"
     );
     e.claim("c", json!({"className": class})).await;
-    e.wait_event(&e.ns.name, "c", "RangeExhausted").await;
+    e.wait_event(&e.ns.name, "c", "Exhausted").await;
     // An admin releases the retained address: the core binds it to the waiting claim.
     e.addresses()
         .patch(

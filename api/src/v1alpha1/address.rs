@@ -54,9 +54,11 @@ pub struct IPAddressSpec {
 /// Reference to the claim an address is bound to.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ClaimRef {
-    #[schemars(length(min = 1))]
+    /// Namespace of the claim (a DNS-1123 label).
+    #[schemars(length(min = 1, max = 63), regex(pattern = crate::validation::DNS1123_LABEL))]
     pub namespace: String,
-    #[schemars(length(min = 1))]
+    /// Name of the claim (a DNS-1123 subdomain).
+    #[schemars(length(min = 1, max = 253), regex(pattern = crate::validation::DNS1123_SUBDOMAIN))]
     pub name: String,
     /// UID of the claim; a different UID marks a stale binding to an older claim.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -20,7 +20,10 @@ use crate::Family;
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Class","type":"string","jsonPath":".status.className"}"#,
     printcolumn = r#"{"name":"Addresses","type":"string","jsonPath":".status.addresses[*].address"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.phase) || !(oldSelf.status.phase in ['Bound', 'Lost']) || self.spec.family == oldSelf.spec.family")
+        .message("spec.family cannot change once the claim is Bound (it would lose its addresses); create another claim for other families")
+        .field_path(".spec.family")
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.addressName) || self.family != 'Dual'")

@@ -14,8 +14,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
+use address_controller_api::family::Family;
+use kube::ResourceExt;
+
 use super::address::{AddressSnapshot, AddressStatusWrite, plan_address};
-use super::claim::{AddressWrite, ClaimPlan, ClaimSnapshot, plan_claim};
+use super::claim::{AddressWrite, ClaimPlan, ClaimSnapshot, pin_of, plan_claim};
+use super::{is_free, refers_to};
 
 fn now() -> Time {
     Time("2026-01-01T12:00:00Z".parse::<Timestamp>().unwrap())
@@ -62,7 +66,7 @@ fn claim(extra: Value) -> IPAddressClaim {
     serde_json::from_value(v).unwrap()
 }
 
-fn merge(base: &mut Value, patch: Value) {
+pub(crate) fn merge(base: &mut Value, patch: Value) {
     match (base, patch) {
         (Value::Object(b), Value::Object(p)) => {
             for (k, v) in p {
@@ -87,11 +91,27 @@ fn plan_taken(
     classes: &[Arc<IPAddressClass>],
     taken: &HashSet<String>,
 ) -> ClaimPlan {
+    // The snapshot the reconciler builds from its indexes, built here by scanning.
+    let named: Vec<Arc<IPAddress>> = addresses
+        .iter()
+        .filter(|a| a.spec.claim_ref.as_ref().is_some_and(|r| refers_to(r, c)))
+        .cloned()
+        .collect();
+    let pinned = pin_of(c).and_then(|p| addresses.iter().find(|a| a.name_any() == p));
+    let candidate = |class: &str, f: Family| {
+        addresses
+            .iter()
+            .filter(|a| is_free(a, class, f) && !taken.contains(&a.name_any()))
+            .min_by_key(|a| a.name_any())
+            .cloned()
+    };
     plan_claim(&ClaimSnapshot {
         claim: c,
-        addresses,
+        named: &named,
+        pinned: pinned.map(Arc::as_ref),
+        pinned_taken: pin_of(c).is_some_and(|p| taken.contains(p)),
+        candidate: &candidate,
         classes,
-        taken,
         now: now(),
     })
 }
@@ -145,7 +165,7 @@ fn applied(c: &IPAddressClaim, p: &ClaimPlan) -> IPAddressClaim {
 // ---- §4.2 finalizer and stamp -------------------------------------------------------------
 
 #[test]
-fn new_claim_gets_finalizer_and_stamp_in_one_patch_and_binds_lowest_name() {
+fn a_new_claim_that_binds_a_free_address_gets_the_finalizer_and_no_stamp() {
     let c = claim(json!({"metadata": {"finalizers": null}}));
     let classes = [default_class("pub")];
     let addresses = [
@@ -158,7 +178,8 @@ fn new_claim_gets_finalizer_and_stamp_in_one_patch_and_binds_lowest_name() {
         m.finalizers.as_deref(),
         Some(&[CLAIM_FINALIZER.to_string()][..])
     );
-    assert_eq!(m.provisioner.as_deref(), Some("pub.drivers.example"));
+    // SPEC §5.7: a pass that binds a free address never invites a driver to provision.
+    assert_eq!(m.provisioner, None);
     assert_eq!(binds(&p), ["a"]);
     assert_eq!(phase(&p), ClaimPhase::Bound);
     let s = p.status.as_ref().unwrap();
@@ -173,13 +194,49 @@ fn new_claim_gets_finalizer_and_stamp_in_one_patch_and_binds_lowest_name() {
         )
     );
     assert_eq!(condition(&p, "Bound").1, reason::BOUND);
+    // One event per bind: `Matched` says it; no separate `Bound`.
     let events: Vec<&str> = p.events.iter().map(|e| e.reason).collect();
-    assert_eq!(events, [event::MATCHED, reason::BOUND]);
+    assert_eq!(events, [event::MATCHED]);
     // observedGeneration on every condition.
     assert!(
         s.conditions
             .iter()
             .all(|c| c.observed_generation == Some(3))
+    );
+}
+
+#[test]
+fn a_new_claim_without_a_candidate_gets_finalizer_and_stamp_in_one_patch() {
+    let c = claim(json!({"metadata": {"finalizers": null}}));
+    let p = plan(&c, &[], &[default_class("pub")]);
+    let m = p.metadata.as_ref().unwrap();
+    assert_eq!(
+        m.finalizers.as_deref(),
+        Some(&[CLAIM_FINALIZER.to_string()][..])
+    );
+    assert_eq!(m.provisioner.as_deref(), Some("pub.drivers.example"));
+    assert_eq!(condition(&p, "Bound").1, reason::WAITING_FOR_PROVISIONING);
+}
+
+#[test]
+fn a_dual_claim_that_binds_one_family_is_stamped_only_on_a_later_pass() {
+    let classes = [default_class("pub")];
+    let c = claim(json!({"spec": {"family": "Dual"}}));
+    let v4 = addr("a", "192.0.2.1", "pub", json!({}));
+    let p = plan(&c, std::slice::from_ref(&v4), &classes);
+    assert_eq!(binds(&p), ["a"]);
+    assert!(
+        p.metadata.is_none(),
+        "no stamp in a pass that binds: {:?}",
+        p.metadata
+    );
+    // Next pass: the IPv4 address is held, IPv6 has no candidate → now the driver is asked.
+    let c2 = applied(&c, &p);
+    let held = addr("a", "192.0.2.1", "pub", bound_to(Some("claim-uid")));
+    let p2 = plan(&c2, &[held], &classes);
+    assert_eq!(
+        p2.metadata.unwrap().provisioner.as_deref(),
+        Some("pub.drivers.example")
     );
 }
 
@@ -687,9 +744,23 @@ fn aplan(
     class: Option<&IPAddressClass>,
     now: Time,
 ) -> super::address::AddressPlan {
+    aplan_with(a, c, &[], class, now)
+}
+
+/// With the other addresses naming the same claim.
+fn aplan_with(
+    a: &IPAddress,
+    c: Option<&IPAddressClaim>,
+    others: &[Arc<IPAddress>],
+    class: Option<&IPAddressClass>,
+    now: Time,
+) -> super::address::AddressPlan {
+    let mut siblings: Vec<Arc<IPAddress>> = others.to_vec();
+    siblings.push(Arc::new(a.clone()));
     plan_address(&AddressSnapshot {
         address: a,
         claim: c,
+        siblings: &siblings,
         class,
         now,
     })
@@ -828,7 +899,7 @@ fn safety_net_reclaim_rows() {
     let a = addr("a", "192.0.2.1", "pub", bound_to(Some("claim-uid")));
     let p = aplan(&a, None, None, now());
     assert_eq!(p.status, w(AddressPhase::Released, Some(now())));
-    assert!(p.confirm_claim_absent && !p.delete);
+    assert!(p.confirm && !p.delete);
     assert_eq!(p.events[0].reason, event::RECLAIMED);
 
     // uid mismatch (a newer claim of the same name): same.
@@ -843,7 +914,7 @@ fn safety_net_reclaim_rows() {
         v
     });
     let p = aplan(&d, None, None, now());
-    assert!(p.delete && p.confirm_claim_absent);
+    assert!(p.delete && p.confirm);
 
     // Already Released: steady, no event, releasedAt kept.
     let r = addr(
@@ -877,7 +948,7 @@ fn deletion_is_blocked_while_a_live_claim_holds_the_address() {
     ] {
         let p = aplan(&a, c.as_ref(), None, now());
         assert_eq!(p.finalizers, Some(vec![]), "{what}");
-        assert_eq!(p.confirm_claim_absent, what != "claim deleting", "{what}");
+        assert_eq!(p.confirm, what != "claim deleting", "{what}");
     }
     // Not bound: the finalizer goes at once.
     let mut v = json!({});
@@ -885,7 +956,7 @@ fn deletion_is_blocked_while_a_live_claim_holds_the_address() {
     let free = addr("a", "192.0.2.1", "pub", v);
     let p = aplan(&free, None, None, now());
     assert_eq!(p.finalizers, Some(vec![]));
-    assert!(!p.confirm_claim_absent);
+    assert!(!p.confirm);
 }
 
 #[test]
@@ -1162,51 +1233,189 @@ mod autoclaim {
     }
 }
 
+// ---- §5.7 one address per family per claim -----------------------------------------------
+
+/// A claim bound to `a` (listed in its status).
+fn holding(names: &[(&str, &str)]) -> IPAddressClaim {
+    let addresses: Vec<Value> = names
+        .iter()
+        .map(|(n, ip)| json!({"name": n, "address": ip}))
+        .collect();
+    claim(json!({"status": {"phase": "Bound", "className": "pub", "addresses": addresses}}))
+}
+
+fn prebound(name: &str, ip: &str, extra: Value) -> Arc<IPAddress> {
+    let mut v = json!({"spec": {"claimRef": {"namespace": "t", "name": "c", "uid": "claim-uid"}},
+        "status": {"phase": "Pending"}});
+    merge(&mut v, extra);
+    addr(name, ip, "pub", v)
+}
+
 #[test]
-fn a_free_address_concerns_only_claims_that_could_use_it() {
-    use super::claim::{could_use, pinned_to};
-    let v4 = addr("a", "192.0.2.1", "pub", json!({}));
-    let v6 = addr("b", "2001:db8::1", "pub", json!({}));
-    let other = addr("c", "192.0.2.2", "priv", json!({}));
-    let rows: &[(&str, Value, [bool; 3])] = &[
-        // (what, claim, could use [v4, v6, other])
-        ("default class, IPv4", json!({}), [true, false, true]),
+fn holdings_keep_the_listed_then_the_bound_then_the_lowest_name() {
+    use super::holdings::Holdings;
+    let f = addr("f", "192.0.2.1", "pub", bound_to(Some("claim-uid")));
+    let x = prebound("x", "192.0.2.9", json!({}));
+    let y = prebound("a-y", "192.0.2.8", json!({}));
+    let v6 = prebound("z6", "2001:db8::1", json!({}));
+    let old = addr("old", "192.0.2.7", "pub", bound_to(Some("older")));
+    let names = |v: &[&IPAddress]| v.iter().map(|a| a.name_any()).collect::<Vec<_>>();
+    let rows: &[(&str, IPAddressClaim, Vec<&IPAddress>, [&[&str]; 2])] = &[
         (
-            "default class, Dual",
-            json!({"spec": {"family": "Dual"}}),
-            [true, true, true],
+            "listed wins",
+            holding(&[("x", "192.0.2.9")]),
+            vec![&f, &x],
+            [&["x"], &["f"]],
         ),
         (
-            "named class, IPv6",
-            json!({"spec": {"className": "pub", "family": "IPv6"}}),
-            [false, true, false],
+            "bound wins when none is listed",
+            claim(json!({})),
+            vec![&x, &f],
+            [&["f"], &["x"]],
         ),
         (
-            "sticky class from status",
-            json!({"status": {"className": "priv"}}),
-            [false, false, true],
+            "lowest name among equals",
+            claim(json!({})),
+            vec![&x, &y],
+            [&["a-y"], &["x"]],
         ),
         (
-            "spec wins over status",
-            json!({"spec": {"className": "pub"}, "status": {"className": "priv"}}),
-            [true, false, false],
+            "one per family: an IPv6 address is no rival",
+            holding(&[("f", "192.0.2.1")]),
+            vec![&f, &x, &v6],
+            [&["f", "z6"], &["x"]],
         ),
         (
-            "pinned",
-            json!({"spec": {"addressName": "c"}}),
-            [false, false, true],
+            "a stale binding of an older claim is not this claim's",
+            holding(&[("f", "192.0.2.1")]),
+            vec![&f, &old],
+            [&["f"], &[]],
         ),
     ];
-    for (what, extra, want) in rows {
-        let c = claim(extra.clone());
-        let got = [
-            could_use(&c, &v4),
-            could_use(&c, &v6),
-            could_use(&c, &other),
-        ];
-        assert_eq!(&got, want, "{what}");
+    for (what, c, named, [held, surplus]) in rows {
+        let h = Holdings::of(c, named.iter().copied());
+        assert_eq!(names(&h.held), *held, "{what}: held");
+        assert_eq!(names(&h.surplus), *surplus, "{what}: surplus");
     }
-    let pinned = claim(json!({"spec": {"addressName": "c"}}));
-    assert!(pinned_to(&pinned, &other) && !pinned_to(&pinned, &v4));
-    assert!(!pinned_to(&claim(json!({})), &v4));
+}
+
+#[test]
+fn a_claim_never_lists_a_surplus_address_nor_completes_it() {
+    let classes = [default_class("pub")];
+    let c = holding(&[("f", "192.0.2.1")]);
+    let f = addr("f", "192.0.2.1", "pub", bound_to(Some("claim-uid")));
+    // A driver's create that landed after the bind, without uid yet.
+    let x = addr(
+        "x",
+        "192.0.2.9",
+        "pub",
+        json!({"spec": {"claimRef": {"namespace": "t", "name": "c"}}, "status": {"phase": "Pending"}}),
+    );
+    let c = applied(&c, &plan(&c, std::slice::from_ref(&f), &classes));
+    let p = plan(&c, &[f, x], &classes);
+    assert!(
+        p.is_empty(),
+        "the claim keeps f alone and writes nothing: {p:?}"
+    );
+    // A legacy double binding (both listed): the claim keeps one.
+    let both = holding(&[("f", "192.0.2.1"), ("x", "192.0.2.9")]);
+    let x_bound = addr("x", "192.0.2.9", "pub", bound_to(Some("claim-uid")));
+    let f = addr("f", "192.0.2.1", "pub", bound_to(Some("claim-uid")));
+    let p = plan(&both, &[f, x_bound], &classes);
+    let listed: Vec<String> = p
+        .status
+        .unwrap()
+        .addresses
+        .into_iter()
+        .map(|a| a.name)
+        .collect();
+    assert_eq!(listed, ["f"]);
+}
+
+#[test]
+fn a_surplus_address_is_released_with_an_event_on_the_claim_then_follows_its_policy() {
+    let c = holding(&[("f", "192.0.2.1")]);
+    let f = addr("f", "192.0.2.1", "pub", bound_to(Some("claim-uid")));
+    let cls = class("pub", json!({"spec": {"releaseDelay": "1h"}}));
+
+    // Retain: Released now, confirmed first, said on the claim, then the release delay.
+    let x = prebound("x", "192.0.2.9", json!({}));
+    let p = aplan_with(&x, Some(&c), std::slice::from_ref(&f), Some(&cls), now());
+    assert_eq!(p.status, w(AddressPhase::Released, Some(now())));
+    assert!(p.confirm && !p.delete);
+    assert_eq!(p.claim_events.len(), 1);
+    assert_eq!(p.claim_events[0].reason, event::SURPLUS_ADDRESS);
+    assert!(
+        p.claim_events[0]
+            .note
+            .contains("already holds another IPv4 address"),
+        "{}",
+        p.claim_events[0].note
+    );
+    assert!(p.events.is_empty(), "said on the claim, not twice");
+    assert_eq!(p.requeue_after, Some(std::time::Duration::from_secs(3600)));
+
+    // Once Released it stays surplus: never Bound again, no second event; the delay runs.
+    let released = prebound(
+        "x",
+        "192.0.2.9",
+        json!({"status": {"phase": "Released", "releasedAt": "2026-01-01T11:30:00Z"}}),
+    );
+    let p = aplan_with(
+        &released,
+        Some(&c),
+        std::slice::from_ref(&f),
+        Some(&cls),
+        now(),
+    );
+    assert_eq!(p.status, None);
+    assert!(p.claim_events.is_empty() && !p.confirm);
+    assert_eq!(p.requeue_after, Some(std::time::Duration::from_secs(1800)));
+    let p = aplan_with(
+        &released,
+        Some(&c),
+        std::slice::from_ref(&f),
+        Some(&cls),
+        at("2026-01-01T12:30:00Z"),
+    );
+    assert!(p.clear_claim_ref, "release delay elapsed: free again");
+
+    // Delete: deleted (confirmed first), said on the claim.
+    let x = prebound(
+        "x",
+        "192.0.2.9",
+        json!({"spec": {"reclaimPolicy": "Delete"}}),
+    );
+    let p = aplan_with(&x, Some(&c), std::slice::from_ref(&f), Some(&cls), now());
+    assert!(p.delete && p.confirm);
+    assert_eq!(p.claim_events[0].reason, event::SURPLUS_ADDRESS);
+
+    // The kept address is Bound as ever.
+    let p = aplan_with(&f, Some(&c), &[x], Some(&cls), now());
+    assert_eq!(p.status, None);
+    assert!(!p.delete && !p.confirm);
+}
+
+#[test]
+fn a_released_address_is_never_moved_back_to_bound() {
+    // The claim still exists with the uid the address names (a cache that missed the
+    // deletion would show exactly this): Released stays Released.
+    let c = claim(json!({"status": {"phase": "Bound", "className": "pub"}}));
+    let released = addr(
+        "r",
+        "192.0.2.1",
+        "pub",
+        json!({"spec": {"claimRef": {"namespace": "t", "name": "c", "uid": "claim-uid"}},
+            "status": {"phase": "Released", "releasedAt": "2026-01-01T11:00:00Z"}}),
+    );
+    let p = aplan(&released, Some(&c), None, now());
+    assert_ne!(
+        p.status.as_ref().map(|s| s.phase),
+        Some(AddressPhase::Bound),
+        "{p:?}"
+    );
+    // Nor does the claim take it back.
+    let p = plan(&c, &[released], &[default_class("pub")]);
+    assert!(p.address_writes.is_empty());
+    assert!(p.status.as_ref().is_some_and(|s| s.addresses.is_empty()));
 }

@@ -1,75 +1,109 @@
+//! The address pass: snapshot from the caches and indexes, [`plan_address`], confirmation
+//! by direct reads before anything that rests on another object's state, guarded writes.
+
 use std::sync::Arc;
 
-use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass};
+use address_controller_api::validation::{is_dns1123_label, is_dns1123_subdomain};
+use address_controller_api::{ClaimRef, IPAddress, IPAddressClaim};
+use address_controller_runtime::events::reference;
+use address_controller_runtime::workers::Outcome;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
-use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use super::guarded;
 use crate::context::Context;
 use crate::decide::address::{AddressPlan, AddressSnapshot, plan_address};
+use crate::decide::claim_key;
 use crate::error::{Error, Result};
 
-pub async fn reconcile(obj: Arc<IPAddress>, ctx: Arc<Context>) -> Result<Action> {
-    super::instrumented(&ctx, "address", reconcile_inner(&obj, &ctx)).await
+/// Whether a claimRef names something that could exist. A name admitted before the schema
+/// validated it (`"x y"`) cannot be read — and no claim can have it: it is an absent claim.
+fn readable(r: &ClaimRef) -> bool {
+    is_dns1123_label(&r.namespace) && is_dns1123_subdomain(&r.name)
 }
 
-async fn reconcile_inner(obj: &IPAddress, ctx: &Context) -> Result<Action> {
-    let Some(cached) = ctx.stores.addresses.get(&ObjectRef::from_obj(obj)) else {
-        return Ok(Action::await_change());
+/// One pass over the address `name`.
+pub async fn reconcile(ctx: Arc<Context>, name: String) -> Result<Outcome> {
+    let Some(cached) = ctx.world.addresses.get(&name) else {
+        return Ok(Outcome::Done);
     };
     let mut address = ctx.recent_addresses.latest(cached);
-    let cached_claim: Option<Arc<IPAddressClaim>> = address.spec.claim_ref.as_ref().and_then(|r| {
-        ctx.stores
-            .claims
-            .get(&ObjectRef::new(&r.name).within(&r.namespace))
-            .map(|c| ctx.recent_claims.latest(c))
-    });
-    let class: Option<Arc<IPAddressClass>> = ctx
-        .stores
-        .classes
-        .get(&ObjectRef::new(&address.spec.class_name));
-    let plan_for = |address: &IPAddress, claim: Option<&IPAddressClaim>| {
-        plan_address(&AddressSnapshot {
-            address,
-            claim,
-            class: class.as_deref(),
-            now: Time(Timestamp::now()),
-        })
+    let claim_ref = address.spec.claim_ref.clone();
+    let mut claim: Option<Arc<IPAddressClaim>> = claim_ref
+        .as_ref()
+        .and_then(|r| ctx.world.claims.get(&claim_key(r)))
+        .map(|c| ctx.recent_claims.latest(c));
+    let mut siblings: Vec<Arc<IPAddress>> = match &claim_ref {
+        Some(r) => ctx
+            .index
+            .addresses_naming(&claim_key(r))
+            .iter()
+            .filter(|n| **n != name)
+            .filter_map(|n| ctx.world.addresses.get(n))
+            .map(|a| ctx.recent_addresses.latest(a))
+            .collect(),
+        None => Vec::new(),
     };
-    let mut plan = plan_for(&address, cached_claim.as_deref());
-    if plan.confirm_claim_absent {
-        // SPEC §5.6: never act destructively on the cache's word alone. Both objects are
-        // read directly and the pass is planned again on what the API server says.
-        let name = address.name_any();
-        let Some(fresh) = Api::<IPAddress>::all(ctx.client.clone())
+    siblings.push(address.clone());
+    let class = ctx.world.classes.get(&address.spec.class_name);
+    let plan_for =
+        |address: &IPAddress, claim: Option<&IPAddressClaim>, siblings: &[Arc<IPAddress>]| {
+            plan_address(&AddressSnapshot {
+                address,
+                claim,
+                siblings,
+                class: class.as_deref(),
+                now: Time(Timestamp::now()),
+            })
+        };
+    let mut plan = plan_for(&address, claim.as_deref(), &siblings);
+    if plan.confirm {
+        // SPEC §5.6: never act on the cache's word about other objects alone. The address,
+        // its claim and its siblings are read from the API server and the pass is planned
+        // again on what it says.
+        let api: Api<IPAddress> = Api::all(ctx.client.clone());
+        let Some(fresh) = api
             .get_opt(&name)
             .await
             .map_err(Error::kube("re-reading address", name.clone()))?
         else {
-            return Ok(Action::await_change());
+            return Ok(Outcome::Done);
         };
-        let fresh_claim = match &fresh.spec.claim_ref {
+        claim = match fresh.spec.claim_ref.as_ref().filter(|r| readable(r)) {
             Some(r) => Api::<IPAddressClaim>::namespaced(ctx.client.clone(), &r.namespace)
                 .get_opt(&r.name)
                 .await
-                .map_err(Error::kube(
-                    "confirming claim",
-                    format!("{}/{}", r.namespace, r.name),
-                ))?,
+                .map_err(Error::kube_other("confirming claim", claim_key(r)))?
+                .map(Arc::new),
             None => None,
         };
-        plan = plan_for(&fresh, fresh_claim.as_ref());
+        let mut fresh_siblings = Vec::new();
+        for s in siblings.iter().filter(|s| s.name_any() != name) {
+            if let Some(a) = api
+                .get_opt(&s.name_any())
+                .await
+                .map_err(Error::kube_other("re-reading address", s.name_any()))?
+            {
+                fresh_siblings.push(Arc::new(a));
+            }
+        }
         address = Arc::new(fresh);
+        fresh_siblings.push(address.clone());
+        siblings = fresh_siblings;
+        plan = plan_for(&address, claim.as_deref(), &siblings);
     }
-    apply(ctx, &address, plan).await
+    apply(&ctx, &address, claim.as_deref(), plan).await
 }
 
-async fn apply(ctx: &Context, address: &Arc<IPAddress>, plan: AddressPlan) -> Result<Action> {
+async fn apply(
+    ctx: &Context,
+    address: &Arc<IPAddress>,
+    claim: Option<&IPAddressClaim>,
+    plan: AddressPlan,
+) -> Result<Outcome> {
     let api: Api<IPAddress> = Api::all(ctx.client.clone());
     let name = address.name_any();
     let params = PatchParams::default();
@@ -126,11 +160,18 @@ async fn apply(ctx: &Context, address: &Arc<IPAddress>, plan: AddressPlan) -> Re
     }
     for ev in &plan.events {
         tracing::info!(address = %name, reason = ev.reason, "{}", ev.note);
-        ctx.publish(address.as_ref(), ev).await;
+        ctx.events.publish(address.as_ref(), ev).await;
     }
-    ctx.publish_once(address.as_ref(), plan.once_event.as_ref())
+    if let Some(claim) = claim {
+        for ev in &plan.claim_events {
+            tracing::info!(address = %name, reason = ev.reason, "{}", ev.note);
+            ctx.events.publish_on(reference(claim), ev).await;
+        }
+    }
+    ctx.events
+        .publish_once(address.as_ref(), plan.once_event.as_ref())
         .await;
     Ok(plan
         .requeue_after
-        .map_or_else(Action::await_change, Action::requeue))
+        .map_or(Outcome::Done, Outcome::RequeueAfter))
 }

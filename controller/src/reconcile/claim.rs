@@ -1,90 +1,121 @@
+//! The claim pass: snapshot from the caches and indexes, [`plan_claim`], guarded writes.
+
 use std::sync::Arc;
 
+use address_controller_api::family::Family;
 use address_controller_api::names::PROVISIONER_ANNOTATION;
 use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClaimStatus};
+use address_controller_runtime::workers::Outcome;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
-use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
 use super::guarded;
 use crate::context::Context;
-use crate::decide::claim::{AddressWrite, ClaimPlan, ClaimSnapshot, plan_claim};
+use crate::decide::claim::{AddressWrite, ClaimPlan, ClaimSnapshot, pin_of, plan_claim};
+use crate::decide::{family, is_free};
 use crate::error::{Error, Result};
-use crate::recent::key_of;
+use crate::index::Pool;
 
 /// How often a pass recomputes after losing a race for a candidate to another worker.
 const MAX_CANDIDATE_RETRIES: usize = 8;
 
-pub async fn reconcile(obj: Arc<IPAddressClaim>, ctx: Arc<Context>) -> Result<Action> {
-    super::instrumented(&ctx, "claim", reconcile_inner(&obj, &ctx)).await
+/// One pass over the claim `namespace/name`.
+pub async fn reconcile(ctx: Arc<Context>, key: String) -> Result<Outcome> {
+    let result = pass(&ctx, &key).await;
+    // The claim is no longer woken for a free address: let the pump wake the next one.
+    ctx.queues.claims.add_all(ctx.index.pass_done(&key));
+    result
 }
 
-async fn reconcile_inner(obj: &IPAddressClaim, ctx: &Context) -> Result<Action> {
-    let Some(cached) = ctx.stores.claims.get(&ObjectRef::from_obj(obj)) else {
-        return Ok(Action::await_change());
+async fn pass(ctx: &Context, key: &str) -> Result<Outcome> {
+    let Some(cached) = ctx.world.claims.get(key) else {
+        return Ok(Outcome::Done);
     };
     let claim = ctx.recent_claims.latest(cached);
-    let key = key_of(claim.as_ref());
+    let latest = |name: &str| {
+        ctx.world
+            .addresses
+            .get(name)
+            .map(|a| ctx.recent_addresses.latest(a))
+    };
+    let named: Vec<Arc<IPAddress>> = ctx
+        .index
+        .addresses_naming(key)
+        .iter()
+        .filter_map(|n| latest(n))
+        .collect();
+    let pin = pin_of(&claim).map(str::to_string);
+    let pinned = pin.as_deref().and_then(latest);
+    let pinned_taken = pin
+        .as_deref()
+        .is_some_and(|p| ctx.index.reserved_by_other(p, key));
+    let classes = ctx.world.classes();
+    // The lowest free address nobody is binding, as this process last wrote it.
+    let candidate = |class: &str, f: Family| -> Option<Arc<IPAddress>> {
+        let pool: Pool = (class.to_string(), f);
+        let name = ctx
+            .index
+            .candidate(&pool, |n| latest(n).is_none_or(|a| !is_free(&a, class, f)))?;
+        latest(&name)
+    };
     for _ in 0..MAX_CANDIDATE_RETRIES {
-        let addresses = ctx.recent_addresses.overlay(ctx.stores.addresses.state());
-        let classes = ctx.stores.classes.state();
-        let taken = ctx.in_flight.taken_by_others(&key);
-        let now = Time(Timestamp::now());
         let plan = plan_claim(&ClaimSnapshot {
             claim: &claim,
-            addresses: &addresses,
+            named: &named,
+            pinned: pinned.as_deref(),
+            pinned_taken,
+            candidate: &candidate,
             classes: &classes,
-            taken: &taken,
-            now,
+            now: Time(Timestamp::now()),
         });
         if plan.is_empty() {
-            return Ok(Action::await_change());
+            return Ok(Outcome::Done);
         }
-        // Reserve the free addresses this plan binds; if another worker got there first,
-        // recompute without them rather than fighting over the same object.
-        let binds: Vec<&str> = plan
-            .address_writes
-            .iter()
-            .filter(|w| matches!(w, AddressWrite::Bind { .. }))
-            .map(AddressWrite::address_name)
-            .collect();
-        let mut reserved = Vec::new();
-        let all = binds.iter().all(|b| {
-            let ok = ctx.in_flight.reserve(b, &key);
-            if ok {
-                reserved.push(b.to_string());
+        // Reserve what this plan binds, so other workers plan around it instead of fighting
+        // over the lowest name; if another got there first, recompute.
+        let mut reserved: Vec<String> = Vec::new();
+        let mut all = true;
+        for name in plan.binds() {
+            let pool = latest(name).and_then(|a| Some((a.spec.class_name.clone(), family(&a)?)));
+            match pool {
+                Some(p) if ctx.index.reserve(name, &p, key) => reserved.push(name.to_string()),
+                _ => {
+                    all = false;
+                    break;
+                }
             }
-            ok
-        });
+        }
         if !all {
-            reserved.iter().for_each(|r| ctx.in_flight.release(r));
+            for r in &reserved {
+                ctx.queues.claims.add_all(ctx.index.unreserve(r));
+            }
             continue;
         }
-        let result = apply(ctx, &claim, &addresses, plan).await;
-        reserved.iter().for_each(|r| ctx.in_flight.release(r));
-        return result.map(|()| Action::await_change());
+        let result = apply(ctx, &claim, plan).await;
+        if result.is_err() {
+            // The bind did not happen: the addresses are free again for others. (After a
+            // successful bind the reservation ends when the cache shows the address taken.)
+            for r in &reserved {
+                ctx.queues.claims.add_all(ctx.index.unreserve(r));
+            }
+        }
+        return result.map(|()| Outcome::Done);
     }
     Err(Error::Conflict {
         action: "choosing an address",
-        object: key,
+        object: key.to_string(),
     })
 }
 
-async fn apply(
-    ctx: &Context,
-    claim: &Arc<IPAddressClaim>,
-    addresses: &[Arc<IPAddress>],
-    plan: ClaimPlan,
-) -> Result<()> {
+async fn apply(ctx: &Context, claim: &Arc<IPAddressClaim>, plan: ClaimPlan) -> Result<()> {
     let ns = claim.namespace().unwrap_or_default();
     let claims: Api<IPAddressClaim> = Api::namespaced(ctx.client.clone(), &ns);
     let address_api: Api<IPAddress> = Api::all(ctx.client.clone());
     let params = PatchParams::default();
-    let key = key_of(claim.as_ref());
+    let key = format!("{ns}/{}", claim.name_any());
     let mut current: IPAddressClaim = claim.as_ref().clone();
 
     if let Some(meta) = &plan.metadata {
@@ -102,7 +133,11 @@ async fn apply(
 
     for w in &plan.address_writes {
         let name = w.address_name().to_string();
-        let before = addresses.iter().find(|a| a.name_any() == name);
+        let before = ctx
+            .world
+            .addresses
+            .get(&name)
+            .map(|a| ctx.recent_addresses.latest(a));
         let written = match w {
             AddressWrite::Bind {
                 resource_version,
@@ -122,7 +157,7 @@ async fn apply(
                     address_api
                         .patch(&name, &params, &Patch::Merge(body))
                         .await
-                        .map_err(Error::kube("binding address", name.clone()))?,
+                        .map_err(Error::kube_other("binding address", name.clone()))?,
                 )
             }
             AddressWrite::Release {
@@ -136,7 +171,7 @@ async fn apply(
                     address_api
                         .patch_status(&name, &params, &Patch::Merge(body))
                         .await
-                        .map_err(Error::kube("releasing address", name.clone()))?,
+                        .map_err(Error::kube_other("releasing address", name.clone()))?,
                 )
             }
             AddressWrite::Delete { uid, .. } => {
@@ -150,7 +185,7 @@ async fn apply(
                 match address_api.delete(&name, &dp).await {
                     Ok(_) => None,
                     Err(kube::Error::Api(s)) if s.code == 404 => None,
-                    Err(e) => return Err(Error::kube("deleting address", name)(e)),
+                    Err(e) => return Err(Error::kube_other("deleting address", name)(e)),
                 }
             }
         };
@@ -179,7 +214,7 @@ async fn apply(
 
     for ev in &plan.events {
         tracing::info!(claim = %key, reason = ev.reason, "{}", ev.note);
-        ctx.publish(claim.as_ref(), ev).await;
+        ctx.events.publish(claim.as_ref(), ev).await;
     }
     Ok(())
 }
@@ -193,6 +228,11 @@ async fn patch_meta(
         current.metadata.resource_version.as_deref(),
         json!({ "metadata": meta }),
     );
+    let key = format!(
+        "{}/{}",
+        current.namespace().unwrap_or_default(),
+        current.name_any()
+    );
     claims
         .patch(
             &current.name_any(),
@@ -200,7 +240,7 @@ async fn patch_meta(
             &Patch::Merge(body),
         )
         .await
-        .map_err(Error::kube("patching claim metadata", key_of(current)))
+        .map_err(Error::kube("patching claim metadata", key))
 }
 
 /// The whole core-owned status, with emptied lists written as null so that a merge

@@ -5,11 +5,10 @@ use std::sync::Arc;
 
 use address_controller_api::names::SERVICE_CLAIM_ANNOTATION;
 use address_controller_api::{IPAddressClaim, IPAddressClaimSpec};
+use address_controller_runtime::workers::Outcome;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -19,34 +18,30 @@ use crate::decide::PlannedEvent;
 use crate::decide::autoclaim::{ServicePlan, ServiceSnapshot, plan_service, reason};
 use crate::error::{Error, Result};
 
-pub async fn reconcile(obj: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
-    super::instrumented(&ctx, "service", reconcile_inner(&obj, &ctx)).await
-}
-
-async fn reconcile_inner(obj: &Service, ctx: &Context) -> Result<Action> {
-    let Some(svc) = ctx.stores.services.get(&ObjectRef::from_obj(obj)) else {
-        return Ok(Action::await_change());
+/// One pass over the Service `namespace/name`.
+pub async fn reconcile(ctx: Arc<Context>, key: String) -> Result<Outcome> {
+    let Some(svc) = ctx.world.services.as_ref().and_then(|s| s.get(&key)) else {
+        return Ok(Outcome::Done);
     };
     let ns = svc.namespace().unwrap_or_default();
     let name = svc.name_any();
     let claim = ctx
-        .stores
+        .world
         .claims
-        .get(&ObjectRef::new(&name).within(&ns))
+        .get(&key)
         .map(|c| ctx.recent_claims.latest(c));
-    let classes = ctx.stores.classes.state();
+    let classes = ctx.world.classes();
     let plan = plan_service(&ServiceSnapshot {
         service: &svc,
         classes: &classes,
         claim: claim.as_deref(),
     });
-    let key = format!("{ns}/{name}");
     match plan {
-        ServicePlan::Skip(_) => ctx.publish_once(svc.as_ref(), None).await,
+        ServicePlan::Skip(_) => ctx.events.publish_once(svc.as_ref(), None).await,
         ServicePlan::Refuse(ev) | ServicePlan::Keep(ev) => {
-            ctx.publish_once(svc.as_ref(), Some(&ev)).await
+            ctx.events.publish_once(svc.as_ref(), Some(&ev)).await
         }
-        ServicePlan::Annotate => annotate(ctx, &svc, &key).await?,
+        ServicePlan::Annotate => annotate(&ctx, &svc, &key).await?,
         ServicePlan::Create { class, family } => {
             let owner = OwnerReference {
                 api_version: "v1".into(),
@@ -84,7 +79,7 @@ async fn reconcile_inner(obj: &Service, ctx: &Context) -> Result<Action> {
                 Err(e) => return Err(Error::kube("creating auto-claim", key)(e)),
             }
             tracing::info!(service = %key, class = %class, family = family.as_str(), "created auto-claim");
-            annotate(ctx, &svc, &key).await?;
+            annotate(&ctx, &svc, &key).await?;
             let ev = PlannedEvent::normal(
                 reason::AUTO_CLAIM_CREATED,
                 format!(
@@ -92,10 +87,10 @@ async fn reconcile_inner(obj: &Service, ctx: &Context) -> Result<Action> {
                     family.as_str()
                 ),
             );
-            ctx.publish(svc.as_ref(), &ev).await;
+            ctx.events.publish(svc.as_ref(), &ev).await;
         }
     }
-    Ok(Action::await_change())
+    Ok(Outcome::Done)
 }
 
 async fn annotate(ctx: &Context, svc: &Service, key: &str) -> Result<()> {

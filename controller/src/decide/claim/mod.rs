@@ -1,30 +1,44 @@
-//! Claim reconciliation (SPEC §4) and the reclaim flow (SPEC §6) as a pure function.
+//! Claim reconciliation (SPEC §4) and the reclaim flow (SPEC §6) as a pure function: a
+//! pipeline of named steps, one per SPEC section — [`reclaim`], the finalizer,
+//! pre-binding completion, satisfaction and loss, [`resolve`] and [`matching`],
+//! [`status`].
 
-use std::collections::HashSet;
+pub mod matching;
+pub mod reclaim;
+pub mod resolve;
+pub mod status;
+
 use std::sync::Arc;
 
-use address_controller_api::family::{Family, family_of};
-use address_controller_api::names::{
-    self, CLAIM_FINALIZER, DEFAULT_CLASS_ANNOTATION, PROVISIONER_ANNOTATION, condition, event,
-    reason,
-};
+use address_controller_api::family::Family;
+use address_controller_api::names::{CLAIM_FINALIZER, PROVISIONER_ANNOTATION, event, reason};
 use address_controller_api::{
-    AddressPhase, ClaimAddress, ClaimPhase, ClaimRef, IPAddress, IPAddressClaim,
-    IPAddressClaimStatus, IPAddressClass, ReclaimPolicy,
+    AddressPhase, ClaimPhase, ClaimRef, IPAddress, IPAddressClaim, IPAddressClaimStatus,
+    IPAddressClass,
 };
 use kube::ResourceExt;
 
-use super::{Now, PlannedEvent, belongs_to, set_condition, with_finalizer, without_finalizer};
+use super::holdings::Holdings;
+use super::{Now, PlannedEvent, claim_ref_of, family, is_deleting, phase, with_finalizer};
+pub use matching::pin_of;
+pub use reclaim::has_controller_owner;
+pub use resolve::{Resolution, named_class, resolve_class};
 
 /// What the claim reconciler sees.
 pub struct ClaimSnapshot<'a> {
     pub claim: &'a IPAddressClaim,
-    /// Every address in the cache.
-    pub addresses: &'a [Arc<IPAddress>],
-    /// Every class in the cache.
+    /// Every address whose claimRef names the claim by namespace and name (any uid, being
+    /// deleted or not).
+    pub named: &'a [Arc<IPAddress>],
+    /// The address `spec.addressName` names, when the claim is pinned and it exists.
+    pub pinned: Option<&'a IPAddress>,
+    /// Another worker is binding the pinned address right now.
+    pub pinned_taken: bool,
+    /// The lowest-named free address of a class and family that no other worker is
+    /// binding right now.
+    pub candidate: &'a dyn Fn(&str, Family) -> Option<Arc<IPAddress>>,
+    /// Every class.
     pub classes: &'a [Arc<IPAddressClass>],
-    /// Addresses other workers of this process are binding right now: never candidates.
-    pub taken: &'a HashSet<String>,
     pub now: Now,
 }
 
@@ -93,362 +107,96 @@ impl ClaimPlan {
             && self.finalize.is_none()
             && self.events.is_empty()
     }
-}
 
-/// The outcome of class resolution (SPEC §4.7).
-#[derive(Debug, Clone)]
-pub enum Resolution<'a> {
-    Resolved(&'a IPAddressClass),
-    Failed {
-        reason: &'static str,
-        message: String,
-    },
-}
-
-/// The class a claim names: `spec.className`, else the sticky `status.className`.
-fn named_class(claim: &IPAddressClaim) -> Option<&str> {
-    claim
-        .spec
-        .class_name
-        .as_deref()
-        .filter(|n| !n.is_empty())
-        .or_else(|| {
-            claim
-                .status
-                .as_ref()
-                .and_then(|s| s.class_name.as_deref())
-                .filter(|n| !n.is_empty())
+    /// The free addresses this plan binds.
+    pub fn binds(&self) -> impl Iterator<Item = &str> {
+        self.address_writes.iter().filter_map(|w| match w {
+            AddressWrite::Bind { name, .. } => Some(name.as_str()),
+            _ => None,
         })
-}
-
-/// Resolves the class of a claim: `spec.className`, else the sticky `status.className`,
-/// else the single default class. Never guesses.
-pub fn resolve_class<'a>(
-    claim: &IPAddressClaim,
-    classes: &'a [Arc<IPAddressClass>],
-) -> Resolution<'a> {
-    if let Some(name) = named_class(claim) {
-        return match classes.iter().find(|c| c.name_any() == name) {
-            Some(c) => Resolution::Resolved(c),
-            None => Resolution::Failed {
-                reason: reason::CLASS_NOT_FOUND,
-                message: format!("IPAddressClass {name:?} does not exist"),
-            },
-        };
     }
-    let defaults: Vec<&IPAddressClass> = classes
-        .iter()
-        .filter(|c| {
-            names::annotation_is_true(c.metadata.annotations.as_ref(), DEFAULT_CLASS_ANNOTATION)
-        })
-        .map(Arc::as_ref)
-        .collect();
-    match defaults.as_slice() {
-        [one] => Resolution::Resolved(one),
-        [] => Resolution::Failed {
-            reason: reason::NO_DEFAULT_CLASS,
-            message: "the claim names no class and no IPAddressClass is marked as the default"
-                .into(),
-        },
-        many => {
-            let mut names: Vec<String> = many.iter().map(|c| c.name_any()).collect();
-            names.sort();
-            Resolution::Failed {
-                reason: reason::MULTIPLE_DEFAULT_CLASSES,
-                message: format!(
-                    "several IPAddressClasses are marked as the default: {}",
-                    names.join(", ")
-                ),
-            }
-        }
-    }
-}
-
-/// The family an address counts as, or `None` for an invalid address (never trusted).
-fn address_family(a: &IPAddress) -> Option<Family> {
-    family_of(&a.spec.address).ok()
-}
-
-fn phase(a: &IPAddress) -> Option<AddressPhase> {
-    a.status.as_ref().and_then(|s| s.phase)
-}
-
-fn is_deleting<K: kube::Resource>(o: &K) -> bool {
-    o.meta().deletion_timestamp.is_some()
-}
-
-/// Why a pinned address (`spec.addressName`) cannot be bound, or `None` when it can.
-fn pin_problem(
-    a: Option<&IPAddress>,
-    pin: &str,
-    claim: &IPAddressClaim,
-    class: &str,
-    family: Family,
-) -> Option<String> {
-    let Some(a) = a else {
-        return Some(format!("IPAddress {pin:?} does not exist"));
-    };
-    if is_deleting(a) {
-        return Some(format!("IPAddress {pin:?} is being deleted"));
-    }
-    if let Some(r) = &a.spec.claim_ref
-        && !belongs_to(a, claim)
-    {
-        return Some(format!(
-            "IPAddress {pin:?} is already bound to claim {}/{}",
-            r.namespace, r.name
-        ));
-    }
-    if let Some(p) = phase(a).filter(|p| p.is_driver_owned()) {
-        return Some(format!("IPAddress {pin:?} is in phase {}", p.as_str()));
-    }
-    if a.spec.class_name != class {
-        return Some(format!(
-            "IPAddress {pin:?} belongs to class {:?}, not {class:?}",
-            a.spec.class_name
-        ));
-    }
-    match address_family(a) {
-        None => Some(format!(
-            "IPAddress {pin:?} has an invalid address {:?}",
-            a.spec.address
-        )),
-        Some(f) if f != family => Some(format!(
-            "IPAddress {pin:?} is {f}; the claim wants {family}"
-        )),
-        Some(_) => None,
-    }
-}
-
-/// A free address of the class and family: unbound, `Available`, not being deleted, not
-/// taken by another worker. Candidates are tried in name order.
-fn is_candidate(a: &IPAddress, class: &str, family: Family, taken: &HashSet<String>) -> bool {
-    a.spec.claim_ref.is_none()
-        && a.spec.class_name == class
-        && phase(a) == Some(AddressPhase::Available)
-        && !is_deleting(a)
-        && address_family(a) == Some(family)
-        && !taken.contains(&a.name_any())
-}
-
-/// The address a claim is pinned to (`spec.addressName`; the schema refuses an empty one).
-fn pin_of(claim: &IPAddressClaim) -> Option<&str> {
-    claim.spec.address_name.as_deref()
-}
-
-/// Whether `claim` is pinned to `a` (`spec.addressName`).
-pub fn pinned_to(claim: &IPAddressClaim, a: &IPAddress) -> bool {
-    pin_of(claim) == Some(a.name_any().as_str())
-}
-
-/// Whether the free address `a` could ever satisfy `claim`: its pin, its named (or sticky)
-/// class and its family allow it. A claim for which this is false can never bind `a`, so a
-/// change of `a` need not wake it. Claims of the default class (nothing named) are kept:
-/// which class is the default can change.
-pub fn could_use(claim: &IPAddressClaim, a: &IPAddress) -> bool {
-    if pin_of(claim).is_some() {
-        return pinned_to(claim, a);
-    }
-    if named_class(claim).is_some_and(|n| n != a.spec.class_name) {
-        return false;
-    }
-    address_family(a).is_some_and(|f| claim.spec.family.families().contains(&f))
-}
-
-fn claim_ref_of(claim: &IPAddressClaim) -> ClaimRef {
-    ClaimRef {
-        namespace: claim.namespace().unwrap_or_default(),
-        name: claim.name_any(),
-        uid: claim.metadata.uid.clone(),
-    }
-}
-
-/// Whether a controller owner reference makes this an auto-claim (SPEC §6, §7).
-pub fn has_controller_owner(claim: &IPAddressClaim) -> bool {
-    claim
-        .metadata
-        .owner_references
-        .as_ref()
-        .is_some_and(|refs| refs.iter().any(|r| r.controller == Some(true)))
 }
 
 /// Plans one pass over a claim.
 pub fn plan_claim(s: &ClaimSnapshot<'_>) -> ClaimPlan {
     let claim = s.claim;
-    let mut plan = ClaimPlan::default();
-    let finalizers = claim.finalizers();
+    let holdings = Holdings::of(claim, s.named.iter().map(Arc::as_ref));
 
-    // §4.3: the addresses bound or pre-bound to this claim, in name order.
-    let mut collected: Vec<&IPAddress> = s
-        .addresses
-        .iter()
-        .map(Arc::as_ref)
-        .filter(|a| belongs_to(a, claim) && !is_deleting(*a))
-        .collect();
-    collected.sort_by_key(|a| a.name_any());
-
-    // §4.1 / §6: reclaim behind the finalizer.
+    // §4.1 / §6
     if is_deleting(claim) {
-        if let Some(remaining) = without_finalizer(finalizers, CLAIM_FINALIZER) {
-            let owned = has_controller_owner(claim);
-            for a in &collected {
-                let name = a.name_any();
-                if owned || a.spec.reclaim_policy == ReclaimPolicy::Delete {
-                    plan.address_writes.push(AddressWrite::Delete {
-                        name: name.clone(),
-                        uid: a.metadata.uid.clone(),
-                    });
-                    let why = if owned {
-                        "the claim is owned by a controller"
-                    } else {
-                        "reclaim policy Delete"
-                    };
-                    plan.events.push(PlannedEvent::normal(
-                        event::ADDRESS_DELETED,
-                        format!("deleting IPAddress {name} ({}): {why}", a.spec.address),
-                    ));
-                } else if phase(a) != Some(AddressPhase::Released) {
-                    plan.address_writes.push(AddressWrite::Release {
-                        name: name.clone(),
-                        resource_version: a.metadata.resource_version.clone(),
-                    });
-                    plan.events.push(PlannedEvent::normal(
-                        event::ADDRESS_RELEASED,
-                        format!(
-                            "IPAddress {name} ({}) is retained as Released",
-                            a.spec.address
-                        ),
-                    ));
-                }
-            }
-            plan.finalize = Some(remaining);
-        }
-        return plan;
+        return reclaim::reclaim(claim, &holdings);
     }
-
-    // §4.2: the finalizer (the stamp joins this patch below when it is due too).
+    let mut plan = ClaimPlan::default();
+    // §4.2: the finalizer (the stamp joins this patch when it is due too).
     let mut metadata = ClaimMetadata {
-        finalizers: with_finalizer(finalizers, CLAIM_FINALIZER),
+        finalizers: with_finalizer(claim.finalizers(), CLAIM_FINALIZER),
         provisioner: None,
     };
-
-    // §4.4: complete pre-bindings.
-    for a in &collected {
-        if a.spec.claim_ref.as_ref().is_some_and(|r| r.uid.is_none())
-            && claim.metadata.uid.is_some()
-        {
-            plan.address_writes.push(AddressWrite::CompleteUid {
-                name: a.name_any(),
-                resource_version: a.metadata.resource_version.clone(),
-                claim_ref: claim_ref_of(claim),
-            });
-        }
-    }
+    // §4.4
+    plan.address_writes = complete_prebindings(claim, &holdings);
 
     // §4.5: which families are satisfied.
-    let wanted = claim.spec.family.families();
-    let satisfied = |f: Family, set: &[&IPAddress]| {
-        set.iter()
-            .any(|a| address_family(a) == Some(f) && phase(a) != Some(AddressPhase::Lost))
-    };
-    let missing: Vec<Family> = wanted
+    let missing: Vec<Family> = claim
+        .spec
+        .family
+        .families()
         .iter()
         .copied()
-        .filter(|f| !satisfied(*f, &collected))
+        .filter(|f| !satisfied(*f, &holdings.held))
         .collect();
-    let old_status = claim.status.clone().unwrap_or_default();
-    let was_bound = matches!(old_status.phase, Some(ClaimPhase::Bound | ClaimPhase::Lost));
+    let was_bound = matches!(
+        claim.status.as_ref().and_then(|st| st.phase),
+        Some(ClaimPhase::Bound | ClaimPhase::Lost)
+    );
 
-    let mut resolution: Option<Resolution<'_>> = None;
-    let mut newly_bound: Vec<IPAddress> = Vec::new();
-    // (reason, message) of the Bound condition when not all families are satisfied.
-    let mut waiting: Option<(&'static str, String)> = None;
-
+    let mut resolution = None;
+    let mut bind: Vec<IPAddress> = Vec::new();
+    let mut waiting = None;
     if missing.is_empty() {
         // All satisfied: the class is not consulted at all (§4.5).
     } else if was_bound {
         // §4.6: a degraded binding is surfaced, never silently replaced.
-        let lost: Vec<String> = collected
-            .iter()
-            .filter(|a| phase(a) == Some(AddressPhase::Lost))
-            .map(|a| a.name_any())
-            .collect();
-        let deleting: Vec<String> = s
-            .addresses
-            .iter()
-            .filter(|a| belongs_to(a, claim) && is_deleting(a.as_ref()))
-            .map(|a| a.name_any())
-            .collect();
-        let message = if !lost.is_empty() {
-            format!("IPAddress {} is Lost", lost.join(", "))
-        } else if !deleting.is_empty() {
-            format!("IPAddress {} is being deleted", deleting.join(", "))
-        } else {
-            let families: Vec<&str> = missing.iter().map(|f| f.as_str()).collect();
-            format!("no longer bound to an {} address", families.join(" and "))
-        };
-        waiting = Some((reason::ADDRESS_LOST, message));
+        waiting = Some((reason::ADDRESS_LOST, lost_message(&holdings, &missing)));
     } else {
+        // §4.7
         let r = resolve_class(claim, s.classes);
         match &r {
             Resolution::Resolved(class) => {
-                let class_name = class.name_any();
-                if claim.annotations().get(PROVISIONER_ANNOTATION) != Some(&class.spec.provisioner)
+                let m = matching::match_families(
+                    claim,
+                    class,
+                    &missing,
+                    s.pinned,
+                    s.pinned_taken,
+                    s.candidate,
+                );
+                // The stamp tells the driver to provision. It is written only in a pass
+                // that matched nothing and waits for provisioning (SPEC §5.7): a pass that
+                // binds a free address never invites a driver to create a second one.
+                if m.needs_provisioning
+                    && m.bind.is_empty()
+                    && claim.annotations().get(PROVISIONER_ANNOTATION)
+                        != Some(&class.spec.provisioner)
                 {
                     metadata.provisioner = Some(class.spec.provisioner.clone());
                 }
-                let mut problems = Vec::new();
-                for family in &missing {
-                    match pin_of(claim) {
-                        Some(pin) => {
-                            let a = s
-                                .addresses
-                                .iter()
-                                .find(|a| a.name_any() == pin)
-                                .map(Arc::as_ref);
-                            match pin_problem(a, pin, claim, &class_name, *family) {
-                                Some(p) => problems.push((reason::WAITING_FOR_ADDRESS, p)),
-                                None if s.taken.contains(pin) => problems.push((
-                                    reason::WAITING_FOR_ADDRESS,
-                                    format!("IPAddress {pin:?} is being bound by another claim"),
-                                )),
-                                None => newly_bound.extend(a.cloned()),
-                            }
-                        }
-                        None => {
-                            let best = s
-                                .addresses
-                                .iter()
-                                .filter(|a| is_candidate(a, &class_name, *family, s.taken))
-                                .min_by_key(|a| a.name_any());
-                            match best {
-                                Some(a) => newly_bound.push(a.as_ref().clone()),
-                                None => problems.push((
-                                    reason::WAITING_FOR_PROVISIONING,
-                                    format!(
-                                        "waiting for {} to provision an {family} address of class {class_name:?}",
-                                        class.spec.provisioner
-                                    ),
-                                )),
-                            }
-                        }
-                    }
-                }
-                if let Some((reason, _)) = problems.first() {
-                    let message = problems
+                if let Some((reason, _)) = m.waiting.first() {
+                    let message = m
+                        .waiting
                         .iter()
                         .map(|(_, m)| m.as_str())
                         .collect::<Vec<_>>()
                         .join("; ");
-                    waiting = Some((reason, message));
+                    waiting = Some((*reason, message));
                 }
+                bind = m.bind;
             }
             Resolution::Failed { reason, message } => waiting = Some((reason, message.clone())),
         }
         resolution = Some(r);
     }
 
-    for a in &newly_bound {
+    for a in &bind {
         let name = a.name_any();
         plan.address_writes.push(AddressWrite::Bind {
             name: name.clone(),
@@ -460,107 +208,77 @@ pub fn plan_claim(s: &ClaimSnapshot<'_>) -> ClaimPlan {
             format!("matched IPAddress {name} ({})", a.spec.address),
         ));
     }
-
     if metadata.finalizers.is_some() || metadata.provisioner.is_some() {
         plan.metadata = Some(metadata);
     }
 
-    // §4.8: status, recomputed.
-    let mut bound_set: Vec<&IPAddress> = collected.clone();
-    bound_set.extend(newly_bound.iter());
-    bound_set.sort_by_key(|a| a.name_any());
-    let all_satisfied = wanted.iter().all(|f| satisfied(*f, &bound_set));
-    let phase = if all_satisfied {
-        ClaimPhase::Bound
-    } else if was_bound {
-        ClaimPhase::Lost
-    } else {
-        ClaimPhase::Pending
-    };
-    let generation = claim.metadata.generation;
-    let mut status = old_status.clone();
-    status.phase = Some(phase);
-    status.addresses = bound_set
+    // §4.8
+    let mut addresses: Vec<&IPAddress> = holdings.held.clone();
+    addresses.extend(bind.iter());
+    addresses.sort_by_key(|a| a.name_any());
+    let all_satisfied = claim
+        .spec
+        .family
+        .families()
         .iter()
-        .map(|a| ClaimAddress {
-            name: a.name_any(),
-            address: a.spec.address.clone(),
-        })
-        .collect();
-    match &resolution {
-        Some(Resolution::Resolved(class)) => {
-            status.class_name = Some(class.name_any());
-            set_condition(
-                &mut status.conditions,
-                condition::CLASS_RESOLVED,
-                true,
-                reason::RESOLVED,
-                format!("resolved to IPAddressClass {:?}", class.name_any()),
-                generation,
-                &s.now,
-            );
-        }
-        Some(Resolution::Failed { reason, message }) => set_condition(
-            &mut status.conditions,
-            condition::CLASS_RESOLVED,
-            false,
-            reason,
-            message.clone(),
-            generation,
-            &s.now,
-        ),
-        None => {}
-    }
-    let (bound_ok, bound_reason, bound_message) = if all_satisfied {
-        let list = status
-            .addresses
-            .iter()
-            .map(|a| a.address.as_str())
-            .collect::<Vec<_>>()
-            .join(", ");
-        (true, reason::BOUND, format!("bound to {list}"))
-    } else {
-        let (r, m) = waiting
-            .clone()
-            .unwrap_or((reason::WAITING_FOR_PROVISIONING, String::new()));
-        (false, r, m)
+        .all(|f| satisfied(*f, &addresses));
+    let found = status::Found {
+        addresses,
+        all_satisfied,
+        was_bound,
+        resolution: resolution.as_ref(),
+        waiting,
+        matched: !bind.is_empty(),
     };
-    set_condition(
-        &mut status.conditions,
-        condition::BOUND,
-        bound_ok,
-        bound_reason,
-        bound_message.clone(),
-        generation,
-        &s.now,
-    );
-
-    // Events on transitions only, never on every pass of a steady state.
-    if let Some(Resolution::Failed { reason, message }) = &resolution {
-        let old_reason = old_status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == condition::CLASS_RESOLVED)
-            .map(|c| c.reason.as_str());
-        if old_reason != Some(*reason) {
-            plan.events
-                .push(PlannedEvent::warning(reason, message.clone()));
-        }
-    }
-    if old_status.phase != Some(phase) {
-        match phase {
-            ClaimPhase::Bound => plan
-                .events
-                .push(PlannedEvent::normal(reason::BOUND, bound_message)),
-            ClaimPhase::Lost => plan
-                .events
-                .push(PlannedEvent::warning(reason::ADDRESS_LOST, bound_message)),
-            ClaimPhase::Pending => {}
-        }
-    }
-
-    if claim.status.as_ref() != Some(&status) {
-        plan.status = Some(status);
-    }
+    let (new_status, events) = status::status_and_events(claim, &found, &s.now);
+    plan.status = new_status;
+    plan.events.extend(events);
     plan
+}
+
+/// §4.5: an address of the family that is not `Lost` satisfies it.
+fn satisfied(f: Family, set: &[&IPAddress]) -> bool {
+    set.iter()
+        .any(|a| family(a) == Some(f) && phase(a) != Some(AddressPhase::Lost))
+}
+
+/// §4.4: write the claim's uid into held pre-bindings that lack it.
+fn complete_prebindings(claim: &IPAddressClaim, holdings: &Holdings<'_>) -> Vec<AddressWrite> {
+    if claim.metadata.uid.is_none() {
+        return Vec::new();
+    }
+    holdings
+        .held
+        .iter()
+        .filter(|a| a.spec.claim_ref.as_ref().is_some_and(|r| r.uid.is_none()))
+        .map(|a| AddressWrite::CompleteUid {
+            name: a.name_any(),
+            resource_version: a.metadata.resource_version.clone(),
+            claim_ref: claim_ref_of(claim),
+        })
+        .collect()
+}
+
+/// §4.6: why a claim that was Bound is not any more.
+fn lost_message(holdings: &Holdings<'_>, missing: &[Family]) -> String {
+    let lost: Vec<String> = holdings
+        .held
+        .iter()
+        .filter(|a| phase(a) == Some(AddressPhase::Lost))
+        .map(|a| a.name_any())
+        .collect();
+    let deleting: Vec<String> = holdings.deleting.iter().map(|a| a.name_any()).collect();
+    if !lost.is_empty() {
+        format!("IPAddress {} is Lost", lost.join(", "))
+    } else if !deleting.is_empty() {
+        format!("IPAddress {} is being deleted", deleting.join(", "))
+    } else {
+        let families: Vec<&str> = missing.iter().map(|f| f.as_str()).collect();
+        format!("no longer bound to an {} address", families.join(" and "))
+    }
+}
+
+/// Whether `claim` is pinned to `a` (`spec.addressName`).
+pub fn pinned_to(claim: &IPAddressClaim, a: &IPAddress) -> bool {
+    pin_of(claim) == Some(a.name_any().as_str())
 }

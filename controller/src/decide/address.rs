@@ -1,0 +1,252 @@
+//! Address reconciliation (SPEC §5) as a pure function: deletion, the protection finalizer,
+//! invalid addresses, the phase, the safety net for addresses whose claim is gone, surplus
+//! addresses (§5.7), and the release delay ([`super::release_delay`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use address_controller_api::family::family_of;
+use address_controller_api::names::{ADDRESS_FINALIZER, event};
+use address_controller_api::{
+    AddressPhase, IPAddress, IPAddressClaim, IPAddressClass, ReclaimPolicy,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+
+use super::holdings::Holdings;
+use super::release_delay::{self, Due};
+use super::{Now, PlannedEvent, belongs_to, phase, refers_to, with_finalizer, without_finalizer};
+
+/// What the address reconciler sees.
+pub struct AddressSnapshot<'a> {
+    pub address: &'a IPAddress,
+    /// The claim `spec.claimRef` names (by namespace and name), if it exists.
+    pub claim: Option<&'a IPAddressClaim>,
+    /// Every address whose claimRef names the same claim, this one included: whether this
+    /// one is surplus depends on them (§5.7).
+    pub siblings: &'a [Arc<IPAddress>],
+    /// The address's class, if it exists (only the release delay is read from it).
+    pub class: Option<&'a IPAddressClass>,
+    pub now: Now,
+}
+
+/// The core-owned status fields of an address.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AddressStatusWrite {
+    pub phase: AddressPhase,
+    pub released_at: Option<Time>,
+}
+
+/// Everything one pass over an address wants done, in order.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AddressPlan {
+    /// The full finalizer list to write.
+    pub finalizers: Option<Vec<String>>,
+    pub status: Option<AddressStatusWrite>,
+    /// Clear `spec.claimRef` (the release delay elapsed).
+    pub clear_claim_ref: bool,
+    /// Delete the object (reclaim policy `Delete` of an orphaned or surplus address).
+    pub delete: bool,
+    /// The steps above rest on the caches' word about *other* objects (the claim is gone;
+    /// the claim keeps another address): the reconciler must re-read the address, its claim
+    /// and its siblings from the API server and plan again before applying them (§5.6).
+    pub confirm: bool,
+    pub events: Vec<PlannedEvent>,
+    /// Events on the claim the address names (`SurplusAddress`).
+    pub claim_events: Vec<PlannedEvent>,
+    /// An event to publish once per episode, not on every pass (`DeletionBlocked`,
+    /// `InvalidAddress`): the reconciler remembers which it already published.
+    pub once_event: Option<PlannedEvent>,
+    /// Pass again after this long (the release delay's deadline).
+    pub requeue_after: Option<Duration>,
+}
+
+/// How the claimRef relates to the claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    /// The claim exists with this uid and keeps this address.
+    Live,
+    /// The claim exists, claimRef has no uid yet (pre-bound), and it keeps this address.
+    PreBound,
+    /// The claim exists and is being deleted (its reclaim flow decides).
+    Deleting,
+    /// The claim is gone, or claimRef carries another uid (a stale binding).
+    Gone,
+    /// The claim is live but keeps another address of this family, or this address was
+    /// released from it before (§5.7).
+    Surplus,
+}
+
+/// How `address` relates to `claim` and its siblings (`None`: no claimRef).
+pub fn holder(
+    address: &IPAddress,
+    claim: Option<&IPAddressClaim>,
+    siblings: &[Arc<IPAddress>],
+) -> Option<Holder> {
+    let r = address.spec.claim_ref.as_ref()?;
+    let Some(claim) = claim.filter(|c| refers_to(r, c)) else {
+        return Some(Holder::Gone);
+    };
+    if !belongs_to(address, claim) {
+        return Some(Holder::Gone);
+    }
+    if claim.metadata.deletion_timestamp.is_some() {
+        return Some(Holder::Deleting);
+    }
+    let holdings = Holdings::of(claim, siblings.iter().map(Arc::as_ref));
+    let name = address.name_any();
+    if holdings.is_surplus(address) || holdings.released.iter().any(|a| a.name_any() == name) {
+        return Some(Holder::Surplus);
+    }
+    Some(if r.uid.is_none() {
+        Holder::PreBound
+    } else {
+        Holder::Live
+    })
+}
+
+fn released_at(a: &IPAddress) -> Option<&Time> {
+    a.status.as_ref().and_then(|s| s.released_at.as_ref())
+}
+
+/// The status write that moves the address to `phase_to` / `released_at_to`, or `None`
+/// when it is there already.
+fn status_write(
+    a: &IPAddress,
+    phase_to: AddressPhase,
+    released_at_to: Option<Time>,
+) -> Option<AddressStatusWrite> {
+    let want = AddressStatusWrite {
+        phase: phase_to,
+        released_at: released_at_to,
+    };
+    let have = phase(a).map(|p| AddressStatusWrite {
+        phase: p,
+        released_at: released_at(a).cloned(),
+    });
+    (have.as_ref() != Some(&want)).then_some(want)
+}
+
+fn claim_ref_text(a: &IPAddress) -> String {
+    a.spec
+        .claim_ref
+        .as_ref()
+        .map(|r| format!("{}/{}", r.namespace, r.name))
+        .unwrap_or_default()
+}
+
+/// Plans one pass over an address.
+pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
+    let a = s.address;
+    let name = a.name_any();
+    let mut plan = AddressPlan::default();
+    let holder = holder(a, s.claim, s.siblings);
+
+    // §5.1: deletion waits while a live claim holds the address.
+    if a.metadata.deletion_timestamp.is_some() {
+        if phase(a) == Some(AddressPhase::Bound) && holder == Some(Holder::Live) {
+            plan.once_event = Some(PlannedEvent::warning(
+                event::DELETION_BLOCKED,
+                format!(
+                    "IPAddress {name} is bound to claim {}; it is deleted once the claim releases it",
+                    claim_ref_text(a)
+                ),
+            ));
+        } else if let Some(remaining) = without_finalizer(a.finalizers(), ADDRESS_FINALIZER) {
+            plan.finalizers = Some(remaining);
+            // A Bound address whose claim merely vanished from the cache is confirmed first.
+            plan.confirm = phase(a) == Some(AddressPhase::Bound)
+                && matches!(holder, Some(Holder::Gone | Holder::Surplus));
+        }
+        return plan;
+    }
+
+    // §5.2: the protection finalizer.
+    plan.finalizers = with_finalizer(a.finalizers(), ADDRESS_FINALIZER);
+
+    // §5.3: an invalid address is never trusted.
+    if let Err(e) = family_of(&a.spec.address) {
+        plan.status = status_write(a, AddressPhase::Pending, None);
+        plan.once_event = Some(PlannedEvent::warning(
+            event::INVALID_ADDRESS,
+            format!("{e}; nothing will bind it"),
+        ));
+        return plan;
+    }
+
+    // §5.4: Conflict and Lost belong to the driver.
+    if phase(a).is_some_and(AddressPhase::is_driver_owned) {
+        return plan;
+    }
+
+    match holder {
+        // §5.5: free (also after an admin cleared the claimRef of a Released address).
+        None => plan.status = status_write(a, AddressPhase::Available, None),
+        // §5.6. A Released address never becomes Bound again: its claim is gone or keeps
+        // another address (those are `Gone` / `Surplus`).
+        Some(Holder::Live) => plan.status = status_write(a, AddressPhase::Bound, None),
+        Some(Holder::PreBound) => plan.status = status_write(a, AddressPhase::Pending, None),
+        Some(Holder::Deleting) => {}
+        Some(Holder::Gone) => {
+            let why = format!("claim {} is gone", claim_ref_text(a));
+            if let Some(note) = orphaned(&mut plan, s, &why) {
+                plan.events
+                    .push(PlannedEvent::normal(event::RECLAIMED, note));
+            }
+        }
+        Some(Holder::Surplus) => {
+            let why = format!(
+                "claim {} already holds another {} address",
+                claim_ref_text(a),
+                family_of(&a.spec.address).map_or("", |f| f.as_str())
+            );
+            // The tenant's claim says why one of its addresses went away (§5.7).
+            if let Some(note) = orphaned(&mut plan, s, &why) {
+                plan.claim_events.push(PlannedEvent::normal(
+                    event::SURPLUS_ADDRESS,
+                    format!("IPAddress {name} ({}): {note}", a.spec.address),
+                ));
+            }
+        }
+    }
+    plan
+}
+
+/// The reclaim policy of an address no live claim keeps (§5.6, §5.7): `Delete` → delete
+/// the object; `Retain` → `Released` with `releasedAt`, then the release delay. Destructive
+/// steps are confirmed first. Returns what happened when it happens in this pass (the
+/// caller reports it once), `None` when the address was dealt with before.
+fn orphaned(plan: &mut AddressPlan, s: &AddressSnapshot<'_>, why: &str) -> Option<String> {
+    let a = s.address;
+    if a.spec.reclaim_policy == ReclaimPolicy::Delete {
+        plan.delete = true;
+        plan.confirm = true;
+        return Some(format!(
+            "{why}; deleting the address (reclaim policy Delete)"
+        ));
+    }
+    let already = phase(a) == Some(AddressPhase::Released);
+    let at = released_at(a).cloned().unwrap_or_else(|| s.now.clone());
+    plan.status = status_write(a, AddressPhase::Released, Some(at.clone()));
+    match release_delay::due(a, s.class, &at, &s.now) {
+        Due::Never => {}
+        // Becomes Released in this pass; recycle on the next.
+        Due::Now if !already => plan.requeue_after = Some(Duration::ZERO),
+        Due::Now => {
+            plan.clear_claim_ref = true;
+            plan.events.push(PlannedEvent::normal(
+                event::RELEASE_DELAY_ELAPSED,
+                format!(
+                    "release delay elapsed; the address is free again (was claim {})",
+                    claim_ref_text(a)
+                ),
+            ));
+        }
+        Due::In(left) => plan.requeue_after = Some(left),
+    }
+    if already {
+        return None;
+    }
+    plan.confirm = true;
+    Some(format!("{why}; the address is retained as Released"))
+}

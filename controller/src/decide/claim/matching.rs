@@ -1,0 +1,109 @@
+//! Matching (SPEC §4.7): per missing family, the pinned address alone (`spec.addressName`)
+//! or the lowest-named free address of the resolved class; none → wait for the driver.
+
+use std::sync::Arc;
+
+use address_controller_api::family::Family;
+use address_controller_api::names::reason;
+use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass};
+use kube::ResourceExt;
+
+use crate::decide::{belongs_to, family, is_deleting, phase};
+
+/// The address a claim is pinned to (`spec.addressName`; the schema refuses an empty one).
+pub fn pin_of(claim: &IPAddressClaim) -> Option<&str> {
+    claim.spec.address_name.as_deref()
+}
+
+/// Why a pinned address cannot be bound, or `None` when it can.
+pub fn pin_problem(
+    a: Option<&IPAddress>,
+    pin: &str,
+    claim: &IPAddressClaim,
+    class: &str,
+    wanted: Family,
+) -> Option<String> {
+    let Some(a) = a else {
+        return Some(format!("IPAddress {pin:?} does not exist"));
+    };
+    if is_deleting(a) {
+        return Some(format!("IPAddress {pin:?} is being deleted"));
+    }
+    if let Some(r) = &a.spec.claim_ref
+        && !belongs_to(a, claim)
+    {
+        return Some(format!(
+            "IPAddress {pin:?} is already bound to claim {}/{}",
+            r.namespace, r.name
+        ));
+    }
+    if let Some(p) = phase(a).filter(|p| p.is_driver_owned()) {
+        return Some(format!("IPAddress {pin:?} is in phase {}", p.as_str()));
+    }
+    if a.spec.class_name != class {
+        return Some(format!(
+            "IPAddress {pin:?} belongs to class {:?}, not {class:?}",
+            a.spec.class_name
+        ));
+    }
+    match family(a) {
+        None => Some(format!(
+            "IPAddress {pin:?} has an invalid address {:?}",
+            a.spec.address
+        )),
+        Some(f) if f != wanted => Some(format!(
+            "IPAddress {pin:?} is {f}; the claim wants {wanted}"
+        )),
+        Some(_) => None,
+    }
+}
+
+/// What matching found for the missing families.
+#[derive(Debug, Default)]
+pub struct Matches {
+    /// Free (or pinned) addresses to bind now.
+    pub bind: Vec<IPAddress>,
+    /// (reason, message) per family that cannot be matched now.
+    pub waiting: Vec<(&'static str, String)>,
+    /// Some family waits for the driver: no candidate exists at all.
+    pub needs_provisioning: bool,
+}
+
+/// Matches every missing family of `claim` in `class`.
+pub fn match_families(
+    claim: &IPAddressClaim,
+    class: &IPAddressClass,
+    missing: &[Family],
+    pinned: Option<&IPAddress>,
+    pinned_taken: bool,
+    candidate: &dyn Fn(&str, Family) -> Option<Arc<IPAddress>>,
+) -> Matches {
+    let class_name = class.name_any();
+    let mut m = Matches::default();
+    for f in missing {
+        match pin_of(claim) {
+            Some(pin) => match pin_problem(pinned, pin, claim, &class_name, *f) {
+                Some(p) => m.waiting.push((reason::WAITING_FOR_ADDRESS, p)),
+                None if pinned_taken => m.waiting.push((
+                    reason::WAITING_FOR_ADDRESS,
+                    format!("IPAddress {pin:?} is being bound by another claim"),
+                )),
+                None => m.bind.extend(pinned.cloned()),
+            },
+            None => match candidate(&class_name, *f) {
+                Some(a) => m.bind.push(a.as_ref().clone()),
+                None => {
+                    m.needs_provisioning = true;
+                    m.waiting.push((
+                        reason::WAITING_FOR_PROVISIONING,
+                        format!(
+                            "waiting for {} to provision an {f} address of class {class_name:?}",
+                            class.spec.provisioner
+                        ),
+                    ));
+                }
+            },
+        }
+    }
+    m
+}

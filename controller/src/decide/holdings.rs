@@ -1,0 +1,91 @@
+//! Which addresses a claim holds (SPEC §4.3, §5.7). Both passes call this one function, so
+//! the claim pass (which lists the addresses) and the address pass (which writes phases)
+//! can never disagree about which address a claim keeps.
+//!
+//! A claim holds at most one address per family. Of the addresses bound or pre-bound to
+//! it (claimRef names it, uid empty or equal, not being deleted, not `Released`), the one
+//! kept per family is, in order: the one the claim already lists in `status.addresses`
+//! (what the tenant sees stays put), else one already `Bound` (bound first), else the
+//! lowest name. Every other one of that family is *surplus* — typically a driver's create
+//! that landed after the core bound a free address — and is released by the address pass.
+//! A `Released` address is never held again by a live claim: once surplus, always surplus.
+
+use address_controller_api::family::Family;
+use address_controller_api::{AddressPhase, IPAddress, IPAddressClaim};
+use kube::ResourceExt;
+
+use super::{belongs_to, family, is_deleting, phase};
+
+/// The addresses of one claim, sorted out.
+#[derive(Debug, Default)]
+pub struct Holdings<'a> {
+    /// Kept: at most one per family, plus any with an invalid address (which satisfy
+    /// nothing), in name order.
+    pub held: Vec<&'a IPAddress>,
+    /// Bound or pre-bound to the claim, but another address of the family is kept.
+    pub surplus: Vec<&'a IPAddress>,
+    /// Bound or pre-bound to the claim and being deleted.
+    pub deleting: Vec<&'a IPAddress>,
+    /// Bound to the claim and `Released` (surplus released earlier, or reclaimed).
+    pub released: Vec<&'a IPAddress>,
+}
+
+impl<'a> Holdings<'a> {
+    /// Sorts `named` — addresses whose claimRef names the claim by namespace and name —
+    /// for `claim`.
+    pub fn of(claim: &IPAddressClaim, named: impl IntoIterator<Item = &'a IPAddress>) -> Self {
+        let mut h = Holdings::default();
+        let mut live: Vec<&IPAddress> = Vec::new();
+        for a in named {
+            if !belongs_to(a, claim) {
+                continue; // a stale binding to an older claim of the same name
+            }
+            if is_deleting(a) {
+                h.deleting.push(a);
+            } else if phase(a) == Some(AddressPhase::Released) {
+                h.released.push(a);
+            } else {
+                live.push(a);
+            }
+        }
+        let listed = |a: &IPAddress| {
+            claim
+                .status
+                .as_ref()
+                .is_some_and(|s| s.addresses.iter().any(|l| l.name == a.name_any()))
+        };
+        // Best first: listed, then Bound, then by name.
+        live.sort_by_key(|a| {
+            (
+                !listed(a),
+                phase(a) != Some(AddressPhase::Bound),
+                a.name_any(),
+            )
+        });
+        let mut kept: Vec<Family> = Vec::new();
+        for a in live {
+            match family(a) {
+                Some(f) if kept.contains(&f) => h.surplus.push(a),
+                Some(f) => {
+                    kept.push(f);
+                    h.held.push(a);
+                }
+                None => h.held.push(a),
+            }
+        }
+        h.held.sort_by_key(|a| a.name_any());
+        h.surplus.sort_by_key(|a| a.name_any());
+        h
+    }
+
+    /// Whether `a` is surplus for this claim.
+    pub fn is_surplus(&self, a: &IPAddress) -> bool {
+        let name = a.name_any();
+        self.surplus.iter().any(|s| s.name_any() == name)
+    }
+
+    /// The address kept for `f`, if any.
+    pub fn kept(&self, f: Family) -> Option<&'a IPAddress> {
+        self.held.iter().copied().find(|a| family(a) == Some(f))
+    }
+}

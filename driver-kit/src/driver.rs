@@ -1,0 +1,148 @@
+//! What a driver implements. Everything else — which claims to serve, creating pre-bound
+//! addresses with the right name, policy and source, idempotency across restarts, class
+//! capacity and conditions, events, teardown behind a finalizer, leader election — is the
+//! runner's job ([`crate::run`]).
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use address_controller_api::{AddressSource, Family, IPAddress, IPAddressClaim, IPAddressClass};
+
+/// How many addresses of each family a class's backend can hold (`status.capacity`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capacity {
+    pub ipv4: i64,
+    pub ipv6: i64,
+}
+
+impl Capacity {
+    pub fn of(&self, f: Family) -> i64 {
+        match f {
+            Family::IPv4 => self.ipv4,
+            Family::IPv6 => self.ipv6,
+        }
+    }
+}
+
+/// What the runner asks a driver to allocate.
+pub struct Request<'a, P> {
+    pub class: &'a IPAddressClass,
+    /// The class's parameters, as [`Driver::parameters`] parsed them.
+    pub params: &'a P,
+    pub claim: &'a IPAddressClaim,
+    pub family: Family,
+    /// Whether an address is taken: an IPAddress object of any class carries it, or this
+    /// process is creating one for it right now.
+    pub in_use: &'a (dyn Fn(IpAddr) -> bool + Send + Sync),
+}
+
+/// An allocated address.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Allocation {
+    pub address: IpAddr,
+    /// `fromClass` for an address of the class's own range, `providerRef` for one the
+    /// provider holds under an id.
+    pub source: AddressSource,
+    /// The object name; by default derived from the address ([`object_name`]), which
+    /// makes creating the object the lock on the address.
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AllocateError {
+    /// No free address of the family: reported on the claim and the class, retried when
+    /// an address of the class goes away.
+    #[error("no free address left")]
+    Exhausted,
+    /// Anything else: reported on the claim, retried with backoff.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// A driver. `Params` is what the class's `spec.parameters` parse into.
+pub trait Driver: Send + Sync + 'static {
+    type Params: Send + Sync + 'static;
+
+    /// The provisioner name classes select this driver by (`spec.provisioner`).
+    fn provisioner(&self) -> &str;
+
+    /// Parses the parameters of every class of this driver, in order; an error (say, a
+    /// range overlapping another class's) is published on that class and nothing is
+    /// allocated from it.
+    fn parameters(&self, classes: &[Arc<IPAddressClass>]) -> Vec<Result<Self::Params, String>>;
+
+    /// The capacity of a class, published in its status.
+    fn capacity(&self, params: &Self::Params) -> Capacity;
+
+    /// One line about valid parameters, for the class's `ParametersValid` condition.
+    fn describe(&self, _params: &Self::Params) -> String {
+        "parameters are valid".into()
+    }
+
+    /// Allocates one address.
+    fn allocate(
+        &self,
+        req: Request<'_, Self::Params>,
+    ) -> impl Future<Output = Result<Allocation, AllocateError>> + Send;
+
+    /// A finalizer the runner puts on every address it creates, for backend teardown in
+    /// [`Driver::release`]. `None` (the default): no teardown.
+    fn finalizer(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// Tears down the backend of an address being deleted (only with a [`Driver::finalizer`]).
+    fn release(&self, _address: &IPAddress) -> impl Future<Output = Result<(), String>> + Send {
+        async { Ok(()) }
+    }
+}
+
+/// The default object name of an address: `ipv4-192-0-2-1`, or the fully expanded
+/// `ipv6-2001-0db8-0000-…` — every spelling of an address gives one name.
+pub fn object_name(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            format!("ipv4-{}-{}-{}-{}", o[0], o[1], o[2], o[3])
+        }
+        IpAddr::V6(v6) => {
+            let s: Vec<String> = v6.segments().iter().map(|s| format!("{s:04x}")).collect();
+            format!("ipv6-{}", s.join("-"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn names_are_dns_valid_and_unique_per_address() {
+        let cases = [
+            ("192.0.2.1", "ipv4-192-0-2-1"),
+            ("2001:db8::", "ipv6-2001-0db8-0000-0000-0000-0000-0000-0000"),
+            (
+                "2001:db8::1",
+                "ipv6-2001-0db8-0000-0000-0000-0000-0000-0001",
+            ),
+            ("::", "ipv6-0000-0000-0000-0000-0000-0000-0000-0000"),
+            ("fe80::", "ipv6-fe80-0000-0000-0000-0000-0000-0000-0000"),
+        ];
+        for (ip, want) in cases {
+            let name = object_name(ip.parse().unwrap());
+            assert_eq!(name, want);
+            assert!(
+                name.len() <= 63
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            );
+        }
+        // Every spelling of one address gives one name.
+        let a: IpAddr = "2001:DB8:0:0::1".parse().unwrap();
+        let b: IpAddr = "2001:db8::0:1".parse().unwrap();
+        assert_eq!(object_name(a), object_name(b));
+    }
+}

@@ -1,0 +1,130 @@
+//! What the runner indexes from the address and claim caches, so a pass never scans every
+//! object: addresses by the claim they name, addresses in use, addresses per (class,
+//! family), and the claims that found their class exhausted.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use address_controller_api::family::parse_address;
+use address_controller_api::{Family, IPAddress};
+use kube::ResourceExt;
+
+#[derive(Default)]
+struct Inner {
+    /// claim `namespace/name` → names of addresses whose claimRef names it.
+    by_claim: HashMap<String, BTreeSet<String>>,
+    /// address → number of IPAddress objects carrying it (more than one is an admin's
+    /// mistake, still in use).
+    in_use: HashMap<IpAddr, usize>,
+    /// (class, family) → number of addresses.
+    per_pool: HashMap<(String, Family), i64>,
+    /// class → claims that found it exhausted, retried when one of its addresses goes.
+    exhausted: HashMap<String, BTreeSet<String>>,
+}
+
+#[derive(Default)]
+pub struct Inventory {
+    inner: Mutex<Inner>,
+}
+
+fn claim_key(a: &IPAddress) -> Option<String> {
+    a.spec
+        .claim_ref
+        .as_ref()
+        .map(|r| format!("{}/{}", r.namespace, r.name))
+}
+
+fn ip_and_family(a: &IPAddress) -> Option<(IpAddr, Family)> {
+    let ip = parse_address(&a.spec.address).ok()?;
+    Some((ip, address_controller_api::family::family_of_ip(ip)))
+}
+
+impl Inventory {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes in an address change; returns the claims to pass again (the claims it names,
+    /// and — when an address of a class went away — the claims that found it exhausted).
+    pub fn address_changed(&self, old: Option<&IPAddress>, new: Option<&IPAddress>) -> Vec<String> {
+        let mut s = self.lock();
+        let mut wake = Vec::new();
+        let name = new.or(old).map(|a| a.name_any()).unwrap_or_default();
+        if let Some(a) = old {
+            if let Some(k) = claim_key(a)
+                && let Some(set) = s.by_claim.get_mut(&k)
+            {
+                set.remove(&name);
+                if set.is_empty() {
+                    s.by_claim.remove(&k);
+                }
+                wake.push(k);
+            }
+            if let Some((ip, f)) = ip_and_family(a) {
+                if let Some(n) = s.in_use.get_mut(&ip) {
+                    *n -= 1;
+                    if *n == 0 {
+                        s.in_use.remove(&ip);
+                    }
+                }
+                *s.per_pool
+                    .entry((a.spec.class_name.clone(), f))
+                    .or_default() -= 1;
+            }
+        }
+        if let Some(a) = new {
+            if let Some(k) = claim_key(a) {
+                s.by_claim
+                    .entry(k.clone())
+                    .or_default()
+                    .insert(name.clone());
+                wake.push(k);
+            }
+            if let Some((ip, f)) = ip_and_family(a) {
+                *s.in_use.entry(ip).or_default() += 1;
+                *s.per_pool
+                    .entry((a.spec.class_name.clone(), f))
+                    .or_default() += 1;
+            }
+        }
+        // An address gone (or moved to another class) may end an exhaustion.
+        if let Some(a) = old
+            && new.is_none_or(|n| n.spec.class_name != a.spec.class_name)
+            && let Some(set) = s.exhausted.remove(&a.spec.class_name)
+        {
+            wake.extend(set);
+        }
+        wake
+    }
+
+    pub fn addresses_naming(&self, claim: &str) -> Vec<String> {
+        self.lock()
+            .by_claim
+            .get(claim)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    pub fn in_use(&self, ip: IpAddr) -> bool {
+        self.lock().in_use.contains_key(&ip)
+    }
+
+    /// Addresses of a class and family.
+    pub fn count(&self, class: &str, f: Family) -> i64 {
+        self.lock()
+            .per_pool
+            .get(&(class.to_string(), f))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// A claim found `class` exhausted: pass it again when an address of the class goes.
+    pub fn exhausted(&self, class: &str, claim: &str) {
+        self.lock()
+            .exhausted
+            .entry(class.to_string())
+            .or_default()
+            .insert(claim.to_string());
+    }
+}

@@ -1,0 +1,359 @@
+//! Build an IPAddress driver (SPEC §8) the way CSI drivers are built for storage: implement
+//! the small [`Driver`] trait — parse a class's parameters, report its capacity, allocate an
+//! address, optionally tear one down — and call [`main`]. The runner does the protocol:
+//! watches, leader election, which claims to serve, creating pre-bound addresses,
+//! idempotency across restarts, class capacity and conditions, events, the teardown
+//! finalizer, probes. It never touches what the core owns. `docs/drivers.md` has the
+//! contract; `tests/` has a conformance suite any driver can run.
+
+pub mod driver;
+mod inventory;
+pub mod runner;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use address_controller_runtime::cache::key_of;
+use address_controller_runtime::client::ClientArgs;
+use address_controller_runtime::health::{Bounds, Health};
+use address_controller_runtime::leader::{self, ElectionArgs, Leadership};
+use address_controller_runtime::logging::LogArgs;
+use address_controller_runtime::probes::{self, ProbeArgs};
+use address_controller_runtime::rbac::{RUNTIME_RULES, Rule, render};
+use address_controller_runtime::supervise::{Shutdown, Tasks, signal};
+use address_controller_runtime::workers::{self, Gate};
+use address_controller_runtime::world::World;
+use clap::{Args, Parser};
+use futures::StreamExt;
+use kube::ResourceExt;
+
+pub use driver::{AllocateError, Allocation, Capacity, Driver, Request, object_name};
+pub use runner::events;
+
+/// Who the driver is.
+pub struct Info {
+    /// Binary name; also the default Lease name and the events' reporting controller.
+    pub name: &'static str,
+    /// Name of its ClusterRole in a chart.
+    pub cluster_role: &'static str,
+    /// Where its rules are declared (named in the generated file's header).
+    pub source: &'static str,
+    /// Rules it needs besides the kit's own (a backend's API, say).
+    pub extra_rules: &'static [Rule],
+}
+
+/// The flags of every driver built on the kit.
+#[derive(Args, Clone, Debug)]
+pub struct DriverArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[command(flatten)]
+    pub election: ElectionArgs,
+    #[command(flatten)]
+    pub probes: ProbeArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
+    /// A watch that heard nothing for this long makes the driver not ready and is restarted.
+    #[arg(long, env = "WATCH_SILENCE_BOUND", default_value = "90s", value_parser = humantime::parse_duration)]
+    pub watch_silence_bound: Duration,
+    /// Passes running at once.
+    #[arg(long, env = "DRIVER_CONCURRENCY", default_value_t = 4)]
+    pub concurrency: u16,
+    /// Print the ClusterRole this driver needs (YAML) and exit.
+    #[arg(long)]
+    pub print_cluster_role: bool,
+    /// Testing only: wait this long between deciding to create an address and creating it.
+    #[arg(long, hide = true, value_parser = humantime::parse_duration)]
+    pub testing_create_delay: Option<Duration>,
+}
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: DriverArgs,
+}
+
+/// The kit's own rules: what the runner reads and writes.
+pub const KIT_RULES: &[Rule] = &[
+    Rule {
+        group: "local.sdn.cozystack.io",
+        resources: &["ipaddressclaims"],
+        verbs: &["get", "list", "watch"],
+        why: "claims stamped with this driver's provisioner",
+    },
+    Rule {
+        group: "local.sdn.cozystack.io",
+        resources: &["ipaddresses"],
+        verbs: &["get", "list", "watch", "create", "patch"],
+        why: "what is taken; creating an address is the allocation (SPEC §8); removing the driver's finalizer",
+    },
+    Rule {
+        group: "local.sdn.cozystack.io",
+        resources: &["ipaddressclasses"],
+        verbs: &["get", "list", "watch"],
+        why: "the classes' parameters",
+    },
+    Rule {
+        group: "local.sdn.cozystack.io",
+        resources: &["ipaddressclasses/status"],
+        verbs: &["patch"],
+        why: "class capacity and conditions",
+    },
+];
+
+/// The driver's ClusterRole as YAML (`--print-cluster-role`).
+pub fn cluster_role_yaml(info: &Info) -> Result<String, serde_yaml::Error> {
+    let rules: Vec<&Rule> = KIT_RULES
+        .iter()
+        .chain(RUNTIME_RULES)
+        .chain(info.extra_rules)
+        .collect();
+    let owned: Vec<Rule> = rules
+        .into_iter()
+        .map(|r| Rule {
+            group: r.group,
+            resources: r.resources,
+            verbs: r.verbs,
+            why: r.why,
+        })
+        .collect();
+    render(info.cluster_role, info.source, &owned)
+}
+
+/// The whole `main` of a driver: flags, logging, runtime, [`run`]. Exits non-zero when a
+/// critical task stops.
+pub fn main<D: Driver>(driver: D, info: Info) -> anyhow::Result<()> {
+    let args = Cli::parse().args;
+    if args.print_cluster_role {
+        print!("{}", cluster_role_yaml(&info)?);
+        return Ok(());
+    }
+    args.log.init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    if let Err(e) = runtime.block_on(run(driver, &info, args)) {
+        eprintln!("{}: {e:#}", info.name);
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// Runs the driver until SIGTERM (Ok) or until a critical task stops (Err).
+pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow::Result<()> {
+    let client = args.client.client().await?;
+    let shutdown = Shutdown::default();
+    let mut tasks = Tasks::new(shutdown.clone());
+    let health = Health::new(Bounds {
+        silence: args.watch_silence_bound,
+        ..Bounds::default()
+    });
+    let world = World::new(false, health.clone());
+    let leadership = if args.election.leader_elect {
+        Leadership::follower()
+    } else {
+        Leadership::always()
+    };
+    let gate = Gate {
+        leadership: leadership.clone(),
+        health: health.clone(),
+    };
+    let mut ctx = runner::Ctx::new(
+        driver,
+        client.clone(),
+        world.clone(),
+        gate.clone(),
+        info.name,
+        args.election.identity(),
+    );
+    ctx.create_delay = args.testing_create_delay;
+    let ctx = Arc::new(ctx);
+    register(&ctx);
+    world.watch(&client, &mut tasks);
+    tasks.spawn(
+        "probes",
+        probes::serve(args.probes.probe_address, health.clone(), shutdown.wait()),
+    );
+    let n = usize::from(args.concurrency);
+    for (name, queue) in [
+        ("claims", ctx.queues.claims.clone()),
+        ("classes", ctx.queues.classes.clone()),
+        ("addresses", ctx.queues.addresses.clone()),
+    ] {
+        let c = ctx.clone();
+        let leader = leadership.clone();
+        health.queue(name, queue.clone(), move || leader.is_leader());
+        let fut = async move {
+            match name {
+                "claims" => {
+                    workers::run(
+                        "claim",
+                        queue,
+                        n,
+                        c.gate.clone(),
+                        {
+                            let c = c.clone();
+                            move |k| runner::claim_pass(c.clone(), k)
+                        },
+                        observe_noop(),
+                    )
+                    .await
+                }
+                "classes" => {
+                    workers::run(
+                        "class",
+                        queue,
+                        1,
+                        c.gate.clone(),
+                        {
+                            let c = c.clone();
+                            move |k| runner::class_pass(c.clone(), k)
+                        },
+                        observe_noop(),
+                    )
+                    .await
+                }
+                _ => {
+                    workers::run(
+                        "address",
+                        queue,
+                        n,
+                        c.gate.clone(),
+                        {
+                            let c = c.clone();
+                            move |k| runner::address_pass(c.clone(), k)
+                        },
+                        observe_noop(),
+                    )
+                    .await
+                }
+            }
+            Ok(())
+        };
+        tasks.spawn(name, fut);
+    }
+    {
+        let c = ctx.clone();
+        tasks.spawn_forever(
+            "leadership",
+            leadership.acquired().for_each(move |()| {
+                let c = c.clone();
+                async move { queue_everything(&c) }
+            }),
+        );
+    }
+    {
+        let c = ctx.clone();
+        let stop = shutdown.wait();
+        tasks.spawn("workers shutdown", async move {
+            stop.await;
+            c.queues.claims.shut_down();
+            c.queues.classes.shut_down();
+            c.queues.addresses.shut_down();
+            Ok(())
+        });
+    }
+    if args.election.leader_elect {
+        let cfg = args.election.config(info.name)?;
+        let stop = shutdown.wait();
+        tasks.spawn("leader election", async move {
+            leader::run(client, cfg, leadership, stop).await?;
+            Ok(())
+        });
+    }
+    tasks.spawn("signals", {
+        let shutdown = shutdown.clone();
+        async move {
+            signal().await;
+            tracing::info!("shutting down");
+            shutdown.trigger();
+            Ok(())
+        }
+    });
+    tasks.supervise(Duration::from_secs(10)).await?;
+    Ok(())
+}
+
+fn observe_noop() -> workers::Observe {
+    Arc::new(|_, _, _| {})
+}
+
+/// What each change wakes.
+fn register<D: Driver>(ctx: &Arc<runner::Ctx<D>>) {
+    let c = ctx.clone();
+    ctx.world.addresses.on_change(move |ch| {
+        let Some(a) = ch.object() else { return };
+        if let Some(new) = &ch.new {
+            c.landed(new);
+        }
+        c.queues.claims.add_all(
+            c.inventory
+                .address_changed(ch.old.as_deref(), ch.new.as_deref()),
+        );
+        if c.driver.finalizer().is_some() {
+            c.queues.addresses.add(a.name_any());
+        }
+        // Usage changes the class's Exhausted condition.
+        let class = &a.spec.class_name;
+        if c.world.classes.get(class).is_some_and(|k| c.ours(&k)) {
+            c.queues.classes.add(class.clone());
+        }
+    });
+    let c = ctx.clone();
+    ctx.world.claims.on_change(move |ch| {
+        let stamped = |o: Option<&Arc<address_controller_api::IPAddressClaim>>| {
+            o.is_some_and(|o| c.stamped(o))
+        };
+        if (stamped(ch.old.as_ref()) || stamped(ch.new.as_ref()))
+            && let Some(o) = ch.object()
+        {
+            c.queues.claims.add(key_of(o.as_ref()));
+        }
+    });
+    let c = ctx.clone();
+    ctx.world.classes.on_change(move |ch| {
+        // The driver's own status writes do not change what it parsed.
+        let spec_changed = match (&ch.old, &ch.new) {
+            (Some(o), Some(n)) => {
+                o.metadata.generation != n.metadata.generation
+                    || o.spec.provisioner != n.spec.provisioner
+            }
+            _ => true,
+        };
+        if !spec_changed {
+            return;
+        }
+        c.classes_changed();
+        // Overlaps are judged across classes: every class of ours again; and every claim of
+        // ours, which may have been refused for bad parameters.
+        c.queues
+            .classes
+            .add_all(c.our_classes().iter().map(|k| k.name_any()));
+        if ch.object().is_some_and(|k| c.ours(k)) {
+            queue_claims(&c);
+        }
+    });
+}
+
+fn queue_claims<D: Driver>(c: &runner::Ctx<D>) {
+    c.queues.claims.add_all(
+        c.world
+            .claims
+            .store
+            .all()
+            .iter()
+            .filter(|k| c.stamped(k))
+            .map(|k| key_of(k.as_ref())),
+    );
+}
+
+fn queue_everything<D: Driver>(c: &runner::Ctx<D>) {
+    tracing::info!("leading: examining every claim and class of this driver");
+    queue_claims(c);
+    c.queues
+        .classes
+        .add_all(c.our_classes().iter().map(|k| k.name_any()));
+    if c.driver.finalizer().is_some() {
+        c.queues.addresses.add_all(c.world.addresses.store.keys());
+    }
+}

@@ -1,0 +1,528 @@
+//! The runner: the driver protocol of SPEC §8 around a [`Driver`].
+//!
+//! * **Which claims.** Stamped with this provisioner, of a class whose provisioner it is,
+//!   `Pending` with the core's `WaitingForProvisioning`, not pinned, not being deleted. Per
+//!   family, only when neither the claim's status nor any address naming the claim (in the
+//!   cache, or created by this process and not in the cache yet) has that family — a driver
+//!   never creates a second address for a family (SPEC §5.7).
+//! * **Creating.** One IPAddress per missing family, named by the allocation (by default
+//!   after the address, so the create is the lock), `claimRef` pre-set with the claim's uid,
+//!   `className`, `reclaimPolicy` copied from the class, the allocation's `source`, and the
+//!   driver's finalizer if it has one. A `Dual` claim gets both families or neither. A name
+//!   collision with an address already made for this claim (a restart) is success; with
+//!   another, the address is taken: allocate again.
+//! * **Classes.** `status.capacity`, and the conditions `ParametersValid` and `Exhausted`.
+//!   Bad parameters: a Warning on the class once, `InvalidClassParameters` on its claims.
+//! * **Teardown.** With a finalizer, an address being deleted is released in the backend,
+//!   then the finalizer goes.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use address_controller_api::conditions::set_condition;
+use address_controller_api::family::family_of;
+use address_controller_api::names::{PROVISIONER_ANNOTATION, condition, reason};
+use address_controller_api::{
+    ClaimPhase, ClaimRef, Family, IPAddress, IPAddressClaim, IPAddressClass, IPAddressSpec,
+};
+use address_controller_runtime::events::{Events, PlannedEvent};
+use address_controller_runtime::queue::{Backoff, Queue};
+use address_controller_runtime::workers::{Gate, Outcome, PassError, Retry};
+use address_controller_runtime::world::World;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+use crate::driver::{AllocateError, Allocation, Driver, Request, object_name};
+use crate::inventory::Inventory;
+
+/// Event reasons the runner publishes.
+pub mod events {
+    /// On a claim: its class's parameters cannot be allocated from.
+    pub const INVALID_CLASS_PARAMETERS: &str = "InvalidClassParameters";
+    /// On a claim: no free address of a family it needs.
+    pub const EXHAUSTED: &str = "Exhausted";
+    /// On a claim: the driver failed to allocate for another reason.
+    pub const PROVISIONING_FAILED: &str = "ProvisioningFailed";
+    /// On a class: its parameters are invalid.
+    pub const INVALID_PARAMETERS: &str = "InvalidParameters";
+}
+
+/// How long an address this process created is assumed to be on its way into the cache.
+const IN_FLIGHT_FOR: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0} is taken; allocating again")]
+    Taken(String),
+    #[error("allocating for {claim}: {message}")]
+    Allocate { claim: String, message: String },
+    #[error("{action} {object}: {source}")]
+    Kube {
+        action: &'static str,
+        object: String,
+        source: kube::Error,
+    },
+}
+
+impl PassError for Error {
+    fn retry(&self) -> Retry {
+        match self {
+            Error::Kube {
+                source: kube::Error::Api(s),
+                ..
+            } if s.code == 404 => Retry::Never,
+            _ => Retry::Backoff,
+        }
+    }
+    fn category(&self) -> &'static str {
+        match self {
+            Error::Taken(_) => "conflict",
+            Error::Allocate { .. } => "allocate",
+            Error::Kube { .. } => "api",
+        }
+    }
+}
+
+type Params<D> = Result<Arc<<D as Driver>::Params>, String>;
+/// Parsed parameters of every class of the driver, by class name.
+type AllParams<D> = Arc<HashMap<String, Params<D>>>;
+
+pub(crate) struct Queues {
+    pub claims: Arc<Queue<String>>,
+    pub classes: Arc<Queue<String>>,
+    pub addresses: Arc<Queue<String>>,
+}
+
+pub(crate) struct Ctx<D: Driver> {
+    pub driver: D,
+    pub client: Client,
+    pub world: World,
+    pub inventory: Inventory,
+    pub gate: Gate,
+    pub events: Events,
+    pub queues: Queues,
+    /// Parsed parameters of this driver's classes; `None` after a class changed.
+    params: Mutex<Option<AllParams<D>>>,
+    /// (claim uid, family) → when this process created an address for it.
+    in_flight: Mutex<HashMap<(String, Family), Instant>>,
+    /// Addresses this process is creating (or lost a create race for) right now.
+    in_flight_ips: Mutex<HashMap<IpAddr, Instant>>,
+    /// Testing only: pause between deciding to create and creating, to let tests race a
+    /// free address against the create.
+    pub create_delay: Option<Duration>,
+}
+
+fn fresh<K: std::hash::Hash + Eq + Clone>(
+    m: &Mutex<HashMap<K, Instant>>,
+) -> std::sync::MutexGuard<'_, HashMap<K, Instant>> {
+    let mut g = m.lock().unwrap_or_else(PoisonError::into_inner);
+    g.retain(|_, at| at.elapsed() < IN_FLIGHT_FOR);
+    g
+}
+
+impl<D: Driver> Ctx<D> {
+    pub fn new(
+        driver: D,
+        client: Client,
+        world: World,
+        gate: Gate,
+        controller: &str,
+        instance: String,
+    ) -> Self {
+        Ctx {
+            events: Events::new(client.clone(), controller, instance),
+            driver,
+            client,
+            world,
+            inventory: Inventory::default(),
+            gate,
+            queues: Queues {
+                claims: Arc::new(Queue::new(Backoff::default())),
+                classes: Arc::new(Queue::new(Backoff::default())),
+                addresses: Arc::new(Queue::new(Backoff::default())),
+            },
+            params: Mutex::new(None),
+            in_flight: Mutex::new(HashMap::new()),
+            in_flight_ips: Mutex::new(HashMap::new()),
+            create_delay: None,
+        }
+    }
+
+    pub fn ours(&self, class: &IPAddressClass) -> bool {
+        class.spec.provisioner == self.driver.provisioner()
+    }
+
+    /// This driver's classes, by name.
+    pub fn our_classes(&self) -> Vec<Arc<IPAddressClass>> {
+        let mut v: Vec<_> = self
+            .world
+            .classes()
+            .into_iter()
+            .filter(|c| self.ours(c))
+            .collect();
+        v.sort_by_key(|c| c.name_any());
+        v
+    }
+
+    /// The parsed parameters of class `name`, if it is one of ours.
+    pub fn params(&self, name: &str) -> Option<Params<D>> {
+        let mut cache = self.params.lock().unwrap_or_else(PoisonError::into_inner);
+        let all = match &*cache {
+            Some(all) => all.clone(),
+            None => {
+                let classes = self.our_classes();
+                let parsed = self.driver.parameters(&classes);
+                let all: AllParams<D> = Arc::new(
+                    classes
+                        .iter()
+                        .zip(parsed)
+                        .map(|(c, p)| (c.name_any(), p.map(Arc::new)))
+                        .collect(),
+                );
+                *cache = Some(all.clone());
+                all
+            }
+        };
+        all.get(name).cloned()
+    }
+
+    /// The cache shows `a`: what this process created for it is no longer in flight.
+    pub fn landed(&self, a: &IPAddress) {
+        if let Ok(ip) = address_controller_api::family::parse_address(&a.spec.address) {
+            fresh(&self.in_flight_ips).remove(&ip);
+            let family = address_controller_api::family::family_of_ip(ip);
+            if let Some(uid) = a.spec.claim_ref.as_ref().and_then(|r| r.uid.clone()) {
+                fresh(&self.in_flight).remove(&(uid, family));
+            }
+        }
+    }
+
+    pub fn classes_changed(&self) {
+        *self.params.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// Whether a claim is stamped with this driver's provisioner.
+    pub fn stamped(&self, c: &IPAddressClaim) -> bool {
+        c.annotations()
+            .get(PROVISIONER_ANNOTATION)
+            .map(String::as_str)
+            == Some(self.driver.provisioner())
+    }
+}
+
+/// What a claim needs from this driver: its class and the families to provision.
+pub(crate) fn wanted<D: Driver>(
+    ctx: &Ctx<D>,
+    claim: &IPAddressClaim,
+    key: &str,
+) -> Option<(Arc<IPAddressClass>, Vec<Family>)> {
+    if !ctx.stamped(claim)
+        || claim.metadata.deletion_timestamp.is_some()
+        || claim.spec.address_name.is_some()
+    {
+        return None;
+    }
+    let status = claim.status.as_ref()?;
+    // Only a claim the core left Pending, waiting for provisioning: not before its first
+    // pass, not Bound, never Lost.
+    if status.phase != Some(ClaimPhase::Pending) {
+        return None;
+    }
+    let waiting = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == condition::BOUND && c.reason == reason::WAITING_FOR_PROVISIONING);
+    if !waiting {
+        return None;
+    }
+    let class = ctx.world.classes.get(status.class_name.as_deref()?)?;
+    if !ctx.ours(&class) {
+        return None;
+    }
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    let mut have: Vec<Family> = status
+        .addresses
+        .iter()
+        .filter_map(|a| family_of(&a.address).ok())
+        .collect();
+    for name in ctx.inventory.addresses_naming(key) {
+        if let Some(a) = ctx.world.addresses.get(&name)
+            && a.metadata.deletion_timestamp.is_none()
+            && a.spec
+                .claim_ref
+                .as_ref()
+                .is_some_and(|r| r.uid.as_deref().is_none_or(|u| u == uid))
+            && let Ok(f) = family_of(&a.spec.address)
+        {
+            have.push(f);
+        }
+    }
+    let in_flight = fresh(&ctx.in_flight);
+    let missing: Vec<Family> = claim
+        .spec
+        .family
+        .families()
+        .iter()
+        .copied()
+        .filter(|f| !have.contains(f) && !in_flight.contains_key(&(uid.clone(), *f)))
+        .collect();
+    (!missing.is_empty()).then_some((class, missing))
+}
+
+/// One pass over a claim.
+pub(crate) async fn claim_pass<D: Driver>(ctx: Arc<Ctx<D>>, key: String) -> Result<Outcome, Error> {
+    let Some(claim) = ctx.world.claims.get(&key) else {
+        return Ok(Outcome::Done);
+    };
+    let Some((class, missing)) = wanted(&ctx, &claim, &key) else {
+        ctx.events.publish_once(claim.as_ref(), None).await;
+        return Ok(Outcome::Done);
+    };
+    let class_name = class.name_any();
+    let params = match ctx.params(&class_name) {
+        Some(Ok(p)) => p,
+        Some(Err(why)) => {
+            let ev = PlannedEvent::warning(
+                events::INVALID_CLASS_PARAMETERS,
+                format!("class {class_name:?} cannot be allocated from: {why}"),
+            );
+            ctx.events.publish_once(claim.as_ref(), Some(&ev)).await;
+            return Ok(Outcome::Done);
+        }
+        None => return Ok(Outcome::Done),
+    };
+    // Allocate every missing family first: a Dual claim gets both or neither.
+    let mut chosen: Vec<(Family, Allocation)> = Vec::new();
+    let mut exhausted: Vec<Family> = Vec::new();
+    for f in &missing {
+        let taken: Vec<IpAddr> = chosen.iter().map(|(_, a)| a.address).collect();
+        let busy: Vec<IpAddr> = fresh(&ctx.in_flight_ips).keys().copied().collect();
+        let inventory = &ctx.inventory;
+        let in_use =
+            move |ip: IpAddr| inventory.in_use(ip) || taken.contains(&ip) || busy.contains(&ip);
+        let req = Request {
+            class: &class,
+            params: params.as_ref(),
+            claim: &claim,
+            family: *f,
+            in_use: &in_use,
+        };
+        match ctx.driver.allocate(req).await {
+            Ok(a) => chosen.push((*f, a)),
+            Err(AllocateError::Exhausted) => exhausted.push(*f),
+            Err(AllocateError::Failed(message)) => {
+                let ev = PlannedEvent::warning(events::PROVISIONING_FAILED, message.clone());
+                ctx.events.publish_once(claim.as_ref(), Some(&ev)).await;
+                return Err(Error::Allocate {
+                    claim: key,
+                    message,
+                });
+            }
+        }
+    }
+    if !exhausted.is_empty() {
+        ctx.inventory.exhausted(&class_name, &key);
+        let families: Vec<&str> = exhausted.iter().map(|f| f.as_str()).collect();
+        let ev = PlannedEvent::warning(
+            events::EXHAUSTED,
+            format!(
+                "no free {} address left in class {class_name:?}; waiting for one to be freed",
+                families.join(" and ")
+            ),
+        );
+        ctx.events.publish_once(claim.as_ref(), Some(&ev)).await;
+        return Ok(Outcome::Done);
+    }
+    if let Some(d) = ctx.create_delay {
+        tokio::time::sleep(d).await;
+    }
+    let api: Api<IPAddress> = Api::all(ctx.client.clone());
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    for (f, a) in chosen {
+        let name = a.name.clone().unwrap_or_else(|| object_name(a.address));
+        let address = IPAddress {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                finalizers: ctx.driver.finalizer().map(|f| vec![f.to_string()]),
+                ..Default::default()
+            },
+            spec: IPAddressSpec {
+                address: a.address.to_string(),
+                class_name: class_name.clone(),
+                reclaim_policy: class.spec.reclaim_policy,
+                claim_ref: Some(ClaimRef {
+                    namespace: claim.namespace().unwrap_or_default(),
+                    name: claim.name_any(),
+                    uid: Some(uid.clone()),
+                }),
+                source: a.source.clone(),
+            },
+            status: None,
+        };
+        fresh(&ctx.in_flight_ips).insert(a.address, Instant::now());
+        match api.create(&PostParams::default(), &address).await {
+            Ok(_) => {
+                tracing::info!(claim = %key, address = %a.address, %name, "provisioned");
+                fresh(&ctx.in_flight).insert((uid.clone(), f), Instant::now());
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                // Made by an earlier life of this process for this claim: done. Otherwise
+                // someone holds this address: allocate again.
+                let existing = api.get_opt(&name).await.ok().flatten();
+                let mine = existing
+                    .as_ref()
+                    .and_then(|e| e.spec.claim_ref.as_ref())
+                    .is_some_and(|r| {
+                        r.namespace == claim.namespace().unwrap_or_default()
+                            && r.name == claim.name_any()
+                            && r.uid.as_deref().is_none_or(|u| u == uid)
+                    });
+                if !mine {
+                    return Err(Error::Taken(name));
+                }
+                fresh(&ctx.in_flight).insert((uid.clone(), f), Instant::now());
+            }
+            Err(source) => {
+                fresh(&ctx.in_flight_ips).remove(&a.address);
+                return Err(Error::Kube {
+                    action: "creating",
+                    object: name,
+                    source,
+                });
+            }
+        }
+    }
+    ctx.events.publish_once(claim.as_ref(), None).await;
+    Ok(Outcome::Done)
+}
+
+/// One pass over a class: capacity and conditions.
+pub(crate) async fn class_pass<D: Driver>(
+    ctx: Arc<Ctx<D>>,
+    name: String,
+) -> Result<Outcome, Error> {
+    let Some(class) = ctx.world.classes.get(&name) else {
+        return Ok(Outcome::Done);
+    };
+    if !ctx.ours(&class) {
+        return Ok(Outcome::Done);
+    }
+    let Some(parsed) = ctx.params(&name) else {
+        return Ok(Outcome::Done);
+    };
+    let now = Time(Timestamp::now());
+    let generation = class.metadata.generation;
+    let mut status = class.status.clone().unwrap_or_default();
+    match parsed {
+        Ok(params) => {
+            let cap = ctx.driver.capacity(&params);
+            status.capacity = Some(address_controller_api::Capacity {
+                ipv4: Some(cap.ipv4),
+                ipv6: Some(cap.ipv6),
+            });
+            set_condition(
+                &mut status.conditions,
+                "ParametersValid",
+                true,
+                "Valid",
+                ctx.driver.describe(&params),
+                generation,
+                &now,
+            );
+            let full: Vec<&str> = [Family::IPv4, Family::IPv6]
+                .into_iter()
+                .filter(|f| cap.of(*f) > 0 && ctx.inventory.count(&name, *f) >= cap.of(*f))
+                .map(Family::as_str)
+                .collect();
+            let (exhausted, reason, msg) = if full.is_empty() {
+                (false, "FreeAddresses", "free addresses left".to_string())
+            } else {
+                (
+                    true,
+                    "NoFreeAddress",
+                    format!("no free {} address left", full.join(" or ")),
+                )
+            };
+            set_condition(
+                &mut status.conditions,
+                "Exhausted",
+                exhausted,
+                reason,
+                msg,
+                generation,
+                &now,
+            );
+            ctx.events.publish_once(class.as_ref(), None).await;
+        }
+        Err(why) => {
+            status.capacity = None;
+            set_condition(
+                &mut status.conditions,
+                "ParametersValid",
+                false,
+                "InvalidParameters",
+                why.clone(),
+                generation,
+                &now,
+            );
+            let ev = PlannedEvent::warning(
+                events::INVALID_PARAMETERS,
+                format!("{why}; nothing will be allocated from this class"),
+            );
+            ctx.events.publish_once(class.as_ref(), Some(&ev)).await;
+        }
+    }
+    if class.status.as_ref() != Some(&status) {
+        let api: Api<IPAddressClass> = Api::all(ctx.client.clone());
+        let body = json!({"metadata": {"resourceVersion": class.metadata.resource_version},
+            "status": {"capacity": status.capacity, "conditions": status.conditions}});
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(body))
+            .await
+            .map_err(|source| Error::Kube {
+                action: "writing status of class",
+                object: name.clone(),
+                source,
+            })?;
+    }
+    Ok(Outcome::Done)
+}
+
+/// One pass over an address: backend teardown behind the driver's finalizer.
+pub(crate) async fn address_pass<D: Driver>(
+    ctx: Arc<Ctx<D>>,
+    name: String,
+) -> Result<Outcome, Error> {
+    let Some(finalizer) = ctx.driver.finalizer() else {
+        return Ok(Outcome::Done);
+    };
+    let Some(a) = ctx.world.addresses.get(&name) else {
+        return Ok(Outcome::Done);
+    };
+    if a.metadata.deletion_timestamp.is_none() || !a.finalizers().iter().any(|f| f == finalizer) {
+        return Ok(Outcome::Done);
+    }
+    ctx.driver
+        .release(&a)
+        .await
+        .map_err(|message| Error::Allocate {
+            claim: name.clone(),
+            message,
+        })?;
+    let remaining: Vec<&String> = a.finalizers().iter().filter(|f| *f != finalizer).collect();
+    let body = json!({"metadata": {"resourceVersion": a.metadata.resource_version, "finalizers": remaining}});
+    Api::<IPAddress>::all(ctx.client.clone())
+        .patch(&name, &PatchParams::default(), &Patch::Merge(body))
+        .await
+        .map_err(|source| Error::Kube {
+            action: "removing the finalizer of",
+            object: name.clone(),
+            source,
+        })?;
+    tracing::info!(address = %name, "released in the backend");
+    Ok(Outcome::Done)
+}
