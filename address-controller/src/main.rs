@@ -14,7 +14,7 @@ use address_controller_controller::context::Context;
 use address_controller_controller::metrics::Metrics;
 use address_controller_controller::run;
 use address_controller_runtime::client::ClientArgs;
-use address_controller_runtime::health::{Bounds, Health};
+use address_controller_runtime::health::{Health, LivenessArgs};
 use address_controller_runtime::leader::{self, ElectionArgs, Leadership};
 use address_controller_runtime::logging::LogArgs;
 use address_controller_runtime::probes::{self, ProbeArgs};
@@ -163,7 +163,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         // Handlers first: they must see the initial lists.
         run::register(&ctx);
     }
-    world.watch(&client, &mut tasks);
+    world.watch(&client, args.liveness.watch_config(), &mut tasks);
 
     // The TLS endpoints (views, secure metrics) share the serving certificate and the
     // delegated authentication and authorization.
@@ -255,28 +255,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     });
     tasks.supervise(Duration::from_secs(10)).await?;
     Ok(())
-}
-
-/// Bounds of liveness (readiness, and whether the leader may act).
-#[derive(Args)]
-#[command(next_help_heading = "Liveness of the caches")]
-struct LivenessArgs {
-    /// A watch that heard nothing (no event, no bookmark) for this long makes the replica
-    /// not ready and is restarted; kube-apiserver sends a bookmark about every minute.
-    #[arg(long, env = "WATCH_SILENCE_BOUND", default_value = "90s", value_parser = humantime::parse_duration)]
-    watch_silence_bound: Duration,
-    /// A work queue with ready work nobody took for this long makes the leader not ready.
-    #[arg(long, env = "QUEUE_STALL_BOUND", default_value = "60s", value_parser = humantime::parse_duration)]
-    queue_stall_bound: Duration,
-}
-
-impl LivenessArgs {
-    fn bounds(&self) -> Bounds {
-        Bounds {
-            silence: self.watch_silence_bound,
-            stall: self.queue_stall_bound,
-        }
-    }
 }
 
 fn write_manifests(crds_dir: &Path, role: &Path, openapi_dir: &Path) -> anyhow::Result<()> {

@@ -6,6 +6,9 @@
 #   cluster.sh up   [DIR] [--watch-pid PID]   start (or reuse, if already up) a cluster in DIR
 #   cluster.sh down [DIR]                     stop it and remove DIR
 #   cluster.sh status [DIR]                   exit 0 when it answers /readyz
+#   cluster.sh restart DIR COMPONENT          kill etcd or kube-apiserver and start it again
+#                                             (same flags, same data), wait until ready
+#   cluster.sh pause|resume DIR COMPONENT     SIGSTOP / SIGCONT a component (a hung server)
 #
 # DIR defaults to $AC_CACHE/clusters/dev (see versions.sh). Every cluster picks free ports
 # and keeps all its state in DIR, so several can run side by side. DIR/env holds
@@ -20,12 +23,12 @@ log() { printf '[cluster] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 cmd="${1:-}"; shift || true
-dir=""; watch_pid=""
+dir=""; watch_pid=""; component=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --watch-pid) watch_pid="$2"; shift 2 ;;
     -*) die "unknown flag $1" ;;
-    *) dir="$1"; shift ;;
+    *) if [ -z "$dir" ]; then dir="$1"; else component="$1"; fi; shift ;;
   esac
 done
 dir="${dir:-$AC_CACHE/clusters/dev}"
@@ -117,21 +120,57 @@ KCFG
 # logging to DIR/logs/NAME.log and recording the pid.
 start() {
   local name="$1"; shift
-  setsid "$@" >"$dir/logs/$name.log" 2>&1 < /dev/null &
+  # The command is kept so that `restart` runs exactly the same one again.
+  mkdir -p "$dir/cmds"
+  printf '%q ' "$@" > "$dir/cmds/$name"
+  setsid "$@" >>"$dir/logs/$name.log" 2>&1 < /dev/null &
   echo $! > "$dir/pids/$name"
 }
 
+# stop_one NAME: TERM the component's process group, then KILL.
+stop_one() {
+  local f="$dir/pids/$1" pid
+  [ -f "$f" ] || return 0
+  pid="$(cat "$f")"
+  kill -CONT -- "-$pid" 2>/dev/null || true
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  rm -f "$f"
+}
+
+# restart COMPONENT: stop it and start it again with the recorded command.
+restart() {
+  local name="$1"
+  case "$name" in etcd|kube-apiserver) ;; *) die "restart: etcd or kube-apiserver, not '$name'" ;; esac
+  [ -f "$dir/cmds/$name" ] || die "no recorded command for $name in $dir"
+  # shellcheck disable=SC1091
+  . "$dir/env"
+  stop_one "$name"
+  local -a argv
+  eval "argv=($(cat "$dir/cmds/$name"))"
+  start "$name" "${argv[@]}"
+  local deadline=$(( $(date +%s) + 120 ))
+  until readyz; do
+    kill -0 "$(cat "$dir/pids/$name")" 2>/dev/null || die "$name exited after restart; log: $dir/logs/$name.log"
+    [ "$(date +%s)" -lt "$deadline" ] || die "not ready 120s after restarting $name"
+    sleep 0.2
+  done
+  log "restarted $name (pid $(cat "$dir/pids/$name"))"
+}
+
+signal_component() {
+  local sig="$1" name="$2" f="$dir/pids/$2"
+  [ -f "$f" ] || die "$name is not running in $dir"
+  kill "-$sig" -- "-$(cat "$f")"
+}
+
 stop_all() {
-  local sig pid f alive
   [ -d "$dir/pids" ] || return 0
   # Reverse start order: controller-manager, apiserver, etcd; watcher last.
   for name in kube-controller-manager kube-apiserver etcd watcher; do
-    f="$dir/pids/$name"; [ -f "$f" ] || continue
-    pid="$(cat "$f")"
-    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL -- "-$pid" 2>/dev/null || true
-    rm -f "$f"
+    stop_one "$name"
   done
 }
 
@@ -143,7 +182,7 @@ up() {
   fi
   stop_all
   "$here/build-binaries.sh"
-  rm -rf "$dir/etcd" "$dir/pki" "$dir/logs" "$dir/pids" "$dir/env"
+  rm -rf "$dir/etcd" "$dir/pki" "$dir/logs" "$dir/pids" "$dir/cmds" "$dir/env"
   mkdir -p "$dir/logs" "$dir/pids" "$dir/kas" "$dir/kcm"
   log "certificates"
   make_pki
@@ -249,5 +288,8 @@ case "$cmd" in
     if [ -f "$dir/pids/watcher" ] && [ "$(cat "$dir/pids/watcher")" = "$$" ]; then rm -f "$dir/pids/watcher"; fi
     stop_all; rm -rf "$dir"; log "stopped $dir" ;;
   status) if readyz; then log "up: $dir/admin.kubeconfig"; else log "down"; exit 1; fi ;;
-  *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  restart) restart "$component" ;;
+  pause) signal_component STOP "$component"; log "paused $component" ;;
+  resume) signal_component CONT "$component"; log "resumed $component" ;;
+  *) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use address_controller_runtime::cache::key_of;
 use address_controller_runtime::client::ClientArgs;
-use address_controller_runtime::health::{Bounds, Health};
+use address_controller_runtime::health::{Health, LivenessArgs};
 use address_controller_runtime::leader::{self, ElectionArgs, Leadership};
 use address_controller_runtime::logging::LogArgs;
 use address_controller_runtime::probes::{self, ProbeArgs};
@@ -53,9 +53,8 @@ pub struct DriverArgs {
     pub probes: ProbeArgs,
     #[command(flatten)]
     pub log: LogArgs,
-    /// A watch that heard nothing for this long makes the driver not ready and is restarted.
-    #[arg(long, env = "WATCH_SILENCE_BOUND", default_value = "90s", value_parser = humantime::parse_duration)]
-    pub watch_silence_bound: Duration,
+    #[command(flatten)]
+    pub liveness: LivenessArgs,
     /// Passes running at once.
     #[arg(long, env = "DRIVER_CONCURRENCY", default_value_t = 4)]
     pub concurrency: u16,
@@ -144,10 +143,7 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
     let client = args.client.client().await?;
     let shutdown = Shutdown::default();
     let mut tasks = Tasks::new(shutdown.clone());
-    let health = Health::new(Bounds {
-        silence: args.watch_silence_bound,
-        ..Bounds::default()
-    });
+    let health = Health::new(args.liveness.bounds());
     let world = World::new(false, health.clone());
     let leadership = if args.election.leader_elect {
         Leadership::follower()
@@ -169,7 +165,7 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
     ctx.create_delay = args.testing_create_delay;
     let ctx = Arc::new(ctx);
     register(&ctx);
-    world.watch(&client, &mut tasks);
+    world.watch(&client, args.liveness.watch_config(), &mut tasks);
     tasks.spawn(
         "probes",
         probes::serve(args.probes.probe_address, health.clone(), shutdown.wait()),

@@ -10,7 +10,9 @@
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use crate::cache::WatchHealth;
+use clap::Args;
+
+use crate::cache::{WatchConfig, WatchHealth};
 
 type Check = Box<dyn Fn() -> Option<String> + Send + Sync>;
 
@@ -28,6 +30,40 @@ impl Default for Bounds {
         Bounds {
             silence: Duration::from_secs(90),
             stall: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The liveness flags every binary shares.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Liveness of the caches")]
+pub struct LivenessArgs {
+    /// A watch that heard nothing (no event, no bookmark) for this long makes the process
+    /// not ready (a leader stops acting) and is restarted. kube-apiserver sends every watch
+    /// a bookmark about once a minute and before the watch's timeout.
+    #[arg(long, env = "WATCH_SILENCE_BOUND", default_value = "90s", value_parser = humantime::parse_duration)]
+    pub watch_silence_bound: Duration,
+    /// Server-side length of one watch request; the watch is renewed after it.
+    #[arg(long, env = "WATCH_TIMEOUT", default_value = "290s", value_parser = humantime::parse_duration)]
+    pub watch_timeout: Duration,
+    /// A work queue with ready work that no worker took for this long makes the leader not
+    /// ready.
+    #[arg(long, env = "QUEUE_STALL_BOUND", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub queue_stall_bound: Duration,
+}
+
+impl LivenessArgs {
+    pub fn bounds(&self) -> Bounds {
+        Bounds {
+            silence: self.watch_silence_bound,
+            stall: self.queue_stall_bound,
+        }
+    }
+
+    pub fn watch_config(&self) -> WatchConfig {
+        WatchConfig {
+            timeout: self.watch_timeout,
+            ..WatchConfig::default()
         }
     }
 }

@@ -109,7 +109,13 @@ impl Tasks {
             tracing::error!(error = %e, "a critical task stopped; shutting down");
         }
         shutdown.trigger();
-        // Tasks that honour the shutdown finish on their own; the rest are aborted.
+        // Tasks that honour the shutdown finish on their own; the rest are aborted. After a
+        // failure there is nothing worth waiting long for: restart quickly.
+        let grace = if failure.is_some() {
+            grace.min(std::time::Duration::from_secs(2))
+        } else {
+            grace
+        };
         let _ = tokio::time::timeout(grace, async {
             while self.set.join_next().await.is_some() {}
         })

@@ -47,8 +47,7 @@ impl World {
     }
 
     /// Runs every watch, and the watchdog that restarts silent ones, as supervised tasks.
-    pub fn watch(&self, client: &Client, tasks: &mut Tasks) {
-        let cfg = WatchConfig::default();
+    pub fn watch(&self, client: &Client, cfg: WatchConfig, tasks: &mut Tasks) {
         tasks.spawn_forever(
             "watch IPAddressClaims",
             self.claims

@@ -10,10 +10,12 @@ use std::time::Duration;
 use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClaim, IPAddressClass};
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
-use kube::api::{Api, ListParams, PostParams};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, MutexGuard};
 
+use crate::invariants::{Replica, Scope, assert_invariants};
 use crate::{
     AuditedWrite, Cleanup, Cluster, ControllerProcess, FIELD_MANAGER, TestNamespace,
     audited_writes, random_suffix, setup, wait_for,
@@ -30,6 +32,8 @@ pub struct Env {
     pub sfx: String,
     pub cleanup: Cleanup,
     pub ctl: ControllerProcess,
+    /// Classes this test made or used: the invariant check looks at them.
+    pub classes: Vec<String>,
     _serial: MutexGuard<'static, ()>,
 }
 
@@ -47,6 +51,7 @@ pub async fn env(prefix: &str) -> Env {
         sfx,
         cleanup: Cleanup::default(),
         ctl,
+        classes: Vec::new(),
         _serial: serial,
     }
 }
@@ -75,6 +80,7 @@ impl Env {
             .unwrap();
         self.cleanup
             .add("ipaddressclasses.local.sdn.cozystack.io", &name);
+        self.classes.push(name.clone());
         name
     }
 
@@ -89,6 +95,9 @@ impl Env {
             .unwrap();
         self.cleanup
             .add("ipaddresses.local.sdn.cozystack.io", &name);
+        if !self.classes.iter().any(|c| c == class) {
+            self.classes.push(class.to_string());
+        }
         name
     }
 
@@ -236,6 +245,27 @@ pub fn count(writes: &[AuditedWrite]) -> BTreeMap<String, usize> {
 }
 
 impl Env {
+    /// The invariant check over this test's namespace and classes, with the gauges of the
+    /// test's controller when it runs: every test ends with it.
+    pub async fn check(&mut self) {
+        let replicas: Vec<&ControllerProcess> = if self.ctl.running() {
+            vec![&self.ctl]
+        } else {
+            vec![]
+        };
+        self.check_with(&replicas).await;
+    }
+
+    /// [`Env::check`] comparing the gauges of `replicas` (every replica that runs).
+    pub async fn check_with(&self, replicas: &[&ControllerProcess]) {
+        let scope = Scope::of(
+            &[self.ns.name.as_str()],
+            &self.classes.iter().map(String::as_str).collect::<Vec<_>>(),
+        );
+        let replicas: Vec<Replica> = replicas.iter().filter_map(|p| p.replica()).collect();
+        assert_invariants(&self.client, &scope, &replicas).await;
+    }
+
     pub async fn wait_claim_gone(&self, name: &str) {
         let api = self.claims();
         wait_for(&format!("claim {name} gone"), WAIT, || {
@@ -245,6 +275,56 @@ impl Env {
         .await
         .unwrap();
     }
+}
+
+/// The range driver's provisioner name.
+pub const RANGE_PROVISIONER: &str = "range.drivers.local.sdn.cozystack.io";
+
+/// A class of the range driver over `cidrs`.
+pub async fn range_class(e: &mut Env, base: &str, cidrs: Value, extra: Value) -> String {
+    let mut spec =
+        json!({"spec": {"provisioner": RANGE_PROVISIONER, "parameters": {"cidrs": cidrs}}});
+    merge(&mut spec, extra);
+    e.class(base, spec).await
+}
+
+/// Removes addresses left in these ranges by earlier runs against the same cluster (driver
+/// names derive from the IP, so they would collide), and waits until they are gone.
+pub async fn purge(e: &Env, prefixes: &[&str]) {
+    let api = e.addresses();
+    let stale = |a: &IPAddress| prefixes.iter().any(|p| a.spec.address.starts_with(p));
+    for a in api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|a| stale(a))
+    {
+        let name = a.name_any();
+        let _ = api
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await;
+        let _ = api.delete(&name, &DeleteParams::default()).await;
+    }
+    wait_for("stale addresses gone", WAIT, || {
+        let api = api.clone();
+        async move {
+            Ok((!api
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .any(&stale))
+            .then_some(()))
+        }
+    })
+    .await
+    .unwrap();
 }
 
 /// Leader-election flags with a short lease, so failover happens within seconds.
@@ -360,11 +440,9 @@ pub async fn apiservice_available() -> anyhow::Result<Option<()>> {
     Ok((out.trim() == "True").then_some(()))
 }
 
-/// A fresh temporary directory.
-pub fn tempdir() -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("ac-views-{}", random_suffix()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh temporary directory, removed when the returned guard drops.
+pub fn tempdir() -> crate::TempDir {
+    crate::TempDir::new("ac-test")
 }
 
 /// Standard base64 (the APIService's caBundle).

@@ -205,6 +205,31 @@ impl Drop for TestNamespace {
     }
 }
 
+/// A directory under the system's temporary directory, removed (with everything in it)
+/// when dropped: tests leave nothing behind in /tmp.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(prefix: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!("{prefix}-{}", random_suffix()));
+        std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("creating {}: {e}", d.display()));
+        TempDir(d)
+    }
+}
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A short random lowercase suffix for object names.
 pub fn random_suffix() -> String {
     use std::hash::{BuildHasher, Hasher};
@@ -293,6 +318,38 @@ pub struct ControllerProcess {
     pub metrics_address: Option<String>,
     pub log: PathBuf,
     child: std::process::Child,
+    spawn: Spawn,
+}
+
+/// How a test process is started (kept for restarts).
+struct Spawn {
+    bin: String,
+    kubeconfig: PathBuf,
+    args: Vec<String>,
+    stderr: PathBuf,
+}
+
+impl Spawn {
+    fn start(&self, log: &Path) -> Result<std::process::Child> {
+        let append = |p: &Path| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+        };
+        Command::new(binary(&self.bin))
+            .args(&self.args)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .env(
+                "RUST_LOG",
+                "info,address_controller_controller=debug,range_driver=debug",
+            )
+            .stdout(append(log)?)
+            .stderr(append(&self.stderr)?)
+            .spawn()
+            .with_context(|| format!("starting {}", self.bin))
+    }
 }
 
 impl ControllerProcess {
@@ -374,34 +431,41 @@ impl ControllerProcess {
     ) -> Result<ControllerProcess> {
         let dir = log_dir()?;
         let log = dir.join(format!("{name}.log"));
-        let child = Command::new(binary(bin))
-            .args(args)
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .env(
-                "RUST_LOG",
-                "info,address_controller_controller=debug,range_driver=debug",
-            )
-            .stdout(std::fs::File::create(&log)?)
-            .stderr(std::fs::File::create(
-                dir.join(format!("{name}.stderr.log")),
-            )?)
-            .spawn()
-            .with_context(|| format!("starting {bin}"))?;
-        let metrics_address = args
-            .iter()
-            .position(|a| a == "--metrics-address")
-            .and_then(|i| args.get(i + 1))
-            .cloned();
+        // A fresh log per name (a restart of the same process appends).
+        std::fs::write(&log, "")?;
+        let metrics_address = args.iter().enumerate().find_map(|(i, a)| {
+            if a == "--metrics-address" {
+                args.get(i + 1).cloned()
+            } else {
+                a.strip_prefix("--metrics-address=").map(str::to_string)
+            }
+        });
+        let metrics_address = metrics_address.filter(|a| !a.is_empty());
+        let spawn = Spawn {
+            bin: bin.to_string(),
+            kubeconfig: kubeconfig.to_path_buf(),
+            args: args.to_vec(),
+            stderr: dir.join(format!("{name}.stderr.log")),
+        };
+        let child = spawn.start(&log)?;
         let proc = ControllerProcess {
             user: name.to_string(),
             probe: probe.to_string(),
             metrics_address,
             log,
             child,
+            spawn,
         };
         proc.wait_ready().await?;
         Ok(proc)
+    }
+
+    /// Starts the process again (same binary, arguments and identity; the log continues)
+    /// after it exited or was killed, and waits until it is ready — what a kubelet does.
+    pub async fn restart(&mut self) -> Result<()> {
+        self.kill();
+        self.child = self.spawn.start(&self.log)?;
+        self.wait_ready().await
     }
 
     /// Waits until `/readyz` answers 200.
@@ -432,6 +496,16 @@ impl ControllerProcess {
         Ok(body)
     }
 
+    /// This process as a replica whose gauges the invariant check compares.
+    pub fn replica(&self) -> Option<crate::invariants::Replica> {
+        let addr = self.metrics_address.as_deref()?;
+        Some(crate::invariants::Replica {
+            name: self.user.clone(),
+            url: format!("https://{addr}/metrics"),
+            token: metrics_token().ok()?,
+        })
+    }
+
     /// SIGKILL: no cleanup, no lease release — a crash.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -449,6 +523,22 @@ impl ControllerProcess {
     /// Whether the process is still running.
     pub fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The exit code once the process has exited by itself (`None` while it runs, or when
+    /// a signal ended it).
+    pub fn exit_code(&mut self) -> Option<i32> {
+        self.child.try_wait().ok().flatten().and_then(|s| s.code())
+    }
+
+    /// `/readyz`: (status, body).
+    pub async fn readyz(&self) -> Result<(u16, String)> {
+        http_get(&format!("http://{}/readyz", self.probe)).await
+    }
+
+    /// Whether the log says `needle`.
+    pub fn log_contains(&self, needle: &str) -> bool {
+        std::fs::read_to_string(&self.log).is_ok_and(|l| l.contains(needle))
     }
 }
 
@@ -640,4 +730,6 @@ impl Drop for Cleanup {
         }
     }
 }
+pub mod chart;
 pub mod env;
+pub mod invariants;

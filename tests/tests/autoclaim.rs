@@ -173,6 +173,7 @@ async fn skip_rules_leave_services_alone() {
         writes.iter().all(|w| w.name.as_deref() == Some("plain")),
         "{writes:?}"
     );
+    e.check().await;
 }
 
 #[tokio::test]
@@ -252,6 +253,7 @@ async fn class_selection_and_family_mapping() {
         .await;
     assert!(note.contains(&auto), "{note}");
     assert!(e.claim_opt("ambiguous").await.is_none());
+    e.check().await;
 }
 
 #[tokio::test]
@@ -309,6 +311,7 @@ async fn bad_input_is_reported_and_nothing_is_half_written() {
         .filter(|(r, _)| r == "InvalidAutoClaimAnnotation")
         .count();
     assert_eq!(n, 1);
+    e.check().await;
 }
 
 #[tokio::test]
@@ -322,6 +325,7 @@ async fn name_collisions_are_never_taken_over() {
     assert!(c.owner_references().is_empty(), "not adopted");
     assert_eq!(c.spec.class_name.as_deref(), Some("someone-elses"));
     assert_eq!(names_claim(&e.services().get("web").await.unwrap()), None);
+    e.check().await;
 }
 
 /// The generated ClusterRole, bound to `user`: the controller runs with nothing else.
@@ -456,6 +460,7 @@ async fn lifecycle_with_garbage_collection_under_the_generated_role() {
         .await
         .unwrap();
     assert_eq!(released.spec.claim_ref.unwrap().name, "kept");
+    e.check().await;
 }
 
 #[tokio::test]
@@ -500,4 +505,5 @@ async fn a_service_that_stops_being_a_load_balancer_keeps_its_claim() {
             .len(),
         1
     );
+    e.check().await;
 }

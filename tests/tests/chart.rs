@@ -12,59 +12,30 @@
 
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use address_controller_api::{ClaimPhase, IPAddressClaim};
+use address_controller_tests::chart::{
+    INSTALL, Release, Runner, chart_dir, create_token, parse_docs, run_helm, secret_data,
+    values_file,
+};
 use address_controller_tests::env::{
     APISERVICE, apiservice_available, b64decode, lease_holder_in, phase, tempdir,
 };
 use address_controller_tests::{
-    Cleanup, Cluster, ControllerProcess, TestNamespace, free_port, random_suffix, repo_root, setup,
-    wait_for,
+    Cleanup, Cluster, TestNamespace, free_port, random_suffix, repo_root, setup, wait_for,
 };
 use kube::api::Api;
 use serde_json::{Value, json};
-use tokio::sync::Mutex;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// Installs of the chart own cluster-scoped objects with fixed names: one at a time.
-static INSTALL: Mutex<()> = Mutex::const_new(());
-
-fn chart_dir() -> PathBuf {
-    repo_root().join("chart/address-controller")
-}
-
-fn helm() -> Command {
-    let cluster = Cluster::get();
-    let mut cmd = Command::new(cluster.env_var("HELM").unwrap());
-    cmd.env("KUBECONFIG", &cluster.kubeconfig);
-    cmd
-}
-
-/// Runs helm; Ok(stdout) or Err(stderr).
-fn run_helm(args: &[&str]) -> Result<String, String> {
-    let out = helm().args(args).output().unwrap();
-    if out.status.success() {
-        Ok(String::from_utf8(out.stdout).unwrap())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
-
-/// A values file holding `values` (JSON is YAML).
-fn values_file(values: &Value) -> PathBuf {
-    let f = tempdir().join("values.yaml");
-    std::fs::write(&f, serde_json::to_string(values).unwrap()).unwrap();
-    f
-}
 
 /// `helm template` into namespace `address-controller-system` for Kubernetes 1.36 with
 /// `values` and extra flags; the rendered objects, or helm's error.
 fn render(values: &Value, extra: &[&str]) -> Result<Vec<Value>, String> {
-    let file = values_file(values);
+    let (_dir, file) = values_file(values);
     let chart = chart_dir();
     let mut args = vec![
         "template",
@@ -80,13 +51,6 @@ fn render(values: &Value, extra: &[&str]) -> Result<Vec<Value>, String> {
     args.extend_from_slice(extra);
     let text = run_helm(&args)?;
     Ok(parse_docs(&text))
-}
-
-fn parse_docs(text: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
-        .filter(|v| !v.is_null())
-        .collect()
 }
 
 fn kind_names(objs: &[Value]) -> BTreeSet<String> {
@@ -172,7 +136,7 @@ fn lint_passes_for_every_values_set_of_the_matrix() {
             // helm lint cannot be told about extra API versions.
             continue;
         }
-        let file = values_file(values);
+        let (_dir, file) = values_file(values);
         let out = run_helm(&[
             "lint",
             chart.to_str().unwrap(),
@@ -769,108 +733,10 @@ fn schema_refuses_bad_values_naming_the_field() {
 
 /// A release installed into its own namespace; uninstalled (and the namespace deleted) when
 /// dropped, so an unavailable APIService never outlives the test.
-struct Release {
-    ns: String,
-    /// The output of the first install, NOTES included.
-    notes: String,
-}
-
-impl Release {
-    /// `helm upgrade --install` with `values`; the API Service points at localhost:`port`.
-    fn install(ns: &str, port: u16, values: &Value) -> Result<String, String> {
-        let mut v = json!({"apiService": {"service": {"externalName": "localhost", "port": port}}});
-        address_controller_tests::env::merge(&mut v, values.clone());
-        let file = values_file(&v);
-        run_helm(&[
-            "upgrade",
-            "--install",
-            "address-controller",
-            chart_dir().to_str().unwrap(),
-            "--namespace",
-            ns,
-            "--create-namespace",
-            "-f",
-            file.to_str().unwrap(),
-        ])
-    }
-
-    async fn new(port: u16, values: &Value) -> Release {
-        let cluster = Cluster::get();
-        // Cluster-scoped objects left by another test file (the views' APIService) or by an
-        // aborted run would make the install fail on ownership.
-        cluster
-            .kubectl_ok(&["delete", "apiservice", APISERVICE, "--ignore-not-found"])
-            .unwrap();
-        // The generated ClusterRole carries no Helm labels.
-        cluster
-            .kubectl_ok(&[
-                "delete",
-                "clusterrole",
-                "address-controller",
-                "--ignore-not-found",
-            ])
-            .unwrap();
-        cluster
-            .kubectl_ok(&[
-                "delete",
-                "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings",
-                "-l",
-                "app.kubernetes.io/name=address-controller,app.kubernetes.io/managed-by=Helm",
-            ])
-            .unwrap();
-        cluster
-            .kubectl_ok(&[
-                "delete",
-                "rolebindings",
-                "-n",
-                "kube-system",
-                "-l",
-                "app.kubernetes.io/name=address-controller,app.kubernetes.io/managed-by=Helm",
-            ])
-            .unwrap();
-        let mut release = Release {
-            ns: format!("acs-{}", random_suffix()),
-            notes: String::new(),
-        };
-        // The guard exists before the install: a failed install is uninstalled too.
-        release.notes = Self::install(&release.ns, port, values)
-            .unwrap_or_else(|e| panic!("helm install: {e}"));
-        assert!(
-            release.notes.contains("STATUS: deployed"),
-            "{}",
-            release.notes
-        );
-        release
-    }
-
-    fn manifest(&self) -> Vec<Value> {
-        parse_docs(&run_helm(&["get", "manifest", "address-controller", "-n", &self.ns]).unwrap())
-    }
-
-    fn uninstall(&self) -> Result<String, String> {
-        run_helm(&["uninstall", "address-controller", "-n", &self.ns])
-    }
-}
-
-impl Drop for Release {
-    fn drop(&mut self) {
-        let _ = self.uninstall();
-        let _ = Cluster::get()
-            .kubectl()
-            .args([
-                "delete",
-                "namespace",
-                &self.ns,
-                "--wait=false",
-                "--ignore-not-found",
-            ])
-            .output();
-    }
-}
-
 /// Every object of a release's manifest exists in the cluster: the API server accepted it.
 fn assert_all_exist(manifest: &[Value]) {
-    let file = tempdir().join("manifest.yaml");
+    let dir = tempdir();
+    let file = dir.join("manifest.yaml");
     let docs: Vec<String> = manifest
         .iter()
         .map(|o| serde_yaml::to_string(o).unwrap())
@@ -909,66 +775,6 @@ fn kubectl_as(user: &str, groups: &[&str], args: &[&str], stdin: &str) -> Result
     }
 }
 
-/// A kubeconfig for the admin cluster entry with a bearer token instead of the admin cert.
-fn token_kubeconfig(token: &str, path: &Path) {
-    let admin: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(&Cluster::get().kubeconfig).unwrap())
-            .unwrap();
-    let mut cfg = admin.clone();
-    cfg["users"][0]["user"] = serde_yaml::to_value(json!({"token": token})).unwrap();
-    std::fs::write(path, serde_yaml::to_string(&cfg).unwrap()).unwrap();
-}
-
-fn create_token(sa: &str, ns: &str) -> String {
-    Cluster::get()
-        .kubectl_ok(&["create", "token", sa, "-n", ns, "--duration", "1h"])
-        .unwrap()
-        .trim()
-        .to_string()
-}
-
-fn secret_data(ns: &str, name: &str, key: &str) -> String {
-    Cluster::get()
-        .kubectl_ok(&[
-            "get",
-            "secret",
-            name,
-            "-n",
-            ns,
-            "-o",
-            &format!("go-template={{{{index .data \"{key}\"}}}}"),
-        ])
-        .unwrap()
-}
-
-/// The first container of an installed Deployment.
-fn installed_container(ns: &str, deployment: &str) -> Value {
-    let deploy: Value = serde_json::from_str(
-        &Cluster::get()
-            .kubectl_ok(&["get", "deployment", deployment, "-n", ns, "-o", "json"])
-            .unwrap(),
-    )
-    .unwrap();
-    deploy["spec"]["template"]["spec"]["containers"][0].clone()
-}
-
-/// A container's args with `replace` applied: the pod's addresses and paths become the
-/// host's.
-fn host_args(container: &Value, replace: &[(&str, &str)]) -> Vec<String> {
-    container["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| {
-            replace
-                .iter()
-                .fold(a.as_str().unwrap().to_string(), |a, (from, to)| {
-                    a.replace(from, to)
-                })
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and_apiservice() {
     let _one = INSTALL.lock().await;
@@ -995,33 +801,16 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
 
     // The binary, as the chart's ServiceAccount (a TokenRequest token, no admin
     // credentials), with the chart's certificate and the Deployment's own arguments.
-    let dir = tempdir();
-    let kubeconfig = dir.join("sa.kubeconfig");
-    token_kubeconfig(&create_token("address-controller", &ns), &kubeconfig);
-    for key in ["tls.crt", "tls.key", "ca.crt"] {
-        let pem = b64decode(&secret_data(&ns, "address-controller-api-tls", key));
-        std::fs::write(dir.join(key), pem).unwrap();
-    }
-    let c = installed_container(&ns, "address-controller");
-    let mount = c["volumeMounts"][0]["mountPath"].as_str().unwrap();
-    let metrics_port = free_port();
-    let probe = format!("127.0.0.1:{}", free_port());
+    let runner = Runner::new(&release, true);
+    let dir = runner.cert_dir();
     let identity = format!("chart-{ns}");
-    let mut argv = host_args(
-        &c,
-        &[
-            ("0.0.0.0:6443", &format!("127.0.0.1:{port}")),
-            ("0.0.0.0:8443", &format!("127.0.0.1:{metrics_port}")),
-            ("0.0.0.0:8081", &probe),
-            (mount, dir.to_str().unwrap()),
-        ],
-    );
-    // What the pod gets from the downward API.
-    argv.extend(["--lease-namespace", &ns, "--identity", &identity].map(str::to_string));
-    let mut ctl =
-        ControllerProcess::launch("address-controller", &identity, &kubeconfig, &argv, &probe)
-            .await
-            .unwrap();
+    let mut ctl = runner.controller(&identity, Some(port), &[]).await.unwrap();
+    let metrics_port: u16 = ctl
+        .metrics_address
+        .as_deref()
+        .and_then(|a| a.rsplit_once(':'))
+        .and_then(|(_, p)| p.parse().ok())
+        .expect("the Deployment's args serve /metrics");
 
     // Registered through the chart's APIService: Available, and kubectl works through it.
     wait_for("APIService Available", WAIT, apiservice_available)
@@ -1088,25 +877,8 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
 
     // The chart's range driver, as its own ServiceAccount with its Deployment's arguments,
     // provisions a claim of a range class.
-    let driver_sa = "address-controller-range-driver";
-    let driver_kubeconfig = dir.join("driver.kubeconfig");
-    token_kubeconfig(&create_token(driver_sa, &ns), &driver_kubeconfig);
-    let driver_probe = format!("127.0.0.1:{}", free_port());
     let driver_id = format!("driver-{ns}");
-    let mut driver_argv = host_args(
-        &installed_container(&ns, driver_sa),
-        &[("0.0.0.0:8082", &driver_probe)],
-    );
-    driver_argv.extend(["--lease-namespace", &ns, "--identity", &driver_id].map(str::to_string));
-    let mut driver = ControllerProcess::launch(
-        "range-driver",
-        &driver_id,
-        &driver_kubeconfig,
-        &driver_argv,
-        &driver_probe,
-    )
-    .await
-    .unwrap();
+    let mut driver = runner.driver(&driver_id, &[]).await.unwrap();
     let range = format!("chart-range-{sfx}");
     cleanup.add("ipaddressclasses.local.sdn.cozystack.io", &range);
     let dynamic = [
@@ -1238,6 +1010,19 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
         .unwrap();
     assert_eq!(replicas, "3");
     assert!(apiservice_available().await.unwrap().is_some());
+
+    // The ledger of this install is sound, and the replica's gauges agree with it.
+    let replicas: Vec<_> = ctl.replica().into_iter().collect();
+    assert!(!replicas.is_empty(), "the Deployment's args serve /metrics");
+    address_controller_tests::invariants::assert_invariants(
+        &client,
+        &address_controller_tests::invariants::Scope::of(
+            &[tenant.name.as_str()],
+            &[class.as_str(), range.as_str()],
+        ),
+        &replicas,
+    )
+    .await;
 
     // helm uninstall leaves the CRDs, every IPAddress and the claims.
     ctl.stop();

@@ -118,6 +118,7 @@ async fn static_binding_costs_four_writes_and_converges_to_zero_also_after_resta
         m.contains("address_controller_reconcile_total{controller=\"claim\",result=\"success\"}"),
         "{m}"
     );
+    e.check().await;
 }
 
 #[tokio::test]
@@ -204,6 +205,7 @@ async fn class_resolution_failures_are_reported_and_recovered() {
         Some(d1.as_str())
     );
     assert_eq!(condition(&c, "ClassResolved").unwrap().status, "True");
+    e.check().await;
 }
 
 #[tokio::test]
@@ -287,6 +289,7 @@ async fn pinned_address_waits_with_a_reason_then_binds() {
         .wait_claim("missing", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
         .await;
     assert_eq!(c.status.unwrap().addresses[0].name, late);
+    e.check().await;
 }
 
 #[tokio::test]
@@ -341,6 +344,7 @@ async fn dual_claims_bind_both_families_and_prebindings_are_completed() {
     assert!(a.is_some());
     e.wait_claim("prebound", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
         .await;
+    e.check().await;
 }
 
 #[tokio::test]
@@ -407,6 +411,7 @@ async fn lost_is_surfaced_not_replaced_and_recovers() {
         phase(&e.claims().get("web").await.unwrap()),
         Some(ClaimPhase::Bound)
     );
+    e.check().await;
 }
 
 // ---- reclaim --------------------------------------------------------------------------------
@@ -499,6 +504,7 @@ async fn reclaim_retain_delete_driver_finalizer_and_owned_claims() {
         .unwrap();
     e.wait_address(&owned_addr, "deleted despite Retain", |x| x.is_none())
         .await;
+    e.check().await;
 }
 
 #[tokio::test]
@@ -596,6 +602,7 @@ async fn release_delay_held_annotation_and_admin_recycling() {
         .await
         .unwrap();
     assert!(m.status.unwrap().released_at.is_none());
+    e.check().await;
 }
 
 #[tokio::test]
@@ -636,6 +643,7 @@ async fn safety_net_reclaims_addresses_of_missing_or_replaced_claims() {
         Some("gone")
     );
     assert_eq!(aphase(Some(&o)), Some(AddressPhase::Released));
+    e.check().await;
 }
 
 #[tokio::test]
@@ -681,6 +689,7 @@ async fn deleting_a_bound_address_is_blocked_until_its_claim_lets_go() {
         .unwrap();
     e.wait_address(&a, "gone", |x| x.is_none()).await;
     e.wait_claim_gone("web").await;
+    e.check().await;
 }
 
 // ---- scale, crashes, leader election ------------------------------------------------------
@@ -846,6 +855,7 @@ async fn hundreds_of_claims_bind_without_double_binding_or_conflict_storms() {
         e.ns.name
     );
     assert!(m.contains(&line), "missing {line}");
+    e.check().await;
 }
 
 #[tokio::test]
@@ -933,6 +943,7 @@ async fn a_controller_killed_mid_binding_and_mid_reclaim_converges_after_restart
         (MANY, MANY),
         "every address Released, each keeping its own claim"
     );
+    e.check().await;
 }
 
 #[tokio::test]
@@ -981,6 +992,7 @@ async fn a_standby_replica_takes_over_when_the_leader_dies() {
         .unwrap();
     assert_eq!(holder, standby.user);
     assert!(!e.writes(&standby.user).is_empty());
+    e.check().await;
 }
 
 #[tokio::test]
@@ -1047,6 +1059,7 @@ async fn an_invalid_address_admitted_before_validation_is_never_trusted() {
             .message
             .contains("invalid address")
     );
+    e.check().await;
 }
 
 #[tokio::test]
@@ -1092,4 +1105,5 @@ async fn ledger_gauges_follow_objects_and_drop_series_of_gone_ones() {
         )),
         "{m}"
     );
+    e.check().await;
 }

@@ -6,58 +6,13 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClass};
-use address_controller_tests::env::{Env, WAIT, aphase, env, phase};
+use address_controller_tests::env::{
+    Env, RANGE_PROVISIONER, WAIT, aphase, env, phase, purge, range_class,
+};
 use address_controller_tests::{ControllerProcess, wait_for};
 use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use serde_json::{Value, json};
-
-const RANGE: &str = "range.drivers.local.sdn.cozystack.io";
-
-async fn range_class(e: &mut Env, base: &str, cidrs: Value, extra: Value) -> String {
-    let mut spec = json!({"spec": {"provisioner": RANGE, "parameters": {"cidrs": cidrs}}});
-    address_controller_tests::env::merge(&mut spec, extra);
-    e.class(base, spec).await
-}
-
-/// Removes addresses left in these ranges by earlier runs against the same cluster (driver
-/// names derive from the IP, so they would collide), and waits until they are gone.
-async fn purge(e: &Env, prefixes: &[&str]) {
-    let api = e.addresses();
-    let stale = |a: &IPAddress| prefixes.iter().any(|p| a.spec.address.starts_with(p));
-    for a in api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|a| stale(a))
-    {
-        let name = a.name_any();
-        let _ = api
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-            )
-            .await;
-        let _ = api.delete(&name, &DeleteParams::default()).await;
-    }
-    wait_for("stale addresses gone", WAIT, || {
-        let api = api.clone();
-        async move {
-            Ok((!api
-                .list(&ListParams::default())
-                .await?
-                .items
-                .iter()
-                .any(&stale))
-            .then_some(()))
-        }
-    })
-    .await
-    .unwrap();
-}
+use serde_json::json;
 
 async fn driver(e: &Env, name: &str) -> ControllerProcess {
     ControllerProcess::driver(&format!("drv-{name}-{}", e.sfx), &["--leader-elect=false"])
@@ -187,6 +142,7 @@ async fn claims_bind_to_driver_made_addresses_and_delete_frees_them() {
         class_condition(c, "Exhausted").is_some()
     })
     .await;
+    e.check().await;
 }
 
 #[tokio::test]
@@ -230,6 +186,7 @@ async fn retain_keeps_an_address_out_of_the_range_until_released() {
         .wait_claim("c", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
         .await;
     assert_eq!(c.status.unwrap().addresses[0].address, "198.18.20.0");
+    e.check().await;
 }
 
 #[tokio::test]
@@ -264,7 +221,8 @@ async fn capacity_and_bad_parameters_are_published_on_the_class() {
         ("overlap", json!(["198.18.30.8/29"]), "overlaps"),
     ] {
         let name = if params.is_null() {
-            e.class(base, json!({"spec": {"provisioner": RANGE}})).await
+            e.class(base, json!({"spec": {"provisioner": RANGE_PROVISIONER}}))
+                .await
         } else {
             range_class(&mut e, base, params, json!({})).await
         };
@@ -289,6 +247,7 @@ async fn capacity_and_bad_parameters_are_published_on_the_class() {
         !ours.iter().any(|a| a.spec.class_name.contains(&e.sfx)),
         "nothing allocated from bad classes"
     );
+    e.check().await;
 }
 
 #[tokio::test]
@@ -401,4 +360,5 @@ async fn two_replicas_with_one_leader_never_double_allocate() {
             .await
             .is_err()
     );
+    e.check().await;
 }

@@ -236,6 +236,7 @@ async fn views_through_the_aggregator_with_kubectl() {
     );
 
     drop(other);
+    e.check_with(&[&_ctl]).await;
 }
 
 #[tokio::test]
@@ -254,7 +255,8 @@ async fn security_front_proxy_tokens_and_rbac() {
     let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "views", "namespace": ns_a},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "views"},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]});
-    let file = tempdir().join("rbac.yaml");
+    let dir = tempdir();
+    let file = dir.join("rbac.yaml");
     std::fs::write(
         &file,
         format!(
@@ -376,7 +378,8 @@ async fn security_front_proxy_tokens_and_rbac() {
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": reader_role},
             "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": ns_a}]},
     ]);
-    let file = tempdir().join("metrics-rbac.yaml");
+    let dir = tempdir();
+    let file = dir.join("metrics-rbac.yaml");
     std::fs::write(
         &file,
         rbac.as_array()
@@ -424,6 +427,7 @@ async fn security_front_proxy_tokens_and_rbac() {
     assert_eq!(metrics(None).0, "403", "anonymous");
     assert_eq!(metrics(Some("garbage".into())).0, "401");
     drop(ns_b);
+    e.check_with(&[&_ctl]).await;
 }
 
 #[tokio::test]
@@ -496,6 +500,7 @@ async fn view_numbers_match_the_crds_after_a_random_mix() {
     })
     .await
     .unwrap();
+    e.check_with(&[&_ctl]).await;
 }
 
 #[tokio::test]
@@ -619,4 +624,5 @@ async fn explain_watch_and_certificate_rotation() {
     // The aggregator keeps working across the rotation.
     let (ok, _, err) = kubectl(&["get", "namespaceaddresses", "-n", &ns]);
     assert!(ok, "{err}");
+    e.check_with(&[&_ctl]).await;
 }
