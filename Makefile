@@ -57,6 +57,16 @@ lint: ## cargo fmt --check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
+.PHONY: chaos
+chaos: ## The chaos suite on a fresh local control plane: churn, leader kills, kube-apiserver/etcd restarts, then the invariants (CHAOS_DURATION, default 10m)
+	@deploy/local/build-binaries.sh
+	$(CARGO) build --bins --quiet
+	$(CARGO) run --quiet -p address-controller-tests --bin chaos -- --duration $(or $(CHAOS_DURATION),10m)
+
+.PHONY: invariants
+invariants: ## Check the ledger's invariants on the cluster in $KUBECONFIG (prints the table)
+	$(CARGO) run --quiet -p address-controller-tests --bin invariant-check -- --settle 30s
+
 .PHONY: bench
 bench: ## Benchmarks that print figures (list latency through the aggregator, bind throughput)
 	cargo build --bins --quiet

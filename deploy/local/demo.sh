@@ -44,6 +44,10 @@ sa_kubeconfig() {
     kubectl config use-context local ) >/dev/null || fail "write the kubeconfig of $1"
 }
 
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
 wait_ready() { # NAME PORT
   for _ in $(seq 1 120); do
     curl -fs "http://127.0.0.1:$2/readyz" >/dev/null 2>&1 && return 0
@@ -64,6 +68,15 @@ up() {
   kubeconfig="$("$here/cluster.sh" up "$dir")" || fail "cluster up"
   export KUBECONFIG="$kubeconfig"
 
+  # Ports of this demo's processes: free ones, picked once per demo directory (a re-run
+  # keeps them, so the APIService keeps pointing at the right place; another demo gets
+  # its own instead of talking to this one's servers).
+  if [ ! -f "$dir/demo-ports" ]; then
+    printf 'api=%s\nmetrics=%s\nprobe=%s\ndriver_probe=%s\n' "$(free_port)" "$(free_port)" "$(free_port)" "$(free_port)" > "$dir/demo-ports"
+  fi
+  # shellcheck disable=SC1091
+  . "$dir/demo-ports"
+
   step "install the chart (helm upgrade --install; its API Service points at localhost)"
   # No kubelet runs here, so the chart's pods cannot start: the binary runs below as a local
   # process in their place — as the chart's ServiceAccount, with the chart's certificate.
@@ -76,7 +89,7 @@ up() {
   (cd "$root" && make -s install-crds >/dev/null) || fail "install-crds"
   "$HELM_BIN/helm" upgrade --install address-controller "$root/chart/address-controller" \
     --namespace address-controller-system --create-namespace \
-    --set apiService.service.externalName=localhost --set apiService.service.port=18443 \
+    --set apiService.service.externalName=localhost --set apiService.service.port="$api" \
     --set replicaCount=1 --set rangeDriver.enabled=true >"$dir/logs/helm.log" 2>&1 || fail "helm upgrade --install" "$dir/logs/helm.log"
   local sa="$dir/address-controller-sa" ns=address-controller-system
   mkdir -p "$sa"
@@ -89,16 +102,29 @@ up() {
 
   step "run the address-controller and the range driver (as the chart's ServiceAccounts)"
   run address-controller "$target/debug/address-controller" run --kubeconfig "$sa/kubeconfig" \
-    --lease-namespace "$ns" --identity demo --probe-address 127.0.0.1:18081 \
-    --apiserver-address 127.0.0.1:18443 --metrics-address 127.0.0.1:18444 \
+    --lease-namespace "$ns" --identity demo --probe-address "127.0.0.1:$probe" \
+    --apiserver-address "127.0.0.1:$api" --metrics-address "127.0.0.1:$metrics" \
     --tls-cert-file "$sa/tls.crt" --tls-private-key-file "$sa/tls.key"
   run range-driver "$target/debug/range-driver" --kubeconfig "$sa/range-driver.kubeconfig" \
     --lease-namespace "$ns" --lease-name address-controller-range-driver --identity demo \
-    --probe-address 127.0.0.1:18082
-  wait_ready address-controller 18081 || fail "address-controller ready" "$dir/logs/address-controller.log"
-  wait_ready range-driver 18082 || fail "range-driver ready" "$dir/logs/range-driver.log"
+    --probe-address "127.0.0.1:$driver_probe"
+  wait_ready address-controller "$probe" || fail "address-controller ready" "$dir/logs/address-controller.log"
+  wait_ready range-driver "$driver_probe" || fail "range-driver ready" "$dir/logs/range-driver.log"
   kubectl wait apiservice/v1alpha1.view.local.sdn.cozystack.io --for=condition=Available --timeout=60s >/dev/null \
     || fail "APIService Available" "$dir/logs/address-controller.log"
+
+  # A ServiceAccount allowed to read /metrics (the chart's metrics-reader role).
+  kubectl apply -f - >/dev/null <<YAML || fail "the metrics scraper's RBAC"
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: demo-scraper, namespace: $ns}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: address-controller-demo-scraper}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: address-controller-metrics-reader}
+subjects: [{kind: ServiceAccount, name: demo-scraper, namespace: $ns}]
+YAML
 
   step "create a class with a small range, two tenants and their claims"
   kubectl apply -f "$here/demo.yaml" >/dev/null || fail "kubectl apply demo.yaml"
@@ -134,7 +160,8 @@ The quickstart is up ($(( $(date +%s) - t0 ))s). Explore:
   kubectl get svc -n tenant-b shop -o yaml                # the auto-claim annotation
   kubectl get namespaceaddresses -A -o wide               # holdings, through the aggregator
   kubectl get --raw /apis/view.local.sdn.cozystack.io/v1alpha1/namespaces/tenant-b/namespaceaddresses/tenant-b/addresses
-  curl -s 127.0.0.1:18081/metrics | grep ^address_controller_ip
+  curl -sk -H "Authorization: Bearer \$(kubectl create token demo-scraper -n address-controller-system)" \\
+    https://127.0.0.1:$metrics/metrics | grep ^address_controller_ip   # HTTPS, authorized
   kubectl delete ipaddressclaim -n tenant-a web           # Retain: the address becomes Released
 
 Logs: $dir/logs/    Stop everything with: make demo-down

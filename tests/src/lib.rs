@@ -30,6 +30,8 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+
 /// A running local control plane.
 #[derive(Debug, Clone)]
 pub struct Cluster {
@@ -43,10 +45,22 @@ impl Cluster {
     /// The shared cluster of this test process: from `ADDRESS_CONTROLLER_TEST_CLUSTER`,
     /// else the development cluster, started if it is not up.
     pub fn get() -> &'static Cluster {
-        static CLUSTER: OnceLock<Cluster> = OnceLock::new();
         CLUSTER.get_or_init(|| {
             Self::discover().unwrap_or_else(|e| panic!("no local control plane: {e:#}"))
         })
+    }
+
+    /// Makes the cluster in `dir` (started by `cluster.sh up DIR`) the one of this process;
+    /// fails when another one is in use already.
+    pub fn use_dir(dir: &Path) -> Result<&'static Cluster> {
+        let cluster = Cluster {
+            dir: dir.to_path_buf(),
+            kubeconfig: dir.join("admin.kubeconfig"),
+        };
+        CLUSTER
+            .set(cluster)
+            .map_err(|_| anyhow!("a cluster is already in use by this process"))?;
+        Ok(Cluster::get())
     }
 
     fn discover() -> Result<Cluster> {
@@ -730,6 +744,7 @@ impl Drop for Cleanup {
         }
     }
 }
+pub mod chaos;
 pub mod chart;
 pub mod env;
 pub mod invariants;

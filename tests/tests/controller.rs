@@ -1005,10 +1005,15 @@ async fn an_invalid_address_admitted_before_validation_is_never_trusted() {
         Api::all(e.client.clone());
     let mut lax = <IPAddress as kube::CustomResourceExt>::crd();
     let mut schema = serde_json::to_value(&lax.spec.versions[0].schema).unwrap();
-    schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["address"]
+    let spec = &mut schema["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    spec["address"]
         .as_object_mut()
         .unwrap()
         .remove("x-kubernetes-validations");
+    spec["claimRef"]["properties"]["name"]
+        .as_object_mut()
+        .unwrap()
+        .remove("pattern");
     lax.spec.versions[0].schema = serde_json::from_value(schema).unwrap();
     let name = lax.metadata.name.clone().unwrap();
     let params = PatchParams::apply(address_controller_tests::FIELD_MANAGER).force();
@@ -1019,14 +1024,29 @@ async fn an_invalid_address_admitted_before_validation_is_never_trusted() {
     let body: IPAddress = serde_json::from_value(json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddress",
         "metadata": {"name": bad}, "spec": {"address": "192.0.2.999", "className": class, "source": {"fromClass": {}}}}))
     .unwrap();
+    // And one naming a claim by a name no object can have.
+    let unreadable = e.name("unreadable");
+    let unreadable_body: IPAddress = serde_json::from_value(json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddress",
+        "metadata": {"name": unreadable}, "spec": {"address": "192.0.2.98", "className": class, "source": {"fromClass": {}},
+            "claimRef": {"namespace": e.ns.name, "name": "x y"}}}))
+    .unwrap();
     let addresses = e.addresses();
     let created = wait_for("the lax CRD to admit an invalid address", WAIT, || {
         let addresses = addresses.clone();
-        let body = body.clone();
-        async move { Ok(addresses.create(&PostParams::default(), &body).await.ok()) }
+        let (body, unreadable_body) = (body.clone(), unreadable_body.clone());
+        async move {
+            for b in [&body, &unreadable_body] {
+                if addresses.get_opt(&b.name_any()).await?.is_none() {
+                    addresses.create(&PostParams::default(), b).await?;
+                }
+            }
+            Ok(Some(()))
+        }
     })
     .await;
     e.cleanup.add("ipaddresses.local.sdn.cozystack.io", &bad);
+    e.cleanup
+        .add("ipaddresses.local.sdn.cozystack.io", &unreadable);
     address_controller_tests::install_crds(&e.client)
         .await
         .unwrap();
@@ -1059,6 +1079,43 @@ async fn an_invalid_address_admitted_before_validation_is_never_trusted() {
             .message
             .contains("invalid address")
     );
+    // An unreadable claim name is an absent claim: the address is reclaimed by its policy
+    // (Retain: Released) once, and then left alone — no pass loops on it.
+    e.wait_address(&unreadable, "Released", |x| {
+        aphase(x) == Some(AddressPhase::Released)
+    })
+    .await;
+    e.wait_event("default", &unreadable, "Reclaimed").await;
+    let writes =
+        |w: &address_controller_tests::AuditedWrite| w.name.as_deref() == Some(unreadable.as_str());
+    let settled = audited_writes(&e.ctl.user, writes).unwrap().len();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        audited_writes(&e.ctl.user, writes).unwrap().len(),
+        settled,
+        "no more writes"
+    );
+    assert!(
+        !e.ctl.log_contains("invalid uri"),
+        "{}",
+        e.ctl.log.display()
+    );
+    e.check().await;
+}
+
+#[tokio::test]
+async fn a_claim_with_the_longest_name_gets_its_events() {
+    let mut e = env("longname").await;
+    let class = e.class("pub", json!({})).await;
+    e.address("a", "192.0.2.120", &class, json!({})).await;
+    // 253 characters: the longest object name; an event name must still fit.
+    let name = format!("{}-end", "l".repeat(249));
+    assert_eq!(name.len(), 253);
+    e.claim(&name, json!({"className": class})).await;
+    e.wait_claim(&name, "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    let note = e.wait_event(&e.ns.name, &name, "Matched").await;
+    assert!(note.contains("192.0.2.120"), "{note}");
     e.check().await;
 }
 

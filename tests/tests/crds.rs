@@ -182,6 +182,26 @@ async fn address_cel_rules_reject_bad_input() {
             "Unsupported value: \"Recycle\"",
         ),
         ("no-spec", json!({}), "spec: Required value"),
+        // A claimRef must name something that can exist: a name admitted unchecked could
+        // never be read back ("invalid uri character") and would loop forever.
+        (
+            "claim-name-with-space",
+            json!({"spec": {"address": "192.0.2.1", "className": "c", "source": {"fromClass": {}},
+                "claimRef": {"namespace": "t", "name": "x y"}}}),
+            "spec.claimRef.name: Invalid value: \"x y\"",
+        ),
+        (
+            "claim-namespace-uppercase",
+            json!({"spec": {"address": "192.0.2.1", "className": "c", "source": {"fromClass": {}},
+                "claimRef": {"namespace": "Tenant", "name": "web"}}}),
+            "spec.claimRef.namespace: Invalid value: \"Tenant\"",
+        ),
+        (
+            "claim-namespace-too-long",
+            json!({"spec": {"address": "192.0.2.1", "className": "c", "source": {"fromClass": {}},
+                "claimRef": {"namespace": "n".repeat(64), "name": "web"}}}),
+            "spec.claimRef.namespace: Too long",
+        ),
     ];
     for (name, body, want) in cases {
         expect_rejected(
@@ -396,6 +416,49 @@ async fn claim_rules_reject_bad_input() {
             .1
             .contains("addressName cannot be used with family Dual")
     );
+}
+
+#[tokio::test]
+async fn family_is_immutable_once_a_claim_is_bound() {
+    let (_, client) = setup().await;
+    let ns = TestNamespace::create(&client, "crd-family").await.unwrap();
+    let api: Api<IPAddressClaim> = Api::namespaced(client.clone(), &ns.name);
+    let claim: IPAddressClaim =
+        serde_json::from_value(json!({"metadata": {"name": "web"}, "spec": {}})).unwrap();
+    api.create(&PostParams::default(), &claim).await.unwrap();
+    let to = |family: &str| Patch::Merge(json!({"spec": {"family": family}}));
+    // Pending: the tenant may still change its mind.
+    api.patch("web", &PatchParams::default(), &to("Dual"))
+        .await
+        .unwrap();
+    for phase in ["Bound", "Lost"] {
+        api.patch_status(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": phase}})),
+        )
+        .await
+        .unwrap();
+        let err = api
+            .patch("web", &PatchParams::default(), &to("IPv6"))
+            .await
+            .unwrap_err();
+        let (code, message) = api_error_message(&err).unwrap();
+        assert_eq!(code, 422, "{phase}: {message}");
+        assert!(
+            message.contains("spec.family: Invalid value")
+                && message.contains("spec.family cannot change once the claim is Bound"),
+            "{phase}: {message}"
+        );
+        // Other edits still pass.
+        api.patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"edited": phase}}})),
+        )
+        .await
+        .unwrap();
+    }
 }
 
 #[tokio::test]

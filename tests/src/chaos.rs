@@ -1,0 +1,619 @@
+//! The chaos suite: the system as an operator runs it — the chart installed, two
+//! address-controller and two range-driver replicas as the chart's ServiceAccounts with the
+//! Deployments' arguments — under claim churn (IPv4, IPv6 and Dual; a Retain class with a
+//! release delay and a Delete class; claims pinned to Available and Released addresses;
+//! LoadBalancer Services with auto-claims), while leaders are SIGKILLed and restarted and
+//! kube-apiserver and etcd restart. At the end every replica is alive, the churn stops, and
+//! the invariant checker judges the ledger and every replica's gauges.
+
+#![allow(clippy::unwrap_used)] // test support: a failed step fails loudly
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClaim};
+use anyhow::{Result, bail};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+use crate::chart::{Release, Runner};
+use crate::env::lease_holder_in;
+use crate::invariants::{self, Replica, Report, Scope};
+use crate::{
+    Cleanup, Cluster, ControllerProcess, TestNamespace, free_port, random_suffix, repo_root,
+    wait_for,
+};
+
+/// How hard and how long.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub duration: Duration,
+    pub namespaces: usize,
+    /// Claim and Service operations per second, over all clients.
+    pub ops_per_second: f64,
+    /// Pause between two leader kills: uniformly in this range.
+    pub kill_every: (Duration, Duration),
+    pub apiserver_restarts: usize,
+    pub etcd_restarts: usize,
+    /// Settle time of the invariant check.
+    pub settle: Duration,
+}
+
+impl Config {
+    /// `make chaos`: about ten minutes.
+    pub fn full(duration: Duration) -> Config {
+        Config {
+            duration,
+            namespaces: 20,
+            ops_per_second: 5.0,
+            kill_every: (Duration::from_secs(30), Duration::from_secs(60)),
+            apiserver_restarts: 2,
+            etcd_restarts: 1,
+            settle: Duration::from_secs(30),
+        }
+    }
+
+    /// The short run in `make test`: about two minutes, three leader kills, one
+    /// kube-apiserver restart.
+    pub fn short() -> Config {
+        Config {
+            duration: Duration::from_secs(90),
+            namespaces: 6,
+            ops_per_second: 5.0,
+            // A crashed leader's lease (the chart's 15 s) must expire before the next one
+            // leads: each round is this pause plus about 16 s.
+            kill_every: (Duration::from_secs(6), Duration::from_secs(9)),
+            apiserver_restarts: 1,
+            etcd_restarts: 0,
+            settle: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What happened.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub claims_created: AtomicUsize,
+    pub claims_deleted: AtomicUsize,
+    pub pinned_created: AtomicUsize,
+    pub services_created: AtomicUsize,
+    pub services_deleted: AtomicUsize,
+    pub api_errors: AtomicUsize,
+    pub leader_kills: AtomicUsize,
+    pub driver_kills: AtomicUsize,
+    pub apiserver_restarts: AtomicUsize,
+    pub etcd_restarts: AtomicUsize,
+    pub lease_losses: AtomicUsize,
+}
+
+pub struct Outcome {
+    pub stats: Stats,
+    pub report: Report,
+    /// Per failover round: (kill → lease taken, kill → next claim Bound).
+    pub failovers: Vec<(Duration, Duration)>,
+    pub took: Duration,
+}
+
+impl Outcome {
+    /// What the run did, the failover figures and the invariants table.
+    pub fn summary(&self) -> String {
+        let s = &self.stats;
+        let n = |a: &AtomicUsize| a.load(Ordering::Relaxed);
+        let mut out = format!(
+            "chaos: {:.0?} — claims created {}, deleted {} ({} pinned); Services created {}, deleted {}; \
+             leader kills {} (controller) + {} (driver); kube-apiserver restarts {}, etcd restarts {}; \
+             replicas restarted after losing their lease {}; API errors seen by clients {}\n",
+            self.took,
+            n(&s.claims_created),
+            n(&s.claims_deleted),
+            n(&s.pinned_created),
+            n(&s.services_created),
+            n(&s.services_deleted),
+            n(&s.leader_kills),
+            n(&s.driver_kills),
+            n(&s.apiserver_restarts),
+            n(&s.etcd_restarts),
+            n(&s.lease_losses),
+            n(&s.api_errors),
+        );
+        if !self.failovers.is_empty() {
+            let mut lease: Vec<Duration> = self.failovers.iter().map(|f| f.0).collect();
+            let mut bound: Vec<Duration> = self.failovers.iter().map(|f| f.1).collect();
+            lease.sort();
+            bound.sort();
+            let mmm = |v: &[Duration]| {
+                format!(
+                    "min {:.1?} / median {:.1?} / max {:.1?}",
+                    v[0],
+                    v[v.len() / 2],
+                    v[v.len() - 1]
+                )
+            };
+            out.push_str(&format!(
+                "failover over {} rounds: SIGKILL → lease taken {}; SIGKILL → next claim Bound {}\n",
+                self.failovers.len(),
+                mmm(&lease),
+                mmm(&bound)
+            ));
+        }
+        out.push_str(&self.report.table());
+        out
+    }
+}
+
+const RANGE: &str = "range.drivers.local.sdn.cozystack.io";
+
+/// A replica that the harness restarts when it dies, as a kubelet would.
+struct Pod {
+    process: ControllerProcess,
+}
+
+/// Runs the scenario against the current [`Cluster`].
+pub async fn run(cfg: &Config) -> Result<Outcome> {
+    let started = Instant::now();
+    let cluster = Cluster::get();
+    let client = cluster.client().await?;
+    crate::install_crds(&client).await?;
+    let sfx = random_suffix();
+    let port = free_port();
+    let release = Release::new(port, &json!({"rangeDriver": {"enabled": true}})).await;
+    let ns = release.ns.clone();
+    let runner = Runner::new(&release, true);
+    let stats = Arc::new(Stats::default());
+
+    // The classes: a Retain class with a release delay (recycled addresses meet driver
+    // provisioning: the race that once double-allocated), a Delete class for auto-claims,
+    // and a static class for failover probes.
+    let mut cleanup = Cleanup::default();
+    let retain = format!("chaos-retain-{sfx}");
+    let delete = format!("chaos-delete-{sfx}");
+    let probe = format!("chaos-probe-{sfx}");
+    let classes = json!([
+        {"metadata": {"name": retain}, "spec": {"provisioner": RANGE, "reclaimPolicy": "Retain", "releaseDelay": "20s",
+            "parameters": {"cidrs": ["10.201.0.0/22", "2001:db8:c1::/118"]}}},
+        {"metadata": {"name": delete, "annotations": {"ipaddressclass.local.sdn.cozystack.io/is-auto-claim-class": "true"}},
+            "spec": {"provisioner": RANGE, "reclaimPolicy": "Delete", "parameters": {"cidrs": ["10.202.0.0/22", "2001:db8:c2::/118"]}}},
+        {"metadata": {"name": probe}, "spec": {"provisioner": "none.chaos.test"}},
+    ]);
+    let class_api: Api<address_controller_api::IPAddressClass> = Api::all(client.clone());
+    for c in classes.as_array().unwrap() {
+        class_api
+            .create(&PostParams::default(), &serde_json::from_value(c.clone())?)
+            .await?;
+        cleanup.add(
+            "ipaddressclasses.local.sdn.cozystack.io",
+            c["metadata"]["name"].as_str().unwrap(),
+        );
+    }
+    // Static addresses of the Retain class (outside the driver's range) to pin claims to.
+    let addresses: Api<IPAddress> = Api::all(client.clone());
+    for i in 0..30 {
+        let name = format!("chaos-static-{sfx}-{i}");
+        let body = json!({"metadata": {"name": name}, "spec": {"address": format!("10.203.0.{}", i + 1), "className": retain, "source": {"fromClass": {}}}});
+        addresses
+            .create(&PostParams::default(), &serde_json::from_value(body)?)
+            .await?;
+        cleanup.add("ipaddresses.local.sdn.cozystack.io", &name);
+    }
+    let mut namespaces = Vec::new();
+    for i in 0..cfg.namespaces {
+        namespaces.push(TestNamespace::create(&client, &format!("chaos{i}")).await?);
+    }
+    let ns_names: Vec<String> = namespaces.iter().map(|n| n.name.clone()).collect();
+
+    // The replicas. The first controller serves the port the chart's APIService names.
+    let controllers = Arc::new(Mutex::new(vec![
+        Pod {
+            process: runner
+                .controller(&format!("ctl-a-{sfx}"), Some(port), &[])
+                .await?,
+        },
+        Pod {
+            process: runner
+                .controller(&format!("ctl-b-{sfx}"), None, &[])
+                .await?,
+        },
+    ]));
+    let drivers = Arc::new(Mutex::new(vec![
+        Pod {
+            process: runner.driver(&format!("drv-a-{sfx}"), &[]).await?,
+        },
+        Pod {
+            process: runner.driver(&format!("drv-b-{sfx}"), &[]).await?,
+        },
+    ]));
+
+    let stop_at = Instant::now() + cfg.duration;
+    let workload = workload(&client, &ns_names, &retain, &delete, &stats, cfg, stop_at);
+    let chaos = disruptions(
+        &client,
+        &ns,
+        &probe,
+        &controllers,
+        &drivers,
+        &stats,
+        cfg,
+        stop_at,
+        &mut cleanup,
+    );
+    let (w, failovers) = tokio::join!(workload, chaos);
+    w?;
+    let failovers = failovers?;
+
+    // Every replica alive; every claim deletion processed; then the judgement.
+    revive(&controllers, &stats).await?;
+    revive(&drivers, &stats).await?;
+    wait_for(
+        "every deleted claim finalized",
+        Duration::from_secs(120),
+        || async {
+            let n = Api::<IPAddressClaim>::all(client.clone())
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .filter(|c| {
+                    ns_names.contains(&c.namespace().unwrap_or_default())
+                        && c.metadata.deletion_timestamp.is_some()
+                })
+                .count();
+            if n == 0 {
+                Ok(Some(()))
+            } else {
+                Err(anyhow::anyhow!("{n} claims terminating"))
+            }
+        },
+    )
+    .await?;
+    let replicas: Vec<Replica> = controllers
+        .lock()
+        .await
+        .iter()
+        .filter_map(|p| p.process.replica())
+        .collect();
+    let scope = Scope {
+        namespaces: Some(ns_names.iter().cloned().collect()),
+        classes: Some(
+            [retain.clone(), delete.clone(), probe.clone()]
+                .into_iter()
+                .collect(),
+        ),
+    };
+    let report = invariants::check(&client, &scope, cfg.settle, &replicas).await?;
+
+    // Leave nothing behind: claims and Services go with their namespaces while the
+    // replicas still run; then the release.
+    drop(namespaces);
+    wait_for(
+        "chaos namespaces gone",
+        Duration::from_secs(120),
+        || async {
+            let left = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .filter(|n| ns_names.contains(&n.name_any()))
+                .count();
+            Ok((left == 0).then_some(()))
+        },
+    )
+    .await?;
+    drop(controllers);
+    drop(drivers);
+    drop(cleanup);
+    purge_class_addresses(&client, &[&retain, &delete, &probe]).await?;
+    drop(release);
+    let stats = Arc::try_unwrap(stats).unwrap_or_default();
+    Ok(Outcome {
+        stats,
+        report,
+        failovers,
+        took: started.elapsed(),
+    })
+}
+
+/// Restarts every replica that is not running (a lost lease ends a replica by design).
+async fn revive(pods: &Mutex<Vec<Pod>>, stats: &Stats) -> Result<()> {
+    for p in pods.lock().await.iter_mut() {
+        if !p.process.running() {
+            if p.process.log_contains("lost the lease") {
+                stats.lease_losses.fetch_add(1, Ordering::Relaxed);
+            }
+            p.process.restart().await?;
+        }
+    }
+    Ok(())
+}
+
+/// The claims, pins and Services clients create and delete.
+#[allow(clippy::too_many_arguments)]
+async fn workload(
+    client: &Client,
+    namespaces: &[String],
+    retain: &str,
+    delete: &str,
+    stats: &Stats,
+    cfg: &Config,
+    stop_at: Instant,
+) -> Result<()> {
+    let clients = 3usize;
+    let pause = Duration::from_secs_f64(clients as f64 / cfg.ops_per_second);
+    let workers = (0..clients).map(|w| async move {
+        let mut rng = Rng::new(w as u64 + 1);
+        let mut claims: Vec<(String, String)> = Vec::new();
+        let mut services: Vec<(String, String)> = Vec::new();
+        let mut i = 0u32;
+        while Instant::now() < stop_at {
+            i += 1;
+            tokio::time::sleep(pause).await;
+            let ns = &namespaces[rng.below(namespaces.len())];
+            let roll = rng.below(100);
+            let result: Result<(), kube::Error> = if roll < 45 {
+                // A claim: IPv4, IPv6 or Dual, of either class; sometimes pinned.
+                let class = if rng.below(3) == 0 { delete } else { retain };
+                let family = ["IPv4", "IPv4", "IPv6", "Dual"][rng.below(4)];
+                let name = format!("c{w}-{i}");
+                let mut spec = json!({"className": class, "family": family});
+                let mut pinned = false;
+                if family == "IPv4" && class == retain && rng.below(5) == 0 {
+                    // Pin to an Available or Released address of the class.
+                    if let Some(target) = pick_pin_target(client, retain, &mut rng).await {
+                        spec["addressName"] = json!(target);
+                        pinned = true;
+                    }
+                }
+                let api: Api<IPAddressClaim> = Api::namespaced(client.clone(), ns);
+                let body = json!({"metadata": {"name": name}, "spec": spec});
+                api.create(&PostParams::default(), &serde_json::from_value(body).unwrap()).await.map(|_| {
+                    stats.claims_created.fetch_add(1, Ordering::Relaxed);
+                    if pinned {
+                        stats.pinned_created.fetch_add(1, Ordering::Relaxed);
+                    }
+                    claims.push((ns.clone(), name));
+                })
+            } else if roll < 85 && !claims.is_empty() {
+                let (cns, name) = claims.remove(rng.below(claims.len()));
+                let api: Api<IPAddressClaim> = Api::namespaced(client.clone(), &cns);
+                match api.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => {
+                        stats.claims_deleted.fetch_add(1, Ordering::Relaxed);
+                        Ok(())
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                    Err(e) => Err(e),
+                }
+            } else if roll < 93 || services.is_empty() {
+                // A LoadBalancer Service: the core claims an address for it (auto-claim).
+                let name = format!("svc{w}-{i}");
+                let api: Api<Service> = Api::namespaced(client.clone(), ns);
+                let body = json!({"metadata": {"name": name}, "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}});
+                api.create(&PostParams::default(), &serde_json::from_value(body).unwrap()).await.map(|_| {
+                    stats.services_created.fetch_add(1, Ordering::Relaxed);
+                    services.push((ns.clone(), name));
+                })
+            } else {
+                let (sns, name) = services.remove(rng.below(services.len()));
+                let api: Api<Service> = Api::namespaced(client.clone(), &sns);
+                api.delete(&name, &DeleteParams::default()).await.map(|_| {
+                    stats.services_deleted.fetch_add(1, Ordering::Relaxed);
+                })
+            };
+            if result.is_err() {
+                stats.api_errors.fetch_add(1, Ordering::Relaxed);
+                // A client backs off while the API server is away.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    });
+    futures::future::join_all(workers).await;
+    Ok(())
+}
+
+/// An Available or Released address of `class`, to pin a claim to.
+async fn pick_pin_target(client: &Client, class: &str, rng: &mut Rng) -> Option<String> {
+    let all = Api::<IPAddress>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .ok()?
+        .items;
+    let candidates: Vec<String> = all
+        .iter()
+        .filter(|a| a.spec.class_name == class && a.spec.address.starts_with("10.203."))
+        .filter(|a| {
+            matches!(
+                a.status.as_ref().and_then(|s| s.phase),
+                Some(AddressPhase::Available | AddressPhase::Released)
+            )
+        })
+        .map(|a| a.name_any())
+        .collect();
+    (!candidates.is_empty()).then(|| candidates[rng.below(candidates.len())].clone())
+}
+
+/// Leader kills (with failover probes), driver kills, kube-apiserver and etcd restarts.
+#[allow(clippy::too_many_arguments)]
+async fn disruptions(
+    client: &Client,
+    lease_ns: &str,
+    probe_class: &str,
+    controllers: &Mutex<Vec<Pod>>,
+    drivers: &Mutex<Vec<Pod>>,
+    stats: &Stats,
+    cfg: &Config,
+    stop_at: Instant,
+    cleanup: &mut Cleanup,
+) -> Result<Vec<(Duration, Duration)>> {
+    let mut rng = Rng::new(99);
+    let start = Instant::now();
+    // When to restart the control plane: spread over the run.
+    let mut restarts: Vec<(Duration, &str)> = Vec::new();
+    for k in 0..cfg.apiserver_restarts {
+        restarts.push((
+            cfg.duration
+                .mul_f64((k as f64 + 0.5) / (cfg.apiserver_restarts as f64 + 0.5)),
+            "kube-apiserver",
+        ));
+    }
+    for k in 0..cfg.etcd_restarts {
+        restarts.push((
+            cfg.duration
+                .mul_f64((k as f64 + 0.75) / (cfg.etcd_restarts as f64 + 0.75)),
+            "etcd",
+        ));
+    }
+    restarts.sort();
+    let probe_ns = TestNamespace::create(client, "chaos-probe").await?;
+    let mut failovers = Vec::new();
+    let mut round = 0;
+    loop {
+        let (lo, hi) = cfg.kill_every;
+        let wait = lo + (hi - lo).mul_f64(rng.below(1000) as f64 / 1000.0);
+        let next = Instant::now() + wait;
+        // Control-plane restarts due before the next kill.
+        while let Some((at, what)) = restarts.first().copied() {
+            if start + at > next || start + at > stop_at {
+                break;
+            }
+            tokio::time::sleep_until((start + at).into()).await;
+            restarts.remove(0);
+            let dir = Cluster::get().dir.to_str().unwrap().to_string();
+            let what = what.to_string();
+            let component = what.clone();
+            tokio::task::spawn_blocking(move || {
+                let out = std::process::Command::new(repo_root().join("deploy/local/cluster.sh"))
+                    .args(["restart", &dir, &component])
+                    .output()?;
+                if !out.status.success() {
+                    bail!(
+                        "restarting {component}: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+                Ok(())
+            })
+            .await??;
+            if what == "etcd" {
+                stats.etcd_restarts.fetch_add(1, Ordering::Relaxed);
+            } else {
+                stats.apiserver_restarts.fetch_add(1, Ordering::Relaxed);
+            }
+            // Replicas that lost their lease meanwhile come back, as a kubelet would.
+            revive(controllers, stats).await?;
+            revive(drivers, stats).await?;
+        }
+        if next > stop_at {
+            break;
+        }
+        tokio::time::sleep_until(next.into()).await;
+        revive(controllers, stats).await?;
+        revive(drivers, stats).await?;
+        round += 1;
+        // SIGKILL the controllers' leader; probe how long until a claim binds again.
+        if let Some(holder) = lease_holder_in(client, lease_ns, "address-controller")
+            .await
+            .ok()
+            .flatten()
+        {
+            let address = format!("chaos-probe-{round}-{}", random_suffix());
+            let body = json!({"metadata": {"name": address}, "spec": {"address": format!("10.204.{}.{}", round / 200, round % 200 + 1), "className": probe_class, "source": {"fromClass": {}}}});
+            Api::<IPAddress>::all(client.clone())
+                .create(&PostParams::default(), &serde_json::from_value(body)?)
+                .await?;
+            cleanup.add("ipaddresses.local.sdn.cozystack.io", &address);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let killed = {
+                let mut pods = controllers.lock().await;
+                match pods.iter_mut().find(|p| p.process.user == holder) {
+                    Some(p) => {
+                        p.process.kill();
+                        true
+                    }
+                    None => false,
+                }
+            };
+            if killed {
+                stats.leader_kills.fetch_add(1, Ordering::Relaxed);
+                let t0 = Instant::now();
+                let claims: Api<IPAddressClaim> = Api::namespaced(client.clone(), &probe_ns.name);
+                let name = format!("probe-{round}");
+                let body = json!({"metadata": {"name": name}, "spec": {"className": probe_class}});
+                claims
+                    .create(&PostParams::default(), &serde_json::from_value(body)?)
+                    .await?;
+                let lease = wait_for(
+                    "a new controller leader",
+                    Duration::from_secs(60),
+                    || async {
+                        let h = lease_holder_in(client, lease_ns, "address-controller").await?;
+                        Ok(h.filter(|h| *h != holder).map(|_| t0.elapsed()))
+                    },
+                )
+                .await?;
+                let bound = wait_for("the probe claim Bound", Duration::from_secs(90), || async {
+                    let c = claims.get(&name).await?;
+                    Ok((c.status.and_then(|s| s.phase) == Some(ClaimPhase::Bound))
+                        .then(|| t0.elapsed()))
+                })
+                .await?;
+                failovers.push((lease, bound));
+                revive(controllers, stats).await?;
+            }
+        }
+        // And sometimes the drivers' leader.
+        if round % 2 == 0
+            && let Some(holder) =
+                lease_holder_in(client, lease_ns, "address-controller-range-driver")
+                    .await
+                    .ok()
+                    .flatten()
+        {
+            let mut pods = drivers.lock().await;
+            if let Some(p) = pods.iter_mut().find(|p| p.process.user == holder) {
+                p.process.kill();
+                stats.driver_kills.fetch_add(1, Ordering::Relaxed);
+                p.process.restart().await?;
+            }
+        }
+    }
+    drop(probe_ns);
+    Ok(failovers)
+}
+
+/// Deletes what is left of the run's classes' addresses (their finalizers included).
+async fn purge_class_addresses(client: &Client, classes: &[&str]) -> Result<()> {
+    let api: Api<IPAddress> = Api::all(client.clone());
+    for a in api.list(&ListParams::default()).await?.items {
+        if classes.contains(&a.spec.class_name.as_str()) {
+            let name = a.name_any();
+            let _ = api
+                .patch(
+                    &name,
+                    &Default::default(),
+                    &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                )
+                .await;
+            let _ = api.delete(&name, &DeleteParams::default()).await;
+        }
+    }
+    Ok(())
+}
+
+/// A small deterministic generator (xorshift): the run is reproducible from its seeds.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n.max(1) as u64) as usize
+    }
+}
