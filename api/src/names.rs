@@ -76,6 +76,23 @@ pub mod event {
     pub const RELEASE_DELAY_ELAPSED: &str = "ReleaseDelayElapsed";
 }
 
+/// What a driver reports (SPEC §8): the driver kit publishes these and the driver
+/// conformance suite expects them.
+pub mod driver {
+    /// Class condition: the parameters can be allocated from.
+    pub const PARAMETERS_VALID: &str = "ParametersValid";
+    /// Class condition: a family's addresses reached its capacity.
+    pub const EXHAUSTED: &str = "Exhausted";
+    /// Event on a claim: its class's parameters cannot be allocated from.
+    pub const INVALID_CLASS_PARAMETERS: &str = "InvalidClassParameters";
+    /// Event on a claim: no free address of a family it needs.
+    pub const EXHAUSTED_EVENT: &str = "Exhausted";
+    /// Event on a claim: allocation failed for another reason.
+    pub const PROVISIONING_FAILED: &str = "ProvisioningFailed";
+    /// Event on a class: its parameters are invalid.
+    pub const INVALID_PARAMETERS: &str = "InvalidParameters";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

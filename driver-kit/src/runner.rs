@@ -40,17 +40,8 @@ use serde_json::json;
 use crate::driver::{AllocateError, Allocation, Driver, Request, object_name};
 use crate::inventory::Inventory;
 
-/// Event reasons the runner publishes.
-pub mod events {
-    /// On a claim: its class's parameters cannot be allocated from.
-    pub const INVALID_CLASS_PARAMETERS: &str = "InvalidClassParameters";
-    /// On a claim: no free address of a family it needs.
-    pub const EXHAUSTED: &str = "Exhausted";
-    /// On a claim: the driver failed to allocate for another reason.
-    pub const PROVISIONING_FAILED: &str = "ProvisioningFailed";
-    /// On a class: its parameters are invalid.
-    pub const INVALID_PARAMETERS: &str = "InvalidParameters";
-}
+/// Event reasons and class conditions the runner publishes (SPEC §8).
+pub use address_controller_api::names::driver as events;
 
 /// How long an address this process created is assumed to be on its way into the cache.
 const IN_FLIGHT_FOR: Duration = Duration::from_secs(60);
@@ -329,7 +320,7 @@ pub(crate) async fn claim_pass<D: Driver>(ctx: Arc<Ctx<D>>, key: String) -> Resu
         ctx.inventory.exhausted(&class_name, &key);
         let families: Vec<&str> = exhausted.iter().map(|f| f.as_str()).collect();
         let ev = PlannedEvent::warning(
-            events::EXHAUSTED,
+            events::EXHAUSTED_EVENT,
             format!(
                 "no free {} address left in class {class_name:?}; waiting for one to be freed",
                 families.join(" and ")
@@ -427,7 +418,7 @@ pub(crate) async fn class_pass<D: Driver>(
             });
             set_condition(
                 &mut status.conditions,
-                "ParametersValid",
+                events::PARAMETERS_VALID,
                 true,
                 "Valid",
                 ctx.driver.describe(&params),
@@ -450,7 +441,7 @@ pub(crate) async fn class_pass<D: Driver>(
             };
             set_condition(
                 &mut status.conditions,
-                "Exhausted",
+                events::EXHAUSTED,
                 exhausted,
                 reason,
                 msg,
@@ -463,9 +454,9 @@ pub(crate) async fn class_pass<D: Driver>(
             status.capacity = None;
             set_condition(
                 &mut status.conditions,
-                "ParametersValid",
+                events::PARAMETERS_VALID,
                 false,
-                "InvalidParameters",
+                events::INVALID_PARAMETERS,
                 why.clone(),
                 generation,
                 &now,
@@ -525,4 +516,145 @@ pub(crate) async fn address_pass<D: Driver>(
         })?;
     tracing::info!(address = %name, "released in the backend");
     Ok(Outcome::Done)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use address_controller_runtime::cache::key_of;
+    use address_controller_runtime::health::{Bounds, Health};
+    use address_controller_runtime::leader::Leadership;
+
+    struct Null;
+    impl Driver for Null {
+        type Params = ();
+        fn provisioner(&self) -> &str {
+            "p.example"
+        }
+        fn parameters(&self, classes: &[Arc<IPAddressClass>]) -> Vec<Result<(), String>> {
+            classes.iter().map(|_| Ok(())).collect()
+        }
+        fn capacity(&self, _: &()) -> crate::Capacity {
+            crate::Capacity::default()
+        }
+        async fn allocate(&self, _: Request<'_, ()>) -> Result<Allocation, AllocateError> {
+            Err(AllocateError::Exhausted)
+        }
+    }
+
+    /// A client that fails every request: these tests never reach an API server.
+    fn offline() -> Client {
+        let svc = tower::service_fn(|_req: http::Request<kube::client::Body>| async {
+            Err::<http::Response<String>, std::io::Error>(std::io::Error::other("offline"))
+        });
+        Client::new(svc, "default")
+    }
+
+    fn ctx() -> Ctx<Null> {
+        let health = Health::new(Bounds::default());
+        let world = World::new(false, health.clone());
+        let gate = Gate {
+            leadership: Leadership::always(),
+            health,
+        };
+        let ctx = Ctx::new(Null, offline(), world, gate, "test", "t".into());
+        for (name, provisioner) in [("ours", "p.example"), ("theirs", "q.example")] {
+            let c: IPAddressClass = serde_json::from_value(
+                json!({"metadata": {"name": name}, "spec": {"provisioner": provisioner}}),
+            )
+            .unwrap();
+            ctx.world.classes.apply(key_of(&c), Some(Arc::new(c)));
+        }
+        ctx
+    }
+
+    fn claim(extra: serde_json::Value) -> IPAddressClaim {
+        let mut v = json!({"metadata": {"name": "c", "namespace": "t", "uid": "u1",
+                "annotations": {PROVISIONER_ANNOTATION: "p.example"}},
+            "spec": {"family": "Dual"},
+            "status": {"phase": "Pending", "className": "ours", "conditions": [{"type": "Bound", "status": "False",
+                "reason": "WaitingForProvisioning", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+        merge(&mut v, extra);
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// A JSON merge patch (null removes).
+    fn merge(base: &mut serde_json::Value, patch: serde_json::Value) {
+        match (base, patch) {
+            (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
+                for (k, v) in p {
+                    if v.is_null() {
+                        b.remove(&k);
+                    } else {
+                        merge(b.entry(k).or_insert(serde_json::Value::Null), v);
+                    }
+                }
+            }
+            (b, p) => *b = p,
+        }
+    }
+
+    fn families(ctx: &Ctx<Null>, c: &IPAddressClaim) -> Option<Vec<Family>> {
+        wanted(ctx, c, "t/c").map(|(_, f)| f)
+    }
+
+    #[tokio::test]
+    async fn serves_only_stamped_pending_claims_waiting_for_it_and_only_missing_families() {
+        let ctx = ctx();
+        let both = Some(vec![Family::IPv4, Family::IPv6]);
+        assert_eq!(families(&ctx, &claim(json!({}))), both);
+        let rows: &[(&str, serde_json::Value)] = &[
+            (
+                "not stamped",
+                json!({"metadata": {"annotations": {PROVISIONER_ANNOTATION: null}}}),
+            ),
+            (
+                "stamped for another driver",
+                json!({"metadata": {"annotations": {PROVISIONER_ANNOTATION: "q.example"}}}),
+            ),
+            ("before the core's first pass", json!({"status": null})),
+            ("Bound", json!({"status": {"phase": "Bound"}})),
+            ("Lost", json!({"status": {"phase": "Lost"}})),
+            (
+                "waiting for a pinned address",
+                json!({"status": {"conditions": [{"type": "Bound", "status": "False",
+                "reason": "WaitingForAddress", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}),
+            ),
+            (
+                "pinned",
+                json!({"spec": {"family": "IPv4", "addressName": "x"}}),
+            ),
+            (
+                "being deleted",
+                json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+            ),
+            (
+                "a class of another driver",
+                json!({"status": {"className": "theirs"}}),
+            ),
+            (
+                "a class that does not exist",
+                json!({"status": {"className": "gone"}}),
+            ),
+        ];
+        for (what, extra) in rows {
+            assert_eq!(families(&ctx, &claim(extra.clone())), None, "{what}");
+        }
+        // A family the status lists is not provisioned again.
+        let listed =
+            claim(json!({"status": {"addresses": [{"name": "a", "address": "192.0.2.1"}]}}));
+        assert_eq!(families(&ctx, &listed), Some(vec![Family::IPv6]));
+        // Nor one an address in the cache already names (uid empty or equal)...
+        let a: IPAddress = serde_json::from_value(json!({"metadata": {"name": "x6"}, "spec": {"address": "2001:db8::1",
+            "className": "ours", "source": {"fromClass": {}}, "claimRef": {"namespace": "t", "name": "c", "uid": "u1"}}})).unwrap();
+        ctx.world
+            .addresses
+            .apply(key_of(&a), Some(Arc::new(a.clone())));
+        ctx.inventory.address_changed(None, Some(&a));
+        assert_eq!(families(&ctx, &claim(json!({}))), Some(vec![Family::IPv4]));
+        // ...nor one this process just created (not in the cache yet).
+        fresh(&ctx.in_flight).insert(("u1".into(), Family::IPv4), Instant::now());
+        assert_eq!(families(&ctx, &claim(json!({}))), None);
+    }
 }

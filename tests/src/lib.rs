@@ -746,5 +746,6 @@ impl Drop for Cleanup {
 }
 pub mod chaos;
 pub mod chart;
+pub mod conformance;
 pub mod env;
 pub mod invariants;

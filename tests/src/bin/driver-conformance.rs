@@ -1,0 +1,90 @@
+//! `driver-conformance`: the driver conformance suite against any cluster where the core
+//! controller and the driver run. See `docs/drivers.md`.
+//!
+//!     driver-conformance --class NAME [--kubeconfig FILE] [--timeout 60s]
+//!                        [--invalid-parameters JSON] [--race-address IP]
+//!                        [--restart-command 'kubectl -n X rollout restart deploy/Y']
+//!
+//! Prints a line per case and `N passed, N failed, N skipped`; exits 1 when a case fails.
+
+use std::time::Duration;
+
+use address_controller_tests::conformance::{Options, Restart, run};
+use anyhow::{Context, Result, bail};
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let (mut kubeconfig, mut class, mut invalid, mut race, mut restart) =
+        (None, None, None, None, None);
+    let mut timeout = Duration::from_secs(60);
+    while let Some(a) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--kubeconfig" => kubeconfig = Some(value()?),
+            "--class" => class = Some(value()?),
+            "--invalid-parameters" => {
+                invalid =
+                    Some(serde_json::from_str(&value()?).context("--invalid-parameters is JSON")?)
+            }
+            "--race-address" => race = Some(value()?),
+            "--restart-command" => restart = Some(value()?),
+            "--timeout" => {
+                let v = value()?;
+                timeout = address_controller_api::duration::parse(&v)
+                    .map_err(|e| anyhow::anyhow!("{v}: {e}"))?;
+            }
+            "-h" | "--help" => {
+                for l in include_str!("driver-conformance.rs").lines().take(10) {
+                    println!("{}", l.trim_start_matches("//!").trim_start_matches(' '));
+                }
+                return Ok(());
+            }
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    let class =
+        class.context("--class NAME is required: a class of the driver set aside for the suite")?;
+    let config = match kubeconfig {
+        Some(path) => {
+            kube::Config::from_custom_kubeconfig(
+                kube::config::Kubeconfig::read_from(path)?,
+                &Default::default(),
+            )
+            .await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    let client = kube::Client::try_from(config)?;
+    let restart: Option<Restart> = restart.map(|cmd: String| -> Restart {
+        Box::new(move || {
+            let cmd = cmd.clone();
+            Box::pin(async move {
+                let status = tokio::process::Command::new("sh")
+                    .args(["-c", &cmd])
+                    .status()
+                    .await?;
+                if !status.success() {
+                    bail!("{cmd}: {status}");
+                }
+                Ok(())
+            })
+        })
+    });
+    let report = run(
+        &client,
+        &Options {
+            class,
+            invalid_parameters: invalid,
+            restart,
+            race_address: race,
+            timeout,
+        },
+    )
+    .await?;
+    print!("{}", report.table());
+    if !report.ok() {
+        std::process::exit(1);
+    }
+    Ok(())
+}

@@ -1,0 +1,802 @@
+//! A conformance suite for IPAddress drivers (the driver protocol, SPEC §8) — what
+//! `csi-sanity` is for storage. It runs against a real cluster where the core controller and
+//! the driver run, with a class of the driver set aside for it (`--class`), and checks what
+//! any driver must do, case by case:
+//!
+//! | case | what must happen |
+//! |---|---|
+//! | `capacity` | the class reports `status.capacity` and `ParametersValid=True` |
+//! | `provision-ipv4`, `-ipv6`, `-dual` | a claim of each family the class has capacity for gets exactly one address per family, pre-bound with the claim's uid, the class's name and reclaim policy |
+//! | `pinned-left-alone` | a claim pinned to an address (`spec.addressName`) gets nothing from the driver |
+//! | `lost-left-alone` | a claim whose address went `Lost` gets no replacement |
+//! | `invalid-parameters` | a class with parameters the driver must refuse reports `ParametersValid=False` and its claims an `InvalidClassParameters` event (with `--invalid-parameters`) |
+//! | `exhaustion` | with the class full, a claim gets an `Exhausted` event and the class `Exhausted=True`; freeing an address (reclaim policy `Delete`) lets it through (classes of capacity ≤ 16) |
+//! | `retain-keeps` | under `Retain` a released address stays out of the pool until an admin releases it (classes of capacity ≤ 16) |
+//! | `restart-mid-provision` | restarting the driver while claims are provisioned creates no second address (with a restart command) |
+//! | `race-with-the-core` | a free address appearing while the driver provisions ends with one address per family per claim |
+//!
+//! Every case ends with the invariant checker over the suite's namespace and the class.
+//! The suite changes the class's `reclaimPolicy` for the cases that need one and restores
+//! it; it deletes everything it created.
+
+#![allow(clippy::unwrap_used)] // test support: a failed step fails loudly
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use address_controller_api::family::family_of;
+use address_controller_api::names::driver;
+use address_controller_api::{
+    ClaimPhase, Family, IPAddress, IPAddressClaim, IPAddressClass, ReclaimPolicy,
+};
+use anyhow::{Context, Result, anyhow, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::invariants::{self, Scope};
+use crate::random_suffix;
+
+/// Restarts the driver under test (a rollout restart, a process kill and start).
+pub type Restart = Box<dyn Fn() -> Pin<Box<dyn Future<Output = Result<()>> + Send>> + Send + Sync>;
+
+/// What the suite is told.
+pub struct Options {
+    /// The driver's class set aside for the suite.
+    pub class: String,
+    /// Parameters the driver must refuse (skip `invalid-parameters` without).
+    pub invalid_parameters: Option<serde_json::Value>,
+    /// Restarts the driver (skip `restart-mid-provision` without).
+    pub restart: Option<Restart>,
+    /// A free address of the class's pool to race the driver with: an address the driver
+    /// would never allocate itself (outside its ranges), of a family the class serves.
+    pub race_address: Option<String>,
+    /// How long a driver may take to provision one address.
+    pub timeout: Duration,
+}
+
+/// One case's result.
+#[derive(Debug, Clone)]
+pub struct CaseResult {
+    pub case: &'static str,
+    pub outcome: Result<(), String>,
+    pub skipped: Option<String>,
+    /// What the case saw, when worth saying (which side won a race).
+    pub note: Option<String>,
+}
+
+pub struct Report {
+    pub cases: Vec<CaseResult>,
+}
+
+impl Report {
+    pub fn ok(&self) -> bool {
+        self.cases.iter().all(|c| c.outcome.is_ok())
+    }
+
+    pub fn table(&self) -> String {
+        let mut out = String::from("driver conformance\n");
+        for c in &self.cases {
+            let (mark, note) = match (&c.outcome, &c.skipped) {
+                (_, Some(why)) => ("skip", why.clone()),
+                (Ok(()), None) => ("pass", c.note.clone().unwrap_or_default()),
+                (Err(e), None) => ("FAIL", e.clone()),
+            };
+            out.push_str(&format!("  {mark:<5} {:<24} {note}\n", c.case));
+        }
+        let passed = self
+            .cases
+            .iter()
+            .filter(|c| c.outcome.is_ok() && c.skipped.is_none())
+            .count();
+        let skipped = self.cases.iter().filter(|c| c.skipped.is_some()).count();
+        out.push_str(&format!(
+            "{passed} passed, {} failed, {skipped} skipped\n",
+            self.cases.len() - passed - skipped
+        ));
+        out
+    }
+}
+
+/// The suite's view of the cluster.
+struct Suite<'a> {
+    client: Client,
+    ns: String,
+    opts: &'a Options,
+    class: IPAddressClass,
+    sfx: String,
+    note: Option<String>,
+}
+
+fn capacity(class: &IPAddressClass, f: Family) -> i64 {
+    class
+        .status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| match f {
+            Family::IPv4 => c.ipv4,
+            Family::IPv6 => c.ipv6,
+        })
+        .unwrap_or(0)
+}
+
+fn condition<'c>(
+    class: &'c IPAddressClass,
+    t: &str,
+) -> Option<&'c k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    class
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == t)
+}
+
+/// Polls `probe` every 250 ms until it yields, or fails after `timeout` with its last word.
+async fn until<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    let start = std::time::Instant::now();
+    let mut last = String::from("not yet");
+    loop {
+        match probe().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last = format!("{e:#}"),
+        }
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what} ({last})");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+impl Suite<'_> {
+    fn claims(&self) -> Api<IPAddressClaim> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+    fn addresses(&self) -> Api<IPAddress> {
+        Api::all(self.client.clone())
+    }
+    fn classes(&self) -> Api<IPAddressClass> {
+        Api::all(self.client.clone())
+    }
+
+    async fn refresh_class(&mut self) -> Result<()> {
+        self.class = self.classes().get(&self.class.name_any()).await?;
+        Ok(())
+    }
+
+    async fn claim(&self, name: &str, spec: serde_json::Value) -> Result<IPAddressClaim> {
+        let body = json!({"metadata": {"name": name}, "spec": spec});
+        Ok(self
+            .claims()
+            .create(&PostParams::default(), &serde_json::from_value(body)?)
+            .await?)
+    }
+
+    async fn bound(&self, name: &str) -> Result<IPAddressClaim> {
+        let api = self.claims();
+        until(
+            &format!("claim {name} Bound"),
+            self.opts.timeout,
+            || async {
+                let c = api.get(name).await?;
+                Ok(
+                    (c.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Bound))
+                        .then_some(c),
+                )
+            },
+        )
+        .await
+    }
+
+    /// Addresses whose claimRef names `claim`.
+    async fn naming(&self, claim: &str) -> Result<Vec<IPAddress>> {
+        Ok(self
+            .addresses()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|a| {
+                a.spec
+                    .claim_ref
+                    .as_ref()
+                    .is_some_and(|r| r.namespace == self.ns && r.name == claim)
+            })
+            .collect())
+    }
+
+    async fn event(&self, object: &str, reason: &str) -> Result<String> {
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
+        until(
+            &format!("event {reason} on {object}"),
+            self.opts.timeout,
+            || async {
+                Ok(api
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .find(|e| {
+                        e.reason.as_deref() == Some(reason)
+                            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(object)
+                    })
+                    .map(|e| e.note.unwrap_or_default()))
+            },
+        )
+        .await
+    }
+
+    async fn delete_claim(&self, name: &str) -> Result<()> {
+        self.claims().delete(name, &DeleteParams::default()).await?;
+        let api = self.claims();
+        until(&format!("claim {name} gone"), self.opts.timeout, || async {
+            Ok(api.get_opt(name).await?.is_none().then_some(()))
+        })
+        .await
+    }
+
+    async fn set_policy(&self, policy: ReclaimPolicy) -> Result<()> {
+        self.classes()
+            .patch(
+                &self.class.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"reclaimPolicy": policy.as_str()}})),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The claim's addresses are one per family it asked for, made the way the protocol
+    /// says.
+    async fn check_provisioned(&self, c: &IPAddressClaim) -> Result<()> {
+        let name = c.name_any();
+        let mine = self.naming(&name).await?;
+        let mut per_family: BTreeMap<Family, Vec<String>> = BTreeMap::new();
+        for a in &mine {
+            let f = family_of(&a.spec.address).map_err(|e| anyhow!("{}: {e}", a.name_any()))?;
+            per_family.entry(f).or_default().push(a.name_any());
+            let r = a.spec.claim_ref.as_ref().unwrap();
+            if r.uid != c.metadata.uid {
+                bail!("{} is pre-bound without the claim's uid", a.name_any());
+            }
+            if a.spec.class_name != self.class.name_any() {
+                bail!("{} has class {}", a.name_any(), a.spec.class_name);
+            }
+        }
+        for f in c.spec.family.families() {
+            match per_family.get(f).map(Vec::len) {
+                Some(1) => {}
+                Some(n) => bail!("{n} {f} addresses name claim {name}: {:?}", per_family[f]),
+                None => bail!("no {f} address names claim {name}"),
+            }
+        }
+        Ok(())
+    }
+
+    async fn invariants(&self) -> Result<()> {
+        let scope = Scope::of(&[self.ns.as_str()], &[self.class.name_any().as_str()]);
+        let report = invariants::check(&self.client, &scope, Duration::from_secs(3), &[]).await?;
+        if !report.ok() {
+            bail!("invariants:\n{}", report.table());
+        }
+        Ok(())
+    }
+
+    /// Families the class has capacity for.
+    fn families(&self) -> Vec<Family> {
+        [Family::IPv4, Family::IPv6]
+            .into_iter()
+            .filter(|f| capacity(&self.class, *f) > 0)
+            .collect()
+    }
+}
+
+type CaseFn = for<'a> fn(
+    &'a mut Suite<'_>,
+) -> Pin<Box<dyn Future<Output = Result<Option<String>>> + Send + 'a>>;
+
+/// Runs every case in order against `opts.class`.
+pub async fn run(client: &Client, opts: &Options) -> Result<Report> {
+    let classes: Api<IPAddressClass> = Api::all(client.clone());
+    let class = classes
+        .get(&opts.class)
+        .await
+        .with_context(|| format!("class {}", opts.class))?;
+    let original_policy = class.spec.reclaim_policy;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = format!("driver-conformance-{}", random_suffix());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+        )
+        .await?;
+    let mut suite = Suite {
+        client: client.clone(),
+        ns: ns.clone(),
+        opts,
+        class,
+        sfx: random_suffix(),
+        note: None,
+    };
+    let cases: Vec<(&'static str, CaseFn)> = vec![
+        ("capacity", |s| Box::pin(capacity_case(s))),
+        ("provision-ipv4", |s| Box::pin(provision(s, "IPv4"))),
+        ("provision-ipv6", |s| Box::pin(provision(s, "IPv6"))),
+        ("provision-dual", |s| Box::pin(provision(s, "Dual"))),
+        ("pinned-left-alone", |s| Box::pin(pinned(s))),
+        ("lost-left-alone", |s| Box::pin(lost(s))),
+        ("invalid-parameters", |s| Box::pin(invalid_parameters(s))),
+        ("exhaustion", |s| Box::pin(exhaustion(s))),
+        ("retain-keeps", |s| Box::pin(retain_keeps(s))),
+        ("restart-mid-provision", |s| Box::pin(restart(s))),
+        ("race-with-the-core", |s| Box::pin(race(s))),
+    ];
+    let mut results = Vec::new();
+    for (case, f) in cases {
+        let outcome = match f(&mut suite).await {
+            Ok(skipped) => CaseResult {
+                case,
+                outcome: Ok(()),
+                skipped,
+                note: suite.note.take(),
+            },
+            Err(e) => CaseResult {
+                case,
+                outcome: Err(format!("{e:#}")),
+                skipped: None,
+                note: suite.note.take(),
+            },
+        };
+        results.push(outcome);
+        // Each case leaves the pool as it found it.
+        let _ = suite.set_policy(original_policy).await;
+        let _ = clear_claims(&suite).await;
+    }
+    let _ = namespaces.delete(&ns, &DeleteParams::default()).await;
+    Ok(Report { cases: results })
+}
+
+/// Deletes the suite's claims and waits until they (and their Delete addresses) are gone;
+/// Released addresses of the suite's claims are deleted too (the suite played admin).
+async fn clear_claims(s: &Suite<'_>) -> Result<()> {
+    let api = s.claims();
+    for c in api.list(&ListParams::default()).await?.items {
+        let _ = api.delete(&c.name_any(), &DeleteParams::default()).await;
+    }
+    until("the suite's claims gone", s.opts.timeout, || async {
+        Ok(api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .is_empty()
+            .then_some(()))
+    })
+    .await?;
+    for a in s.addresses().list(&ListParams::default()).await?.items {
+        let ours = a
+            .spec
+            .claim_ref
+            .as_ref()
+            .is_some_and(|r| r.namespace == s.ns)
+            || a.name_any().contains(&s.sfx);
+        if ours {
+            let _ = s
+                .addresses()
+                .patch(
+                    &a.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"claimRef": null}})),
+                )
+                .await;
+            let _ = s
+                .addresses()
+                .delete(&a.name_any(), &DeleteParams::default())
+                .await;
+        }
+    }
+    Ok(())
+}
+
+async fn capacity_case(s: &mut Suite<'_>) -> Result<Option<String>> {
+    // A class just created may not have been seen by its driver yet.
+    let classes = s.classes();
+    let name = s.class.name_any();
+    until(
+        "the driver to publish ParametersValid",
+        s.opts.timeout,
+        || async {
+            let c = classes.get(&name).await?;
+            Ok(condition(&c, driver::PARAMETERS_VALID).map(|_| ()))
+        },
+    )
+    .await?;
+    s.refresh_class().await?;
+    let valid = condition(&s.class, driver::PARAMETERS_VALID).map(|c| c.status.clone());
+    if valid.as_deref() != Some("True") {
+        bail!("ParametersValid is {valid:?}");
+    }
+    if s.families().is_empty() {
+        bail!(
+            "status.capacity reports no family: {:?}",
+            s.class.status.as_ref().and_then(|x| x.capacity.as_ref())
+        );
+    }
+    Ok(None)
+}
+
+async fn provision(s: &mut Suite<'_>, family: &str) -> Result<Option<String>> {
+    let need: Vec<Family> =
+        serde_json::from_value::<address_controller_api::ClaimFamily>(json!(family))?
+            .families()
+            .to_vec();
+    if need.iter().any(|f| !s.families().contains(f)) {
+        return Ok(Some(format!("the class has no capacity for {family}")));
+    }
+    let name = format!("{}-{}", family.to_lowercase(), s.sfx);
+    s.claim(
+        &name,
+        json!({"className": s.class.name_any(), "family": family}),
+    )
+    .await?;
+    let c = s.bound(&name).await?;
+    s.check_provisioned(&c).await?;
+    for a in s.naming(&name).await? {
+        if a.spec.reclaim_policy != s.class.spec.reclaim_policy {
+            bail!(
+                "{} has reclaimPolicy {:?}, the class {:?}",
+                a.name_any(),
+                a.spec.reclaim_policy,
+                s.class.spec.reclaim_policy
+            );
+        }
+    }
+    s.invariants().await?;
+    Ok(None)
+}
+
+async fn pinned(s: &mut Suite<'_>) -> Result<Option<String>> {
+    let name = format!("pinned-{}", s.sfx);
+    s.claim(
+        &name,
+        json!({"className": s.class.name_any(), "addressName": format!("nowhere-{}", s.sfx)}),
+    )
+    .await?;
+    // The core says it waits for that address; the driver must not provision meanwhile.
+    let api = s.claims();
+    until(
+        "the pinned claim waiting for its address",
+        s.opts.timeout,
+        || async {
+            let c = api.get(&name).await?;
+            Ok(c.status
+                .iter()
+                .flat_map(|st| &st.conditions)
+                .any(|c| c.reason == "WaitingForAddress")
+                .then_some(()))
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let made = s.naming(&name).await?;
+    if !made.is_empty() {
+        bail!(
+            "the driver made {:?} for a pinned claim",
+            made.iter().map(|a| a.name_any()).collect::<Vec<_>>()
+        );
+    }
+    Ok(None)
+}
+
+async fn lost(s: &mut Suite<'_>) -> Result<Option<String>> {
+    let Some(f) = s.families().first().copied() else {
+        return Ok(Some("no capacity".into()));
+    };
+    let name = format!("lost-{}", s.sfx);
+    s.claim(
+        &name,
+        json!({"className": s.class.name_any(), "family": f.as_str()}),
+    )
+    .await?;
+    s.bound(&name).await?;
+    let a = s.naming(&name).await?.remove(0);
+    // A driver reports Lost when the backend lost the address; here the suite does.
+    s.addresses()
+        .patch_status(
+            &a.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Lost"}})),
+        )
+        .await?;
+    let api = s.claims();
+    until("the claim Lost", s.opts.timeout, || async {
+        Ok(
+            (api.get(&name).await?.status.and_then(|st| st.phase) == Some(ClaimPhase::Lost))
+                .then_some(()),
+        )
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let now = s.naming(&name).await?;
+    if now.len() != 1 {
+        bail!(
+            "a Lost claim got a replacement: {:?}",
+            now.iter().map(|a| a.name_any()).collect::<Vec<_>>()
+        );
+    }
+    // Recovery: the backend has the address again.
+    s.addresses()
+        .patch_status(
+            &a.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Bound"}})),
+        )
+        .await?;
+    s.bound(&name).await?;
+    Ok(None)
+}
+
+async fn invalid_parameters(s: &mut Suite<'_>) -> Result<Option<String>> {
+    let Some(params) = s.opts.invalid_parameters.clone() else {
+        return Ok(Some("no --invalid-parameters given".into()));
+    };
+    let name = format!("invalid-{}", s.sfx);
+    s.classes()
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"provisioner": s.class.spec.provisioner, "parameters": params}}))?,
+        )
+        .await?;
+    let result = async {
+        let classes = s.classes();
+        let reason = until("ParametersValid=False", s.opts.timeout, || async {
+            let c = classes.get(&name).await?;
+            Ok(condition(&c, driver::PARAMETERS_VALID)
+                .filter(|c| c.status == "False")
+                .map(|c| c.message.clone()))
+        })
+        .await?;
+        if reason.is_empty() {
+            bail!("ParametersValid=False without a reason");
+        }
+        let claim = format!("on-invalid-{}", s.sfx);
+        s.claim(&claim, json!({"className": name})).await?;
+        s.event(&claim, driver::INVALID_CLASS_PARAMETERS).await?;
+        if !s.naming(&claim).await?.is_empty() {
+            bail!("an address was made from a class with invalid parameters");
+        }
+        Ok(None)
+    }
+    .await;
+    let _ = clear_claims(s).await;
+    let _ = s.classes().delete(&name, &DeleteParams::default()).await;
+    result
+}
+
+/// Fills a small class's first family; returns the claims made, or why not.
+async fn fill(s: &mut Suite<'_>, prefix: &str) -> Result<Result<(Family, Vec<String>), String>> {
+    s.refresh_class().await?;
+    let Some(f) = s.families().first().copied() else {
+        return Ok(Err("no capacity".into()));
+    };
+    let cap = capacity(&s.class, f);
+    if cap > 16 {
+        return Ok(Err(format!(
+            "the class holds {cap} {f} addresses; exhaustion is tried on classes of at most 16"
+        )));
+    }
+    let used = s
+        .addresses()
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|a| {
+            a.spec.class_name == s.class.name_any() && family_of(&a.spec.address).ok() == Some(f)
+        })
+        .count() as i64;
+    let mut names = Vec::new();
+    for i in 0..(cap - used) {
+        let name = format!("{prefix}{i}-{}", s.sfx);
+        s.claim(
+            &name,
+            json!({"className": s.class.name_any(), "family": f.as_str()}),
+        )
+        .await?;
+        names.push(name);
+    }
+    for n in &names {
+        s.bound(n).await?;
+    }
+    Ok(Ok((f, names)))
+}
+
+async fn exhaustion(s: &mut Suite<'_>) -> Result<Option<String>> {
+    s.set_policy(ReclaimPolicy::Delete).await?;
+    let (f, names) = match fill(s, "full").await? {
+        Ok(x) => x,
+        Err(why) => return Ok(Some(why)),
+    };
+    let extra = format!("extra-{}", s.sfx);
+    s.claim(
+        &extra,
+        json!({"className": s.class.name_any(), "family": f.as_str()}),
+    )
+    .await?;
+    s.event(&extra, driver::EXHAUSTED_EVENT).await?;
+    let classes = s.classes();
+    let class_name = s.class.name_any();
+    until("the class Exhausted", s.opts.timeout, || async {
+        let c = classes.get(&class_name).await?;
+        Ok(condition(&c, driver::EXHAUSTED)
+            .is_some_and(|c| c.status == "True")
+            .then_some(()))
+    })
+    .await?;
+    // Recovery: a claim goes, its address (Delete) goes, the waiting claim gets one.
+    s.delete_claim(&names[0]).await?;
+    let c = s.bound(&extra).await?;
+    s.check_provisioned(&c).await?;
+    s.invariants().await?;
+    Ok(None)
+}
+
+async fn retain_keeps(s: &mut Suite<'_>) -> Result<Option<String>> {
+    s.set_policy(ReclaimPolicy::Retain).await?;
+    let (f, names) = match fill(s, "kept").await? {
+        Ok(x) => x,
+        Err(why) => return Ok(Some(why)),
+    };
+    let gone = &names[0];
+    let released = s.naming(gone).await?.remove(0).name_any();
+    s.delete_claim(gone).await?;
+    let waiting = format!("waiting-{}", s.sfx);
+    s.claim(
+        &waiting,
+        json!({"className": s.class.name_any(), "family": f.as_str()}),
+    )
+    .await?;
+    s.event(&waiting, driver::EXHAUSTED_EVENT).await?;
+    // The Released address keeps its IP out of the pool...
+    let a = s.addresses().get(&released).await?;
+    if a.status.and_then(|st| st.phase) != Some(address_controller_api::AddressPhase::Released) {
+        bail!("{released} is not Released under Retain");
+    }
+    // ...until an admin releases it: then the waiting claim gets it.
+    s.addresses()
+        .patch(
+            &released,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"claimRef": null}})),
+        )
+        .await?;
+    let c = s.bound(&waiting).await?;
+    let got: Vec<String> = c
+        .status
+        .iter()
+        .flat_map(|st| &st.addresses)
+        .map(|a| a.name.clone())
+        .collect();
+    if got != [released.clone()] {
+        bail!("the waiting claim got {got:?}, not the released {released}");
+    }
+    s.invariants().await?;
+    Ok(None)
+}
+
+async fn restart(s: &mut Suite<'_>) -> Result<Option<String>> {
+    let Some(restart) = s.opts.restart.as_ref() else {
+        return Ok(Some("no restart command given".into()));
+    };
+    let families = s.families();
+    let family = if families.len() == 2 {
+        "Dual"
+    } else {
+        families.first().map(|f| f.as_str()).unwrap_or("IPv4")
+    };
+    let names: Vec<String> = (0..3).map(|i| format!("restart{i}-{}", s.sfx)).collect();
+    for n in &names {
+        s.claim(
+            n,
+            json!({"className": s.class.name_any(), "family": family}),
+        )
+        .await?;
+    }
+    restart().await?;
+    for n in &names {
+        let c = s.bound(n).await?;
+        s.check_provisioned(&c).await?;
+    }
+    s.invariants().await?;
+    Ok(None)
+}
+
+async fn race(s: &mut Suite<'_>) -> Result<Option<String>> {
+    let Some(free_ip) = s.opts.race_address.clone() else {
+        return Ok(Some("no --race-address given".into()));
+    };
+    let f = family_of(&free_ip).map_err(|e| anyhow!("--race-address: {e}"))?;
+    let name = format!("race-{}", s.sfx);
+    s.claim(
+        &name,
+        json!({"className": s.class.name_any(), "family": f.as_str()}),
+    )
+    .await?;
+    // While the driver provisions, a free address of the class appears: the core binds it.
+    let api = s.claims();
+    until(
+        "the claim waiting for its driver",
+        s.opts.timeout,
+        || async {
+            let c = api.get(&name).await?;
+            Ok(c.status
+                .iter()
+                .flat_map(|st| &st.conditions)
+                .any(|c| c.reason == "WaitingForProvisioning")
+                .then_some(()))
+        },
+    )
+    .await?;
+    let static_name = format!("race-free-{}", s.sfx);
+    s.addresses()
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": static_name}, "spec": {"address": free_ip, "className": s.class.name_any(), "source": {"fromClass": {}}}}))?,
+        )
+        .await?;
+    let c = s.bound(&name).await?;
+    // A create the driver decided on before the bind may still be on its way.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Whoever won, one address per family per claim once things settle (a late create of
+    // the driver is released as surplus).
+    let api2 = s.claims();
+    until("one address per family", s.opts.timeout, || async {
+        let held: Vec<IPAddress> = s
+            .naming(&name)
+            .await?
+            .into_iter()
+            .filter(|a| {
+                a.metadata.deletion_timestamp.is_none()
+                    && a.status.as_ref().and_then(|st| st.phase)
+                        != Some(address_controller_api::AddressPhase::Released)
+            })
+            .collect();
+        Ok((held.len() == 1).then_some(()))
+    })
+    .await?;
+    let c = api2.get(&c.name_any()).await?;
+    let kept: Vec<String> = c
+        .status
+        .iter()
+        .flat_map(|st| &st.addresses)
+        .map(|a| a.name.clone())
+        .collect();
+    let others: Vec<String> = s
+        .naming(&name)
+        .await?
+        .iter()
+        .map(|a| a.name_any())
+        .filter(|n| !kept.contains(n))
+        .collect();
+    s.note = Some(if kept == [static_name.clone()] && !others.is_empty() {
+        format!(
+            "the core bound the free address; the driver's late create ({}) was released as surplus",
+            others.join(", ")
+        )
+    } else if kept == [static_name.clone()] {
+        "the core bound the free address before the driver created one".into()
+    } else {
+        "the driver's address won; the free address stays free".into()
+    });
+    s.invariants().await?;
+    Ok(None)
+}
