@@ -36,7 +36,7 @@ pub struct State {
 
 impl State {
     fn ready(&self) -> bool {
-        self.world.health.live() && self.authn.ready()
+        self.world.health.ready() && self.authn.ready()
     }
 }
 

@@ -167,8 +167,18 @@ impl Health {
         out
     }
 
-    pub fn live(&self) -> bool {
+    /// Every check passes: what `/readyz` reports.
+    pub fn ready(&self) -> bool {
         self.problems().is_empty()
+    }
+
+    /// The caches are live: every watch synced and heard from within the silence bound.
+    /// This alone gates acting — the extra checks (queues) only affect readiness: a stalled
+    /// queue must not stop the workers that would unstall it.
+    pub fn caches_live(&self) -> bool {
+        self.watches()
+            .iter()
+            .all(|w| w.synced() && w.silence() <= self.bounds.silence)
     }
 
     /// Restarts watches that are silent past the bound; runs for as long as the process.
@@ -206,7 +216,7 @@ mod tests {
             ["cache ConfigMap: initial list not complete"]
         );
         cache.health.mark_synced();
-        assert!(health.live());
+        assert!(health.ready() && health.caches_live());
         tokio::time::advance(Duration::from_secs(11)).await;
         assert!(
             health.problems()[0].contains("silent"),
@@ -218,7 +228,7 @@ mod tests {
         let q = Arc::new(crate::queue::Queue::<String>::new(Default::default()));
         health.queue("claims", q.clone(), || true);
         q.add("a".into());
-        assert!(health.live(), "fresh work is not a stall");
+        assert!(health.ready(), "fresh work is not a stall");
         tokio::time::advance(Duration::from_secs(6)).await;
         let p = health.problems();
         assert!(

@@ -253,6 +253,12 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         (s.ready.len(), s.delayed.len(), s.running.len())
     }
 
+    /// Workers start taking keys now (they could not before): what piled up meanwhile is not
+    /// a stall.
+    pub fn touch(&self) {
+        self.lock().last_take = Instant::now();
+    }
+
     /// Work is ready, yet no worker took any for longer than `bound`: the consumers are
     /// stuck (a worker hangs, or nobody polls the queue).
     pub fn stalled(&self, bound: Duration) -> bool {

@@ -46,18 +46,21 @@ pub struct Gate {
 
 impl Gate {
     pub fn may_act(&self) -> bool {
-        self.leadership.is_leader() && self.health.live()
+        self.leadership.is_leader() && self.health.caches_live()
     }
 
-    /// Resolves once the process may act.
-    pub async fn ready(&self) {
+    /// Resolves once the process may act; true when it had to wait.
+    pub async fn ready(&self) -> bool {
+        let mut waited = false;
         while !self.may_act() {
+            waited = true;
             tokio::select! {
                 () = self.leadership.changed() => {}
                 // Liveness has no change notification; this only runs while not acting.
                 () = tokio::time::sleep(Duration::from_millis(250)) => {}
             }
         }
+        waited
     }
 }
 
@@ -89,7 +92,11 @@ pub async fn run<K, F, Fut, E>(
         );
         set.spawn(async move {
             loop {
-                gate.ready().await;
+                if gate.ready().await {
+                    // Keys piled up while this process could not act (a follower's queue):
+                    // the stall clock starts now, not when they arrived.
+                    queue.touch();
+                }
                 let Some(key) = queue.next().await else {
                     return;
                 };
@@ -200,6 +207,57 @@ mod tests {
         let mut got = seen.lock().unwrap().clone();
         got.sort();
         assert_eq!(got, ["flaky", "flaky", "flaky", "gone", "ok"]);
+        queue.shut_down();
+        runner.await.unwrap();
+    }
+
+    /// A follower's queue fills for longer than the stall bound; when it becomes the leader
+    /// its workers act (they must not wait for a readiness that only their work restores).
+    #[tokio::test(start_paused = true)]
+    async fn a_new_leader_works_off_what_piled_up_as_a_follower() {
+        let leadership = Leadership::follower();
+        let health = Health::new(Bounds {
+            silence: Duration::from_secs(3600),
+            stall: Duration::from_secs(60),
+        });
+        let queue = Arc::new(Queue::<String>::new(Default::default()));
+        {
+            let (l, q) = (leadership.clone(), queue.clone());
+            health.queue("claims", q, move || l.is_leader());
+        }
+        let done = Arc::new(Mutex::new(0));
+        let runner = {
+            let done = done.clone();
+            tokio::spawn(run(
+                "test",
+                queue.clone(),
+                2,
+                Gate {
+                    leadership: leadership.clone(),
+                    health: health.clone(),
+                },
+                move |_k: String| {
+                    let done = done.clone();
+                    async move {
+                        *done.lock().unwrap() += 1;
+                        Ok::<_, E>(Outcome::Done)
+                    }
+                },
+                Arc::new(|_, _, _| {}),
+            ))
+        };
+        queue.add_all((0..10).map(|i| format!("k{i}")));
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        assert_eq!(*done.lock().unwrap(), 0, "a follower does nothing");
+        assert!(health.ready(), "a follower's idle queue is not a stall");
+        leadership_set(&leadership, true);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            *done.lock().unwrap(),
+            10,
+            "the new leader works the backlog off"
+        );
+        assert!(health.ready(), "{:?}", health.problems());
         queue.shut_down();
         runner.await.unwrap();
     }

@@ -239,7 +239,9 @@ fn apiserver_pid() -> String {
 async fn caches_stay_live_on_leader_and_follower_under_churn_and_an_apiserver_restart() {
     let mut e = env("churn").await;
     let lease = format!("churn-{}", e.sfx);
-    let (mut a, mut b) = two_replicas(&mut e, &lease, &[]).await;
+    // A short stall bound: the follower idles past it before it takes over, and must then
+    // work off what piled up (a stalled queue must not stop the workers that unstall it).
+    let (mut a, mut b) = two_replicas(&mut e, &lease, &["--queue-stall-bound", "10s"]).await;
     let class = e
         .class("pool", json!({"spec": {"releaseDelay": "2s"}}))
         .await;
