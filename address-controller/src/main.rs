@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use address_controller_apiserver::authn::Authenticator;
 use address_controller_apiserver::authz::Authorizer;
+use address_controller_apiserver::metrics::ApiMetrics;
+use address_controller_apiserver::resources;
+use address_controller_apiserver::store::ViewStore;
 use address_controller_apiserver::tls;
 use address_controller_controller::context::Context;
 use address_controller_controller::metrics::Metrics;
@@ -108,6 +111,14 @@ struct ApiServerArgs {
         default_value = "0.0.0.0:8443"
     )]
     metrics_address: String,
+    /// Changes of the views kept for watches to resume from; a watch further behind lists
+    /// again (410 Expired).
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_VIEW_HISTORY",
+        default_value_t = 10_000
+    )]
+    view_history: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -163,7 +174,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         // Handlers first: they must see the initial lists.
         run::register(&ctx);
     }
+    // The views' store too: it keeps its indexes from the caches' changes.
+    let views = args.apiserver.enabled.then(|| {
+        let store = ViewStore::new(world.clone(), resources::all(), args.apiserver.view_history);
+        store.register();
+        store
+    });
     world.watch(&client, args.liveness.watch_config(), &mut tasks);
+    if let Some(store) = &views {
+        tasks.spawn_forever("view store", store.clone().run());
+    }
 
     // The TLS endpoints (views, secure metrics) share the serving certificate and the
     // delegated authentication and authorization.
@@ -183,11 +203,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let authn = Authenticator::new(client.clone());
         let authz = Arc::new(Authorizer::new(client.clone()));
         tasks.spawn_forever("front-proxy settings watch", authn.clone().watch_config());
-        if args.apiserver.enabled {
+        if let Some(store) = views {
             let state = Arc::new(address_controller_apiserver::State {
-                world: world.clone(),
+                store,
                 authn: authn.clone(),
                 authz: authz.clone(),
+                metrics: ApiMetrics::new(&metrics.registry)?,
             });
             let serve = address_controller_apiserver::serve_tls(
                 args.apiserver.apiserver_address,

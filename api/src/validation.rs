@@ -27,7 +27,12 @@ pub fn is_dns1123_label(s: &str) -> bool {
 }
 
 pub fn is_dns1123_subdomain(s: &str) -> bool {
-    s.len() <= DNS1123_SUBDOMAIN_MAX as usize && s.split('.').all(label_ok)
+    s.len() <= DNS1123_SUBDOMAIN_MAX as usize && is_dns1123_subdomain_text(s)
+}
+
+/// The subdomain pattern alone, whatever the length (apimachinery reports the two apart).
+pub fn is_dns1123_subdomain_text(s: &str) -> bool {
+    s.split('.').all(label_ok)
 }
 
 #[cfg(test)]

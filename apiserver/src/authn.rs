@@ -3,9 +3,9 @@
 //! against the allowed names BEFORE any `X-Remote-*` header is read; bearer tokens go to
 //! TokenReview; a request with neither is anonymous; a bad certificate or token is 401.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 
 use http::HeaderMap;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
@@ -192,34 +192,32 @@ impl FrontProxy {
 }
 
 fn percent_decode(s: &str) -> String {
-    let mut out = Vec::new();
-    let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%'
-            && let Some(v) = b
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-        {
-            out.push(v);
-            i += 3;
-            continue;
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// Authentication state: the watched front-proxy settings and a TokenReview cache.
 pub struct Authenticator {
     client: Client,
     front_proxy: RwLock<Option<Arc<FrontProxy>>>,
-    tokens: Mutex<HashMap<String, (Instant, Option<UserInfo>)>>,
+    /// Review results by the SHA-256 of the token (never the token itself): bounded in size
+    /// and time, concurrent reviews of one token made once. A failed review is not kept.
+    tokens: moka::future::Cache<[u8; 32], Option<UserInfo>>,
 }
 
 const TOKEN_TTL: Duration = Duration::from_secs(10);
+/// Most tokens kept: a flood of distinct tokens cannot grow memory past this.
+const TOKEN_CAPACITY: u64 = 10_000;
+/// Longest wait for a TokenReview.
+const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn token_digest(token: &str) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AuthnError {
@@ -231,7 +229,10 @@ impl Authenticator {
         Arc::new(Authenticator {
             client,
             front_proxy: RwLock::new(None),
-            tokens: Mutex::new(HashMap::new()),
+            tokens: moka::future::Cache::builder()
+                .max_capacity(TOKEN_CAPACITY)
+                .time_to_live(TOKEN_TTL)
+                .build(),
         })
     }
 
@@ -321,15 +322,16 @@ impl Authenticator {
     }
 
     async fn review(&self, token: &str) -> Option<UserInfo> {
-        if let Some((at, user)) = self
-            .tokens
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(token)
-            && at.elapsed() < TOKEN_TTL
-        {
-            return user.clone();
-        }
+        self.tokens
+            .try_get_with(token_digest(token), self.token_review(token))
+            .await
+            .unwrap_or_else(|e: Arc<String>| {
+                tracing::warn!(error = %e, "TokenReview failed");
+                None
+            })
+    }
+
+    async fn token_review(&self, token: &str) -> Result<Option<UserInfo>, String> {
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: token.to_string(),
@@ -337,28 +339,25 @@ impl Authenticator {
             },
             ..Default::default()
         };
-        let result = Api::<TokenReview>::all(self.client.clone())
-            .create(&PostParams::default(), &review)
-            .await;
-        let user = match result {
-            Ok(r) => r
-                .status
-                .filter(|s| s.authenticated == Some(true))
-                .and_then(|s| s.user)
-                .map(|u| UserInfo {
-                    name: u.username.unwrap_or_default(),
-                    uid: u.uid,
-                    groups: u.groups.unwrap_or_default(),
-                    extra: u.extra.unwrap_or_default(),
-                }),
-            Err(e) => {
-                tracing::warn!(error = %e, "TokenReview failed");
-                return None; // not cached: a transient failure
-            }
-        };
-        let mut cache = self.tokens.lock().unwrap_or_else(PoisonError::into_inner);
-        cache.retain(|_, (at, _)| at.elapsed() < TOKEN_TTL);
-        cache.insert(token.to_string(), (Instant::now(), user.clone()));
-        user
+        let api = Api::<TokenReview>::all(self.client.clone());
+        let r = tokio::time::timeout(REVIEW_TIMEOUT, api.create(&PostParams::default(), &review))
+            .await
+            .map_err(|_| format!("timed out after {REVIEW_TIMEOUT:?}"))?
+            .map_err(|e| e.to_string())?;
+        Ok(r.status
+            .filter(|s| s.authenticated == Some(true))
+            .and_then(|s| s.user)
+            .map(|u| UserInfo {
+                name: u.username.unwrap_or_default(),
+                uid: u.uid,
+                groups: u.groups.unwrap_or_default(),
+                extra: u.extra.unwrap_or_default(),
+            }))
+    }
+
+    /// Tokens held in the cache (for tests).
+    pub async fn cached_tokens(&self) -> u64 {
+        self.tokens.run_pending_tasks().await;
+        self.tokens.entry_count()
     }
 }

@@ -2,9 +2,7 @@
 //! (verb, group, version, resource, subresource, namespace, name; or a non-resource path),
 //! `system:masters` allowed without a review, and decisions cached briefly.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::authorization::v1::{
     NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
@@ -34,31 +32,71 @@ pub enum Attributes {
 
 pub struct Authorizer {
     client: Client,
-    cache: Mutex<HashMap<(UserInfo, Attributes), (Instant, bool)>>,
+    /// Decisions by a hash of (user, attributes): bounded in size and time; concurrent
+    /// identical reviews are made once.
+    cache: moka::future::Cache<[u8; 32], bool>,
+}
+
+/// Most decisions kept.
+const CAPACITY: u64 = 50_000;
+/// Longest wait for a SubjectAccessReview.
+const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuthzError {
+    #[error("SubjectAccessReview: {0}")]
+    Review(#[from] kube::Error),
+    #[error("SubjectAccessReview timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+/// A digest of what a decision depends on.
+fn cache_key(user: &UserInfo, attrs: &Attributes) -> [u8; 32] {
+    let text = serde_json::json!([
+        user.name,
+        user.uid,
+        user.groups,
+        user.extra,
+        format!("{attrs:?}")
+    ])
+    .to_string();
+    let d = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
 }
 
 impl Authorizer {
     pub fn new(client: Client) -> Self {
         Authorizer {
             client,
-            cache: Mutex::new(HashMap::new()),
+            cache: moka::future::Cache::builder()
+                .max_capacity(CAPACITY)
+                .time_to_live(TTL)
+                .build(),
         }
     }
 
-    pub async fn allowed(&self, user: &UserInfo, attrs: &Attributes) -> Result<bool, kube::Error> {
+    /// Decisions held (for tests).
+    pub async fn cached(&self) -> u64 {
+        self.cache.run_pending_tasks().await;
+        self.cache.entry_count()
+    }
+
+    pub async fn allowed(
+        &self,
+        user: &UserInfo,
+        attrs: &Attributes,
+    ) -> Result<bool, std::sync::Arc<AuthzError>> {
         if user.groups.iter().any(|g| g == "system:masters") {
             return Ok(true);
         }
-        let key = (user.clone(), attrs.clone());
-        if let Some((at, allowed)) = self
-            .cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&key)
-            && at.elapsed() < TTL
-        {
-            return Ok(*allowed);
-        }
+        self.cache
+            .try_get_with(cache_key(user, attrs), self.review(user, attrs))
+            .await
+    }
+
+    async fn review(&self, user: &UserInfo, attrs: &Attributes) -> Result<bool, AuthzError> {
         let mut spec = SubjectAccessReviewSpec {
             user: Some(user.name.clone()),
             uid: user.uid.clone(),
@@ -76,8 +114,8 @@ impl Authorizer {
             } => {
                 spec.resource_attributes = Some(ResourceAttributes {
                     verb: Some(verb.clone()),
-                    group: Some(crate::views::GROUP.into()),
-                    version: Some(crate::views::VERSION.into()),
+                    group: Some(crate::GROUP.into()),
+                    version: Some(crate::VERSION.into()),
                     resource: Some(resource.clone()),
                     subresource: Some(subresource.clone()).filter(|s| !s.is_empty()),
                     namespace: namespace.clone(),
@@ -96,15 +134,13 @@ impl Authorizer {
             spec,
             ..Default::default()
         };
-        let result = Api::<SubjectAccessReview>::all(self.client.clone())
-            .create(&PostParams::default(), &review)
-            .await?;
-        let allowed = result
+        let api = Api::<SubjectAccessReview>::all(self.client.clone());
+        let result =
+            tokio::time::timeout(REVIEW_TIMEOUT, api.create(&PostParams::default(), &review))
+                .await
+                .map_err(|_| AuthzError::Timeout(REVIEW_TIMEOUT))??;
+        Ok(result
             .status
-            .is_some_and(|s| s.allowed && s.denied != Some(true));
-        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        cache.retain(|_, (at, _)| at.elapsed() < TTL);
-        cache.insert(key, (Instant::now(), allowed));
-        Ok(allowed)
+            .is_some_and(|s| s.allowed && s.denied != Some(true)))
     }
 }

@@ -1,50 +1,107 @@
 //! The aggregated API server for `view.local.sdn.cozystack.io/v1alpha1` (SPEC §9): read-only
-//! views computed from the controller's in-memory caches, served over TLS behind
-//! kube-apiserver's aggregation layer with delegated authentication and authorization.
+//! views materialized from the controller's in-memory caches ([`store`]), served over TLS
+//! behind kube-apiserver's aggregation layer with delegated authentication and
+//! authorization, answering as kube-apiserver answers for a custom resource of the same
+//! shape (list options, selectors, paging, watch, content negotiation, errors).
+//!
+//! One module per concern: [`request`] (what a request asks for), [`selector`],
+//! [`negotiate`], [`render`], [`serve`] (list/get/subresources), [`watch`], [`store`]
+//! (materialized views and their change history), [`resources`] (one module per view),
+//! [`discovery`], [`openapi`], [`authn`]/[`authz`] (delegated, cached), [`metrics`].
 
 pub mod authn;
 pub mod authz;
-pub mod handlers;
+pub mod discovery;
+pub mod metrics;
+pub mod negotiate;
 pub mod openapi;
-pub mod registry;
+pub mod render;
+pub mod request;
+pub mod resources;
+pub mod selector;
+pub mod serve;
 pub mod status;
+pub mod store;
 pub mod tls;
-pub mod views;
 pub mod watch;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
-use address_controller_runtime::world::World;
 use axum::Router;
 use axum::extract::Request;
-use axum::http::{Method, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
+use axum::routing::any;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tower::ServiceExt;
 
-use crate::authn::{Authenticator, PeerCerts};
+use crate::authn::{Authenticator, PeerCerts, UserInfo};
 use crate::authz::{Attributes, Authorizer};
+use crate::metrics::ApiMetrics;
+use crate::request::{Query, RequestInfo};
 use crate::status::ApiError;
+use crate::store::ViewStore;
+
+/// The API group of the views.
+pub const GROUP: &str = "view.local.sdn.cozystack.io";
+/// Its one version.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` of the views' objects.
+pub const API_VERSION: &str = "view.local.sdn.cozystack.io/v1alpha1";
 
 /// Shared state of the server.
 pub struct State {
-    pub world: World,
+    pub store: Arc<ViewStore>,
     pub authn: Arc<Authenticator>,
     pub authz: Arc<Authorizer>,
+    pub metrics: ApiMetrics,
 }
 
 impl State {
+    /// Serving: the views are built from caches that are live, and the front-proxy
+    /// settings are loaded.
     fn ready(&self) -> bool {
-        self.world.health.ready() && self.authn.ready()
+        self.store.built() && self.store.world.health.ready() && self.authn.ready()
     }
 }
 
 /// The router. Requests carry the TLS peer's certificates as a [`PeerCerts`] extension.
 pub fn router(state: Arc<State>) -> Router {
+    let api = Router::new()
+        .route("/apis", any(apis))
+        .route("/apis/{group}", any(group))
+        .route("/apis/{group}/{version}", any(group_version))
+        .route("/openapi/v2", any(openapi_v2))
+        .route("/openapi/v3", any(openapi_v3_index))
+        .route("/openapi/v3/apis/{group}/{version}", any(openapi_v3))
+        .route("/apis/{group}/{version}/{resource}", any(serve::collection))
+        .route(
+            "/apis/{group}/{version}/{resource}/{name}",
+            any(serve::item),
+        )
+        .route(
+            "/apis/{group}/{version}/{resource}/{name}/{sub}",
+            any(serve::sub),
+        )
+        .route(
+            "/apis/{group}/{version}/namespaces/{namespace}/{resource}",
+            any(serve::collection_ns),
+        )
+        .route(
+            "/apis/{group}/{version}/namespaces/{namespace}/{resource}/{name}",
+            any(serve::item_ns),
+        )
+        .route(
+            "/apis/{group}/{version}/namespaces/{namespace}/{resource}/{name}/{sub}",
+            any(serve::sub_ns),
+        )
+        .fallback(|| async { serve::page_not_found() })
+        .with_state(state.clone());
     Router::new().fallback(move |req: Request| {
-        let state = state.clone();
-        async move { handle(state, req).await }
+        let (state, api) = (state.clone(), api.clone());
+        async move { handle(state, api, req).await }
     })
 }
 
@@ -60,7 +117,26 @@ fn plain(code: StatusCode, body: &'static str) -> Response {
         .into_response()
 }
 
-async fn handle(state: Arc<State>, req: Request) -> Response {
+/// `/apis/g/v/things/` is `/apis/g/v/things` (kube-apiserver answers both).
+fn without_trailing_slash(uri: &Uri) -> Option<Uri> {
+    let path = uri.path();
+    if path.len() <= 1 || !path.ends_with('/') {
+        return None;
+    }
+    let trimmed = path.trim_end_matches('/');
+    let pq = match uri.query() {
+        Some(q) => format!("{trimmed}?{q}"),
+        None => trimmed.to_string(),
+    };
+    pq.parse().ok()
+}
+
+/// Probes, then authentication, authorization, and the request itself; every request
+/// counted in the metrics by verb, resource and code.
+async fn handle(state: Arc<State>, api: Router, mut req: Request) -> Response {
+    if let Some(uri) = without_trailing_slash(req.uri()) {
+        *req.uri_mut() = uri;
+    }
     let path = req.uri().path().to_string();
     // Probes: always allowed, never authenticated (kubelet probes are anonymous).
     match path.as_str() {
@@ -71,110 +147,240 @@ async fn handle(state: Arc<State>, req: Request) -> Response {
             } else {
                 plain(
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    "[-]caches failed: reason withheld\nreadyz check failed",
+                    "[-]views failed: reason withheld\nreadyz check failed",
                 )
             };
         }
         _ => {}
     }
+    let started = Instant::now();
+    let query = Query::parse(req.uri().query());
+    let info = RequestInfo::parse(req.method(), &path, &query);
+    let (verb, resource) = metric_labels(&state, req.method(), info.as_ref());
+    let watch = info.as_ref().is_some_and(|i| i.verb == "watch");
     let peer = req
         .extensions()
         .get::<PeerCerts>()
         .cloned()
         .unwrap_or_default();
-    let user = match state.authn.authenticate(&peer, req.headers()).await {
+    let response = authorized(&state, &peer, req.method(), req.headers(), &path, info).await;
+    // Errors come in the encoding the client asked for, as kube-apiserver's do.
+    let yaml = negotiate::negotiate(
+        req.headers()
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok()),
+    )
+    .ok()
+        == Some(negotiate::Format::Yaml);
+    let response = match response {
+        Ok(()) => match api.oneshot(req).await {
+            Ok(r) => r,
+            Err(never) => match never {},
+        },
+        Err(denied) => denied,
+    };
+    let response = if yaml && response.status().as_u16() >= 400 {
+        status_as_yaml(response).await
+    } else {
+        response
+    };
+    let code = response.status().as_u16();
+    state
+        .metrics
+        .observe(verb, &resource, code, started.elapsed());
+    if !watch {
+        tracing::debug!(%path, code, took = ?started.elapsed(), "request");
+    }
+    response
+}
+
+/// A JSON Status answer re-encoded as YAML.
+async fn status_as_yaml(response: Response) -> Response {
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, 1 << 20).await else {
+        return ApiError::internal("error encoding the response").into_response();
+    };
+    let yaml = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| serde_yaml::to_string(&v).ok());
+    match yaml {
+        Some(y) => {
+            parts.headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/yaml"),
+            );
+            parts.headers.remove(header::CONTENT_LENGTH);
+            Response::from_parts(parts, axum::body::Body::from(y))
+        }
+        None => Response::from_parts(parts, axum::body::Body::from(bytes)),
+    }
+}
+
+/// Bounded metric labels: the verb, and the resource (`plural` or `plural/sub`) when it is
+/// one of ours, `other` for any other resource path, empty for non-resource paths.
+fn metric_labels(
+    state: &State,
+    method: &Method,
+    info: Option<&RequestInfo>,
+) -> (&'static str, String) {
+    let Some(info) = info else {
+        return (
+            if *method == Method::GET || *method == Method::HEAD {
+                "get"
+            } else {
+                "other"
+            },
+            String::new(),
+        );
+    };
+    let resource = state
+        .store
+        .views
+        .iter()
+        .map(|v| v.info())
+        .find(|r| r.plural == info.resource)
+        .map_or_else(
+            || "other".to_string(),
+            |r| match &info.subresource {
+                None => r.plural.to_string(),
+                Some(s) if r.subresources.iter().any(|x| x.name == s) => {
+                    format!("{}/{s}", r.plural)
+                }
+                Some(_) => "other".to_string(),
+            },
+        );
+    (info.verb, resource)
+}
+
+/// Authentication and authorization of a request: `Err` is the answer (401/403/503).
+async fn authorized(
+    state: &State,
+    peer: &PeerCerts,
+    method: &Method,
+    headers: &axum::http::HeaderMap,
+    path: &str,
+    info: Option<RequestInfo>,
+) -> Result<(), Response> {
+    let user = match state.authn.authenticate(peer, headers).await {
         Ok(u) => u,
         Err(authn::AuthnError::Unauthorized(why)) => {
             tracing::debug!(%path, why, "unauthorized");
-            return ApiError::unauthorized().into_response();
+            return Err(ApiError::unauthorized().into_response());
         }
     };
-    let method = req.method().clone();
-    let target = handlers::parse_path(&path);
-    let query = handlers::query_map(req.uri());
-    let attrs = match &target {
-        Some(t) => Attributes::Resource {
-            verb: handlers::verb(&method, t, &query).to_string(),
-            resource: t.resource.clone(),
-            subresource: t.subresource.clone().unwrap_or_default(),
-            namespace: t.namespace.clone(),
-            name: t.name.clone(),
+    let attrs = match info {
+        Some(i) => Attributes::Resource {
+            verb: i.verb.to_string(),
+            resource: i.resource,
+            subresource: i.subresource.unwrap_or_default(),
+            namespace: i.namespace,
+            name: i.name,
         },
         None => Attributes::Path {
-            verb: if method == Method::GET || method == Method::HEAD {
+            verb: if *method == Method::GET || *method == Method::HEAD {
                 "get".into()
             } else {
                 method.as_str().to_lowercase()
             },
-            path: path.clone(),
+            path: path.to_string(),
         },
     };
-    match state.authz.allowed(&user, &attrs).await {
-        Ok(true) => {}
-        Ok(false) => {
-            return match &attrs {
-                Attributes::Resource {
-                    verb,
-                    resource,
-                    subresource,
-                    namespace,
-                    name,
-                } => ApiError::forbidden(
-                    &user.name,
-                    verb,
-                    resource,
-                    subresource,
-                    namespace.as_deref(),
-                    name.as_deref(),
-                ),
-                Attributes::Path { verb, path } => ApiError::forbidden_path(&user.name, verb, path),
-            }
-            .into_response();
+    decide(state.authz.as_ref(), &user, &attrs).await
+}
+
+async fn decide(authz: &Authorizer, user: &UserInfo, attrs: &Attributes) -> Result<(), Response> {
+    match authz.allowed(user, attrs).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(match attrs {
+            Attributes::Resource {
+                verb,
+                resource,
+                subresource,
+                namespace,
+                name,
+                ..
+            } => ApiError::forbidden(
+                &user.name,
+                verb,
+                resource,
+                subresource,
+                namespace.as_deref(),
+                name.as_deref(),
+            ),
+            Attributes::Path { verb, path } => ApiError::forbidden_path(&user.name, verb, path),
         }
+        .into_response()),
         Err(e) => {
             tracing::warn!(error = %e, "SubjectAccessReview failed");
-            return ApiError::unavailable("authorization is unavailable").into_response();
+            Err(ApiError::unavailable("authorization is unavailable").into_response())
         }
     }
-    if !state.world.health.synced() {
-        return ApiError::unavailable("caches are not synced yet").into_response();
+}
+
+fn json_with(content_type: &'static str, body: &serde_json::Value) -> Response {
+    let mut r = axum::Json(body).into_response();
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+async fn apis(
+    axum::extract::State(state): axum::extract::State<Arc<State>>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if accept.contains("as=APIGroupDiscoveryList") && accept.contains("v=v2") {
+        json_with(
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+            &discovery::aggregated(&state.store.views),
+        )
+    } else {
+        axum::Json(discovery::api_group_list()).into_response()
     }
-    let headers = req.headers().clone();
-    let uri = req.uri().clone();
-    let group = format!("/apis/{}", views::GROUP);
-    let version = format!("{group}/{}", views::VERSION);
-    match (target, path.trim_end_matches('/')) {
-        (Some(t), _) => handlers::serve(&state, &method, &uri, &headers, &t),
-        (None, "/apis") => {
-            let accept = headers
-                .get(header::ACCEPT)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("");
-            if accept.contains("as=APIGroupDiscoveryList") && accept.contains("v=v2") {
-                let body =
-                    serde_json::to_vec(&registry::aggregated_discovery()).unwrap_or_default();
-                (
-                    StatusCode::OK,
-                    [(
-                        header::CONTENT_TYPE,
-                        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
-                    )],
-                    body,
-                )
-                    .into_response()
-            } else {
-                axum::Json(registry::api_group_list()).into_response()
-            }
-        }
-        (None, p) if p == group => axum::Json(registry::api_group()).into_response(),
-        (None, "/openapi/v2") => axum::Json(openapi::v2()).into_response(),
-        (None, "/openapi/v3") => axum::Json(openapi::v3_index()).into_response(),
-        (None, p) if p == format!("/openapi/v3{group}/{}", views::VERSION) => {
-            axum::Json(openapi::v3()).into_response()
-        }
-        (None, p) if p == version => axum::Json(registry::api_resource_list()).into_response(),
-        _ => ApiError::path_not_found().into_response(),
+}
+
+async fn group(axum::extract::Path(g): axum::extract::Path<String>) -> Response {
+    if g != GROUP {
+        return serve::page_not_found();
     }
+    axum::Json(discovery::api_group()).into_response()
+}
+
+async fn group_version(
+    axum::extract::State(state): axum::extract::State<Arc<State>>,
+    axum::extract::Path((g, v)): axum::extract::Path<(String, String)>,
+) -> Response {
+    if g != GROUP || v != VERSION {
+        return serve::page_not_found();
+    }
+    axum::Json(discovery::api_resource_list(&state.store.views)).into_response()
+}
+
+async fn openapi_v2() -> Response {
+    axum::Json(openapi::v2()).into_response()
+}
+
+async fn openapi_v3_index() -> Response {
+    axum::Json(openapi::v3_index()).into_response()
+}
+
+async fn openapi_v3(
+    axum::extract::Path((g, v)): axum::extract::Path<(String, String)>,
+) -> Response {
+    if g != GROUP || v != VERSION {
+        return serve::page_not_found();
+    }
+    axum::Json(openapi::v3()).into_response()
 }
 
 /// Serves `app` over TLS on `addr` until `shutdown` resolves.
@@ -247,7 +453,7 @@ pub fn metrics_router(
         async move {
             let path = req.uri().path().to_string();
             if path != "/metrics" {
-                return ApiError::path_not_found().into_response();
+                return serve::page_not_found();
             }
             let peer = req
                 .extensions()
@@ -262,18 +468,14 @@ pub fn metrics_router(
                 verb: "get".into(),
                 path: path.clone(),
             };
-            match authz.allowed(&user, &attrs).await {
-                Ok(true) => (
+            match decide(&authz, &user, &attrs).await {
+                Ok(()) => (
                     StatusCode::OK,
                     [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
                     render(),
                 )
                     .into_response(),
-                Ok(false) => ApiError::forbidden_path(&user.name, "get", &path).into_response(),
-                Err(e) => {
-                    tracing::warn!(error = %e, "SubjectAccessReview failed");
-                    ApiError::unavailable("authorization is unavailable").into_response()
-                }
+                Err(denied) => denied,
             }
         }
     })

@@ -1,78 +1,77 @@
-//! The OpenAPI documents of the views (v2 and v3), generated from the view types with
-//! schemars. `make manifests` writes them under `openapi/`; a test fails when the
+//! The OpenAPI documents of the views (v2 and v3), generated from the resource modules'
+//! types with schemars. `make manifests` writes them under `openapi/`; a test fails when the
 //! committed files differ. The server serves the same documents.
+//!
+//! kube-apiserver merges the v2 document into the cluster's own `/openapi/v2` and converts
+//! the result to protobuf: one schema keyword Swagger 2.0 does not know (`anyOf`,
+//! `nullable`, a list of types) makes that conversion — and so `/openapi/v2` for the whole
+//! cluster — fail. The v2 document is therefore generated without OpenAPI 3 constructs,
+//! cleaned of any left, and checked against Swagger 2.0's schema keywords by a test.
 
-use schemars::SchemaGenerator;
 use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value, json};
 
-use crate::registry::RESOURCES;
-use crate::views::{GROUP, NamespaceAddressRecords, NamespaceAddresses, PoolAvailability, VERSION};
+use crate::resources::{self, View};
+use crate::{GROUP, VERSION};
 
 /// Reverse-DNS prefix of the schema names (the Kubernetes convention).
 const PREFIX: &str = "io.cozystack.sdn.local.view.v1alpha1";
 
-/// A kind and how to generate its schema.
-type KindSchema = (&'static str, fn(&mut SchemaGenerator) -> schemars::Schema);
-
-fn kinds() -> [KindSchema; 3] {
-    [
-        ("NamespaceAddresses", |g| {
-            g.subschema_for::<NamespaceAddresses>()
-        }),
-        ("NamespaceAddressRecords", |g| {
-            g.subschema_for::<NamespaceAddressRecords>()
-        }),
-        ("PoolAvailability", |g| {
-            g.subschema_for::<PoolAvailability>()
-        }),
-    ]
+/// The kinds the views serve.
+fn kinds(views: &[std::sync::Arc<dyn View>]) -> Vec<&'static str> {
+    let mut g = SchemaSettings::openapi3().into_generator();
+    views
+        .iter()
+        .flat_map(|v| v.schemas(&mut g))
+        .map(|(k, _)| k)
+        .collect()
 }
 
 /// Schemas of the kinds and everything they reference, with refs under `ref_prefix`.
 fn schemas(settings: SchemaSettings, ref_prefix: &str) -> Map<String, Value> {
+    let views = resources::all();
+    let kinds = kinds(&views);
     let mut generator = settings.into_generator();
-    for (_, schema) in kinds() {
-        let _ = schema(&mut generator);
+    for v in &views {
+        let _ = v.schemas(&mut generator);
     }
     let defs = generator.take_definitions(true);
     let mut out = Map::new();
     for (name, mut schema) in defs {
-        let full = if kinds().iter().any(|(k, _)| *k == name) {
+        let is_kind = kinds.contains(&name.as_str());
+        let full = if is_kind {
             format!("{PREFIX}.{name}")
         } else {
             name.clone()
         };
-        if let Some(obj) = schema.as_object_mut()
-            && kinds().iter().any(|(k, _)| *k == name)
-        {
+        if is_kind && let Some(obj) = schema.as_object_mut() {
             obj.insert(
                 "x-kubernetes-group-version-kind".into(),
                 json!([{"group": GROUP, "version": VERSION, "kind": name}]),
             );
         }
-        rewrite_refs(&mut schema, ref_prefix);
+        rewrite_refs(&mut schema, ref_prefix, &kinds);
         out.insert(full, schema);
     }
     out
 }
 
 /// schemars names the kinds by their Rust names; the documents use the prefixed ones.
-fn rewrite_refs(v: &mut Value, prefix: &str) {
+fn rewrite_refs(v: &mut Value, prefix: &str, kinds: &[&str]) {
     match v {
         Value::Object(o) => {
             if let Some(Value::String(r)) = o.get_mut("$ref") {
                 let name = r.rsplit('/').next().unwrap_or_default().to_string();
-                let full = if kinds().iter().any(|(k, _)| *k == name) {
+                let full = if kinds.contains(&name.as_str()) {
                     format!("{PREFIX}.{name}")
                 } else {
                     name
                 };
                 *r = format!("{prefix}{full}");
             }
-            o.values_mut().for_each(|x| rewrite_refs(x, prefix));
+            o.values_mut().for_each(|x| rewrite_refs(x, prefix, kinds));
         }
-        Value::Array(a) => a.iter_mut().for_each(|x| rewrite_refs(x, prefix)),
+        Value::Array(a) => a.iter_mut().for_each(|x| rewrite_refs(x, prefix, kinds)),
         _ => {}
     }
 }
@@ -80,7 +79,8 @@ fn rewrite_refs(v: &mut Value, prefix: &str) {
 fn paths(ref_prefix: &str) -> Map<String, Value> {
     let mut paths = Map::new();
     let base = format!("/apis/{GROUP}/{VERSION}");
-    for r in RESOURCES {
+    for v in resources::all() {
+        let r = v.info();
         let schema = json!({"$ref": format!("{ref_prefix}{PREFIX}.{}", r.kind)});
         // kubectl explain finds the kind of a resource from these operation extensions.
         let op = |id: &str, desc: &str, action: &str| {
@@ -104,11 +104,11 @@ fn paths(ref_prefix: &str) -> Map<String, Value> {
             json!({"get": op(&format!("list{}", r.kind), &format!("list {}", r.plural), "list")}),
         );
         paths.insert(item_path.clone(), json!({"get": op(&format!("read{}", r.kind), &format!("read one {}", r.singular), "get")}));
-        for (sub, kind, _) in r.subresources {
-            let s = json!({"$ref": format!("{ref_prefix}{PREFIX}.{kind}")});
-            paths.insert(format!("{item_path}/{sub}"), json!({"get": {"operationId": format!("read{}{}", r.kind, kind),
-                "description": format!("read the {sub} of one {}", r.singular), "tags": [format!("{GROUP}_{VERSION}")],
-                "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": s}}}}}}));
+        for s in r.subresources {
+            let schema = json!({"$ref": format!("{ref_prefix}{PREFIX}.{}", s.kind)});
+            paths.insert(format!("{item_path}/{}", s.name), json!({"get": {"operationId": format!("read{}{}", r.kind, s.kind),
+                "description": format!("read the {} of one {}", s.name, r.singular), "tags": [format!("{GROUP}_{VERSION}")],
+                "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": schema}}}}}}));
         }
     }
     paths
@@ -122,13 +122,17 @@ pub fn v3() -> Value {
         "paths": paths("#/components/schemas/"), "components": {"schemas": schemas(settings, "#/components/schemas/")}})
 }
 
-/// The OpenAPI v2 (Swagger) document of the server.
+/// The OpenAPI v2 (Swagger 2.0) document of the server.
 pub fn v2() -> Value {
     let mut settings = SchemaSettings::openapi3();
     settings.meta_schema = None;
     settings.definitions_path = "/definitions".into();
+    // `nullable` and null alternatives are rewritten by `swagger2` below: in Swagger 2.0 an
+    // absent field is simply not required.
+    let mut definitions = Value::Object(schemas(settings, "#/definitions/"));
+    swagger2(&mut definitions);
     let mut doc = json!({"swagger": "2.0", "info": {"title": "address-controller views", "version": VERSION},
-        "paths": paths("#/definitions/"), "definitions": schemas(settings, "#/definitions/")});
+        "paths": paths("#/definitions/"), "definitions": definitions});
     // Swagger 2.0 responses carry the schema directly, not per content type.
     if let Some(paths) = doc["paths"].as_object_mut() {
         for item in paths.values_mut() {
@@ -141,12 +145,124 @@ pub fn v2() -> Value {
     doc
 }
 
-/// A content hash for the v3 index (`?hash=`): changes whenever the document does.
+/// Rewrites OpenAPI 3 schema constructs into their Swagger 2.0 equivalents: `nullable`
+/// dropped, `anyOf`/`oneOf` with a null alternative replaced by the other alternative (an
+/// absent field is the Swagger 2.0 way of "may be null"), a list of types reduced to its
+/// non-null type, `const` to a one-value `enum`.
+fn swagger2(v: &mut Value) {
+    match v {
+        Value::Object(o) => {
+            o.remove("nullable");
+            for key in ["anyOf", "oneOf"] {
+                if let Some(Value::Array(alts)) = o.remove(key) {
+                    let mut keep: Vec<Value> = alts
+                        .into_iter()
+                        .filter(|a| {
+                            a.get("type") != Some(&json!("null"))
+                                && a.get("nullable")
+                                    .is_none_or(|_| a.as_object().is_some_and(|m| m.len() > 1))
+                        })
+                        .collect();
+                    if keep.len() == 1 {
+                        if let Some(Value::Object(only)) = keep.pop() {
+                            for (k, val) in only {
+                                o.entry(k).or_insert(val);
+                            }
+                        }
+                    } else if !keep.is_empty() {
+                        // Several real alternatives: Swagger 2.0 cannot say it; any object.
+                        o.insert("type".into(), json!("object"));
+                        o.insert("x-kubernetes-preserve-unknown-fields".into(), json!(true));
+                    }
+                }
+            }
+            if let Some(Value::Array(types)) = o.get("type").cloned() {
+                let t = types
+                    .into_iter()
+                    .find(|t| t != "null")
+                    .unwrap_or(json!("object"));
+                o.insert("type".into(), t);
+            }
+            if let Some(c) = o.remove("const") {
+                o.insert("enum".into(), json!([c]));
+            }
+            o.values_mut().for_each(swagger2);
+        }
+        Value::Array(a) => a.iter_mut().for_each(swagger2),
+        _ => {}
+    }
+}
+
+/// Keywords a Swagger 2.0 schema object may carry (plus `x-` extensions).
+const SWAGGER2_SCHEMA_KEYS: &[&str] = &[
+    "$ref",
+    "format",
+    "title",
+    "description",
+    "default",
+    "multipleOf",
+    "maximum",
+    "exclusiveMaximum",
+    "minimum",
+    "exclusiveMinimum",
+    "maxLength",
+    "minLength",
+    "pattern",
+    "maxItems",
+    "minItems",
+    "uniqueItems",
+    "maxProperties",
+    "minProperties",
+    "required",
+    "enum",
+    "type",
+    "items",
+    "allOf",
+    "properties",
+    "additionalProperties",
+    "discriminator",
+    "readOnly",
+    "xml",
+    "externalDocs",
+    "example",
+];
+
+/// What in a schema is not Swagger 2.0: `path: keyword` per problem.
+pub fn swagger2_problems(schema: &Value, path: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let Some(o) = schema.as_object() else {
+        return out;
+    };
+    for (k, v) in o {
+        if !k.starts_with("x-") && !SWAGGER2_SCHEMA_KEYS.contains(&k.as_str()) {
+            out.push(format!("{path}: {k}"));
+        }
+        match k.as_str() {
+            "type" if !v.is_string() => out.push(format!("{path}: type {v}")),
+            "properties" => {
+                for (p, s) in v.as_object().into_iter().flatten() {
+                    out.extend(swagger2_problems(s, &format!("{path}.properties.{p}")));
+                }
+            }
+            "items" | "additionalProperties" if v.is_object() => {
+                out.extend(swagger2_problems(v, &format!("{path}.{k}")))
+            }
+            "allOf" => {
+                for (i, s) in v.as_array().into_iter().flatten().enumerate() {
+                    out.extend(swagger2_problems(s, &format!("{path}.allOf[{i}]")));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// A content hash for the v3 index (`?hash=`): uppercase hex SHA-512 of the document, as
+/// kube-openapi computes it.
 pub fn hash(doc: &Value) -> String {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    doc.to_string().hash(&mut h);
-    format!("{:016X}", h.finish())
+    let d = ring::digest::digest(&ring::digest::SHA512, doc.to_string().as_bytes());
+    d.as_ref().iter().map(|b| format!("{b:02X}")).collect()
 }
 
 /// `GET /openapi/v3`: the index.
@@ -166,6 +282,7 @@ pub fn files() -> Vec<(String, String)> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
@@ -175,6 +292,72 @@ mod tests {
             let got = std::fs::read_to_string(dir.join(&name)).unwrap_or_default();
             assert!(got == want, "openapi/{name} is stale; run `make manifests`");
         }
+    }
+
+    #[test]
+    fn v2_is_swagger_2_0_with_nothing_of_openapi_3() {
+        let doc = v2();
+        let mut problems = Vec::new();
+        for (name, schema) in doc["definitions"].as_object().unwrap() {
+            problems.extend(swagger2_problems(schema, name));
+        }
+        assert!(problems.is_empty(), "not Swagger 2.0: {problems:#?}");
+        // The check catches what it should.
+        let bad = json!({"properties": {"releasedAt": {"anyOf": [{"$ref": "#/definitions/Time"}, {"type": "null"}]},
+            "free": {"type": ["integer", "null"]}, "n": {"nullable": true, "type": "integer"}}});
+        assert_eq!(
+            swagger2_problems(&bad, "X").len(),
+            3,
+            "{:?}",
+            swagger2_problems(&bad, "X")
+        );
+        // And the cleaner makes such a schema valid.
+        let mut cleaned = bad.clone();
+        swagger2(&mut cleaned);
+        assert!(swagger2_problems(&cleaned, "X").is_empty(), "{cleaned}");
+        assert_eq!(
+            cleaned["properties"]["releasedAt"]["$ref"],
+            "#/definitions/Time"
+        );
+    }
+
+    #[test]
+    fn every_property_has_a_description() {
+        let doc = v3();
+        let schemas = doc["components"]["schemas"].as_object().unwrap();
+        let mut missing = Vec::new();
+        for (name, schema) in schemas
+            .iter()
+            .filter(|(n, _)| n.starts_with(PREFIX) || !n.contains('.'))
+        {
+            if name.starts_with(PREFIX) && schema.get("description").is_none() {
+                missing.push(name.clone());
+            }
+            for (p, s) in schema["properties"].as_object().into_iter().flatten() {
+                let described = s.get("description").is_some()
+                    || s["allOf"]
+                        .as_array()
+                        .is_some_and(|_| s.get("description").is_some());
+                if !described
+                    && (name.starts_with(PREFIX) || schemas.contains_key(name))
+                    && !is_apimachinery(name)
+                {
+                    missing.push(format!("{name}.{p}"));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "no description: {missing:?}");
+    }
+
+    fn is_apimachinery(name: &str) -> bool {
+        [
+            "ObjectMeta",
+            "Time",
+            "ManagedFieldsEntry",
+            "OwnerReference",
+            "FieldsV1",
+        ]
+        .contains(&name)
     }
 
     #[test]
@@ -196,12 +379,5 @@ mod tests {
             let name = r.split('"').next().unwrap();
             assert!(schemas.contains_key(name), "dangling $ref {name}");
         }
-        let defs: Vec<String> = v2()["definitions"]
-            .as_object()
-            .unwrap()
-            .keys()
-            .cloned()
-            .collect();
-        assert!(defs.iter().any(|d| d.contains("ObjectMeta")), "{defs:?}");
     }
 }

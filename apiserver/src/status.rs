@@ -12,6 +12,8 @@ pub struct ApiError {
     pub reason: &'static str,
     pub message: String,
     pub details: Option<serde_json::Value>,
+    /// `metadata.continue` of the Status (an expired list's way on).
+    pub continue_: Option<String>,
 }
 
 impl ApiError {
@@ -21,6 +23,7 @@ impl ApiError {
             reason: "Unauthorized",
             message: "Unauthorized".into(),
             details: None,
+            continue_: None,
         }
     }
 
@@ -48,10 +51,11 @@ impl ApiError {
             reason: "Forbidden",
             message: format!(
                 "{resource}.{group}{named} is forbidden: User \"{user}\" cannot {verb} resource \"{what}\" in API group \"{group}\" {scope}",
-                group = crate::views::GROUP
+                group = crate::GROUP
             ),
+            continue_: None,
             details: Some(
-                json!({"group": crate::views::GROUP, "kind": resource, "name": name.unwrap_or_default()}),
+                json!({"group": crate::GROUP, "kind": resource, "name": name.unwrap_or_default()}),
             ),
         }
     }
@@ -62,6 +66,7 @@ impl ApiError {
             reason: "Forbidden",
             message: format!("forbidden: User \"{user}\" cannot {verb} path \"{path}\""),
             details: None,
+            continue_: None,
         }
     }
 
@@ -69,8 +74,9 @@ impl ApiError {
         Self {
             code: StatusCode::NOT_FOUND,
             reason: "NotFound",
-            message: format!("{resource}.{} \"{name}\" not found", crate::views::GROUP),
-            details: Some(json!({"group": crate::views::GROUP, "kind": resource, "name": name})),
+            message: format!("{resource}.{} \"{name}\" not found", crate::GROUP),
+            continue_: None,
+            details: Some(json!({"group": crate::GROUP, "kind": resource, "name": name})),
         }
     }
 
@@ -80,6 +86,7 @@ impl ApiError {
             reason: "NotFound",
             message: "the server could not find the requested resource".into(),
             details: None,
+            continue_: None,
         }
     }
 
@@ -89,9 +96,10 @@ impl ApiError {
             reason: "MethodNotAllowed",
             message: format!(
                 "{verb} is not supported on resources of kind \"{resource}.{}\"",
-                crate::views::GROUP
+                crate::GROUP
             ),
-            details: Some(json!({"group": crate::views::GROUP, "kind": resource})),
+            continue_: None,
+            details: Some(json!({"group": crate::GROUP, "kind": resource})),
         }
     }
 
@@ -101,6 +109,7 @@ impl ApiError {
             reason: "BadRequest",
             message: message.into(),
             details: None,
+            continue_: None,
         }
     }
 
@@ -110,6 +119,7 @@ impl ApiError {
             reason: "Expired",
             message: message.into(),
             details: None,
+            continue_: None,
         }
     }
 
@@ -119,12 +129,90 @@ impl ApiError {
             reason: "ServiceUnavailable",
             message: message.into(),
             details: None,
+            continue_: None,
+        }
+    }
+
+    /// 422 on list options, as `ValidateListOptions` reports it.
+    pub fn invalid_list_options(field: &str, reason: &str, message: String) -> Self {
+        Self {
+            code: StatusCode::UNPROCESSABLE_ENTITY,
+            reason: "Invalid",
+            message: format!("ListOptions.meta.k8s.io \"\" is invalid: {message}"),
+            continue_: None,
+            details: Some(crate::request::list_options_causes(field, reason, &message)),
+        }
+    }
+
+    /// 410 for a continue token whose list can no longer be given consistently, with a
+    /// token that continues from the current state (kube-apiserver's answer, word for word).
+    pub fn expired_continue(token: &str) -> Self {
+        Self {
+            code: StatusCode::GONE,
+            reason: "Expired",
+            message: "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.".into(),
+            details: None,
+            continue_: None,
+        }
+        .with_list_continue(token)
+    }
+
+    fn with_list_continue(mut self, token: &str) -> Self {
+        self.continue_ = Some(token.to_string());
+        self
+    }
+
+    /// 406: none of the accepted media types can be served (worded as kube-apiserver's,
+    /// which lists the encodings it has: here JSON and YAML, no protobuf).
+    pub fn not_acceptable() -> Self {
+        Self::not_acceptable_message(
+            "only the following media types are accepted: application/json, application/yaml",
+        )
+    }
+
+    pub fn not_acceptable_message(message: &str) -> Self {
+        Self {
+            code: StatusCode::NOT_ACCEPTABLE,
+            reason: "NotAcceptable",
+            message: message.to_string(),
+            details: None,
+            continue_: None,
+        }
+    }
+
+    /// 500 without a reason, as kube-apiserver reports an encoding it cannot do.
+    pub fn internal(message: &str) -> Self {
+        Self {
+            code: StatusCode::INTERNAL_SERVER_ERROR,
+            reason: "",
+            message: message.to_string(),
+            details: None,
+            continue_: None,
+        }
+    }
+
+    /// 504: a resourceVersion newer than this replica has seen, after waiting for it.
+    pub fn too_large_resource_version(wanted: u64, have: u64) -> Self {
+        Self {
+            code: StatusCode::GATEWAY_TIMEOUT,
+            reason: "Timeout",
+            message: format!("Timeout: Too large resource version: {wanted}, current: {have}"),
+            continue_: None,
+            details: Some(
+                json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1}),
+            ),
         }
     }
 
     pub fn body(&self) -> serde_json::Value {
         let mut v = json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-            "message": self.message, "reason": self.reason, "code": self.code.as_u16()});
+            "message": self.message, "code": self.code.as_u16()});
+        if let Some(c) = &self.continue_ {
+            v["metadata"]["continue"] = json!(c);
+        }
+        if !self.reason.is_empty() {
+            v["reason"] = json!(self.reason);
+        }
         if let Some(d) = &self.details {
             v["details"] = d.clone();
         }

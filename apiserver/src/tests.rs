@@ -22,6 +22,8 @@ use tower::ServiceExt;
 
 use crate::authn::{Authenticator, FrontProxy, PeerCerts};
 use crate::authz::Authorizer;
+use crate::metrics::ApiMetrics;
+use crate::store::ViewStore;
 use crate::{State, router};
 
 fn fill<K>(cache: &Cache<K>, objects: Vec<Value>)
@@ -77,7 +79,19 @@ fn pki() -> Pki {
 }
 
 fn app(pki: &Pki) -> axum::Router {
+    app_with(pki).0
+}
+
+fn app_with(pki: &Pki) -> (axum::Router, World, Arc<ViewStore>) {
+    app_keeping(pki, 100)
+}
+
+/// The app, its caches and its store, keeping `history` changes.
+fn app_keeping(pki: &Pki, history: usize) -> (axum::Router, World, Arc<ViewStore>) {
     let world = World::new(false, Health::new(Bounds::default()));
+    // The store sees the caches from their first object on, as in the binary.
+    let store = ViewStore::new(world.clone(), crate::resources::all(), history);
+    store.register();
     fill::<IPAddressClaim>(
         &world.claims,
         vec![
@@ -96,11 +110,12 @@ fn app(pki: &Pki) -> axum::Router {
     fill::<IPAddressClass>(
         &world.classes,
         vec![
-            json!({"metadata": {"name": "pub"}, "spec": {"provisioner": "p"}, "status": {"capacity": {"ipv4": 4}}}),
+            json!({"metadata": {"name": "pub", "labels": {"tier": "gold"}}, "spec": {"provisioner": "p"}, "status": {"capacity": {"ipv4": 4}}}),
             json!({"metadata": {"name": "zzz"}, "spec": {"provisioner": "q"}}),
         ],
     );
     world.revision.store(77, Ordering::Release);
+    store.recompute();
     let client = offline_client();
     let authn = Authenticator::new(client.clone());
     let cm: ConfigMap = serde_json::from_value(json!({"data": {
@@ -109,11 +124,13 @@ fn app(pki: &Pki) -> axum::Router {
         "requestheader-extra-headers-prefix": "[\"X-Remote-Extra-\"]"}}))
     .unwrap();
     authn.set_front_proxy(Some(FrontProxy::from_config_map(&cm).unwrap()));
-    router(Arc::new(State {
-        world,
+    let app = router(Arc::new(State {
+        store: store.clone(),
         authn,
         authz: Arc::new(Authorizer::new(client)),
-    }))
+        metrics: ApiMetrics::unregistered(),
+    }));
+    (app, world, store)
 }
 
 async fn call(
@@ -257,7 +274,13 @@ async fn negotiation_lists_and_pagination() {
         "application/json",
     )
     .await;
-    assert!(sel["items"].as_array().unwrap().is_empty());
+    let names: Vec<&str> = sel["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["pub"], "a pool carries its class's labels");
     // One object; an empty namespace has zeros; the pool's numbers.
     let (_, _, empty) = get(
         format!("{BASE}/namespaces/zz/namespaceaddresses/zz"),
@@ -304,19 +327,18 @@ async fn errors_are_status_objects() {
             StatusCode::NOT_FOUND,
             "NotFound",
         ),
-        (
-            "GET",
-            format!("{BASE}/nothing"),
-            StatusCode::NOT_FOUND,
-            "NotFound",
-        ),
-        (
-            "GET",
-            format!("{BASE}/namespaceaddresses?watch=true&resourceVersion=5"),
-            StatusCode::GONE,
-            "Expired",
-        ),
     ];
+    // A resource the group does not serve: kube-apiserver's plain-text 404.
+    let (got, headers, body) =
+        call(&app, &pki.proxy, "GET", &format!("{BASE}/nothing"), &ADMIN).await;
+    assert_eq!(
+        (got, headers["content-type"].as_str(), body),
+        (
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            Value::String("404 page not found\n".into())
+        )
+    );
     for (method, uri, code, reason) in cases {
         let (got, _, body) = call(&app, &pki.proxy, method, &uri, &ADMIN).await;
         assert_eq!(
@@ -357,4 +379,185 @@ async fn discovery_documents() {
     )
     .await;
     assert_eq!(group["preferredVersion"]["version"], "v1alpha1");
+}
+
+/// The lines of a watch that ends by itself (`timeoutSeconds`, or an ERROR event).
+async fn watch_lines(
+    app: &axum::Router,
+    certs: &[CertificateDer<'static>],
+    uri: &str,
+) -> (StatusCode, Vec<Value>) {
+    let mut req = Request::builder().method("GET").uri(uri);
+    for (k, v) in ADMIN {
+        req = req.header(k, v);
+    }
+    let mut req = req.body(Body::empty()).unwrap();
+    req.extensions_mut().insert(PeerCerts(certs.to_vec()));
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let lines = String::from_utf8_lossy(&bytes)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (status, lines)
+}
+
+#[tokio::test]
+async fn a_watch_resumes_exactly_where_a_list_left_off() {
+    let pki = pki();
+    let (app, world, store) = app_with(&pki);
+    let (_, _, list) = call(
+        &app,
+        &pki.proxy,
+        "GET",
+        &format!("{BASE}/namespaceaddresses"),
+        &ADMIN,
+    )
+    .await;
+    let listed = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // A change whose revision the caches have not counted yet (the watch event's revision
+    // arrives with it, but the batch may read the counter first): the batch must still be
+    // labelled after the list, or a watch from the list's revision would skip it.
+    fill::<IPAddressClaim>(
+        &world.claims,
+        vec![
+            json!({"metadata": {"name": "new", "namespace": "d"}, "spec": {}, "status": {"phase": "Pending", "className": "pub"}}),
+        ],
+    );
+    store.recompute();
+    let (code, events) = watch_lines(
+        &app,
+        &pki.proxy,
+        &format!("{BASE}/namespaceaddresses?watch=true&resourceVersion={listed}&timeoutSeconds=1"),
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK);
+    let got: Vec<(&str, &str)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap(),
+                e["object"]["metadata"]["name"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got, [("ADDED", "d")], "{events:?}");
+    let after: u64 = events[0]["object"]["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(after > listed.parse::<u64>().unwrap());
+    // From the event's revision on: nothing again.
+    let (_, again) = watch_lines(
+        &app,
+        &pki.proxy,
+        &format!("{BASE}/namespaceaddresses?watch=true&resourceVersion={after}&timeoutSeconds=1"),
+    )
+    .await;
+    assert!(again.is_empty(), "{again:?}");
+    // Older than the history: the ERROR event 410 Expired, as kube-apiserver sends it.
+    let (code, expired) = watch_lines(
+        &app,
+        &pki.proxy,
+        &format!("{BASE}/namespaceaddresses?watch=true&resourceVersion=5"),
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(
+        (
+            expired.len(),
+            expired[0]["type"].as_str(),
+            expired[0]["object"]["code"].as_i64(),
+            expired[0]["object"]["reason"].as_str()
+        ),
+        (1, Some("ERROR"), Some(410), Some("Expired"))
+    );
+    // A watch with initial events: every object, then the bookmark that ends them.
+    let (_, initial) = watch_lines(
+        &app,
+        &pki.proxy,
+        &format!("{BASE}/namespaceaddresses?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=1"),
+    )
+    .await;
+    let kinds: Vec<&str> = initial
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["ADDED", "ADDED", "ADDED", "ADDED", "BOOKMARK"]);
+    assert_eq!(
+        initial[4]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+    assert_eq!(
+        initial[4]["object"]["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap(),
+        after.to_string()
+    );
+}
+
+fn names(list: &Value) -> Vec<&str> {
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn pages_are_consistent_and_an_expired_list_continues_from_now() {
+    let pki = pki();
+    let (app, world, store) = app_keeping(&pki, 1);
+    let get = |uri: String| {
+        let (app, certs) = (app.clone(), pki.proxy.clone());
+        async move { call(&app, &certs, "GET", &uri, &ADMIN).await }
+    };
+    let (_, _, page1) = get(format!("{BASE}/namespaceaddresses?limit=1")).await;
+    assert_eq!(names(&page1), ["a"]);
+    let token = page1["metadata"]["continue"].as_str().unwrap().to_string();
+    // A namespace that sorts between the pages appears: the list begun before it goes on
+    // without it, as an etcd list at one revision does.
+    fill::<IPAddressClaim>(
+        &world.claims,
+        vec![json!({"metadata": {"name": "n", "namespace": "bb"}, "spec": {}})],
+    );
+    store.recompute();
+    let (code, _, page2) = get(format!(
+        "{BASE}/namespaceaddresses?limit=2&continue={token}"
+    ))
+    .await;
+    assert_eq!((code, names(&page2)), (StatusCode::OK, vec!["b", "c"]));
+    let (_, _, now) = get(format!("{BASE}/namespaceaddresses")).await;
+    assert_eq!(names(&now), ["a", "b", "bb", "c"]);
+    // Two more changes: the one-change history no longer reaches back to the first page.
+    for ns in ["x", "y"] {
+        fill::<IPAddressClaim>(
+            &world.claims,
+            vec![json!({"metadata": {"name": "n", "namespace": ns}, "spec": {}})],
+        );
+        store.recompute();
+    }
+    let (code, _, expired) = get(format!(
+        "{BASE}/namespaceaddresses?limit=1&continue={token}"
+    ))
+    .await;
+    assert_eq!(
+        (code, expired["reason"].as_str()),
+        (StatusCode::GONE, Some("Expired"))
+    );
+    // kube-apiserver's way on: a token that continues from the current state.
+    let again = expired["metadata"]["continue"].as_str().unwrap();
+    let (code, _, rest) = get(format!("{BASE}/namespaceaddresses?continue={again}")).await;
+    assert_eq!(
+        (code, names(&rest)),
+        (StatusCode::OK, vec!["b", "bb", "c", "x", "y"])
+    );
 }

@@ -1,207 +1,240 @@
-//! `?watch=true` on the views. Views are computed, so a watch recomputes its objects when
-//! the caches move (the revision changes) and sends the difference: ADDED, MODIFIED,
-//! DELETED. Bookmarks (with kind and apiVersion) when asked; `sendInitialEvents=true`
-//! ends the initial ADDED events with the `k8s.io/initial-events-end` bookmark so client-go
-//! informers sync; a resourceVersion older than the current one cannot be replayed and is
-//! answered 410 Expired, so the client lists again.
+//! `?watch=true`: the changes of a view, pushed from the store's history as they are
+//! computed — no watch polls or recomputes anything. A watch starts from a snapshot (no
+//! resourceVersion, `0`, or `sendInitialEvents=true`: every object as ADDED, then with
+//! `sendInitialEvents` the bookmark annotated `k8s.io/initial-events-end`) or resumes from a
+//! resourceVersion a list or an earlier watch returned, replaying the history after it; one
+//! older than the history holds gets the ERROR event 410 Expired (as kube-apiserver sends it)
+//! and the client lists again. A watch that falls behind the history's end is ended the same
+//! way. Bookmarks, when allowed, come every minute.
 
-use std::collections::{BTreeMap, VecDeque};
+// Handlers answer `Result<Response, Response>`: the error is an answer too.
+#![allow(clippy::result_large_err)]
+
+use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
+use tokio::time::Instant;
 
-use crate::State;
-use crate::handlers::{Item, Shape, Snapshot, Target, columns, partial};
-use crate::registry::Resource;
+use crate::negotiate::Format;
+use crate::render::{self, IncludeObject};
+use crate::request::ListOptions;
+use crate::serve::selected;
 use crate::status::ApiError;
-use crate::views::API_VERSION;
+use crate::store::{Entry, Resume};
+use crate::{API_VERSION, State};
 
-/// How often a watch looks whether the caches moved.
-const POLL: Duration = Duration::from_millis(200);
-/// How often a bookmark is sent when the client allows them.
-const BOOKMARK_EVERY: Duration = Duration::from_secs(30);
+const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
+const WAIT_FOR_REVISION: Duration = Duration::from_secs(3);
 
 struct Watch {
     state: Arc<State>,
-    resource: &'static Resource,
-    target: Target,
-    query: BTreeMap<String, String>,
-    shape: Shape,
-    /// What the client knows: key → the object as last sent.
-    known: BTreeMap<String, Value>,
+    view: usize,
+    ns: Option<String>,
+    opts: ListOptions,
+    format: Format,
+    include: IncludeObject,
+    /// The next history sequence number to send.
+    pos: u64,
+    /// The last revision the client has everything up to.
     revision: u64,
     queue: VecDeque<Bytes>,
-    bookmarks: bool,
-    last_bookmark: Instant,
-    deadline: Instant,
     columns_sent: bool,
+    next_bookmark: Instant,
+    deadline: Instant,
+    done: bool,
 }
 
 impl Watch {
-    fn object(&mut self, item: &Item) -> Value {
-        match self.shape {
-            Shape::Json => item.value.clone(),
-            Shape::PartialMetadata => partial(&item.value),
-            Shape::Table => {
-                // Column definitions go with the first event only.
+    fn object(&mut self, e: &Entry) -> Value {
+        match self.format {
+            Format::Json | Format::Yaml => e.value.clone(),
+            Format::Partial(v) | Format::PartialList(v) => render::partial(&e.value, v),
+            Format::Table(v) => {
+                // Column definitions go with the first event only (kubectl get -w).
                 let cols = if self.columns_sent {
                     json!([])
                 } else {
-                    json!(columns(self.resource.plural))
+                    json!(render::columns(self.state.store.views[self.view].info()))
                 };
                 self.columns_sent = true;
-                json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": item.value["metadata"]["resourceVersion"]},
-                    "columnDefinitions": cols, "rows": [{"cells": item.cells, "object": partial(&item.value)}]})
+                json!({"kind": "Table", "apiVersion": format!("meta.k8s.io/{v}"),
+                    "metadata": {"resourceVersion": e.value["metadata"]["resourceVersion"]},
+                    "columnDefinitions": cols, "rows": [render::row(e, v, self.include)]})
             }
         }
     }
 
-    fn push(&mut self, kind: &str, object: Value) {
-        let mut line =
-            serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
-        line.push(b'\n');
+    fn push(&mut self, kind: &str, e: &Entry) {
+        let line = match self.format {
+            // The object as the store serialized it: one encoding per change, not per watch.
+            Format::Json | Format::Yaml => {
+                let mut b = Vec::with_capacity(e.json.len() + 32);
+                b.extend_from_slice(format!("{{\"type\":\"{kind}\",\"object\":").as_bytes());
+                b.extend_from_slice(&e.json);
+                b.extend_from_slice(b"}\n");
+                b
+            }
+            _ => {
+                let object = self.object(e);
+                let mut b = serde_json::to_vec(&json!({"type": kind, "object": object}))
+                    .unwrap_or_default();
+                b.push(b'\n');
+                b
+            }
+        };
         self.queue.push_back(Bytes::from(line));
     }
 
-    fn bookmark(&mut self, rv: &str, initial_end: bool) {
-        let (kind, api_version) = match self.shape {
-            Shape::Json => (self.resource.kind.to_string(), API_VERSION.to_string()),
-            Shape::PartialMetadata => ("PartialObjectMetadata".into(), "meta.k8s.io/v1".into()),
-            Shape::Table => ("Table".into(), "meta.k8s.io/v1".into()),
+    fn push_value(&mut self, kind: &str, object: Value) {
+        let mut b =
+            serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
+        b.push(b'\n');
+        self.queue.push_back(Bytes::from(b));
+    }
+
+    fn bookmark(&mut self, initial_end: bool) {
+        let info = self.state.store.views[self.view].info();
+        let (kind, api_version) = match self.format {
+            Format::Json | Format::Yaml => (info.kind.to_string(), API_VERSION.to_string()),
+            Format::Partial(v) | Format::PartialList(v) => {
+                ("PartialObjectMetadata".into(), format!("meta.k8s.io/{v}"))
+            }
+            Format::Table(v) => ("Table".into(), format!("meta.k8s.io/{v}")),
         };
-        let mut meta = json!({"resourceVersion": rv});
+        let mut meta = json!({"resourceVersion": self.revision.to_string()});
         if initial_end {
             meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
-        self.push(
+        self.push_value(
             "BOOKMARK",
             json!({"kind": kind, "apiVersion": api_version, "metadata": meta}),
         );
-        self.last_bookmark = Instant::now();
+        self.next_bookmark = Instant::now() + BOOKMARK_EVERY;
     }
 
-    /// Recomputes the objects and queues the differences.
-    fn refresh(&mut self) -> Result<(), ApiError> {
-        let snap = Snapshot::take(&self.state);
-        let items = snap.all(self.resource, &self.target, &self.query)?;
-        let mut seen = BTreeMap::new();
-        for item in &items {
-            let mut content = item.value.clone();
-            content["metadata"]["resourceVersion"] = Value::Null;
-            let kind = match self.known.get(&item.key) {
-                None => Some("ADDED"),
-                Some(old) if *old != content => Some("MODIFIED"),
-                Some(_) => None,
-            };
-            if let Some(kind) = kind {
-                let object = self.object(item);
-                self.push(kind, object);
+    fn expired(&mut self, message: String) {
+        let status = ApiError::gone(message).body();
+        self.push_value("ERROR", status);
+        self.done = true;
+    }
+
+    /// Queues what the history has for this watch since `pos`.
+    fn catch_up(&mut self) {
+        match self.state.store.events_from(self.pos) {
+            None => self.expired(format!(
+                "too old resource version: {} (the watch fell behind)",
+                self.revision
+            )),
+            Some((events, revision)) => {
+                for e in events {
+                    self.pos = e.seq + 1;
+                    if e.view == self.view && selected(&e.entry, self.ns.as_deref(), &self.opts) {
+                        self.push(e.kind.as_str(), &e.entry);
+                    }
+                }
+                self.revision = self.revision.max(revision);
             }
-            seen.insert(item.key.clone(), content);
         }
-        let gone: Vec<(String, Value)> = self
-            .known
-            .iter()
-            .filter(|(k, _)| !seen.contains_key(*k))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        for (_, mut last) in gone {
-            last["metadata"]["resourceVersion"] = json!(snap.rv);
-            let object = match self.shape {
-                Shape::Json => last,
-                _ => partial(&last),
-            };
-            self.push("DELETED", object);
-        }
-        self.known = seen;
-        self.revision = snap.rv.parse().unwrap_or(self.revision);
-        Ok(())
     }
 }
 
-pub fn serve(
+pub async fn serve(
     state: Arc<State>,
-    resource: &'static Resource,
-    target: Target,
-    query: BTreeMap<String, String>,
-    shape: Shape,
-) -> Result<Response, ApiError> {
-    if target.name.is_some() {
-        return Err(ApiError::method_not_allowed("watch", resource.plural));
+    view: usize,
+    ns: Option<String>,
+    opts: ListOptions,
+    format: Format,
+    include: IncludeObject,
+) -> Result<Response, Response> {
+    if format == Format::Yaml {
+        return Err(ApiError::not_acceptable_message(
+            "only the following media types are accepted: application/json;stream=watch",
+        )
+        .into_response());
     }
-    let current = state.world.revision.load(Ordering::Acquire);
-    let requested = query
-        .get("resourceVersion")
-        .filter(|v| !v.is_empty() && *v != "0");
-    let send_initial = query.get("sendInitialEvents").map(|v| v == "true");
-    let initial = match (send_initial, requested) {
-        (Some(true), _) => true,
-        (Some(false), _) => false,
-        (None, None) => true,
-        (None, Some(_)) => false,
-    };
-    if let (Some(rv), None | Some(false)) = (requested, send_initial) {
-        let rv: u64 = rv
-            .parse()
-            .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv:?}")))?;
-        if rv < current {
-            // Views are computed; there is no history to replay from an older version.
-            return Err(ApiError::gone(format!(
-                "too old resource version: {rv} ({current})"
-            )));
-        }
-    }
-    let timeout = query
-        .get("timeoutSeconds")
-        .and_then(|t| t.parse::<u64>().ok())
-        .unwrap_or(1800)
-        .clamp(1, 3600);
+    let store = state.store.clone();
+    // kube-apiserver ends a watch after a random time in [30 min, 60 min] unless asked.
+    let timeout = opts.timeout.unwrap_or_else(|| {
+        let jitter = u64::from(std::process::id()) % 1800;
+        Duration::from_secs(1800 + jitter)
+    });
     let mut w = Watch {
-        state,
-        resource,
-        target,
-        query,
-        shape,
-        known: BTreeMap::new(),
+        state: state.clone(),
+        view,
+        ns,
+        opts,
+        format,
+        include,
+        pos: 0,
         revision: 0,
         queue: VecDeque::new(),
-        bookmarks: false,
-        last_bookmark: Instant::now(),
-        deadline: Instant::now() + Duration::from_secs(timeout),
         columns_sent: false,
+        next_bookmark: Instant::now() + BOOKMARK_EVERY,
+        deadline: Instant::now() + timeout,
+        done: false,
     };
-    w.bookmarks = query_flag(&w.query, "allowWatchBookmarks");
-    w.refresh()?;
-    if !initial {
-        // The client has this state already: start from it, send nothing for it.
-        w.queue.clear();
-        w.columns_sent = false;
+    let from = w.opts.resource_version.filter(|rv| *rv > 0);
+    let initial = w.opts.send_initial_events == Some(true) || from.is_none();
+    if let Some(rv) = from
+        && !store.wait_for_revision(rv, WAIT_FOR_REVISION).await
+    {
+        return Err(ApiError::too_large_resource_version(rv, store.revision()).into_response());
     }
-    if send_initial == Some(true) {
-        let rv = w.revision.to_string();
-        w.bookmark(&rv, true);
+    if initial {
+        let snap = store.snapshot(view);
+        w.pos = snap.next_seq;
+        w.revision = snap.revision;
+        for e in &snap.objects {
+            if selected(e, w.ns.as_deref(), &w.opts) {
+                w.push("ADDED", e);
+            }
+        }
+        // The bookmark that ends them, to a client that takes bookmarks (as kube-apiserver).
+        if w.opts.send_initial_events == Some(true) && w.opts.bookmarks {
+            w.bookmark(true);
+        }
+    } else if let Some(rv) = from {
+        match store.resume(rv) {
+            Resume::From(seq) => {
+                w.pos = seq;
+                w.revision = rv;
+                w.catch_up();
+            }
+            Resume::TooOld { oldest } => {
+                w.expired(format!("too old resource version: {rv} ({oldest})"))
+            }
+        }
     }
-    let stream = futures::stream::unfold(w, |mut w| async move {
+    let rx = store.subscribe();
+    let stream = futures::stream::unfold((w, rx), |(mut w, mut rx)| async move {
         loop {
             if let Some(b) = w.queue.pop_front() {
-                return Some((Ok::<Bytes, std::io::Error>(b), w));
+                return Some((Ok::<Bytes, std::io::Error>(b), (w, rx)));
             }
-            if Instant::now() >= w.deadline {
+            if w.done || Instant::now() >= w.deadline {
                 return None;
             }
-            tokio::time::sleep(POLL).await;
-            if w.state.world.revision.load(Ordering::Acquire) != w.revision {
-                if w.refresh().is_err() {
-                    return None;
+            tokio::select! {
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return None;
+                    }
+                    w.catch_up();
                 }
-            } else if w.bookmarks && w.last_bookmark.elapsed() >= BOOKMARK_EVERY {
-                let rv = w.revision.to_string();
-                w.bookmark(&rv, false);
+                () = tokio::time::sleep_until(w.next_bookmark) => {
+                    if w.opts.bookmarks {
+                        w.catch_up();
+                        w.bookmark(false);
+                    } else {
+                        w.next_bookmark = Instant::now() + BOOKMARK_EVERY;
+                    }
+                }
+                () = tokio::time::sleep_until(w.deadline) => return None,
             }
         }
     });
@@ -211,8 +244,4 @@ pub fn serve(
         Body::from_stream(stream),
     )
         .into_response())
-}
-
-fn query_flag(query: &BTreeMap<String, String>, key: &str) -> bool {
-    query.get(key).is_some_and(|v| v == "true" || v == "1")
 }

@@ -337,6 +337,9 @@ impl<K: Object> Cache<K> {
             .into_iter()
             .filter(|k| !seen.contains_key(k))
             .collect();
+        // Counted before the objects are applied: whoever sees a change of this list also
+        // sees a revision at least as new as it.
+        self.note_revision(Some(&version));
         for k in gone {
             self.apply(k, None);
         }
@@ -349,7 +352,6 @@ impl<K: Object> Cache<K> {
                 self.apply(k, Some(o));
             }
         }
-        self.note_revision(Some(&version));
         self.health.lists.fetch_add(1, Ordering::Relaxed);
         self.health.heard();
         if !self.health.synced.swap(true, Ordering::AcqRel) {

@@ -18,7 +18,7 @@ use tokio::sync::{Mutex, MutexGuard};
 use crate::invariants::{Replica, Scope, assert_invariants};
 use crate::{
     AuditedWrite, Cleanup, Cluster, ControllerProcess, FIELD_MANAGER, TestNamespace,
-    audited_writes, random_suffix, setup, wait_for,
+    audited_writes, free_port, random_suffix, setup, wait_for,
 };
 
 /// How long a test waits for the controller to converge.
@@ -426,6 +426,37 @@ pub async fn register_views(e: &mut Env, port: u16) {
     )
     .await
     .unwrap();
+}
+
+impl Env {
+    /// Replaces the test's controller by one that also serves the views (and HTTPS
+    /// /metrics), registered through the APIService whose ExternalName Service points at
+    /// localhost: the controller, the views' port and the metrics port.
+    pub async fn serve_views(&mut self) -> (ControllerProcess, u16, u16) {
+        self.ctl.kill();
+        let cluster = Cluster::get();
+        let port = free_port();
+        let metrics_port = free_port();
+        let pki = cluster.dir.join("pki");
+        let ctl = ControllerProcess::start(
+            &format!("ctl-views-{}", self.sfx),
+            &[
+                "--leader-elect=false",
+                "--apiserver-address",
+                &format!("127.0.0.1:{port}"),
+                "--tls-cert-file",
+                pki.join("aggr.crt").to_str().unwrap(),
+                "--tls-private-key-file",
+                pki.join("aggr.key").to_str().unwrap(),
+                "--metrics-address",
+                &format!("127.0.0.1:{metrics_port}"),
+            ],
+        )
+        .await
+        .unwrap();
+        register_views(self, port).await;
+        (ctl, port, metrics_port)
+    }
 }
 
 /// `Some(())` once the views' APIService reports `Available=True`: a `wait_for` probe.

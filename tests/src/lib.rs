@@ -103,6 +103,16 @@ impl Cluster {
         Ok(Client::try_from(config)?)
     }
 
+    /// An admin client that returns every answer as it comes: no retries of 429, 503 and
+    /// 504 (kube's default), for tests that look at those answers.
+    pub async fn raw_client(&self) -> Result<Client> {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)?;
+        let mut config =
+            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        config.default_retry = false;
+        Ok(Client::try_from(config)?)
+    }
+
     /// `kubectl` against this cluster.
     pub fn kubectl(&self) -> Command {
         let mut cmd = Command::new("kubectl");
@@ -357,7 +367,7 @@ impl Spawn {
             .arg(&self.kubeconfig)
             .env(
                 "RUST_LOG",
-                "info,address_controller_controller=debug,range_driver=debug",
+                "info,address_controller_controller=debug,address_controller_apiserver=debug,range_driver=debug",
             )
             .stdout(append(log)?)
             .stderr(append(&self.stderr)?)

@@ -1,0 +1,391 @@
+//! What a request asks for: the resource attributes authorization needs (kube-apiserver's
+//! `RequestInfo`), and the list options of `metav1.ListOptions`, parsed and validated as
+//! kube-apiserver does (conversion errors 400 BadRequest, validation errors 422 Invalid).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::http::Method;
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::selector::{FieldSelector, LabelSelector};
+use crate::status::ApiError;
+
+/// The resource a request is about (`/apis/<g>/<v>/[namespaces/<ns>/]<resource>[/<name>[/<sub>]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestInfo {
+    pub group: String,
+    pub version: String,
+    pub namespace: Option<String>,
+    pub resource: String,
+    pub name: Option<String>,
+    pub subresource: Option<String>,
+    pub verb: &'static str,
+}
+
+impl RequestInfo {
+    /// `None` for a path that is not a resource path (discovery, OpenAPI, probes).
+    pub fn parse(method: &Method, path: &str, query: &Query) -> Option<RequestInfo> {
+        let rest = path.strip_prefix("/apis/")?;
+        let parts: Vec<&str> = rest.split('/').collect();
+        let (group, version, rest) = match parts.as_slice() {
+            [g, v, rest @ ..] if !rest.is_empty() => (g.to_string(), v.to_string(), rest),
+            _ => return None,
+        };
+        let (namespace, rest) = match rest {
+            // `namespaces/<ns>` alone is the namespace object itself, not ours.
+            ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest),
+            r => (None, r),
+        };
+        let (resource, name, subresource) = match rest {
+            [r] => (*r, None, None),
+            [r, n] => (*r, Some(n.to_string()), None),
+            [r, n, s, ..] => (*r, Some(n.to_string()), Some(s.to_string())),
+            [] => return None,
+        };
+        let verb = match *method {
+            Method::GET | Method::HEAD if name.is_some() => "get",
+            Method::GET | Method::HEAD if query.watch() => "watch",
+            Method::GET | Method::HEAD => "list",
+            Method::POST => "create",
+            Method::PUT => "update",
+            Method::PATCH => "patch",
+            Method::DELETE if name.is_some() => "delete",
+            Method::DELETE => "deletecollection",
+            _ => "unknown",
+        };
+        Some(RequestInfo {
+            group,
+            version,
+            namespace,
+            resource: resource.to_string(),
+            name,
+            subresource,
+            verb,
+        })
+    }
+}
+
+/// The raw query: the first value of each parameter, decoded (`url.Values.Get`).
+#[derive(Debug, Clone, Default)]
+pub struct Query(pub BTreeMap<String, String>);
+
+impl Query {
+    pub fn parse(raw: Option<&str>) -> Query {
+        let pairs: Vec<(String, String)> =
+            serde_urlencoded::from_str(raw.unwrap_or("")).unwrap_or_default();
+        let mut m = BTreeMap::new();
+        for (k, v) in pairs {
+            m.entry(k).or_insert(v);
+        }
+        Query(m)
+    }
+
+    pub fn get(&self, k: &str) -> Option<&str> {
+        self.0.get(k).map(String::as_str)
+    }
+
+    /// `watch` as kube-apiserver reads it: a true boolean (`1`, `t`, `true`, …), or any
+    /// other non-empty value it cannot parse (kube-apiserver then watches too).
+    pub fn watch(&self) -> bool {
+        self.get("watch")
+            .is_some_and(|w| !w.is_empty() && parse_bool(w) != Some(false))
+    }
+}
+
+/// Go's `strconv.ParseBool`.
+fn parse_bool(s: &str) -> Option<bool> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// `resourceVersionMatch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RvMatch {
+    NotOlderThan,
+    Exact,
+}
+
+/// Where a paged list continues: after `start`, from a list made at `rv` (`-1`: from the
+/// current state, the token kube-apiserver hands out when the list's revision has expired).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContinueToken {
+    /// The token's format, as kube-apiserver's (`meta.k8s.io/v1`).
+    pub v: String,
+    pub rv: i64,
+    pub start: String,
+}
+
+/// Go's `base64.RawURLEncoding` error: the offset of the first byte it cannot take.
+fn go_base64_error(s: &str) -> Option<String> {
+    let ok = |c: u8| c.is_ascii_alphanumeric() || c == b'-' || c == b'_';
+    if let Some(i) = s.bytes().position(|c| !ok(c)) {
+        return Some(format!("illegal base64 data at input byte {i}"));
+    }
+    // A lone character in the last quantum cannot be decoded.
+    (s.len() % 4 == 1).then(|| format!("illegal base64 data at input byte {}", s.len() - 1))
+}
+
+impl ContinueToken {
+    pub fn encode(&self) -> String {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(serde_json::to_vec(self).unwrap_or_default())
+    }
+
+    /// Decodes a token, refusing it as kube-apiserver's `DecodeContinue` does.
+    fn decode(s: &str) -> Result<ContinueToken, String> {
+        let invalid = |why: String| format!("continue key is not valid: {why}");
+        if let Some(e) = go_base64_error(s) {
+            return Err(invalid(e));
+        }
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(s)
+            .map_err(|e| invalid(e.to_string()))?;
+        let t: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+            invalid(if e.is_eof() {
+                "unexpected end of JSON input".into()
+            } else {
+                e.to_string()
+            })
+        })?;
+        let v = t["v"].as_str().unwrap_or_default();
+        if v != "meta.k8s.io/v1" {
+            return Err(format!(
+                "continue key is not valid: server does not recognize this encoded version {v}"
+            ));
+        }
+        let t: ContinueToken = serde_json::from_value(t).map_err(|e| invalid(e.to_string()))?;
+        if t.rv == 0 {
+            return Err(invalid(
+                "incorrect encoded start resourceVersion (version meta.k8s.io/v1)".into(),
+            ));
+        }
+        if t.start.is_empty() {
+            return Err(invalid(
+                "encoded start key empty (version meta.k8s.io/v1)".into(),
+            ));
+        }
+        Ok(t)
+    }
+}
+
+/// `metav1.ListOptions`, validated.
+#[derive(Debug, Clone, Default)]
+pub struct ListOptions {
+    pub labels: LabelSelector,
+    pub fields: FieldSelector,
+    pub watch: bool,
+    pub bookmarks: bool,
+    /// `None`: unset or empty (the most recent); `Some(0)`: any.
+    pub resource_version: Option<u64>,
+    pub rv_match: Option<RvMatch>,
+    pub send_initial_events: Option<bool>,
+    pub timeout: Option<Duration>,
+    /// `None` or ≤ 0: everything.
+    pub limit: Option<i64>,
+    pub continue_from: Option<ContinueToken>,
+}
+
+fn invalid(field: &str, reason: &str, message: String) -> ApiError {
+    ApiError::invalid_list_options(field, reason, message)
+}
+
+impl ListOptions {
+    pub fn parse(q: &Query) -> Result<ListOptions, ApiError> {
+        let mut o = ListOptions {
+            watch: q.watch(),
+            bookmarks: q
+                .get("allowWatchBookmarks")
+                .and_then(parse_bool)
+                .unwrap_or(false),
+            ..Default::default()
+        };
+        // Conversion (400): the order kube-apiserver converts in.
+        if let Some(l) = q.get("labelSelector") {
+            o.labels = LabelSelector::parse(l).map_err(|e| ApiError::bad_request(e.0))?;
+        }
+        if let Some(f) = q.get("fieldSelector") {
+            o.fields = FieldSelector::parse(f).map_err(|e| ApiError::bad_request(e.0))?;
+        }
+        if let Some(t) = q.get("timeoutSeconds").filter(|t| !t.is_empty()) {
+            let secs: i64 = t.parse().map_err(|_| {
+                ApiError::bad_request(format!("strconv.ParseInt: parsing {t:?}: invalid syntax"))
+            })?;
+            o.timeout = Some(Duration::from_secs(secs.max(0).unsigned_abs()));
+        }
+        if let Some(l) = q.get("limit").filter(|l| !l.is_empty()) {
+            o.limit = Some(l.parse().map_err(|_| {
+                ApiError::bad_request(format!("strconv.ParseInt: parsing {l:?}: invalid syntax"))
+            })?);
+        }
+        if let Some(s) = q.get("sendInitialEvents").filter(|s| !s.is_empty()) {
+            o.send_initial_events = Some(parse_bool(s).ok_or_else(|| {
+                ApiError::bad_request(format!("strconv.ParseBool: parsing {s:?}: invalid syntax"))
+            })?);
+        }
+        let rv = q.get("resourceVersion").unwrap_or("");
+        let rv_match = q.get("resourceVersionMatch").unwrap_or("");
+        // Validation (422).
+        if o.send_initial_events.is_some() && !o.watch {
+            return Err(invalid(
+                "sendInitialEvents",
+                "FieldValueForbidden",
+                "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for list".into(),
+            ));
+        }
+        if !rv_match.is_empty() {
+            if o.watch && o.send_initial_events.is_none() {
+                return Err(invalid(
+                    "resourceVersionMatch",
+                    "FieldValueForbidden",
+                    "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided".into(),
+                ));
+            }
+            o.rv_match = Some(match rv_match {
+                "NotOlderThan" => RvMatch::NotOlderThan,
+                "Exact" => RvMatch::Exact,
+                other => {
+                    return Err(invalid(
+                        "resourceVersionMatch",
+                        "FieldValueNotSupported",
+                        format!(
+                            "resourceVersionMatch: Unsupported value: {other:?}: supported values: \"Exact\", \"NotOlderThan\", \"\""
+                        ),
+                    ));
+                }
+            });
+            if rv.is_empty() && !(o.watch && o.send_initial_events.is_some()) {
+                return Err(invalid(
+                    "resourceVersionMatch",
+                    "FieldValueForbidden",
+                    "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided".into(),
+                ));
+            }
+            if o.rv_match == Some(RvMatch::Exact) && rv == "0" {
+                return Err(invalid(
+                    "resourceVersionMatch",
+                    "FieldValueForbidden",
+                    "resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"".into(),
+                ));
+            }
+        }
+        if o.watch
+            && o.send_initial_events == Some(true)
+            && o.rv_match != Some(RvMatch::NotOlderThan)
+        {
+            return Err(invalid(
+                "resourceVersionMatch",
+                "FieldValueForbidden",
+                "resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan".into(),
+            ));
+        }
+        if !rv.is_empty() {
+            o.resource_version = Some(rv.parse().map_err(|_| {
+                ApiError::bad_request(format!(
+                    "invalid resource version: resourceVersion: Invalid value: {rv:?}: strconv.ParseUint: parsing {rv:?}: invalid syntax"
+                ))
+            })?);
+        }
+        if let Some(c) = q.get("continue").filter(|c| !c.is_empty()) {
+            o.continue_from = Some(
+                ContinueToken::decode(c)
+                    .map_err(|e| ApiError::bad_request(format!("invalid continue token: {e}")))?,
+            );
+            if o.resource_version.is_some_and(|v| v != 0) && !o.watch {
+                return Err(ApiError::bad_request(
+                    "specifying resource version is not allowed when using continue",
+                ));
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// The details of a 422 on list options: the cause's message without the field's name
+/// in front, as `field.Error` words it.
+pub fn list_options_causes(field: &str, reason: &str, message: &str) -> serde_json::Value {
+    let detail = message
+        .strip_prefix(&format!("{field}: "))
+        .unwrap_or(message);
+    json!({"kind": "ListOptions", "group": "meta.k8s.io", "causes": [{"reason": reason, "message": detail, "field": field}]})
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn opts(q: &str) -> Result<ListOptions, ApiError> {
+        ListOptions::parse(&Query::parse(Some(q)))
+    }
+
+    #[test]
+    fn list_options_are_refused_as_kube_apiserver_refuses_them() {
+        let code = |q: &str| opts(q).err().map(|e| (e.code.as_u16(), e.reason));
+        let rows: &[(&str, Option<(u16, &str)>)] = &[
+            ("", None),
+            ("limit=10&continue=", None),
+            ("limit=abc", Some((400, "BadRequest"))),
+            ("limit=-1", None),
+            ("timeoutSeconds=abc", Some((400, "BadRequest"))),
+            ("resourceVersion=abc", Some((400, "BadRequest"))),
+            ("continue=bogus", Some((400, "BadRequest"))),
+            ("labelSelector=a%20in%20(x", Some((400, "BadRequest"))),
+            ("fieldSelector=metadata.name", Some((400, "BadRequest"))),
+            ("resourceVersionMatch=Exact", Some((422, "Invalid"))),
+            (
+                "resourceVersion=0&resourceVersionMatch=Exact",
+                Some((422, "Invalid")),
+            ),
+            (
+                "resourceVersion=5&resourceVersionMatch=Bogus",
+                Some((422, "Invalid")),
+            ),
+            ("sendInitialEvents=true", Some((422, "Invalid"))),
+            (
+                "watch=true&resourceVersion=1&resourceVersionMatch=NotOlderThan",
+                Some((422, "Invalid")),
+            ),
+            ("watch=true&sendInitialEvents=true", Some((422, "Invalid"))),
+            (
+                "watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan",
+                None,
+            ),
+            ("resourceVersion=5&resourceVersionMatch=NotOlderThan", None),
+        ];
+        for (q, want) in rows {
+            assert_eq!(code(q), *want, "{q}");
+        }
+        let t = ContinueToken {
+            v: "meta.k8s.io/v1".into(),
+            rv: 7,
+            start: "a/b\u{0}".into(),
+        };
+        let o = opts(&format!("continue={}", t.encode())).unwrap();
+        assert_eq!(o.continue_from, Some(t));
+    }
+
+    #[test]
+    fn request_info_follows_kube_apiserver() {
+        let q = Query::parse(Some("watch=1"));
+        let r = RequestInfo::parse(&Method::GET, "/apis/g/v/namespaces/a/things", &q).unwrap();
+        assert_eq!(
+            (r.verb, r.namespace.as_deref(), r.resource.as_str()),
+            ("watch", Some("a"), "things")
+        );
+        let r =
+            RequestInfo::parse(&Method::GET, "/apis/g/v/things/x/sub", &Query::default()).unwrap();
+        assert_eq!(
+            (r.verb, r.name.as_deref(), r.subresource.as_deref()),
+            ("get", Some("x"), Some("sub"))
+        );
+        assert_eq!(RequestInfo::parse(&Method::GET, "/apis/g/v", &q), None);
+        let r = RequestInfo::parse(&Method::DELETE, "/apis/g/v/things", &q).unwrap();
+        assert_eq!(r.verb, "deletecollection");
+    }
+}

@@ -1,0 +1,507 @@
+//! `namespaceaddresses` (kind `NamespaceAddresses`, namespaced): one object per namespace,
+//! named after it — what the namespace holds and retained. Its `addresses` subresource
+//! (`NamespaceAddressRecords`) gives the tenant the full records of those IPAddresses, which
+//! RBAC keeps from it otherwise (IPAddress is cluster-scoped).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Mutex, PoisonError};
+
+use address_controller_api::family::family_of;
+use address_controller_api::{
+    AddressPhase, ClaimPhase, Family, IPAddress, IPAddressClaim, IPAddressClass,
+};
+use address_controller_runtime::world::World;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::ResourceExt;
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::{Column, Computed, ResourceInfo, Subresource, View, meta};
+use crate::API_VERSION;
+use crate::request::Query;
+use crate::status::ApiError;
+
+/// Counts of claims by phase.
+#[derive(Serialize, JsonSchema, Default, Debug, Clone, PartialEq)]
+pub struct ClaimCounts {
+    /// Claims in the namespace.
+    pub total: i64,
+    /// Claims waiting for an address.
+    pub pending: i64,
+    /// Claims holding all their addresses.
+    pub bound: i64,
+    /// Claims whose address went away or is lost.
+    pub lost: i64,
+}
+
+/// What a namespace holds, in numbers.
+#[derive(Serialize, JsonSchema, Default, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HoldingsSummary {
+    /// Claims by phase.
+    pub claims: ClaimCounts,
+    /// Addresses bound to the namespace's claims.
+    pub addresses_bound: i64,
+    /// Bound addresses that are IPv4.
+    pub ipv4: i64,
+    /// Bound addresses that are IPv6.
+    pub ipv6: i64,
+    /// Bound addresses a driver attached to something.
+    pub associated: i64,
+    /// Addresses released by the namespace's former claims and retained (still billed).
+    pub released_retained: i64,
+}
+
+/// Per-class numbers of a namespace.
+#[derive(Serialize, JsonSchema, Default, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassHoldings {
+    /// The class.
+    pub class_name: String,
+    /// Claims of the class in the namespace.
+    pub claims: i64,
+    /// Addresses of the class bound to the namespace's claims.
+    pub addresses_bound: i64,
+    /// Addresses of the class released by the namespace's former claims and retained.
+    pub released_retained: i64,
+}
+
+/// One claim of a namespace with its addresses.
+#[derive(Serialize, JsonSchema, Default, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimHolding {
+    /// Name of the claim.
+    pub name: String,
+    /// Its phase: Pending, Bound or Lost.
+    pub phase: String,
+    /// The class it resolved to (or names).
+    pub class_name: String,
+    /// The families it asks for: IPv4, IPv6 or Dual.
+    pub family: String,
+    /// The addresses it holds.
+    pub addresses: Vec<String>,
+}
+
+/// The holdings of one namespace: what it holds and retained.
+#[derive(Serialize, JsonSchema, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceAddresses {
+    /// APIVersion of this object: view.local.sdn.cozystack.io/v1alpha1.
+    pub api_version: String,
+    /// Kind of this object: NamespaceAddresses.
+    pub kind: String,
+    /// Standard object metadata; the name is the namespace's.
+    pub metadata: ObjectMeta,
+    /// What the namespace holds, in numbers.
+    pub summary: HoldingsSummary,
+    /// The numbers per class the namespace draws from.
+    pub classes: Vec<ClassHoldings>,
+    /// Every claim of the namespace with its addresses.
+    pub claims: Vec<ClaimHolding>,
+}
+
+/// The full record of one address a namespace holds or retained.
+#[derive(Serialize, JsonSchema, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AddressRecord {
+    /// Name of the IPAddress object.
+    pub name: String,
+    /// The address.
+    pub address: String,
+    /// IPv4 or IPv6 (Invalid for an address admitted before validation).
+    pub family: String,
+    /// Its class.
+    pub class_name: String,
+    /// Its phase: Pending, Available, Bound, Released, Conflict or Lost.
+    pub phase: String,
+    /// The claim it is (or was) bound to.
+    pub claim: String,
+    /// Retain or Delete: what happens to it when its claim goes.
+    pub reclaim_policy: String,
+    /// Where it comes from: fromClass or providerRef.
+    pub source: Value,
+    /// What a driver attached it to, when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub associated_to: Option<Value>,
+    /// When it was released, for a Released address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<Time>,
+}
+
+/// The `addresses` subresource of a NamespaceAddresses: the full records of every address
+/// the namespace holds or retained.
+#[derive(Serialize, JsonSchema, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceAddressRecords {
+    /// APIVersion of this object: view.local.sdn.cozystack.io/v1alpha1.
+    pub api_version: String,
+    /// Kind of this object: NamespaceAddressRecords.
+    pub kind: String,
+    /// Standard object metadata; the name is the namespace's.
+    pub metadata: ObjectMeta,
+    /// The records, by address object name.
+    pub items: Vec<AddressRecord>,
+}
+
+const COLUMNS: &[Column] = &[
+    Column::new("Name", "string", "Namespace", 0),
+    Column::new("Claims", "integer", "Claims in the namespace", 0),
+    Column::new("Bound", "integer", "Bound claims", 0),
+    Column::new("Pending", "integer", "Pending claims", 0),
+    Column::new("Lost", "integer", "Lost claims", 0),
+    Column::new("IPv4", "integer", "Bound IPv4 addresses", 0),
+    Column::new("IPv6", "integer", "Bound IPv6 addresses", 0),
+    Column::new("Released", "integer", "Addresses released and retained", 0),
+    Column::new(
+        "Associated",
+        "integer",
+        "Bound addresses attached by a driver",
+        1,
+    ),
+    Column::new("Classes", "string", "Classes the namespace draws from", 1),
+];
+
+pub static INFO: ResourceInfo = ResourceInfo {
+    plural: "namespaceaddresses",
+    singular: "namespaceaddresses",
+    kind: "NamespaceAddresses",
+    namespaced: true,
+    short_names: &["nsaddr"],
+    categories: &["addresses"],
+    verbs: &["get", "list", "watch"],
+    subresources: &[Subresource {
+        name: "addresses",
+        kind: "NamespaceAddressRecords",
+        verbs: &["get"],
+    }],
+    field_labels: &["metadata.name", "metadata.namespace"],
+    columns: COLUMNS,
+};
+
+/// The view, with its indexes: claims and addresses by namespace.
+#[derive(Default)]
+pub struct Holdings {
+    index: Mutex<Index>,
+}
+
+#[derive(Default)]
+struct Index {
+    claims: HashMap<String, BTreeSet<String>>,
+    /// By the namespace of the claim an address names.
+    addresses: HashMap<String, BTreeSet<String>>,
+}
+
+fn add(m: &mut HashMap<String, BTreeSet<String>>, k: &str, v: String) {
+    m.entry(k.to_string()).or_default().insert(v);
+}
+
+fn remove(m: &mut HashMap<String, BTreeSet<String>>, k: &str, v: &str) {
+    if let Some(set) = m.get_mut(k) {
+        set.remove(v);
+        if set.is_empty() {
+            m.remove(k);
+        }
+    }
+}
+
+fn key(ns: &str) -> String {
+    format!("{ns}/{ns}")
+}
+
+fn aphase(a: &IPAddress) -> Option<AddressPhase> {
+    a.status.as_ref().and_then(|s| s.phase)
+}
+
+impl Holdings {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
+        self.index.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The namespace's claims and addresses, from the caches.
+    fn gather(
+        &self,
+        ns: &str,
+        world: &World,
+    ) -> (
+        Vec<std::sync::Arc<IPAddressClaim>>,
+        Vec<std::sync::Arc<IPAddress>>,
+    ) {
+        let ix = self.lock();
+        let claims = ix
+            .claims
+            .get(ns)
+            .map(|s| {
+                s.iter()
+                    .filter_map(|n| world.claims.get(&format!("{ns}/{n}")))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let addresses = ix
+            .addresses
+            .get(ns)
+            .map(|s| s.iter().filter_map(|n| world.addresses.get(n)).collect())
+            .unwrap_or_default();
+        (claims, addresses)
+    }
+}
+
+/// The holdings of `ns` from its claims and the addresses naming claims in it.
+pub fn namespace_addresses(
+    ns: &str,
+    claims: &[std::sync::Arc<IPAddressClaim>],
+    addresses: &[std::sync::Arc<IPAddress>],
+) -> NamespaceAddresses {
+    let mut summary = HoldingsSummary::default();
+    let mut classes: BTreeMap<String, ClassHoldings> = BTreeMap::new();
+    let mut holdings = Vec::new();
+    let mut class_of = |name: &str| {
+        classes
+            .entry(name.to_string())
+            .or_insert_with(|| ClassHoldings {
+                class_name: name.to_string(),
+                ..Default::default()
+            });
+        name.to_string()
+    };
+    let mut bump: Vec<(String, i64, i64, i64)> = Vec::new();
+    let mut mine: Vec<&std::sync::Arc<IPAddressClaim>> = claims.iter().collect();
+    mine.sort_by_key(|c| c.name_any());
+    for c in mine {
+        let status = c.status.clone().unwrap_or_default();
+        let phase = status.phase.unwrap_or(ClaimPhase::Pending);
+        summary.claims.total += 1;
+        match phase {
+            ClaimPhase::Pending => summary.claims.pending += 1,
+            ClaimPhase::Bound => summary.claims.bound += 1,
+            ClaimPhase::Lost => summary.claims.lost += 1,
+        }
+        let class = status
+            .class_name
+            .clone()
+            .or_else(|| c.spec.class_name.clone())
+            .unwrap_or_default();
+        bump.push((class_of(&class), 1, 0, 0));
+        holdings.push(ClaimHolding {
+            name: c.name_any(),
+            phase: phase.as_str().to_string(),
+            class_name: class,
+            family: c.spec.family.as_str().to_string(),
+            addresses: status.addresses.iter().map(|a| a.address.clone()).collect(),
+        });
+    }
+    for a in addresses {
+        match aphase(a) {
+            Some(AddressPhase::Released) => {
+                summary.released_retained += 1;
+                bump.push((class_of(&a.spec.class_name), 0, 0, 1));
+            }
+            Some(AddressPhase::Bound) => {
+                summary.addresses_bound += 1;
+                bump.push((class_of(&a.spec.class_name), 0, 1, 0));
+                match family_of(&a.spec.address) {
+                    Ok(Family::IPv4) => summary.ipv4 += 1,
+                    Ok(Family::IPv6) => summary.ipv6 += 1,
+                    Err(_) => {}
+                }
+                if a.status.as_ref().is_some_and(|s| s.associated_to.is_some()) {
+                    summary.associated += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    for (class, c, b, r) in bump {
+        if let Some(h) = classes.get_mut(&class) {
+            h.claims += c;
+            h.addresses_bound += b;
+            h.released_retained += r;
+        }
+    }
+    NamespaceAddresses {
+        api_version: API_VERSION.into(),
+        kind: "NamespaceAddresses".into(),
+        metadata: meta(ns, Some(ns)),
+        summary,
+        classes: classes.into_values().collect(),
+        claims: holdings,
+    }
+}
+
+fn computed(v: NamespaceAddresses) -> Computed {
+    let s = &v.summary;
+    let ns = v.metadata.name.clone().unwrap_or_default();
+    let cells = vec![
+        json!(ns),
+        json!(s.claims.total),
+        json!(s.claims.bound),
+        json!(s.claims.pending),
+        json!(s.claims.lost),
+        json!(s.ipv4),
+        json!(s.ipv6),
+        json!(s.released_retained),
+        json!(s.associated),
+        json!(
+            v.classes
+                .iter()
+                .map(|c| c.class_name.as_str())
+                .filter(|c| !c.is_empty())
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    ];
+    Computed {
+        namespace: Some(ns.clone()),
+        name: ns,
+        value: serde_json::to_value(v).unwrap_or_default(),
+        cells,
+        labels: BTreeMap::new(),
+    }
+}
+
+/// The records of the addresses of `ns`, optionally of one claim.
+pub fn address_records(
+    ns: &str,
+    claim: Option<&str>,
+    addresses: &[std::sync::Arc<IPAddress>],
+) -> NamespaceAddressRecords {
+    let mut items: Vec<AddressRecord> = addresses
+        .iter()
+        .filter(|a| claim.is_none_or(|c| a.spec.claim_ref.as_ref().is_some_and(|r| r.name == c)))
+        .map(|a| AddressRecord {
+            name: a.name_any(),
+            address: a.spec.address.clone(),
+            family: family_of(&a.spec.address)
+                .map_or("Invalid", |f| f.as_str())
+                .to_string(),
+            class_name: a.spec.class_name.clone(),
+            phase: aphase(a)
+                .map_or("Unknown", AddressPhase::as_str)
+                .to_string(),
+            claim: a
+                .spec
+                .claim_ref
+                .as_ref()
+                .map(|r| r.name.clone())
+                .unwrap_or_default(),
+            reclaim_policy: a.spec.reclaim_policy.as_str().to_string(),
+            source: serde_json::to_value(&a.spec.source).unwrap_or_default(),
+            associated_to: a
+                .status
+                .as_ref()
+                .and_then(|s| s.associated_to.as_ref())
+                .and_then(|x| serde_json::to_value(x).ok()),
+            released_at: a.status.as_ref().and_then(|s| s.released_at.clone()),
+        })
+        .collect();
+    items.sort_by(|x, y| x.name.cmp(&y.name));
+    NamespaceAddressRecords {
+        api_version: API_VERSION.into(),
+        kind: "NamespaceAddressRecords".into(),
+        metadata: meta(ns, Some(ns)),
+        items,
+    }
+}
+
+impl View for Holdings {
+    fn info(&self) -> &'static ResourceInfo {
+        &INFO
+    }
+
+    fn claim_changed(
+        &self,
+        old: Option<&IPAddressClaim>,
+        new: Option<&IPAddressClaim>,
+        dirty: &mut Vec<String>,
+    ) {
+        let mut ix = self.lock();
+        if let Some(c) = old
+            && let Some(ns) = c.namespace()
+        {
+            remove(&mut ix.claims, &ns, &c.name_any());
+            dirty.push(key(&ns));
+        }
+        if let Some(c) = new
+            && let Some(ns) = c.namespace()
+        {
+            add(&mut ix.claims, &ns, c.name_any());
+            dirty.push(key(&ns));
+        }
+    }
+
+    fn address_changed(
+        &self,
+        old: Option<&IPAddress>,
+        new: Option<&IPAddress>,
+        dirty: &mut Vec<String>,
+    ) {
+        let mut ix = self.lock();
+        if let Some(a) = old
+            && let Some(r) = &a.spec.claim_ref
+        {
+            remove(&mut ix.addresses, &r.namespace, &a.name_any());
+            dirty.push(key(&r.namespace));
+        }
+        if let Some(a) = new
+            && let Some(r) = &a.spec.claim_ref
+        {
+            add(&mut ix.addresses, &r.namespace, a.name_any());
+            dirty.push(key(&r.namespace));
+        }
+    }
+
+    fn class_changed(
+        &self,
+        _old: Option<&IPAddressClass>,
+        _new: Option<&IPAddressClass>,
+        _dirty: &mut Vec<String>,
+    ) {
+    }
+
+    fn compute(&self, key: &str, world: &World) -> Option<Computed> {
+        let ns = key.split_once('/').map_or(key, |(ns, _)| ns);
+        let (claims, addresses) = self.gather(ns, world);
+        if claims.is_empty() && addresses.is_empty() {
+            return None;
+        }
+        Some(computed(namespace_addresses(ns, &claims, &addresses)))
+    }
+
+    fn absent(&self, namespace: Option<&str>, name: &str) -> Option<Computed> {
+        // Every namespace has holdings, zeros when it holds nothing.
+        (namespace == Some(name)).then(|| computed(namespace_addresses(name, &[], &[])))
+    }
+
+    fn subresource(
+        &self,
+        sub: &str,
+        namespace: Option<&str>,
+        name: &str,
+        query: &Query,
+        world: &World,
+    ) -> Option<Result<Value, ApiError>> {
+        if sub != "addresses" {
+            return None;
+        }
+        let ns = namespace.unwrap_or_default();
+        if name != ns {
+            return Some(Err(ApiError::not_found(INFO.plural, name)));
+        }
+        let (_, addresses) = self.gather(ns, world);
+        let records = address_records(ns, query.get("claim"), &addresses);
+        Some(Ok(serde_json::to_value(records).unwrap_or_default()))
+    }
+
+    fn schemas(&self, g: &mut schemars::SchemaGenerator) -> Vec<(&'static str, schemars::Schema)> {
+        vec![
+            (
+                "NamespaceAddresses",
+                g.subschema_for::<NamespaceAddresses>(),
+            ),
+            (
+                "NamespaceAddressRecords",
+                g.subschema_for::<NamespaceAddressRecords>(),
+            ),
+        ]
+    }
+}

@@ -1,0 +1,300 @@
+//! `poolavailabilities` (kind `PoolAvailability`, cluster-scoped): one per class — its
+//! capacity, what is allocated and free, counts by phase, pending claims, the next release.
+//! The numbers are kept per class as objects change (a change costs O(log n), whatever the
+//! size of the pool), not counted again on every request.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Mutex, PoisonError};
+
+use address_controller_api::family::family_of;
+use address_controller_api::names::{self, HELD_ANNOTATION};
+use address_controller_api::{
+    AddressPhase, ClaimPhase, Family, IPAddress, IPAddressClaim, IPAddressClass, duration,
+};
+use address_controller_runtime::world::World;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde_json::json;
+
+use super::{Column, Computed, ResourceInfo, View, meta};
+use crate::API_VERSION;
+
+/// Numbers per family.
+#[derive(Serialize, JsonSchema, Default, Debug, Clone, PartialEq)]
+pub struct PerFamily {
+    /// IPv4 addresses.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ipv4: Option<i64>,
+    /// IPv6 addresses.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<i64>,
+}
+
+/// The availability of one class's pool.
+#[derive(Serialize, JsonSchema, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolAvailability {
+    /// APIVersion of this object: view.local.sdn.cozystack.io/v1alpha1.
+    pub api_version: String,
+    /// Kind of this object: PoolAvailability.
+    pub kind: String,
+    /// Standard object metadata; the name is the class's.
+    pub metadata: ObjectMeta,
+    /// The driver of the class.
+    pub provisioner: String,
+    /// How many addresses the class's driver can hold, when it reports it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<PerFamily>,
+    /// Addresses of the class that exist (any phase).
+    pub allocated: PerFamily,
+    /// Capacity minus allocated, when the capacity is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub free: Option<PerFamily>,
+    /// Addresses of the class by phase.
+    pub phases: BTreeMap<String, i64>,
+    /// Claims of the class still waiting for an address.
+    pub pending_claims: i64,
+    /// When the next Released address of the class becomes Available (release delay).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_release: Option<Time>,
+}
+
+const COLUMNS: &[Column] = &[
+    Column::new("Name", "string", "Class", 0),
+    Column::new("Provisioner", "string", "Driver", 0),
+    Column::new("Capacity", "string", "IPv4/IPv6 the driver can hold", 0),
+    Column::new("Allocated", "string", "IPv4/IPv6 addresses that exist", 0),
+    Column::new("Free", "string", "IPv4/IPv6 capacity left", 0),
+    Column::new("Pending", "integer", "Claims waiting for an address", 0),
+    Column::new("Released", "integer", "Released addresses", 1),
+    Column::new("Conflict", "integer", "Addresses in Conflict", 1),
+    Column::new("Lost", "integer", "Addresses Lost", 1),
+    Column::new(
+        "NextRelease",
+        "string",
+        "When the next Released address becomes Available",
+        1,
+    ),
+];
+
+pub static INFO: ResourceInfo = ResourceInfo {
+    plural: "poolavailabilities",
+    singular: "poolavailability",
+    kind: "PoolAvailability",
+    namespaced: false,
+    short_names: &["pool"],
+    categories: &["addresses"],
+    verbs: &["get", "list", "watch"],
+    subresources: &[],
+    field_labels: &["metadata.name"],
+    columns: COLUMNS,
+};
+
+/// The numbers of one class, kept as objects change.
+#[derive(Default, Debug)]
+struct Numbers {
+    phases: BTreeMap<&'static str, i64>,
+    ipv4: i64,
+    ipv6: i64,
+    pending_claims: i64,
+    /// Released, not held, with the time they were released.
+    released: BTreeSet<(Timestamp, String)>,
+}
+
+#[derive(Default)]
+pub struct Pools {
+    numbers: Mutex<HashMap<String, Numbers>>,
+}
+
+fn phase_name(a: &IPAddress) -> &'static str {
+    a.status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .map_or("Unknown", AddressPhase::as_str)
+}
+
+fn pending_class(c: &IPAddressClaim) -> Option<&str> {
+    let s = c.status.as_ref()?;
+    (s.phase.unwrap_or(ClaimPhase::Pending) == ClaimPhase::Pending)
+        .then_some(s.class_name.as_deref()?)
+}
+
+/// An address's part in its class's numbers: (+1 or −1).
+fn count(n: &mut Numbers, a: &IPAddress, sign: i64) {
+    *n.phases.entry(phase_name(a)).or_default() += sign;
+    match family_of(&a.spec.address) {
+        Ok(Family::IPv4) => n.ipv4 += sign,
+        Ok(Family::IPv6) => n.ipv6 += sign,
+        Err(_) => {}
+    }
+    let released = a
+        .status
+        .as_ref()
+        .filter(|s| s.phase == Some(AddressPhase::Released));
+    if let Some(at) = released.and_then(|s| s.released_at.as_ref())
+        && !names::annotation_is_true(a.metadata.annotations.as_ref(), HELD_ANNOTATION)
+    {
+        let entry = (at.0, a.name_any());
+        if sign > 0 {
+            n.released.insert(entry);
+        } else {
+            n.released.remove(&entry);
+        }
+    }
+}
+
+fn pair(p: &PerFamily) -> String {
+    let f = |n: Option<i64>| n.map_or("-".to_string(), |n| n.to_string());
+    format!("{}/{}", f(p.ipv4), f(p.ipv6))
+}
+
+impl View for Pools {
+    fn info(&self) -> &'static ResourceInfo {
+        &INFO
+    }
+
+    fn claim_changed(
+        &self,
+        old: Option<&IPAddressClaim>,
+        new: Option<&IPAddressClaim>,
+        dirty: &mut Vec<String>,
+    ) {
+        let (before, after) = (old.and_then(pending_class), new.and_then(pending_class));
+        if before == after {
+            return;
+        }
+        let mut m = self.numbers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = before {
+            m.entry(c.to_string()).or_default().pending_claims -= 1;
+            dirty.push(c.to_string());
+        }
+        if let Some(c) = after {
+            m.entry(c.to_string()).or_default().pending_claims += 1;
+            dirty.push(c.to_string());
+        }
+    }
+
+    fn address_changed(
+        &self,
+        old: Option<&IPAddress>,
+        new: Option<&IPAddress>,
+        dirty: &mut Vec<String>,
+    ) {
+        let mut m = self.numbers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(a) = old {
+            count(m.entry(a.spec.class_name.clone()).or_default(), a, -1);
+            dirty.push(a.spec.class_name.clone());
+        }
+        if let Some(a) = new {
+            count(m.entry(a.spec.class_name.clone()).or_default(), a, 1);
+            dirty.push(a.spec.class_name.clone());
+        }
+    }
+
+    fn class_changed(
+        &self,
+        old: Option<&IPAddressClass>,
+        new: Option<&IPAddressClass>,
+        dirty: &mut Vec<String>,
+    ) {
+        dirty.extend(old.or(new).map(|c| c.name_any()));
+    }
+
+    fn compute(&self, key: &str, world: &World) -> Option<Computed> {
+        let class = world.classes.get(key)?;
+        let m = self.numbers.lock().unwrap_or_else(PoisonError::into_inner);
+        let empty = Numbers::default();
+        let n = m.get(key).unwrap_or(&empty);
+        let allocated = PerFamily {
+            ipv4: Some(n.ipv4),
+            ipv6: Some(n.ipv6),
+        };
+        let capacity = class
+            .status
+            .as_ref()
+            .and_then(|s| s.capacity.as_ref())
+            .map(|c| PerFamily {
+                ipv4: c.ipv4,
+                ipv6: c.ipv6,
+            });
+        let free = capacity.as_ref().map(|c| PerFamily {
+            ipv4: c.ipv4.map(|cap| (cap - n.ipv4).max(0)),
+            ipv6: c.ipv6.map(|cap| (cap - n.ipv6).max(0)),
+        });
+        let phases: BTreeMap<String, i64> = AddressPhase::ALL
+            .iter()
+            .map(|p| {
+                (
+                    p.as_str().to_string(),
+                    n.phases.get(p.as_str()).copied().unwrap_or(0),
+                )
+            })
+            .chain(
+                n.phases
+                    .get("Unknown")
+                    .filter(|u| **u > 0)
+                    .map(|u| ("Unknown".to_string(), *u)),
+            )
+            .collect();
+        let next_release = class
+            .spec
+            .release_delay
+            .as_deref()
+            .and_then(|d| duration::parse(d).ok())
+            .and_then(|d| SignedDuration::try_from(d).ok())
+            .and_then(|d| {
+                n.released
+                    .first()
+                    .and_then(|(at, _)| at.checked_add(d).ok())
+            })
+            .map(Time);
+        let pending_claims = n.pending_claims;
+        drop(m);
+        // The class's labels: `kubectl get pool -l tier=public` selects as for the classes.
+        let labels = class.metadata.labels.clone().unwrap_or_default();
+        let mut metadata = meta(key, None);
+        metadata.labels = Some(labels.clone()).filter(|l| !l.is_empty());
+        let v = PoolAvailability {
+            api_version: API_VERSION.into(),
+            kind: "PoolAvailability".into(),
+            metadata,
+            provisioner: class.spec.provisioner.clone(),
+            capacity,
+            allocated,
+            free,
+            phases,
+            pending_claims,
+            next_release,
+        };
+        let cells = vec![
+            json!(key),
+            json!(v.provisioner),
+            json!(v.capacity.as_ref().map_or("-/-".into(), pair)),
+            json!(pair(&v.allocated)),
+            json!(v.free.as_ref().map_or("-/-".into(), pair)),
+            json!(v.pending_claims),
+            json!(v.phases["Released"]),
+            json!(v.phases["Conflict"]),
+            json!(v.phases["Lost"]),
+            json!(
+                v.next_release
+                    .as_ref()
+                    .map_or("<none>".to_string(), |t| t.0.to_string())
+            ),
+        ];
+        Some(Computed {
+            namespace: None,
+            name: key.to_string(),
+            value: serde_json::to_value(v).unwrap_or_default(),
+            cells,
+            labels,
+        })
+    }
+
+    fn schemas(&self, g: &mut schemars::SchemaGenerator) -> Vec<(&'static str, schemars::Schema)> {
+        vec![("PoolAvailability", g.subschema_for::<PoolAvailability>())]
+    }
+}

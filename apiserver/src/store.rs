@@ -1,0 +1,423 @@
+//! The views, materialized. Cache changes only mark the keys they concern dirty (on the
+//! watch task: cheap); one task recomputes the dirty objects in batches — each object once
+//! per batch however many changes touched it — keeps the result, and appends what changed to
+//! a bounded history that watches replay from. Requests read the materialized objects; no
+//! request computes a view and no open watch polls.
+//!
+//! **resourceVersions.** A batch that changes anything is labelled with the highest etcd
+//! revision the caches had seen once its dirty keys were taken, or one more than the last
+//! label if that is not higher: labels strictly increase from batch to batch, so a list at
+//! revision R holds exactly the batches labelled ≤ R, and a watch from R replays exactly the
+//! later ones — nothing missed, nothing twice. Because labels follow etcd revisions, they never
+//! go backwards across restarts, and replicas label alike (up to the moment each one's caches
+//! saw a change: a watch resumed on another replica than the list's is as exact as the two
+//! replicas' caches are in step). A watch from a revision older than the history holds (or
+//! older than the initial build, which is not history) gets 410 Expired and lists again.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use address_controller_runtime::world::World;
+use axum::body::Bytes;
+use serde_json::{Value, json};
+use tokio::sync::{Notify, watch};
+
+use crate::resources::{Computed, View};
+
+/// One object of a view as served.
+#[derive(Debug)]
+pub struct Entry {
+    pub key: String,
+    pub namespace: Option<String>,
+    pub name: String,
+    pub rv: u64,
+    /// The object, `metadata.resourceVersion` included.
+    pub value: Value,
+    /// `value` serialized (what JSON lists and watches send).
+    pub json: Bytes,
+    pub cells: Vec<Value>,
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// A change of one object, in order.
+#[derive(Debug)]
+pub struct Event {
+    pub seq: u64,
+    pub rv: u64,
+    /// Index of the view in the store.
+    pub view: usize,
+    pub kind: EventType,
+    pub entry: Arc<Entry>,
+    /// The object before the change (for a list at an earlier revision).
+    pub old: Option<Arc<Entry>>,
+}
+
+struct Inner {
+    objects: Vec<BTreeMap<String, Arc<Entry>>>,
+    dirty: Vec<BTreeSet<String>>,
+    history: VecDeque<Arc<Event>>,
+    next_seq: u64,
+    /// No change at or before this revision can be replayed.
+    floor: u64,
+    revision: u64,
+    built: bool,
+}
+
+pub struct ViewStore {
+    pub world: World,
+    pub views: Vec<Arc<dyn View>>,
+    inner: Mutex<Inner>,
+    dirty_notify: Notify,
+    changes: watch::Sender<u64>,
+    capacity: usize,
+}
+
+/// A consistent read of one view: its objects at the store's revision, and where in the
+/// history a watch continues from.
+pub struct Snapshot {
+    pub revision: u64,
+    pub next_seq: u64,
+    pub objects: Vec<Arc<Entry>>,
+}
+
+/// Where a watch from a resourceVersion starts.
+pub enum Resume {
+    /// Replay the history from this sequence number.
+    From(u64),
+    /// The resourceVersion is older than what the history holds.
+    TooOld { oldest: u64 },
+}
+
+impl ViewStore {
+    /// A store of `views` over `world`, keeping `capacity` history events. Register it on
+    /// the caches ([`ViewStore::register`]) before the watches start, and run
+    /// [`ViewStore::run`].
+    pub fn new(world: World, views: Vec<Arc<dyn View>>, capacity: usize) -> Arc<ViewStore> {
+        let n = views.len();
+        Arc::new(ViewStore {
+            world,
+            views,
+            inner: Mutex::new(Inner {
+                objects: vec![BTreeMap::new(); n],
+                dirty: vec![BTreeSet::new(); n],
+                history: VecDeque::new(),
+                next_seq: 1,
+                floor: 0,
+                revision: 0,
+                built: false,
+            }),
+            dirty_notify: Notify::new(),
+            changes: watch::Sender::new(0),
+            capacity,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn mark(&self, view: usize, keys: Vec<String>) {
+        if keys.is_empty() {
+            return;
+        }
+        self.lock().dirty[view].extend(keys);
+        self.dirty_notify.notify_one();
+    }
+
+    /// Feeds the views' indexes and dirty sets from the caches.
+    pub fn register(self: &Arc<Self>) {
+        let s = self.clone();
+        self.world.claims.on_change(move |ch| {
+            for (i, v) in s.views.iter().enumerate() {
+                let mut dirty = Vec::new();
+                v.claim_changed(ch.old.as_deref(), ch.new.as_deref(), &mut dirty);
+                s.mark(i, dirty);
+            }
+        });
+        let s = self.clone();
+        self.world.addresses.on_change(move |ch| {
+            for (i, v) in s.views.iter().enumerate() {
+                let mut dirty = Vec::new();
+                v.address_changed(ch.old.as_deref(), ch.new.as_deref(), &mut dirty);
+                s.mark(i, dirty);
+            }
+        });
+        let s = self.clone();
+        self.world.classes.on_change(move |ch| {
+            for (i, v) in s.views.iter().enumerate() {
+                let mut dirty = Vec::new();
+                v.class_changed(ch.old.as_deref(), ch.new.as_deref(), &mut dirty);
+                s.mark(i, dirty);
+            }
+        });
+    }
+
+    /// The view store has its first complete build (after every cache listed).
+    pub fn built(&self) -> bool {
+        self.lock().built
+    }
+
+    /// Recomputes dirty objects for as long as the process runs.
+    pub async fn run(self: Arc<Self>) {
+        self.world.health.wait_synced().await;
+        loop {
+            let notified = self.dirty_notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            self.recompute();
+            notified.await;
+        }
+    }
+
+    /// One batch: every dirty object computed once, the changes applied and announced.
+    pub fn recompute(&self) {
+        let (dirty, rv): (Vec<BTreeSet<String>>, u64) = {
+            let mut inner = self.lock();
+            let dirty = inner.dirty.iter_mut().map(std::mem::take).collect();
+            // Read after taking the dirty keys: every change they stand for was counted in
+            // the revision before it was marked, so the label is never older than them.
+            // Strictly above what any earlier batch published, so that a client holding an
+            // earlier revision gets this batch's events on resuming, and one holding this
+            // batch's revision does not get them again.
+            let seen = self.world.revision.load(Ordering::Acquire);
+            (dirty, seen.max(inner.revision + 1))
+        };
+        let computed: Vec<Vec<(String, Option<Computed>)>> = dirty
+            .into_iter()
+            .enumerate()
+            .map(|(i, keys)| {
+                keys.into_iter()
+                    .map(|k| {
+                        let c = self.views[i].compute(&k, &self.world);
+                        (k, c)
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut inner = self.lock();
+        let first = !inner.built;
+        let mut changed = false;
+        for (view, results) in computed.into_iter().enumerate() {
+            for (key, c) in results {
+                let old = inner.objects[view].get(&key).cloned();
+                let event = match (c, &old) {
+                    (Some(c), old) => {
+                        let entry = entry(key.clone(), c, rv);
+                        if old.as_ref().is_some_and(|o| same_content(o, &entry)) {
+                            continue;
+                        }
+                        let entry = Arc::new(entry);
+                        inner.objects[view].insert(key, entry.clone());
+                        let kind = if old.is_some() {
+                            EventType::Modified
+                        } else {
+                            EventType::Added
+                        };
+                        (kind, entry)
+                    }
+                    (None, Some(o)) => {
+                        inner.objects[view].remove(&key);
+                        (EventType::Deleted, Arc::new(with_rv(o, rv)))
+                    }
+                    (None, None) => continue,
+                };
+                changed = true;
+                if !first {
+                    let seq = inner.next_seq;
+                    inner.next_seq += 1;
+                    inner.history.push_back(Arc::new(Event {
+                        seq,
+                        rv,
+                        view,
+                        kind: event.0,
+                        entry: event.1,
+                        old,
+                    }));
+                }
+            }
+        }
+        if changed || first {
+            inner.revision = rv;
+        } else {
+            // Nothing changed: the views are as of what the caches have seen.
+            inner.revision = inner
+                .revision
+                .max(self.world.revision.load(Ordering::Acquire));
+        }
+        if first {
+            inner.built = true;
+            inner.floor = rv;
+        }
+        while inner.history.len() > self.capacity {
+            if let Some(e) = inner.history.pop_front() {
+                inner.floor = inner.floor.max(e.rv);
+            }
+        }
+        let seq = inner.next_seq;
+        drop(inner);
+        if changed || first {
+            self.changes.send_replace(seq);
+        }
+    }
+
+    /// The objects of `view` (all of them; callers filter) at the store's revision.
+    pub fn snapshot(&self, view: usize) -> Snapshot {
+        let inner = self.lock();
+        Snapshot {
+            revision: inner.revision,
+            next_seq: inner.next_seq,
+            objects: inner.objects[view].values().cloned().collect(),
+        }
+    }
+
+    /// The objects of `view` as they were at revision `rv` (a page of a list started
+    /// then, or a list at an exact revision): the current ones with the history's later
+    /// changes undone — O(objects + changes since `rv`). `None` when the history no longer
+    /// reaches back to `rv`.
+    pub fn snapshot_at(&self, view: usize, rv: u64) -> Option<Snapshot> {
+        let inner = self.lock();
+        if rv < inner.floor || rv > inner.revision {
+            return None;
+        }
+        let mut objects = inner.objects[view].clone();
+        for e in inner.history.iter().rev().take_while(|e| e.rv > rv) {
+            if e.view != view {
+                continue;
+            }
+            match &e.old {
+                Some(o) => objects.insert(o.key.clone(), o.clone()),
+                None => objects.remove(&e.entry.key),
+            };
+        }
+        Some(Snapshot {
+            revision: rv,
+            next_seq: inner.next_seq,
+            objects: objects.into_values().collect(),
+        })
+    }
+
+    pub fn get(&self, view: usize, key: &str) -> (u64, Option<Arc<Entry>>) {
+        let inner = self.lock();
+        (inner.revision, inner.objects[view].get(key).cloned())
+    }
+
+    /// The oldest revision a list or watch can still be served from.
+    pub fn oldest(&self) -> u64 {
+        self.lock().floor
+    }
+
+    pub fn revision(&self) -> u64 {
+        self.lock().revision
+    }
+
+    /// Where a watch from `rv` resumes.
+    pub fn resume(&self, rv: u64) -> Resume {
+        let inner = self.lock();
+        if rv < inner.floor {
+            return Resume::TooOld {
+                oldest: inner.floor,
+            };
+        }
+        // The first event newer than rv (events are in revision order).
+        let pos = inner.history.partition_point(|e| e.rv <= rv);
+        Resume::From(inner.history.get(pos).map_or(inner.next_seq, |e| e.seq))
+    }
+
+    /// The history events from sequence `from` on, and the store's revision with them (a
+    /// bookmark at that revision misses nothing); `None` when some were dropped already (the
+    /// watcher fell too far behind).
+    pub fn events_from(&self, from: u64) -> Option<(Vec<Arc<Event>>, u64)> {
+        let inner = self.lock();
+        let oldest = inner.history.front().map_or(inner.next_seq, |e| e.seq);
+        if from < oldest {
+            return None;
+        }
+        let skip = usize::try_from(from - oldest).unwrap_or(usize::MAX);
+        Some((
+            inner.history.iter().skip(skip).cloned().collect(),
+            inner.revision,
+        ))
+    }
+
+    /// Resolves when the history grows (the sequence number of the next event).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// Waits up to `within` for the store's revision to reach `rv`.
+    pub async fn wait_for_revision(&self, rv: u64, within: std::time::Duration) -> bool {
+        let mut rx = self.subscribe();
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if self.revision() >= rv {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .is_err()
+            {
+                return self.revision() >= rv;
+            }
+        }
+    }
+}
+
+/// The served form of a computed object at revision `rv`.
+pub fn entry(key: String, c: Computed, rv: u64) -> Entry {
+    let mut value = c.value;
+    value["metadata"]["resourceVersion"] = json!(rv.to_string());
+    let json = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
+    Entry {
+        key,
+        namespace: c.namespace,
+        name: c.name,
+        rv,
+        value,
+        json,
+        cells: c.cells,
+        labels: c.labels,
+    }
+}
+
+/// The last state of an entry, at revision `rv` (a deletion's).
+fn with_rv(old: &Entry, rv: u64) -> Entry {
+    let mut value = old.value.clone();
+    value["metadata"]["resourceVersion"] = json!(rv.to_string());
+    Entry {
+        key: old.key.clone(),
+        namespace: old.namespace.clone(),
+        name: old.name.clone(),
+        rv,
+        json: Bytes::from(serde_json::to_vec(&value).unwrap_or_default()),
+        value,
+        cells: old.cells.clone(),
+        labels: old.labels.clone(),
+    }
+}
+
+/// Equal but for the resourceVersion.
+fn same_content(old: &Entry, new: &Entry) -> bool {
+    let mut a = old.value.clone();
+    a["metadata"]["resourceVersion"] = Value::Null;
+    let mut b = new.value.clone();
+    b["metadata"]["resourceVersion"] = Value::Null;
+    a == b && old.cells == new.cells && old.labels == new.labels
+}
