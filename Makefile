@@ -67,6 +67,11 @@ chaos: ## The chaos suite on a fresh local control plane: churn, leader kills, k
 invariants: ## Check the ledger's invariants on the cluster in $KUBECONFIG (prints the table)
 	$(CARGO) run --quiet -p address-controller-tests --bin invariant-check -- --settle 30s
 
+.PHONY: bench-watch
+bench-watch: ## Informer-like watchers of the views under steady claim changes: relists, latency, CPU per watcher
+	cargo build --bins --quiet
+	cargo bench -p address-controller-tests --bench watch
+
 .PHONY: bench
 bench: ## Benchmarks that print figures (list latency through the aggregator, bind throughput)
 	cargo build --bins --quiet

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use address_controller_apiserver::authn::Authenticator;
 use address_controller_apiserver::authz::Authorizer;
-use address_controller_apiserver::metrics::ApiMetrics;
+use address_controller_apiserver::metrics::{ApiMetrics, AuthCaches};
 use address_controller_apiserver::resources;
 use address_controller_apiserver::store::ViewStore;
 use address_controller_apiserver::tls;
@@ -119,6 +119,17 @@ struct ApiServerArgs {
         default_value_t = 10_000
     )]
     view_history: usize,
+    /// Most entries of each delegated-auth cache (TokenReview results, SubjectAccessReview
+    /// decisions): a flood of distinct tokens cannot grow memory past it.
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_AUTH_CACHE_SIZE",
+        default_value_t = 10_000
+    )]
+    auth_cache_size: u64,
+    /// Testing only: serve this file as /openapi/v2 instead of the generated document.
+    #[arg(long, hide = true)]
+    testing_openapi_v2: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -200,15 +211,34 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             _ => tls::ServingCert::SelfSigned(vec!["localhost".into()]),
         };
         let config = tls::server_config(cert)?;
-        let authn = Authenticator::new(client.clone());
-        let authz = Arc::new(Authorizer::new(client.clone()));
+        let authn = Authenticator::new(client.clone(), args.apiserver.auth_cache_size);
+        let authz = Arc::new(Authorizer::new(
+            client.clone(),
+            args.apiserver.auth_cache_size,
+        ));
+        metrics
+            .registry
+            .register(Box::new(AuthCaches::new(authn.clone(), authz.clone())?))?;
         tasks.spawn_forever("front-proxy settings watch", authn.clone().watch_config());
+        tasks.spawn_forever(
+            "auth cache upkeep",
+            address_controller_apiserver::auth_upkeep(authn.clone(), authz.clone()),
+        );
         if let Some(store) = views {
             let state = Arc::new(address_controller_apiserver::State {
                 store,
                 authn: authn.clone(),
                 authz: authz.clone(),
                 metrics: ApiMetrics::new(&metrics.registry)?,
+                openapi: address_controller_apiserver::openapi::Served::new(
+                    match &args.apiserver.testing_openapi_v2 {
+                        Some(path) => Some(serde_json::from_slice(
+                            &std::fs::read(path)
+                                .with_context(|| format!("reading {}", path.display()))?,
+                        )?),
+                        None => None,
+                    },
+                ),
             });
             let serve = address_controller_apiserver::serve_tls(
                 args.apiserver.apiserver_address,

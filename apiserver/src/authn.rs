@@ -207,8 +207,6 @@ pub struct Authenticator {
 }
 
 const TOKEN_TTL: Duration = Duration::from_secs(10);
-/// Most tokens kept: a flood of distinct tokens cannot grow memory past this.
-const TOKEN_CAPACITY: u64 = 10_000;
 /// Longest wait for a TokenReview.
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -225,12 +223,13 @@ pub enum AuthnError {
 }
 
 impl Authenticator {
-    pub fn new(client: Client) -> Arc<Self> {
+    /// `capacity`: most tokens kept — a flood of distinct tokens cannot grow memory past it.
+    pub fn new(client: Client, capacity: u64) -> Arc<Self> {
         Arc::new(Authenticator {
             client,
             front_proxy: RwLock::new(None),
             tokens: moka::future::Cache::builder()
-                .max_capacity(TOKEN_CAPACITY)
+                .max_capacity(capacity)
                 .time_to_live(TOKEN_TTL)
                 .build(),
         })
@@ -355,9 +354,13 @@ impl Authenticator {
             }))
     }
 
-    /// Tokens held in the cache (for tests).
-    pub async fn cached_tokens(&self) -> u64 {
+    /// Applies pending evictions and expirations (they are otherwise applied lazily).
+    pub async fn upkeep(&self) {
         self.tokens.run_pending_tasks().await;
+    }
+
+    /// Tokens held in the cache (as of the last upkeep).
+    pub fn cached_tokens(&self) -> u64 {
         self.tokens.entry_count()
     }
 }

@@ -37,8 +37,6 @@ pub struct Authorizer {
     cache: moka::future::Cache<[u8; 32], bool>,
 }
 
-/// Most decisions kept.
-const CAPACITY: u64 = 50_000;
 /// Longest wait for a SubjectAccessReview.
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -67,19 +65,24 @@ fn cache_key(user: &UserInfo, attrs: &Attributes) -> [u8; 32] {
 }
 
 impl Authorizer {
-    pub fn new(client: Client) -> Self {
+    /// `capacity`: most decisions kept.
+    pub fn new(client: Client, capacity: u64) -> Self {
         Authorizer {
             client,
             cache: moka::future::Cache::builder()
-                .max_capacity(CAPACITY)
+                .max_capacity(capacity)
                 .time_to_live(TTL)
                 .build(),
         }
     }
 
-    /// Decisions held (for tests).
-    pub async fn cached(&self) -> u64 {
+    /// Applies pending evictions and expirations (they are otherwise applied lazily).
+    pub async fn upkeep(&self) {
         self.cache.run_pending_tasks().await;
+    }
+
+    /// Decisions held (as of the last upkeep).
+    pub fn cached(&self) -> u64 {
         self.cache.entry_count()
     }
 

@@ -57,6 +57,7 @@ pub struct State {
     pub authn: Arc<Authenticator>,
     pub authz: Arc<Authorizer>,
     pub metrics: ApiMetrics,
+    pub openapi: openapi::Served,
 }
 
 impl State {
@@ -366,21 +367,64 @@ async fn group_version(
     axum::Json(discovery::api_resource_list(&state.store.views)).into_response()
 }
 
-async fn openapi_v2() -> Response {
-    axum::Json(openapi::v2()).into_response()
+/// A served OpenAPI document, or 304 when the client holds it already.
+fn document(d: &openapi::Document, headers: &axum::http::HeaderMap) -> Response {
+    let held = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == d.etag));
+    let etag = HeaderValue::from_str(&d.etag).unwrap_or(HeaderValue::from_static("\"\""));
+    if held {
+        return (StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response();
+    }
+    (
+        StatusCode::OK,
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            ),
+            (header::ETAG, etag),
+        ],
+        d.body.clone(),
+    )
+        .into_response()
 }
 
-async fn openapi_v3_index() -> Response {
-    axum::Json(openapi::v3_index()).into_response()
+async fn openapi_v2(
+    axum::extract::State(state): axum::extract::State<Arc<State>>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    document(&state.openapi.v2, &headers)
+}
+
+async fn openapi_v3_index(
+    axum::extract::State(state): axum::extract::State<Arc<State>>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    document(&state.openapi.v3_index, &headers)
 }
 
 async fn openapi_v3(
+    axum::extract::State(state): axum::extract::State<Arc<State>>,
     axum::extract::Path((g, v)): axum::extract::Path<(String, String)>,
+    headers: axum::http::HeaderMap,
 ) -> Response {
     if g != GROUP || v != VERSION {
         return serve::page_not_found();
     }
-    axum::Json(openapi::v3()).into_response()
+    document(&state.openapi.v3, &headers)
+}
+
+/// Keeps the delegated-auth caches within their bounds (evictions and expirations are
+/// otherwise applied only as they are used); runs for as long as the process.
+pub async fn auth_upkeep(authn: Arc<Authenticator>, authz: Arc<Authorizer>) {
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+    loop {
+        every.tick().await;
+        authn.upkeep().await;
+        authz.upkeep().await;
+    }
 }
 
 /// Serves `app` over TLS on `addr` until `shutdown` resolves.

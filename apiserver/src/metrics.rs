@@ -54,3 +54,60 @@ impl ApiMetrics {
         }
     }
 }
+
+/// The delegated-auth caches' sizes, read at scrape time:
+/// `address_controller_apiserver_auth_cache_entries{cache="tokens"|"decisions"}`.
+pub struct AuthCaches {
+    pub authn: std::sync::Arc<crate::authn::Authenticator>,
+    pub authz: std::sync::Arc<crate::authz::Authorizer>,
+    desc: prometheus::core::Desc,
+}
+
+impl AuthCaches {
+    pub fn new(
+        authn: std::sync::Arc<crate::authn::Authenticator>,
+        authz: std::sync::Arc<crate::authz::Authorizer>,
+    ) -> Result<AuthCaches, prometheus::Error> {
+        let desc = prometheus::core::Desc::new(
+            "address_controller_apiserver_auth_cache_entries".into(),
+            "Entries in the delegated authentication (tokens) and authorization (decisions) caches; bounded by --auth-cache-size".into(),
+            vec!["cache".into()],
+            Default::default(),
+        )?;
+        Ok(AuthCaches { authn, authz, desc })
+    }
+}
+
+impl prometheus::core::Collector for AuthCaches {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        vec![&self.desc]
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let gauge = |cache: &str, v: u64| -> Option<prometheus::proto::Metric> {
+            let g = prometheus::IntGauge::with_opts(
+                Opts::new(self.desc.fq_name.clone(), self.desc.help.clone())
+                    .const_label("cache", cache),
+            )
+            .ok()?;
+            g.set(i64::try_from(v).unwrap_or(i64::MAX));
+            prometheus::core::Collector::collect(&g)
+                .pop()
+                .and_then(|mut f| f.take_metric().pop())
+        };
+        let mut family = prometheus::proto::MetricFamily::default();
+        family.set_name(self.desc.fq_name.clone());
+        family.set_help(self.desc.help.clone());
+        family.set_field_type(prometheus::proto::MetricType::GAUGE);
+        family.set_metric(
+            [
+                gauge("tokens", self.authn.cached_tokens()),
+                gauge("decisions", self.authz.cached()),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
+        );
+        vec![family]
+    }
+}

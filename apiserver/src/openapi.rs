@@ -39,39 +39,40 @@ fn schemas(settings: SchemaSettings, ref_prefix: &str) -> Map<String, Value> {
     let mut out = Map::new();
     for (name, mut schema) in defs {
         let is_kind = kinds.contains(&name.as_str());
-        let full = if is_kind {
-            format!("{PREFIX}.{name}")
-        } else {
-            name.clone()
-        };
+        let full = qualified(&name);
         if is_kind && let Some(obj) = schema.as_object_mut() {
             obj.insert(
                 "x-kubernetes-group-version-kind".into(),
                 json!([{"group": GROUP, "version": VERSION, "kind": name}]),
             );
         }
-        rewrite_refs(&mut schema, ref_prefix, &kinds);
+        rewrite_refs(&mut schema, ref_prefix);
         out.insert(full, schema);
     }
     out
 }
 
-/// schemars names the kinds by their Rust names; the documents use the prefixed ones.
-fn rewrite_refs(v: &mut Value, prefix: &str, kinds: &[&str]) {
+/// The document name of a schema: schemars names them by their Rust names, which would
+/// land unqualified in the cluster's merged document (where every API's definitions live
+/// side by side); ours all carry the group's reverse-DNS prefix, as Kubernetes' own do.
+fn qualified(name: &str) -> String {
+    if name.contains('.') {
+        name.to_string()
+    } else {
+        format!("{PREFIX}.{name}")
+    }
+}
+
+fn rewrite_refs(v: &mut Value, prefix: &str) {
     match v {
         Value::Object(o) => {
             if let Some(Value::String(r)) = o.get_mut("$ref") {
                 let name = r.rsplit('/').next().unwrap_or_default().to_string();
-                let full = if kinds.contains(&name.as_str()) {
-                    format!("{PREFIX}.{name}")
-                } else {
-                    name
-                };
-                *r = format!("{prefix}{full}");
+                *r = format!("{prefix}{}", qualified(&name));
             }
-            o.values_mut().for_each(|x| rewrite_refs(x, prefix, kinds));
+            o.values_mut().for_each(|x| rewrite_refs(x, prefix));
         }
-        Value::Array(a) => a.iter_mut().for_each(|x| rewrite_refs(x, prefix, kinds)),
+        Value::Array(a) => a.iter_mut().for_each(|x| rewrite_refs(x, prefix)),
         _ => {}
     }
 }
@@ -183,6 +184,17 @@ fn swagger2(v: &mut Value) {
                     .unwrap_or(json!("object"));
                 o.insert("type".into(), t);
             }
+            // `allOf` of one `$ref` (how a described reference is written in OpenAPI 3) is a
+            // plain `$ref` with its description beside it in Kubernetes' v2 documents: the
+            // form `kubectl explain` follows.
+            if let Some(Value::Array(all)) = o.get("allOf")
+                && let [only] = all.as_slice()
+                && only.as_object().is_some_and(|m| m.len() == 1)
+                && let Some(r) = only.get("$ref").cloned()
+            {
+                o.remove("allOf");
+                o.insert("$ref".into(), r);
+            }
             if let Some(c) = o.remove("const") {
                 o.insert("enum".into(), json!([c]));
             }
@@ -271,6 +283,42 @@ pub fn v3_index() -> Value {
     json!({"paths": {format!("apis/{GROUP}/{VERSION}"): {"serverRelativeURL": format!("/openapi/v3/apis/{GROUP}/{VERSION}?hash={}", hash(&doc))}}})
 }
 
+/// The documents as served: encoded once, with their ETags (kube-apiserver's OpenAPI
+/// aggregation downloads `/openapi/v2` every minute with `If-None-Match`: an unchanged
+/// document costs it a 304, not a merge).
+pub struct Served {
+    pub v2: Document,
+    pub v3: Document,
+    pub v3_index: Document,
+}
+
+/// One served document.
+pub struct Document {
+    pub body: axum::body::Bytes,
+    pub etag: String,
+}
+
+impl Document {
+    fn of(v: &Value) -> Document {
+        let body = axum::body::Bytes::from(v.to_string());
+        Document {
+            etag: format!("\"{}\"", &hash(v)[..32]),
+            body,
+        }
+    }
+}
+
+impl Served {
+    /// The generated documents; `v2` replaced when given (tests).
+    pub fn new(v2: Option<Value>) -> Served {
+        Served {
+            v2: Document::of(&v2.unwrap_or_else(self::v2)),
+            v3: Document::of(&v3()),
+            v3_index: Document::of(&v3_index()),
+        }
+    }
+}
+
 /// `(file name, pretty JSON)` of the committed documents under `openapi/`.
 pub fn files() -> Vec<(String, String)> {
     let pretty = |v: &Value| serde_json::to_string_pretty(v).unwrap_or_default() + "\n";
@@ -319,6 +367,22 @@ mod tests {
             cleaned["properties"]["releasedAt"]["$ref"],
             "#/definitions/Time"
         );
+    }
+
+    #[test]
+    fn every_definition_has_a_qualified_name() {
+        // They land in the cluster's merged document beside everyone else's.
+        for doc in [
+            v2()["definitions"].clone(),
+            v3()["components"]["schemas"].clone(),
+        ] {
+            for name in doc.as_object().unwrap().keys() {
+                assert!(
+                    name.starts_with(PREFIX) || name.starts_with("io.k8s."),
+                    "{name}"
+                );
+            }
+        }
     }
 
     #[test]

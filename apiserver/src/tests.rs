@@ -117,7 +117,7 @@ fn app_keeping(pki: &Pki, history: usize) -> (axum::Router, World, Arc<ViewStore
     world.revision.store(77, Ordering::Release);
     store.recompute();
     let client = offline_client();
-    let authn = Authenticator::new(client.clone());
+    let authn = Authenticator::new(client.clone(), 100);
     let cm: ConfigMap = serde_json::from_value(json!({"data": {
         "requestheader-client-ca-file": pki.ca_pem, "requestheader-allowed-names": "[\"front-proxy-client\"]",
         "requestheader-username-headers": "[\"X-Remote-User\"]", "requestheader-group-headers": "[\"X-Remote-Group\"]",
@@ -127,8 +127,9 @@ fn app_keeping(pki: &Pki, history: usize) -> (axum::Router, World, Arc<ViewStore
     let app = router(Arc::new(State {
         store: store.clone(),
         authn,
-        authz: Arc::new(Authorizer::new(client)),
+        authz: Arc::new(Authorizer::new(client, 100)),
         metrics: ApiMetrics::unregistered(),
+        openapi: crate::openapi::Served::new(None),
     }));
     (app, world, store)
 }

@@ -433,27 +433,34 @@ impl Env {
     /// /metrics), registered through the APIService whose ExternalName Service points at
     /// localhost: the controller, the views' port and the metrics port.
     pub async fn serve_views(&mut self) -> (ControllerProcess, u16, u16) {
+        self.serve_views_with(&[]).await
+    }
+
+    /// [`Env::serve_views`] with extra arguments for the controller.
+    pub async fn serve_views_with(&mut self, extra: &[&str]) -> (ControllerProcess, u16, u16) {
         self.ctl.kill();
         let cluster = Cluster::get();
         let port = free_port();
         let metrics_port = free_port();
         let pki = cluster.dir.join("pki");
-        let ctl = ControllerProcess::start(
-            &format!("ctl-views-{}", self.sfx),
-            &[
-                "--leader-elect=false",
-                "--apiserver-address",
-                &format!("127.0.0.1:{port}"),
-                "--tls-cert-file",
-                pki.join("aggr.crt").to_str().unwrap(),
-                "--tls-private-key-file",
-                pki.join("aggr.key").to_str().unwrap(),
-                "--metrics-address",
-                &format!("127.0.0.1:{metrics_port}"),
-            ],
-        )
-        .await
-        .unwrap();
+        let address = format!("127.0.0.1:{port}");
+        let metrics = format!("127.0.0.1:{metrics_port}");
+        let (cert, key) = (pki.join("aggr.crt"), pki.join("aggr.key"));
+        let mut args = vec![
+            "--leader-elect=false",
+            "--apiserver-address",
+            &address,
+            "--tls-cert-file",
+            cert.to_str().unwrap(),
+            "--tls-private-key-file",
+            key.to_str().unwrap(),
+            "--metrics-address",
+            &metrics,
+        ];
+        args.extend(extra);
+        let ctl = ControllerProcess::start(&format!("ctl-views-{}-{}", self.sfx, port), &args)
+            .await
+            .unwrap();
         register_views(self, port).await;
         (ctl, port, metrics_port)
     }

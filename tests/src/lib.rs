@@ -556,6 +556,11 @@ impl ControllerProcess {
     }
 
     /// `/readyz`: (status, body).
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub async fn readyz(&self) -> Result<(u16, String)> {
         http_get(&format!("http://{}/readyz", self.probe)).await
     }
@@ -759,3 +764,36 @@ pub mod chart;
 pub mod conformance;
 pub mod env;
 pub mod invariants;
+
+/// CPU time (user + system) a process has used, from `/proc/<pid>/stat`.
+pub fn cpu_time(pid: u32) -> Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or_else(|| anyhow!("unreadable /proc/{pid}/stat"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> Result<u64> {
+        Ok(fields
+            .get(i)
+            .ok_or_else(|| anyhow!("short stat"))?
+            .parse()?)
+    };
+    // utime and stime are fields 14 and 15 of the line: 11 and 12 after the name.
+    let total = ticks(11)? + ticks(12)?;
+    // The kernel reports clock ticks of USER_HZ, 100 on Linux.
+    Ok(Duration::from_millis(total * 10))
+}
+
+/// Resident memory of a process, from `/proc/<pid>/status`.
+pub fn rss_bytes(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .ok_or_else(|| anyhow!("no VmRSS for {pid}"))?
+        .parse()?;
+    Ok(kb * 1024)
+}

@@ -16,11 +16,6 @@ async fn serving(e: &mut Env) -> ControllerProcess {
     e.serve_views().await.0
 }
 
-async fn serving_with_metrics(e: &mut Env) -> (ControllerProcess, u16) {
-    let (ctl, _, metrics) = e.serve_views().await;
-    (ctl, metrics)
-}
-
 fn kubectl(args: &[&str]) -> (bool, String, String) {
     let out = Cluster::get().kubectl().args(args).output().unwrap();
     (
@@ -227,7 +222,11 @@ async fn views_through_the_aggregator_with_kubectl() {
 #[tokio::test]
 async fn security_front_proxy_tokens_and_rbac() {
     let mut e = env("views-sec").await;
-    let (_ctl, metrics_port) = serving_with_metrics(&mut e).await;
+    // Small auth caches, so that a flood fills them.
+    const CACHE: usize = 50;
+    let (_ctl, _, metrics_port) = e
+        .serve_views_with(&["--auth-cache-size", &CACHE.to_string()])
+        .await;
     let cluster = Cluster::get();
     let ns_a = e.ns.name.clone();
     let ns_b = TestNamespace::create(&e.client, "views-sec-b")
@@ -411,6 +410,70 @@ async fn security_front_proxy_tokens_and_rbac() {
     assert_eq!(metrics(Some(token("nobody"))).0, "403");
     assert_eq!(metrics(None).0, "403", "anonymous");
     assert_eq!(metrics(Some("garbage".into())).0, "401");
+    // A flood of distinct bad tokens: every one refused, the token cache never past its
+    // bound (and filled: the refusals are cached).
+    let dir = tempdir();
+    let config = dir.join("flood.curlrc");
+    let flood = 6 * CACHE;
+    let block = |i: usize| {
+        format!(
+            "url = \"https://127.0.0.1:{port}/apis/view.local.sdn.cozystack.io/v1alpha1/namespaceaddresses\"\nheader = \"Authorization: Bearer flood-{i}\"\ninsecure\noutput = \"/dev/null\"\nwrite-out = \"%{{http_code}}\\n\"\n"
+        )
+    };
+    // One curl for all of them: blocks of per-request options, `next` between them.
+    let rc = (0..flood).map(block).collect::<Vec<_>>().join("next\n");
+    std::fs::write(&config, rc).unwrap();
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sk",
+            "-Z",
+            "--parallel-max",
+            "16",
+            "-K",
+            config.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let codes = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut tally = std::collections::BTreeMap::<&str, usize>::new();
+    codes
+        .lines()
+        .for_each(|c| *tally.entry(c).or_default() += 1);
+    assert_eq!(tally.get("401"), Some(&flood), "{tally:?}");
+    let scraper = token("scraper");
+    let held = wait_for(
+        "the token cache within its bound",
+        Duration::from_secs(30),
+        || {
+            let scraper = scraper.clone();
+            let metrics = &metrics;
+            async move {
+                let (_, body) = metrics(Some(scraper));
+                let held: usize = body
+                    .lines()
+                    .find(|l| {
+                        l.starts_with(
+                            "address_controller_apiserver_auth_cache_entries{cache=\"tokens\"}",
+                        )
+                    })
+                    .and_then(|l| l.rsplit(' ').next())
+                    .and_then(|v| v.parse().ok())
+                    .ok_or_else(|| anyhow::anyhow!("no token cache gauge"))?;
+                Ok((held <= CACHE).then_some(held))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(held > 0, "refusals are cached");
+    println!("{flood} distinct bad tokens: all 401, {held} held (bound {CACHE})");
+    // The plain probe port serves probes, nothing else: no anonymous /metrics anywhere.
+    let (code, _) = address_controller_tests::http_get(&format!("http://{}/metrics", _ctl.probe))
+        .await
+        .unwrap();
+    assert_eq!(code, 404);
+    let (code, _) = _ctl.readyz().await.unwrap();
+    assert_eq!(code, 200, "the probe port answers probes");
     drop(ns_b);
     e.check_with(&[&_ctl]).await;
 }
