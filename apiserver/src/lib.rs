@@ -165,6 +165,10 @@ async fn handle(state: Arc<State>, api: Router, mut req: Request) -> Response {
         .cloned()
         .unwrap_or_default();
     let response = authorized(&state, &peer, req.method(), req.headers(), &path, info).await;
+    let user = response
+        .as_ref()
+        .map(|u| u.name.clone())
+        .unwrap_or_default();
     // Errors come in the encoding the client asked for, as kube-apiserver's do.
     let yaml = negotiate::negotiate(
         req.headers()
@@ -174,7 +178,7 @@ async fn handle(state: Arc<State>, api: Router, mut req: Request) -> Response {
     .ok()
         == Some(negotiate::Format::Yaml);
     let response = match response {
-        Ok(()) => match api.oneshot(req).await {
+        Ok(_) => match api.oneshot(req).await {
             Ok(r) => r,
             Err(never) => match never {},
         },
@@ -190,7 +194,7 @@ async fn handle(state: Arc<State>, api: Router, mut req: Request) -> Response {
         .metrics
         .observe(verb, &resource, code, started.elapsed());
     if !watch {
-        tracing::debug!(%path, code, took = ?started.elapsed(), "request");
+        tracing::debug!(%path, %user, code, took = ?started.elapsed(), "request");
     }
     response
 }
@@ -260,7 +264,7 @@ fn metric_labels(
     (info.verb, resource)
 }
 
-/// Authentication and authorization of a request: `Err` is the answer (401/403/503).
+/// Authentication and authorization of a request: the user, or the answer (401/403/503).
 async fn authorized(
     state: &State,
     peer: &PeerCerts,
@@ -268,7 +272,7 @@ async fn authorized(
     headers: &axum::http::HeaderMap,
     path: &str,
     info: Option<RequestInfo>,
-) -> Result<(), Response> {
+) -> Result<UserInfo, Response> {
     let user = match state.authn.authenticate(peer, headers).await {
         Ok(u) => u,
         Err(authn::AuthnError::Unauthorized(why)) => {
@@ -293,7 +297,8 @@ async fn authorized(
             path: path.to_string(),
         },
     };
-    decide(state.authz.as_ref(), &user, &attrs).await
+    decide(state.authz.as_ref(), &user, &attrs).await?;
+    Ok(user)
 }
 
 async fn decide(authz: &Authorizer, user: &UserInfo, attrs: &Attributes) -> Result<(), Response> {

@@ -194,8 +194,9 @@ pub async fn serve(
                 w.push("ADDED", e);
             }
         }
-        // The bookmark that ends them, to a client that takes bookmarks (as kube-apiserver).
-        if w.opts.send_initial_events == Some(true) && w.opts.bookmarks {
+        // The bookmark that ends them, to a client that takes bookmarks (kube-apiserver
+        // sends it whenever a watch starts with the current state).
+        if w.opts.bookmarks {
             w.bookmark(true);
         }
     } else if let Some(rv) = from {

@@ -104,7 +104,7 @@ async fn the_clusters_openapi_and_discovery_stay_whole() {
     drop(bad_ctl);
 
     // The real document: the cluster's documents are whole and include the views.
-    let (ctl, _, _) = e.serve_views().await;
+    let (ctl, port, _) = e.serve_views().await;
     let started = Instant::now();
     wait_for(
         "the cluster's protobuf /openapi/v2 whole, with the views' definitions",
@@ -120,6 +120,9 @@ async fn the_clusters_openapi_and_discovery_stay_whole() {
         "the real document: protobuf /openapi/v2 whole again after {:?}",
         started.elapsed()
     );
+    // From here on kube-apiserver must not complain about the group's OpenAPI.
+    let log = Cluster::get().dir.join("logs/kube-apiserver.log");
+    let mark = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
     let (code, body) = get(&raw, "/openapi/v2", "application/json").await;
     let v2: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(code, 200);
@@ -165,6 +168,34 @@ async fn the_clusters_openapi_and_discovery_stay_whole() {
         out.contains("namespaceaddresses")
             && out.contains("ipaddressclaims")
             && out.contains("pods")
+    );
+    // A further download of the document by kube-apiserver (it fetches every minute, or
+    // at once when the APIService changes: re-registering makes it fetch now).
+    address_controller_tests::env::register_views(&mut e, port).await;
+    wait_for(
+        "the document fetched again",
+        Duration::from_secs(60),
+        || async {
+            let (code, body) = get(&raw, "/openapi/v2", PROTO_V2).await;
+            Ok((code == 200 && contains(&body, DEFINITION)).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    let text = std::fs::read(&log).unwrap_or_default();
+    let since = String::from_utf8_lossy(&text[usize::try_from(mark).unwrap().min(text.len())..])
+        .into_owned();
+    let complaints: Vec<&str> = since
+        .lines()
+        .filter(|l| {
+            l.contains("OpenAPI")
+                && (l.contains("view.local.sdn.cozystack.io") || l.contains(DEFINITION))
+        })
+        .filter(|l| l.contains("rror") || l.contains("failed"))
+        .collect();
+    assert!(
+        complaints.is_empty(),
+        "kube-apiserver on the views' OpenAPI: {complaints:#?}"
     );
     e.check_with(&[&ctl]).await;
 }

@@ -467,6 +467,19 @@ async fn security_front_proxy_tokens_and_rbac() {
     .unwrap();
     assert!(held > 0, "refusals are cached");
     println!("{flood} distinct bad tokens: all 401, {held} held (bound {CACHE})");
+    // Anonymous /metrics on the views' port: refused like any path the user may not get.
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sk",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &format!("https://127.0.0.1:{port}/metrics"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "403");
     // The plain probe port serves probes, nothing else: no anonymous /metrics anywhere.
     let (code, _) = address_controller_tests::http_get(&format!("http://{}/metrics", _ctl.probe))
         .await

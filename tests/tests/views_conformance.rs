@@ -40,6 +40,7 @@ const EXPLAINED: &[(&str, &str, &str)] = &[
     (" as protobuf only", "message", NO_PROTOBUF),
     (" as protobuf only", "details", NO_PROTOBUF),
     (" as text/html", "message", NO_PROTOBUF),
+    (" as cbor only", "message", NO_PROTOBUF),
     (" watch as yaml", "message", NO_PROTOBUF),
 ];
 
@@ -570,6 +571,18 @@ const QUERIES: &[(&str, &str)] = &[
         "?labelSelector=a%3Dvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv",
     ),
     ("label trailing comma", "?labelSelector=a%2C"),
+    (
+        "label combination",
+        "?labelSelector=tier%20in%20%28gold%2Csilver%29%2C%21x%2Fy",
+    ),
+    (
+        "label whitespace",
+        "?labelSelector=%20%20tier%20%20%3D%20%20gold%20%20",
+    ),
+    (
+        "label exists and not-equal",
+        "?labelSelector=tier%2Ctier%21%3Dsilver",
+    ),
     ("label bad key", "?labelSelector=-a"),
     ("label key with two slashes", "?labelSelector=a%2Fb%2Fc"),
     (
@@ -611,6 +624,14 @@ const QUERIES: &[(&str, &str)] = &[
         "watch with selector",
         "?watch=true&labelSelector=tier%3Dgold&timeoutSeconds=2",
     ),
+    (
+        "watch initial events without bookmarks",
+        "?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=2",
+    ),
+    (
+        "watch with bookmarks",
+        "?watch=true&allowWatchBookmarks=true&timeoutSeconds=2",
+    ),
     ("trailing slash", "/"),
 ];
 
@@ -637,6 +658,7 @@ const ACCEPTS: &[(&str, &str)] = &[
         "protobuf or json",
         "application/vnd.kubernetes.protobuf,application/json",
     ),
+    ("cbor only", "application/cbor"),
     ("yaml", "application/yaml"),
     ("text/html", "text/html"),
     ("any", "*/*"),
