@@ -194,6 +194,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     world.watch(&client, args.liveness.watch_config(), &mut tasks);
     if let Some(store) = &views {
         tasks.spawn_forever("view store", store.clone().run());
+        // Not ready before the views' first build (right after the caches' first lists).
+        let built = store.clone();
+        health.check("views", move || {
+            (!built.built()).then(|| "not built yet".to_string())
+        });
     }
 
     // The TLS endpoints (views, secure metrics) share the serving certificate and the
