@@ -67,6 +67,12 @@ chaos: ## The chaos suite on a fresh local control plane: churn, leader kills, k
 invariants: ## Check the ledger's invariants on the cluster in $KUBECONFIG (prints the table)
 	$(CARGO) run --quiet -p address-controller-tests --bin invariant-check -- --settle 30s
 
+.PHONY: bench-scale
+bench-scale: ## The cost of a bind as the pool grows: a fresh control plane per size, release build (BENCH_SCALE_ARGS="--sizes 1000,5000,10000,20000 --driver-sizes 1000,10000")
+	@deploy/local/build-binaries.sh
+	$(CARGO) build --release --bins --quiet
+	ADDRESS_CONTROLLER_PROFILE=release $(CARGO) run --release --quiet -p address-controller-tests --bin bench-scale -- $(BENCH_SCALE_ARGS)
+
 .PHONY: bench-watch
 bench-watch: ## Informer-like watchers of the views under steady claim changes: relists, latency, CPU per watcher
 	cargo build --bins --quiet

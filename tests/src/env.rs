@@ -383,6 +383,13 @@ pub const APISERVICE: &str = "v1alpha1.view.local.sdn.cozystack.io";
 /// Registers the views through an APIService whose ExternalName Service points at
 /// localhost:<port>, and waits until it is Available.
 pub async fn register_views(e: &mut Env, port: u16) {
+    register_views_at(port).await;
+    e.cleanup
+        .add("apiservices.apiregistration.k8s.io", APISERVICE);
+}
+
+/// [`register_views`] without a test environment (benchmarks): nothing is cleaned up.
+pub async fn register_views_at(port: u16) {
     let cluster = Cluster::get();
     let pki = cluster.dir.join("pki");
     let ca = std::fs::read(pki.join("aggr-ca.crt")).unwrap();
@@ -417,8 +424,6 @@ pub async fn register_views(e: &mut Env, port: u16) {
             file.to_str().unwrap(),
         ])
         .unwrap();
-    e.cleanup
-        .add("apiservices.apiregistration.k8s.io", APISERVICE);
     wait_for(
         "APIService Available",
         Duration::from_secs(60),

@@ -324,7 +324,9 @@ pub fn binary(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join("target"));
-    let path = target.join("debug").join(name);
+    // `ADDRESS_CONTROLLER_PROFILE=release` runs the release build (the benchmarks do).
+    let profile = std::env::var("ADDRESS_CONTROLLER_PROFILE").unwrap_or_else(|_| "debug".into());
+    let path = target.join(profile).join(name);
     assert!(
         path.exists(),
         "{} is missing: run `cargo build --bins` first (make test does)",
@@ -794,6 +796,18 @@ pub fn rss_bytes(pid: u32) -> Result<u64> {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next())
         .ok_or_else(|| anyhow!("no VmRSS for {pid}"))?
+        .parse()?;
+    Ok(kb * 1024)
+}
+
+/// Peak resident memory of a process (`VmHWM`), from `/proc/<pid>/status`.
+pub fn peak_rss_bytes(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .ok_or_else(|| anyhow!("no VmHWM for {pid}"))?
         .parse()?;
     Ok(kb * 1024)
 }

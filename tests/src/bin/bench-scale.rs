@@ -1,0 +1,510 @@
+//! `make bench-scale`: the cost of a bind as the pool grows. For each size, on a fresh local
+//! control plane of its own: a static run creates N addresses and lets the controller take
+//! them in (each once: its protection finalizer and `Available`, reported apart as the
+//! pool's intake), stops it, creates N claims over N/10 namespaces, starts the controller
+//! (release build) again and times it until every claim is Bound; a driver run creates the
+//! claims only and runs the range driver beside the controller. Prints one row per size and
+//! the table at the end; asserts nothing about speed (targets are read, not enforced).
+//!
+//!     bench-scale [--sizes 1000,5000,10000,20000] [--driver-sizes 1000,10000]
+//!
+//! Per row: seconds to all Bound and binds per second; API writes per bind on claims and
+//! addresses and event writes per bind (kube-apiserver's `apiserver_request_total`); the
+//! controller's CPU per 1,000 binds, peak RSS and RSS per cached object; restart → ready and
+//! the writes in the 10 s after it; kube-apiserver's CPU per bind; the write floor — a
+//! plain client making the same number and kinds of writes on the same objects with the
+//! controller's concurrency — and the ratio of the bind time to it; `kubectl get
+//! namespaceaddresses -A` next to `kubectl get ipaddressclaims -A` (median of 10).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use address_controller_tests::env::{RANGE_PROVISIONER, register_views_at};
+use address_controller_tests::{
+    Cluster, ControllerProcess, TempDir, cpu_time, free_port, peak_rss_bytes, repo_root, rss_bytes,
+    setup, wait_for,
+};
+use anyhow::{Context, Result, anyhow, bail};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Client;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+/// Claims and addresses created at once, and the write floor's concurrency (the
+/// controller's workers per kind).
+const CREATE_CONCURRENCY: usize = 64;
+const WORKERS: usize = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Static,
+    Driver,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Static => "static",
+            Mode::Driver => "driver",
+        }
+    }
+}
+
+fn sizes(v: &str) -> Result<Vec<usize>> {
+    v.split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.trim().parse().with_context(|| format!("size {s:?}")))
+        .collect()
+}
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let mut static_sizes = sizes("1000,5000,10000,20000")?;
+    let mut driver_sizes = sizes("1000,10000")?;
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--sizes" => static_sizes = sizes(&args.next().context("--sizes needs a value")?)?,
+            "--driver-sizes" => {
+                driver_sizes = sizes(&args.next().context("--driver-sizes needs a value")?)?
+            }
+            "--one" => {
+                let mode = match args.next().as_deref() {
+                    Some("static") => Mode::Static,
+                    Some("driver") => Mode::Driver,
+                    other => bail!("--one static|driver N, not {other:?}"),
+                };
+                let n: usize = args.next().context("--one needs N")?.parse()?;
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .enable_all()
+                    .build()?;
+                let row = runtime.block_on(one(mode, n))?;
+                println!("ROW {row}");
+                return Ok(());
+            }
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    // Each size in a process of its own: its own control plane, its own cluster handle.
+    let mut rows = Vec::new();
+    let runs = static_sizes
+        .iter()
+        .map(|n| (Mode::Static, *n))
+        .chain(driver_sizes.iter().map(|n| (Mode::Driver, *n)));
+    for (mode, n) in runs {
+        eprintln!("== {} {n}", mode.name());
+        let out = std::process::Command::new(std::env::current_exe()?)
+            .args(["--one", mode.name(), &n.to_string()])
+            .stderr(std::process::Stdio::inherit())
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let row = text
+            .lines()
+            .find_map(|l| l.strip_prefix("ROW "))
+            .ok_or_else(|| anyhow!("{} {n}: no figures (exit {})", mode.name(), out.status))?;
+        let row: Value = serde_json::from_str(row)?;
+        eprintln!("{}", line(&row));
+        rows.push(row);
+    }
+    println!("{}", table(&rows));
+    Ok(())
+}
+
+const HEADER: &str = "| run | N | to all Bound | binds/s | writes/bind (claims+addresses) | events/bind | pool intake writes/address | ctl CPU per 1k binds | peak RSS | RSS/object | restart → ready | writes 10 s after | kube-apiserver CPU/bind | write floor | bind/floor | namespaceaddresses -A | ipaddressclaims -A |";
+
+fn line(r: &Value) -> String {
+    let f = |k: &str, d: usize| match r[k].as_f64() {
+        Some(v) => format!("{v:.d$}"),
+        None => "—".into(),
+    };
+    format!(
+        "| {} | {} | {} s | {} | {} | {} | {} | {} s | {} MiB | {} KiB | {} s | {} | {} ms | {} | {} | {} ms | {} ms |",
+        r["mode"].as_str().unwrap_or(""),
+        r["n"],
+        f("bind_s", 1),
+        f("binds_per_s", 0),
+        f("writes_per_bind", 2),
+        f("events_per_bind", 2),
+        f("pool_writes_per_address", 2),
+        f("cpu_per_1k_s", 2),
+        f("peak_rss_mib", 0),
+        f("rss_per_object_kib", 2),
+        f("restart_ready_s", 2),
+        r["writes_after_restart"],
+        f("kas_cpu_per_bind_ms", 2),
+        match r["floor_s"].as_f64() {
+            Some(v) => format!("{v:.1} s"),
+            None => "—".into(),
+        },
+        f("bind_over_floor", 2),
+        f("views_list_ms", 0),
+        f("claims_list_ms", 0),
+    )
+}
+
+fn table(rows: &[Value]) -> String {
+    let sep = HEADER
+        .split('|')
+        .filter(|c| !c.is_empty())
+        .map(|_| "---")
+        .collect::<Vec<_>>()
+        .join("|");
+    let mut out = vec![HEADER.to_string(), format!("|{sep}|")];
+    out.extend(rows.iter().map(line));
+    out.join("\n")
+}
+
+/// Writes (POST, PUT, PATCH, DELETE) kube-apiserver has counted, by resource.
+fn writes() -> Result<BTreeMap<String, f64>> {
+    let text = Cluster::get().kubectl_ok(&["get", "--raw", "/metrics"])?;
+    let mut out = BTreeMap::new();
+    for l in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let label = |k: &str| {
+            l.split(&format!("{k}=\""))
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or("")
+        };
+        if !matches!(label("verb"), "POST" | "PUT" | "PATCH" | "DELETE") {
+            continue;
+        }
+        let v: f64 = l
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        *out.entry(label("resource").to_string()).or_default() += v;
+        // And by resource, subresource, verb and code, for the breakdown.
+        let key = format!(
+            "{}/{} {} {}",
+            label("resource"),
+            label("subresource"),
+            label("verb"),
+            label("code")
+        );
+        *out.entry(key).or_default() += v;
+    }
+    Ok(out)
+}
+
+fn delta(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>, resources: &[&str]) -> f64 {
+    resources
+        .iter()
+        .map(|r| after.get(*r).unwrap_or(&0.0) - before.get(*r).unwrap_or(&0.0))
+        .sum()
+}
+
+fn kas_pid() -> Result<u32> {
+    let pid = std::fs::read_to_string(Cluster::get().dir.join("pids/kube-apiserver"))?;
+    Ok(pid.trim().parse()?)
+}
+
+/// A ledger gauge of the controller, summed over the series of `phase`.
+async fn gauge(ctl: &ControllerProcess, series: &str, phase: &str) -> Result<usize> {
+    let text = ctl.metrics().await?;
+    let phase = format!("phase=\"{phase}\"");
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with(series) && l.contains(&phase))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as usize)
+}
+
+fn median_ms(args: &[&str]) -> Result<f64> {
+    let mut samples = Vec::new();
+    for _ in 0..10 {
+        let t = Instant::now();
+        Cluster::get().kubectl_ok(args)?;
+        samples.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(samples[samples.len() / 2])
+}
+
+fn ipv4(i: usize) -> String {
+    let i = u32::try_from(i).unwrap_or(u32::MAX);
+    std::net::Ipv4Addr::from(0x0a00_0000u32 + i).to_string()
+}
+
+async fn create_all(
+    client: &Client,
+    objects: Vec<(Option<String>, Value)>,
+    kind: &str,
+) -> Result<()> {
+    let ar = |kind: &str| match kind {
+        "address" => kube::api::ApiResource::erase::<address_controller_api::IPAddress>(&()),
+        _ => kube::api::ApiResource::erase::<address_controller_api::IPAddressClaim>(&()),
+    };
+    let resource = ar(kind);
+    let results: Vec<Result<()>> = futures::stream::iter(objects)
+        .map(|(ns, v)| {
+            let api: Api<DynamicObject> = match &ns {
+                Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+                None => Api::all_with(client.clone(), &resource),
+            };
+            async move {
+                let o: DynamicObject = serde_json::from_value(v)?;
+                api.create(&PostParams::default(), &o).await?;
+                Ok(())
+            }
+        })
+        .buffer_unordered(CREATE_CONCURRENCY)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+/// A controller serving the views on a port of its own.
+async fn controller(name: &str, port: u16) -> Result<ControllerProcess> {
+    let pki = Cluster::get().dir.join("pki");
+    let address = format!("127.0.0.1:{port}");
+    let (cert, key) = (pki.join("aggr.crt"), pki.join("aggr.key"));
+    ControllerProcess::start(
+        name,
+        &[
+            "--leader-elect=false",
+            "--apiserver-address",
+            &address,
+            "--tls-cert-file",
+            cert.to_str().unwrap_or_default(),
+            "--tls-private-key-file",
+            key.to_str().unwrap_or_default(),
+        ],
+    )
+    .await
+}
+
+async fn one(mode: Mode, n: usize) -> Result<Value> {
+    // A control plane of its own, stopped when this process ends (even when it is killed).
+    let dir = TempDir::new("ac-scale");
+    let script = repo_root().join("deploy/local/cluster.sh");
+    let status = std::process::Command::new(&script)
+        .args([
+            "up",
+            dir.to_str().unwrap_or_default(),
+            "--watch-pid",
+            &std::process::id().to_string(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .status()?;
+    if !status.success() {
+        bail!("starting the local control plane failed");
+    }
+    Cluster::use_dir(&dir)?;
+    let result = measure(mode, n).await;
+    let _ = std::process::Command::new(&script)
+        .args(["down", dir.to_str().unwrap_or_default()])
+        .status();
+    result
+}
+
+async fn measure(mode: Mode, n: usize) -> Result<Value> {
+    let (_, client) = setup().await;
+    let namespaces = (n / 10).max(1);
+    let nss: Api<Namespace> = Api::all(client.clone());
+    let names: Vec<String> = (0..namespaces).map(|i| format!("s-{i:05}")).collect();
+    futures::stream::iter(names.clone())
+        .map(|name| {
+            let nss = nss.clone();
+            async move {
+                let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+                nss.create(&PostParams::default(), &ns).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(CREATE_CONCURRENCY)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?;
+    let classes: Api<address_controller_api::IPAddressClass> = Api::all(client.clone());
+    let class = match mode {
+        Mode::Static => {
+            json!({"metadata": {"name": "bench"}, "spec": {"provisioner": "static.bench"}})
+        }
+        Mode::Driver => {
+            json!({"metadata": {"name": "bench"}, "spec": {"provisioner": RANGE_PROVISIONER,
+            "parameters": {"cidrs": ["10.0.0.0/14"]}}})
+        }
+    };
+    classes
+        .create(&PostParams::default(), &serde_json::from_value(class)?)
+        .await?;
+    let t = Instant::now();
+    let mut pool_writes = None;
+    if mode == Mode::Static {
+        let addresses = (0..n)
+            .map(|i| {
+                (None, json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddress",
+                    "metadata": {"name": format!("a-{i:06}")},
+                    "spec": {"address": ipv4(i), "className": "bench", "source": {"fromClass": {}}}}))
+            })
+            .collect();
+        create_all(&client, addresses, "address").await?;
+        // The pool first, as a platform team has it before tenants claim: the controller
+        // takes each new address in once (its protection finalizer, `Available`) — a cost
+        // per address, not per bind, reported apart.
+        let before = writes()?;
+        let mut ctl = controller("ctl-scale-pool", free_port()).await?;
+        wait_for(
+            "every address Available",
+            Duration::from_secs(3600),
+            || async {
+                Ok(
+                    (gauge(&ctl, "address_controller_ipaddresses{", "Available").await? >= n)
+                        .then_some(()),
+                )
+            },
+        )
+        .await?;
+        ctl.kill();
+        pool_writes = Some(delta(&writes()?, &before, &["ipaddresses"]) / n as f64);
+    }
+    let claims = (0..n)
+        .map(|i| {
+            let ns = names[i % namespaces].clone();
+            (
+                Some(ns),
+                json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddressClaim",
+                "metadata": {"name": format!("c-{i:06}")}, "spec": {"className": "bench"}}),
+            )
+        })
+        .collect();
+    create_all(&client, claims, "claim").await?;
+    eprintln!("{} {n}: objects created in {:?}", mode.name(), t.elapsed());
+
+    // Bind.
+    let writes0 = writes()?;
+    let kas = kas_pid()?;
+    let kas_cpu0 = cpu_time(kas)?;
+    let started = Instant::now();
+    let mut ctl = controller("ctl-scale", free_port()).await?;
+    let mut driver = match mode {
+        Mode::Driver => {
+            Some(ControllerProcess::driver("drv-scale", &["--leader-elect=false"]).await?)
+        }
+        Mode::Static => None,
+    };
+    wait_for("every claim Bound", Duration::from_secs(3600), || async {
+        Ok((gauge(&ctl, "address_controller_ipaddressclaims{", "Bound").await? >= n).then_some(()))
+    })
+    .await?;
+    let bind = started.elapsed();
+    let writes1 = writes()?;
+    let kas_cpu = cpu_time(kas)?.saturating_sub(kas_cpu0);
+    let ctl_cpu = cpu_time(ctl.pid())?;
+    let peak = peak_rss_bytes(ctl.pid())?;
+    let rss = rss_bytes(ctl.pid())?;
+    let objects = 2 * n + 1;
+    let object_writes = delta(&writes1, &writes0, &["ipaddresses", "ipaddressclaims"]);
+    let events = delta(&writes1, &writes0, &["events"]);
+    eprintln!(
+        "{} {n}: all Bound in {bind:?}; writes per bind:",
+        mode.name()
+    );
+    for (k, v) in &writes1 {
+        let d = v - writes0.get(k).unwrap_or(&0.0);
+        if k.contains(' ') && d > 0.0 {
+            eprintln!("  {k}: {:.2}", d / n as f64);
+        }
+    }
+
+    // Restart → ready, then the writes of the 10 s after it (everything is bound).
+    ctl.kill();
+    if let Some(d) = driver.as_mut() {
+        d.kill();
+    }
+    let port = free_port();
+    let restarted = Instant::now();
+    let ctl = controller("ctl-scale-again", port).await?;
+    wait_for(
+        "ready after the restart",
+        Duration::from_secs(120),
+        || async { Ok((ctl.readyz().await?.0 == 200).then_some(())) },
+    )
+    .await?;
+    let restart_ready = restarted.elapsed();
+    let quiet0 = writes()?;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let quiet = delta(
+        &writes()?,
+        &quiet0,
+        &["ipaddresses", "ipaddressclaims", "events"],
+    );
+
+    // The views next to the CRD, through the same kube-apiserver.
+    register_views_at(port).await;
+    let views_ms = median_ms(&["get", "namespaceaddresses", "-A"])?;
+    let claims_ms = median_ms(&["get", "ipaddressclaims", "-A"])?;
+    drop(ctl);
+
+    // The write floor: the bind's writes by a plain client.
+    let floor = match mode {
+        Mode::Static => Some(write_floor(&client, object_writes / n as f64).await?),
+        Mode::Driver => None,
+    };
+    let secs = bind.as_secs_f64();
+    Ok(json!({
+        "mode": mode.name(), "n": n,
+        "bind_s": secs, "binds_per_s": n as f64 / secs,
+        "writes_per_bind": object_writes / n as f64, "events_per_bind": events / n as f64,
+        "pool_writes_per_address": pool_writes,
+        "cpu_per_1k_s": ctl_cpu.as_secs_f64() * 1000.0 / n as f64,
+        "peak_rss_mib": peak as f64 / 1048576.0, "rss_per_object_kib": rss as f64 / 1024.0 / objects as f64,
+        "restart_ready_s": restart_ready.as_secs_f64(), "writes_after_restart": quiet,
+        "kas_cpu_per_bind_ms": kas_cpu.as_secs_f64() * 1000.0 / n as f64,
+        "floor_s": floor, "bind_over_floor": floor.map(|f| secs / f),
+        "views_list_ms": views_ms, "claims_list_ms": claims_ms,
+    }))
+}
+
+/// The writes of one static bind made by a plain client — the claim's metadata, the
+/// address's spec and metadata, the claim's status, the address's status (as many per
+/// claim as the controller made, in that order) — with the controller's concurrency.
+async fn write_floor(client: &Client, per_bind: f64) -> Result<f64> {
+    let claims: Api<address_controller_api::IPAddressClaim> = Api::all(client.clone());
+    let pairs: Vec<(String, String, String)> = claims
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|c| {
+            let ns = c.metadata.namespace.clone()?;
+            let name = c.metadata.name.clone()?;
+            let address = c.status?.addresses.first()?.name.clone();
+            Some((ns, name, address))
+        })
+        .collect();
+    let per = per_bind.round().max(1.0) as usize;
+    let params = PatchParams::default();
+    let started = Instant::now();
+    let results: Vec<Result<()>> = futures::stream::iter(pairs)
+        .map(|(ns, name, address)| {
+            let client = client.clone();
+            let params = params.clone();
+            async move {
+                let claims: Api<address_controller_api::IPAddressClaim> = Api::namespaced(client.clone(), &ns);
+                let addresses: Api<address_controller_api::IPAddress> = Api::all(client);
+                let now = k8s_openapi::jiff::Timestamp::now().to_string();
+                let condition = |t: &str| json!([{"type": t, "status": "True", "reason": "Floor", "message": "", "lastTransitionTime": now}]);
+                for step in 0..per {
+                    let patch = match step % 4 {
+                        0 => claims.patch(&name, &params, &Patch::Merge(json!({"metadata": {"annotations": {"bench/floor": step.to_string()}}}))).await.map(|_| ()),
+                        1 => addresses.patch(&address, &params, &Patch::Merge(json!({"metadata": {"annotations": {"bench/floor": step.to_string()}}}))).await.map(|_| ()),
+                        2 => claims.patch_status(&name, &params, &Patch::Merge(json!({"status": {"conditions": condition("Floor")}}))).await.map(|_| ()),
+                        _ => addresses.patch_status(&address, &params, &Patch::Merge(json!({"status": {"conditions": condition("Floor")}}))).await.map(|_| ()),
+                    };
+                    patch?;
+                }
+                Ok(())
+            }
+        })
+        .buffer_unordered(WORKERS)
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<Vec<_>>>()?;
+    Ok(started.elapsed().as_secs_f64())
+}
