@@ -171,6 +171,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     } else {
         Leadership::follower()
     };
+    address_controller_runtime::metrics::register(
+        &metrics.registry,
+        env!("CARGO_PKG_VERSION"),
+        health.clone(),
+        controller.then(|| leadership.clone()),
+    )?;
     let ctx = Arc::new(Context::new(
         client.clone(),
         world.clone(),

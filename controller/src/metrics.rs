@@ -17,7 +17,15 @@ pub struct Metrics {
     pub registry: Registry,
     reconciles: IntCounterVec,
     durations: HistogramVec,
+    bind: HistogramVec,
+    provision: HistogramVec,
 }
+
+/// Buckets of the waits tenants see: a bind from the pool takes well under a second, one
+/// that waits for a driver seconds to minutes.
+const WAIT_BUCKETS: &[f64] = &[
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+];
 
 impl Metrics {
     pub fn new(world: World) -> Result<Self, prometheus::Error> {
@@ -39,14 +47,57 @@ impl Metrics {
             ]),
             &["controller"],
         )?;
+        let bind = HistogramVec::new(
+            HistogramOpts::new(
+                "address_controller_bind_duration_seconds",
+                "Time from a claim's creation to its first Bound, by class",
+            )
+            .buckets(WAIT_BUCKETS.to_vec()),
+            &["class"],
+        )?;
+        let provision = HistogramVec::new(
+            HistogramOpts::new(
+                "address_controller_provision_duration_seconds",
+                "Time a claim waited for its class's provisioner (WaitingForProvisioning until Bound), by class",
+            )
+            .buckets(WAIT_BUCKETS.to_vec()),
+            &["class"],
+        )?;
         registry.register(Box::new(reconciles.clone()))?;
         registry.register(Box::new(durations.clone()))?;
+        registry.register(Box::new(bind.clone()))?;
+        registry.register(Box::new(provision.clone()))?;
         registry.register(Box::new(Ledger::new(world)?))?;
         Ok(Self {
             registry,
             reconciles,
             durations,
+            bind,
+            provision,
         })
+    }
+
+    /// A claim's first Bound: how long since its creation, and — when it waited for a
+    /// provisioner — since it started waiting.
+    pub fn bound(
+        &self,
+        class: &str,
+        created: Option<k8s_openapi::jiff::Timestamp>,
+        waited_since: Option<k8s_openapi::jiff::Timestamp>,
+    ) {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let secs = |t: k8s_openapi::jiff::Timestamp| {
+            (now - t)
+                .total(k8s_openapi::jiff::Unit::Second)
+                .unwrap_or(0.0)
+                .max(0.0)
+        };
+        if let Some(c) = created {
+            self.bind.with_label_values(&[class]).observe(secs(c));
+        }
+        if let Some(w) = waited_since {
+            self.provision.with_label_values(&[class]).observe(secs(w));
+        }
     }
 
     /// Records one reconcile pass; `result` is `success` or an error category.

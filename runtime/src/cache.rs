@@ -152,6 +152,8 @@ pub struct WatchHealth {
     pub lists: AtomicU64,
     pub events: AtomicU64,
     pub bookmarks: AtomicU64,
+    /// Objects in the store.
+    pub objects: AtomicU64,
     /// Asks the watch loop to drop its connection and list again.
     restart: Notify,
     synced_notify: Notify,
@@ -167,6 +169,7 @@ impl WatchHealth {
             lists: AtomicU64::new(0),
             events: AtomicU64::new(0),
             bookmarks: AtomicU64::new(0),
+            objects: AtomicU64::new(0),
             restart: Notify::new(),
             synced_notify: Notify::new(),
         }
@@ -281,6 +284,9 @@ impl<K: Object> Cache<K> {
     /// drive a cache without an API server.
     pub fn apply(&self, key: String, new: Option<Arc<K>>) {
         let old = self.store.put(key, new.clone());
+        self.health
+            .objects
+            .store(self.store.len() as u64, Ordering::Relaxed);
         if old.is_none() && new.is_none() {
             return;
         }

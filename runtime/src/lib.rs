@@ -11,6 +11,7 @@ pub mod events;
 pub mod health;
 pub mod leader;
 pub mod logging;
+pub mod metrics;
 pub mod probes;
 pub mod queue;
 pub mod rbac;

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use address_controller_api::family::Family;
-use address_controller_api::names::PROVISIONER_ANNOTATION;
-use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClaimStatus};
+use address_controller_api::names::{PROVISIONER_ANNOTATION, condition, reason};
+use address_controller_api::{ClaimPhase, IPAddress, IPAddressClaim, IPAddressClaimStatus};
 use address_controller_runtime::workers::Outcome;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -196,6 +196,18 @@ async fn apply(ctx: &Context, claim: &Arc<IPAddressClaim>, plan: ClaimPlan) -> R
 
     if let Some(status) = &plan.status {
         tracing::debug!(claim = %key, old = ?current.status, new = ?status, "writing claim status");
+        let first_bind = status.phase == Some(ClaimPhase::Bound)
+            && current
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_none_or(|p| p == ClaimPhase::Pending);
+        let waited_since = current
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == condition::BOUND))
+            .filter(|c| c.reason == reason::WAITING_FOR_PROVISIONING)
+            .map(|c| c.last_transition_time.0);
         let body = guarded(
             current.metadata.resource_version.as_deref(),
             json!({ "status": status_body(status) }),
@@ -206,6 +218,11 @@ async fn apply(ctx: &Context, claim: &Arc<IPAddressClaim>, plan: ClaimPlan) -> R
             .map_err(Error::kube("writing claim status", key.clone()))?;
         ctx.recent_claims.record(&current, updated.clone());
         current = updated;
+        if first_bind {
+            let class = status.class_name.as_deref().unwrap_or_default();
+            let created = current.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            ctx.metrics.bound(class, created, waited_since);
+        }
     }
 
     if let Some(finalizers) = &plan.finalize {
