@@ -128,10 +128,12 @@ struct Ledger {
     world: World,
     addresses: IntGaugeVec,
     claims: IntGaugeVec,
+    capacity: IntGaugeVec,
 }
 
 const ADDRESSES: &str = "address_controller_ipaddresses";
 const CLAIMS: &str = "address_controller_ipaddressclaims";
+const CAPACITY: &str = "address_controller_ipaddressclass_capacity";
 
 impl Ledger {
     fn new(world: World) -> Result<Self, prometheus::Error> {
@@ -139,6 +141,7 @@ impl Ledger {
             world,
             addresses: Self::addresses_vec()?,
             claims: Self::claims_vec()?,
+            capacity: Self::capacity_vec()?,
         })
     }
 
@@ -146,6 +149,16 @@ impl Ledger {
         IntGaugeVec::new(
             Opts::new(ADDRESSES, "IPAddresses by class and phase"),
             &["class", "phase"],
+        )
+    }
+
+    fn capacity_vec() -> Result<IntGaugeVec, prometheus::Error> {
+        IntGaugeVec::new(
+            Opts::new(
+                CAPACITY,
+                "Addresses a class's driver can hold, by family (the class's status.capacity, when reported)",
+            ),
+            &["class", "family"],
         )
     }
 
@@ -166,6 +179,7 @@ impl Collector for Ledger {
             .desc()
             .into_iter()
             .chain(self.claims.desc())
+            .chain(self.capacity.desc())
             .collect()
     }
 
@@ -182,10 +196,19 @@ impl Collector for Ledger {
                 .map(|p| (p.as_str(), 0))
                 .collect::<BTreeMap<_, _>>()
         };
+        let Ok(capacity) = Self::capacity_vec() else {
+            return Vec::new();
+        };
         for class in self.world.classes.store.all() {
-            per_class
-                .entry(kube::ResourceExt::name_any(class.as_ref()))
-                .or_insert_with(zeros);
+            let name = kube::ResourceExt::name_any(class.as_ref());
+            if let Some(c) = class.status.as_ref().and_then(|s| s.capacity.as_ref()) {
+                for (family, v) in [("IPv4", c.ipv4), ("IPv6", c.ipv6)] {
+                    if let Some(v) = v {
+                        capacity.with_label_values(&[name.as_str(), family]).set(v);
+                    }
+                }
+            }
+            per_class.entry(name).or_insert_with(zeros);
         }
         for a in self.world.addresses.store.all() {
             let phase = a
@@ -223,6 +246,7 @@ impl Collector for Ledger {
             .collect()
             .into_iter()
             .chain(claims.collect())
+            .chain(capacity.collect())
             .collect()
     }
 }

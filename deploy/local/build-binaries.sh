@@ -59,6 +59,17 @@ build_helm() {
   rm -rf "$out" && mv "$out.tmp" "$out" && touch "$out/.complete"
 }
 
+build_prometheus() {
+  local out="$PROMETHEUS_BIN"
+  if cached "$out"; then log "prometheus $PROMETHEUS_VERSION: cached in $out"; return; fi
+  log "prometheus $PROMETHEUS_VERSION: building prometheus and promtool (cold: ~5 min on 2 cores)"
+  mkdir -p "$out.tmp"
+  # Without the builtinassets tag the web UI is left out: the tests use the HTTP API only.
+  (cd "$here/tools/prometheus" && CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "-s -w" \
+     -o "$out.tmp/" github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool)
+  rm -rf "$out" && mv "$out.tmp" "$out" && touch "$out/.complete"
+}
+
 command -v go >/dev/null || { log "go is required (https://go.dev); none on PATH"; exit 1; }
 start=$(date +%s)
 print_env=
@@ -66,14 +77,14 @@ components=()
 for arg in "$@"; do
   case "$arg" in
     --print-env) print_env=1 ;;
-    etcd|helm|kube) components+=("$arg") ;;
-    *) log "unknown argument: $arg (expected --print-env, etcd, helm or kube)"; exit 2 ;;
+    etcd|helm|kube|prometheus) components+=("$arg") ;;
+    *) log "unknown argument: $arg (expected --print-env, etcd, helm, kube or prometheus)"; exit 2 ;;
   esac
 done
 # Small ones first so a failure in the module graph shows up quickly.
-[ ${#components[@]} -gt 0 ] || components=(etcd helm kube)
+[ ${#components[@]} -gt 0 ] || components=(etcd helm prometheus kube)
 for c in "${components[@]}"; do "build_$c"; done
 log "done in $(( $(date +%s) - start ))s"
 if [ -n "$print_env" ]; then
-  printf 'KUBE_BIN=%s\nETCD_BIN=%s\nHELM_BIN=%s\n' "$KUBE_BIN" "$ETCD_BIN" "$HELM_BIN"
+  printf 'KUBE_BIN=%s\nETCD_BIN=%s\nHELM_BIN=%s\nPROMETHEUS_BIN=%s\n' "$KUBE_BIN" "$ETCD_BIN" "$HELM_BIN" "$PROMETHEUS_BIN"
 fi

@@ -198,6 +198,7 @@ KUBE_CONTROLLER_MANAGER_PORT=$kcm_port
 CLUSTER_DIR=$dir
 KUBE_BIN=$KUBE_BIN
 HELM=$HELM_BIN/helm
+PROMETHEUS_BIN=$PROMETHEUS_BIN
 ENV
   write_kubeconfig "$kas_port"
   # Audit every write to this project's resources (metadata only): tests count the

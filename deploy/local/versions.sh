@@ -3,6 +3,9 @@
 KUBE_VERSION=v1.36.3
 ETCD_VERSION=v3.6.16
 HELM_VERSION=v3.22.0
+# Prometheus v3.16.0 (its Go module is tagged v0.316.0): prometheus and promtool, for the
+# scrape, alert-rule and dashboard tests.
+PROMETHEUS_VERSION=v0.316.0
 
 # Built binaries live outside the repository, keyed by version, so CI runs and later
 # sessions on the same machine reuse them. Override with ADDRESS_CONTROLLER_CACHE.
@@ -10,3 +13,4 @@ AC_CACHE="${ADDRESS_CONTROLLER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/address-co
 KUBE_BIN="$AC_CACHE/bin/kubernetes-$KUBE_VERSION"
 ETCD_BIN="$AC_CACHE/bin/etcd-$ETCD_VERSION"
 HELM_BIN="$AC_CACHE/bin/helm-$HELM_VERSION"
+PROMETHEUS_BIN="$AC_CACHE/bin/prometheus-$PROMETHEUS_VERSION"

@@ -28,6 +28,26 @@ pub fn helm() -> Command {
     cmd
 }
 
+/// `helm template` of the chart into namespace `ns` for Kubernetes 1.36 with `values` and
+/// extra flags: the rendered objects, or helm's error.
+pub fn render(ns: &str, values: &Value, extra: &[&str]) -> Result<Vec<Value>, String> {
+    let (_dir, file) = values_file(values);
+    let chart = chart_dir();
+    let mut args = vec![
+        "template",
+        "address-controller",
+        chart.to_str().unwrap(),
+        "--namespace",
+        ns,
+        "--kube-version",
+        "1.36.0",
+        "-f",
+        file.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    Ok(parse_docs(&run_helm(&args)?))
+}
+
 /// Runs helm; Ok(stdout) or Err(stderr).
 pub fn run_helm(args: &[&str]) -> Result<String, String> {
     let out = helm().args(args).output().unwrap();

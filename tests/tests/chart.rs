@@ -18,8 +18,7 @@ use std::time::Duration;
 
 use address_controller_api::{ClaimPhase, IPAddressClaim};
 use address_controller_tests::chart::{
-    INSTALL, Release, Runner, chart_dir, create_token, parse_docs, run_helm, secret_data,
-    values_file,
+    INSTALL, Release, Runner, chart_dir, create_token, run_helm, secret_data, values_file,
 };
 use address_controller_tests::env::{
     APISERVICE, apiservice_available, b64decode, lease_holder_in, phase, tempdir,
@@ -35,22 +34,7 @@ const WAIT: Duration = Duration::from_secs(60);
 /// `helm template` into namespace `address-controller-system` for Kubernetes 1.36 with
 /// `values` and extra flags; the rendered objects, or helm's error.
 fn render(values: &Value, extra: &[&str]) -> Result<Vec<Value>, String> {
-    let (_dir, file) = values_file(values);
-    let chart = chart_dir();
-    let mut args = vec![
-        "template",
-        "address-controller",
-        chart.to_str().unwrap(),
-        "--namespace",
-        "address-controller-system",
-        "--kube-version",
-        "1.36.0",
-        "-f",
-        file.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let text = run_helm(&args)?;
-    Ok(parse_docs(&text))
+    address_controller_tests::chart::render("address-controller-system", values, extra)
 }
 
 fn kind_names(objs: &[Value]) -> BTreeSet<String> {
@@ -164,6 +148,7 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
         "ClusterRole/address-controller-metrics-reader",
         "ClusterRoleBinding/address-controller",
         "ClusterRoleBinding/address-controller:system:auth-delegator",
+        "ConfigMap/address-controller-dashboard",
         "Deployment/address-controller",
         "PodDisruptionBudget/address-controller",
         "RoleBinding/address-controller:extension-apiserver-authentication-reader",
