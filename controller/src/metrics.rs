@@ -1,11 +1,14 @@
-//! Prometheus metrics. The ledger gauges are computed from the caches at scrape time, so
-//! they are exact and never keep a series for an object that is gone. Labels are bounded:
+//! Prometheus metrics. The ledger gauges are counted from the caches (kept up to date by
+//! their change handlers), so they are exact and never keep a series for an object that is
+//! gone. Labels are bounded:
 //! class, phase, namespace, controller, result — never object names or error text.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use address_controller_api::AddressPhase;
+use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClaim};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
@@ -122,13 +125,61 @@ impl Metrics {
     }
 }
 
-/// `address_controller_ipaddresses{class,phase}` and
-/// `address_controller_ipaddressclaims{namespace,class,phase}`, counted from the caches.
+/// `address_controller_ipaddresses{class,phase}`,
+/// `address_controller_ipaddressclaims{namespace,class,phase}` and
+/// `address_controller_ipaddressclass_capacity{class,family}`.
+///
+/// The counts are kept by the caches' change handlers (registered before the watches start,
+/// so every object the store ever holds passes through them, relists included): a scrape
+/// costs the number of series, not the number of objects.
 struct Ledger {
     world: World,
-    addresses: IntGaugeVec,
-    claims: IntGaugeVec,
-    capacity: IntGaugeVec,
+    counts: Arc<Mutex<Counts>>,
+    descs: Vec<Desc>,
+}
+
+/// Objects per label set. A claim series whose count drops to zero goes away (namespaces
+/// come and go); address series are reported for every phase of every known class.
+#[derive(Default)]
+struct Counts {
+    addresses: HashMap<(String, &'static str), i64>,
+    claims: HashMap<(String, String, &'static str), i64>,
+}
+
+fn tally<K: Eq + std::hash::Hash>(map: &mut HashMap<K, i64>, key: K, delta: i64) {
+    match map.entry(key) {
+        Entry::Occupied(mut e) => {
+            *e.get_mut() += delta;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+        Entry::Vacant(e) => {
+            e.insert(delta);
+        }
+    }
+}
+
+fn address_key(a: &IPAddress) -> (String, &'static str) {
+    let phase = a
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .map_or("Unknown", AddressPhase::as_str);
+    (a.spec.class_name.clone(), phase)
+}
+
+fn claim_key(c: &IPAddressClaim) -> (String, String, &'static str) {
+    let status = c.status.as_ref();
+    (
+        c.metadata.namespace.clone().unwrap_or_default(),
+        status
+            .and_then(|s| s.class_name.clone())
+            .unwrap_or_default(),
+        status
+            .and_then(|s| s.phase)
+            .map_or(ClaimPhase::Pending.as_str(), ClaimPhase::as_str),
+    )
 }
 
 const ADDRESSES: &str = "address_controller_ipaddresses";
@@ -137,11 +188,53 @@ const CAPACITY: &str = "address_controller_ipaddressclass_capacity";
 
 impl Ledger {
     fn new(world: World) -> Result<Self, prometheus::Error> {
+        let counts = Arc::new(Mutex::new(Counts::default()));
+        let c = counts.clone();
+        world.addresses.on_change(move |ch| {
+            let (old, new) = (
+                ch.old.as_deref().map(address_key),
+                ch.new.as_deref().map(address_key),
+            );
+            if old == new {
+                return;
+            }
+            let mut c = c.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(k) = old {
+                tally(&mut c.addresses, k, -1);
+            }
+            if let Some(k) = new {
+                tally(&mut c.addresses, k, 1);
+            }
+        });
+        let c = counts.clone();
+        world.claims.on_change(move |ch| {
+            let (old, new) = (
+                ch.old.as_deref().map(claim_key),
+                ch.new.as_deref().map(claim_key),
+            );
+            if old == new {
+                return;
+            }
+            let mut c = c.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(k) = old {
+                tally(&mut c.claims, k, -1);
+            }
+            if let Some(k) = new {
+                tally(&mut c.claims, k, 1);
+            }
+        });
+        let descs = [
+            Self::addresses_vec()?,
+            Self::claims_vec()?,
+            Self::capacity_vec()?,
+        ]
+        .iter()
+        .flat_map(|v| v.desc().into_iter().cloned())
+        .collect();
         Ok(Self {
             world,
-            addresses: Self::addresses_vec()?,
-            claims: Self::claims_vec()?,
-            capacity: Self::capacity_vec()?,
+            counts,
+            descs,
         })
     }
 
@@ -175,30 +268,19 @@ impl Ledger {
 
 impl Collector for Ledger {
     fn desc(&self) -> Vec<&Desc> {
-        self.addresses
-            .desc()
-            .into_iter()
-            .chain(self.claims.desc())
-            .chain(self.capacity.desc())
-            .collect()
+        self.descs.iter().collect()
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let (Ok(addresses), Ok(claims)) = (Self::addresses_vec(), Self::claims_vec()) else {
+        let (Ok(addresses), Ok(claims), Ok(capacity)) = (
+            Self::addresses_vec(),
+            Self::claims_vec(),
+            Self::capacity_vec(),
+        ) else {
             return Vec::new();
         };
         // Every phase of every known class is reported, zeros included, so an alert on
         // `Conflict > 0` sees the series drop back to 0 instead of vanishing.
-        let mut per_class: BTreeMap<String, BTreeMap<&'static str, i64>> = BTreeMap::new();
-        let zeros = || {
-            AddressPhase::ALL
-                .iter()
-                .map(|p| (p.as_str(), 0))
-                .collect::<BTreeMap<_, _>>()
-        };
-        let Ok(capacity) = Self::capacity_vec() else {
-            return Vec::new();
-        };
         for class in self.world.classes.store.all() {
             let name = kube::ResourceExt::name_any(class.as_ref());
             if let Some(c) = class.status.as_ref().and_then(|s| s.capacity.as_ref()) {
@@ -208,45 +290,153 @@ impl Collector for Ledger {
                     }
                 }
             }
-            per_class.entry(name).or_insert_with(zeros);
-        }
-        for a in self.world.addresses.store.all() {
-            let phase = a
-                .status
-                .as_ref()
-                .and_then(|s| s.phase)
-                .map_or("Unknown", AddressPhase::as_str);
-            *per_class
-                .entry(a.spec.class_name.clone())
-                .or_insert_with(zeros)
-                .entry(phase)
-                .or_default() += 1;
-        }
-        for (class, phases) in &per_class {
-            for (phase, n) in phases {
+            for phase in AddressPhase::ALL {
                 addresses
-                    .with_label_values(&[class.as_str(), phase])
-                    .set(*n);
+                    .with_label_values(&[name.as_str(), phase.as_str()])
+                    .set(0);
             }
         }
-        for c in self.world.claims.store.all() {
-            let status = c.status.as_ref();
-            let ns = c.metadata.namespace.clone().unwrap_or_default();
-            let class = status
-                .and_then(|s| s.class_name.clone())
-                .unwrap_or_default();
-            let phase = status
-                .and_then(|s| s.phase)
-                .map_or("Pending", |p| p.as_str());
+        let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        for ((class, phase), n) in &counts.addresses {
+            addresses
+                .with_label_values(&[class.as_str(), phase])
+                .set(*n);
+        }
+        for ((ns, class, phase), n) in &counts.claims {
             claims
                 .with_label_values(&[ns.as_str(), class.as_str(), phase])
-                .inc();
+                .set(*n);
         }
+        drop(counts);
         addresses
             .collect()
             .into_iter()
             .chain(claims.collect())
             .chain(capacity.collect())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use address_controller_runtime::health::{Bounds, Health};
+    use serde_json::json;
+
+    fn address(name: &str, class: &str, phase: &str) -> Arc<IPAddress> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"address": "192.0.2.1", "className": class, "source": {"fromClass": {}}},
+                "status": {"phase": phase},
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn claim(ns: &str, name: &str, class: &str, phase: &str) -> Arc<IPAddressClaim> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {},
+                "status": {"phase": phase, "className": class},
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn series(m: &Metrics) -> Vec<String> {
+        m.render()
+            .lines()
+            .filter(|l| l.starts_with("address_controller_ip"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn the_ledger_follows_every_change_and_drops_series_that_reach_zero() {
+        let world = World::new(false, Health::new(Bounds::default()));
+        let m = Metrics::new(world.clone()).unwrap();
+        let class = serde_json::from_value(json!({
+            "metadata": {"name": "gold"},
+            "spec": {"provisioner": "p"},
+            "status": {"capacity": {"ipv4": 8}},
+        }))
+        .unwrap();
+        world.classes.apply("gold".into(), Some(Arc::new(class)));
+        world
+            .addresses
+            .apply("a".into(), Some(address("a", "gold", "Available")));
+        world
+            .addresses
+            .apply("b".into(), Some(address("b", "gold", "Available")));
+        world
+            .claims
+            .apply("t/c".into(), Some(claim("t", "c", "gold", "Pending")));
+        let s = series(&m);
+        assert!(
+            s.contains(
+                &r#"address_controller_ipaddresses{class="gold",phase="Available"} 2"#.to_string()
+            ),
+            "{s:#?}"
+        );
+        assert!(
+            s.contains(
+                &r#"address_controller_ipaddresses{class="gold",phase="Bound"} 0"#.to_string()
+            ),
+            "{s:#?}"
+        );
+        assert!(s.contains(&r#"address_controller_ipaddressclaims{class="gold",namespace="t",phase="Pending"} 1"#.to_string()), "{s:#?}");
+        assert!(
+            s.contains(
+                &r#"address_controller_ipaddressclass_capacity{class="gold",family="IPv4"} 8"#
+                    .to_string()
+            ),
+            "{s:#?}"
+        );
+
+        // A bind moves one address and the claim; a deletion takes its series away.
+        world
+            .addresses
+            .apply("a".into(), Some(address("a", "gold", "Bound")));
+        world
+            .claims
+            .apply("t/c".into(), Some(claim("t", "c", "gold", "Bound")));
+        world.addresses.apply("b".into(), None);
+        let s = series(&m);
+        assert!(
+            s.contains(
+                &r#"address_controller_ipaddresses{class="gold",phase="Available"} 0"#.to_string()
+            ),
+            "{s:#?}"
+        );
+        assert!(
+            s.contains(
+                &r#"address_controller_ipaddresses{class="gold",phase="Bound"} 1"#.to_string()
+            ),
+            "{s:#?}"
+        );
+        assert!(s.contains(&r#"address_controller_ipaddressclaims{class="gold",namespace="t",phase="Bound"} 1"#.to_string()), "{s:#?}");
+        assert!(
+            !s.iter()
+                .any(|l| l.starts_with("address_controller_ipaddressclaims")
+                    && l.contains(r#"phase="Pending""#)),
+            "{s:#?}"
+        );
+
+        // An unchanged object and a deletion of an unknown key change nothing.
+        world
+            .claims
+            .apply("t/c".into(), Some(claim("t", "c", "gold", "Bound")));
+        world.claims.apply("t/x".into(), None);
+        world.claims.apply("t/c".into(), None);
+        let s = series(&m);
+        assert!(
+            !s.iter()
+                .any(|l| l.starts_with("address_controller_ipaddressclaims")),
+            "{s:#?}"
+        );
     }
 }

@@ -110,7 +110,7 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-const HEADER: &str = "| run | N | to all Bound | binds/s | writes/bind (claims+addresses) | events/bind | pool intake writes/address | ctl CPU per 1k binds | peak RSS | RSS/object | restart → ready | writes 10 s after | kube-apiserver CPU/bind | write floor | bind/floor | namespaceaddresses -A | ipaddressclaims -A |";
+const HEADER: &str = "| run | N | to all Bound | binds/s | writes/bind (claims+addresses) | events/bind | pool intake writes/address | ctl CPU per 1k binds | peak RSS | RSS/object | restart → ready | list floor | writes 10 s after | kube-apiserver CPU/bind | write floor | bind/floor | namespaceaddresses -A | ipaddressclaims -A |";
 
 fn line(r: &Value) -> String {
     let f = |k: &str, d: usize| match r[k].as_f64() {
@@ -118,7 +118,7 @@ fn line(r: &Value) -> String {
         None => "—".into(),
     };
     format!(
-        "| {} | {} | {} s | {} | {} | {} | {} | {} s | {} MiB | {} KiB | {} s | {} | {} ms | {} | {} | {} ms | {} ms |",
+        "| {} | {} | {} s | {} | {} | {} | {} | {} s | {} MiB | {} KiB | {} s | {} s | {} | {} ms | {} | {} | {} ms | {} ms |",
         r["mode"].as_str().unwrap_or(""),
         r["n"],
         f("bind_s", 1),
@@ -130,6 +130,7 @@ fn line(r: &Value) -> String {
         f("peak_rss_mib", 0),
         f("rss_per_object_kib", 2),
         f("restart_ready_s", 2),
+        f("list_floor_s", 2),
         r["writes_after_restart"],
         f("kas_cpu_per_bind_ms", 2),
         match r["floor_s"].as_f64() {
@@ -427,6 +428,18 @@ async fn measure(mode: Mode, n: usize) -> Result<Value> {
     )
     .await?;
     let restart_ready = restarted.elapsed();
+    // Its floor: a plain client listing both kinds as the caches do (pages of 500, both at
+    // once) — what kube-apiserver needs to hand the objects over.
+    let listed = Instant::now();
+    let (a, c) = tokio::join!(
+        list_all::<address_controller_api::IPAddress>(&client),
+        list_all::<address_controller_api::IPAddressClaim>(&client)
+    );
+    let list_floor = listed.elapsed();
+    anyhow::ensure!(
+        a? + c? >= 2 * n,
+        "the list floor saw fewer objects than made"
+    );
     let quiet0 = writes()?;
     tokio::time::sleep(Duration::from_secs(10)).await;
     let quiet = delta(
@@ -454,11 +467,30 @@ async fn measure(mode: Mode, n: usize) -> Result<Value> {
         "pool_writes_per_address": pool_writes,
         "cpu_per_1k_s": ctl_cpu.as_secs_f64() * 1000.0 / n as f64,
         "peak_rss_mib": peak as f64 / 1048576.0, "rss_per_object_kib": rss as f64 / 1024.0 / objects as f64,
-        "restart_ready_s": restart_ready.as_secs_f64(), "writes_after_restart": quiet,
+        "restart_ready_s": restart_ready.as_secs_f64(), "list_floor_s": list_floor.as_secs_f64(),
+        "writes_after_restart": quiet,
         "kas_cpu_per_bind_ms": kas_cpu.as_secs_f64() * 1000.0 / n as f64,
         "floor_s": floor, "bind_over_floor": floor.map(|f| secs / f),
         "views_list_ms": views_ms, "claims_list_ms": claims_ms,
     }))
+}
+
+/// Pages through every object of a kind, 500 at a time: the number listed.
+async fn list_all<K>(client: &Client) -> Result<usize>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let api: Api<K> = Api::all(client.clone());
+    let mut params = ListParams::default().limit(500);
+    let mut count = 0;
+    loop {
+        let page = api.list(&params).await?;
+        count += page.items.len();
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(count),
+        }
+    }
 }
 
 /// The writes of one static bind made by a plain client — the claim's metadata, the
