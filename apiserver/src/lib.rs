@@ -454,6 +454,11 @@ pub async fn serve_tls(
             r = listener.accept() => r?,
             _ = &mut shutdown => return Ok(()),
         };
+        // As Go's net/http does: without it, several small watch events written back to
+        // back on kube-apiserver's one HTTP/2 connection wait for a delayed ACK (~40 ms).
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(%remote, error = %e, "TCP_NODELAY");
+        }
         let acceptor = acceptor.clone();
         let app = app.clone();
         tokio::spawn(async move {
