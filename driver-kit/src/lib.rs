@@ -279,13 +279,14 @@ fn register<D: Driver>(ctx: &Arc<runner::Ctx<D>>) {
     let c = ctx.clone();
     ctx.world.addresses.on_change(move |ch| {
         let Some(a) = ch.object() else { return };
-        if let Some(new) = &ch.new {
-            c.landed(new);
-        }
+        // Index first, then end its time in flight (see `runner::wanted`).
         c.queues.claims.add_all(
             c.inventory
                 .address_changed(ch.old.as_deref(), ch.new.as_deref()),
         );
+        if let Some(new) = &ch.new {
+            c.landed(new);
+        }
         if c.driver.finalizer().is_some() {
             c.queues.addresses.add(a.name_any());
         }

@@ -236,6 +236,15 @@ pub(crate) fn wanted<D: Driver>(
         return None;
     }
     let uid = claim.metadata.uid.clone().unwrap_or_default();
+    // What this process created is read before the addresses naming the claim: the cache's
+    // handler indexes a new address before it ends its time in flight, so one of the two
+    // always shows it (read the other way round, a pass between the two could miss both
+    // and provision the family twice).
+    let in_flight: Vec<Family> = fresh(&ctx.in_flight)
+        .keys()
+        .filter(|(u, _)| *u == uid)
+        .map(|(_, f)| *f)
+        .collect();
     let mut have: Vec<Family> = status
         .addresses
         .iter()
@@ -253,14 +262,13 @@ pub(crate) fn wanted<D: Driver>(
             have.push(f);
         }
     }
-    let in_flight = fresh(&ctx.in_flight);
     let missing: Vec<Family> = claim
         .spec
         .family
         .families()
         .iter()
         .copied()
-        .filter(|f| !have.contains(f) && !in_flight.contains_key(&(uid.clone(), *f)))
+        .filter(|f| !have.contains(f) && !in_flight.contains(f))
         .collect();
     (!missing.is_empty()).then_some((class, missing))
 }
