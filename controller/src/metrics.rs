@@ -160,6 +160,16 @@ fn tally<K: Eq + std::hash::Hash>(map: &mut HashMap<K, i64>, key: K, delta: i64)
     }
 }
 
+/// One object's move from label set `old` to `new` (either absent on creation/deletion).
+fn shift<K: Eq + std::hash::Hash>(map: &mut HashMap<K, i64>, old: Option<K>, new: Option<K>) {
+    if let Some(k) = old {
+        tally(map, k, -1);
+    }
+    if let Some(k) = new {
+        tally(map, k, 1);
+    }
+}
+
 fn address_key(a: &IPAddress) -> (String, &'static str) {
     let phase = a
         .status
@@ -195,15 +205,12 @@ impl Ledger {
                 ch.old.as_deref().map(address_key),
                 ch.new.as_deref().map(address_key),
             );
-            if old == new {
-                return;
-            }
-            let mut c = c.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(k) = old {
-                tally(&mut c.addresses, k, -1);
-            }
-            if let Some(k) = new {
-                tally(&mut c.addresses, k, 1);
+            if old != new {
+                shift(
+                    &mut c.lock().unwrap_or_else(PoisonError::into_inner).addresses,
+                    old,
+                    new,
+                );
             }
         });
         let c = counts.clone();
@@ -212,15 +219,12 @@ impl Ledger {
                 ch.old.as_deref().map(claim_key),
                 ch.new.as_deref().map(claim_key),
             );
-            if old == new {
-                return;
-            }
-            let mut c = c.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(k) = old {
-                tally(&mut c.claims, k, -1);
-            }
-            if let Some(k) = new {
-                tally(&mut c.claims, k, 1);
+            if old != new {
+                shift(
+                    &mut c.lock().unwrap_or_else(PoisonError::into_inner).claims,
+                    old,
+                    new,
+                );
             }
         });
         let descs = [
