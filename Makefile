@@ -52,6 +52,10 @@ helm-package: ## helm lint the chart and package it into dist/ (helm is built an
 	@deploy/local/build-binaries.sh helm
 	@. deploy/local/versions.sh && "$$HELM_BIN/helm" lint --strict chart/address-controller && "$$HELM_BIN/helm" package chart/address-controller --destination dist/
 
+.PHONY: image
+image: ## The container image without a container engine: release binaries + Debian libc/libgcc/CA certificates -> dist/address-controller-<version>.oci.tar, its SBOM (.spdx.json) and digest; reproducible per commit
+	@deploy/image/build.sh
+
 .PHONY: lint
 lint: ## cargo fmt --check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check

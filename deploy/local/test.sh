@@ -30,6 +30,9 @@ cargo clippy --workspace --all-targets -- -D warnings || fail "clippy"
 step "build tests"
 cargo build --workspace --bins && cargo test --workspace --no-run || fail "cargo build"
 
+step "build the container image (release binaries; make image)"
+"$root/deploy/image/build.sh" --out "$out/image" || fail "make image"
+
 step "wait for control-plane binaries"
 if ! wait "$build_pid"; then cat "$out/build-binaries.log"; fail "build-binaries"; fi
 cat "$out/build-binaries.log"

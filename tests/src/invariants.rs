@@ -111,6 +111,9 @@ pub struct Replica {
     /// `https://host:port/metrics`.
     pub url: String,
     pub token: String,
+    /// The local process serving `url`, when known: a replica that does not answer is
+    /// described (alive or gone, its threads' states and stacks) in the report.
+    pub pid: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -544,6 +547,10 @@ fn gauge_violations(s: &Snapshot, replicas: &[Replica]) -> Vec<(Violation, Strin
                 continue;
             }
             Err(e) => {
+                let state = r.pid.map(crate::process_state).unwrap_or_default();
+                if !state.is_empty() {
+                    println!("replica {} does not answer /metrics:\n{state}", r.name);
+                }
                 out.push((
                     Violation {
                         rule: "gauges-differ",

@@ -378,9 +378,10 @@ pub struct ControllerProcess {
 
 /// How a test process is started (kept for restarts).
 struct Spawn {
-    bin: String,
-    kubeconfig: PathBuf,
+    program: PathBuf,
     args: Vec<String>,
+    /// `None`: the test's environment and a debug `RUST_LOG`; `Some`: exactly these.
+    env: Option<Vec<(String, String)>>,
     stderr: PathBuf,
 }
 
@@ -392,18 +393,23 @@ impl Spawn {
                 .append(true)
                 .open(p)
         };
-        Command::new(binary(&self.bin))
-            .args(&self.args)
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .env(
-                "RUST_LOG",
-                "info,address_controller_controller=debug,address_controller_apiserver=debug,range_driver=debug",
-            )
-            .stdout(append(log)?)
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args);
+        match &self.env {
+            None => {
+                cmd.env(
+                    "RUST_LOG",
+                    "info,address_controller_controller=debug,address_controller_apiserver=debug,range_driver=debug",
+                );
+            }
+            Some(env) => {
+                cmd.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
+            }
+        }
+        cmd.stdout(append(log)?)
             .stderr(append(&self.stderr)?)
             .spawn()
-            .with_context(|| format!("starting {}", self.bin))
+            .with_context(|| format!("starting {}", self.program.display()))
     }
 }
 
@@ -484,28 +490,49 @@ impl ControllerProcess {
         args: &[String],
         probe: &str,
     ) -> Result<ControllerProcess> {
+        let mut argv = args.to_vec();
+        argv.push("--kubeconfig".into());
+        argv.push(kubeconfig.display().to_string());
+        Self::launch_program(&binary(bin), name, &argv, None, args, probe).await
+    }
+
+    /// Starts `program ARGV` with exactly `env` (none other) — a process started by
+    /// something else than the test (a container in a root of its own). `flags` are the
+    /// binary's own arguments (where its `--metrics-address` is found); `probe` is where
+    /// its probes answer. Returns once `/readyz` answers.
+    pub async fn launch_program(
+        program: &Path,
+        name: &str,
+        argv: &[String],
+        env: Option<Vec<(String, String)>>,
+        flags: &[String],
+        probe: &str,
+    ) -> Result<ControllerProcess> {
         let dir = log_dir()?;
         let log = dir.join(format!("{name}.log"));
         // A fresh log per name (a restart of the same process appends).
         std::fs::write(&log, "")?;
-        let metrics_address = args.iter().enumerate().find_map(|(i, a)| {
+        let metrics_address = flags.iter().enumerate().find_map(|(i, a)| {
             if a == "--metrics-address" {
-                args.get(i + 1).cloned()
+                flags.get(i + 1).cloned()
             } else {
                 a.strip_prefix("--metrics-address=").map(str::to_string)
             }
         });
-        let metrics_address = metrics_address.filter(|a| !a.is_empty());
+        // A server on every interface is reached on loopback.
+        let metrics_address = metrics_address
+            .filter(|a| !a.is_empty())
+            .map(|a| a.replace("0.0.0.0:", "127.0.0.1:"));
         let spawn = Spawn {
-            bin: bin.to_string(),
-            kubeconfig: kubeconfig.to_path_buf(),
-            args: args.to_vec(),
+            program: program.to_path_buf(),
+            args: argv.to_vec(),
+            env,
             stderr: dir.join(format!("{name}.stderr.log")),
         };
         let child = spawn.start(&log)?;
         let proc = ControllerProcess {
             user: name.to_string(),
-            probe: probe.to_string(),
+            probe: probe.replace("0.0.0.0:", "127.0.0.1:"),
             metrics_address,
             log,
             child,
@@ -558,6 +585,7 @@ impl ControllerProcess {
             name: self.user.clone(),
             url: format!("https://{addr}/metrics"),
             token: metrics_token().ok()?,
+            pid: Some(self.child.id()),
         })
     }
 
@@ -586,12 +614,12 @@ impl ControllerProcess {
         self.child.try_wait().ok().flatten().and_then(|s| s.code())
     }
 
-    /// `/readyz`: (status, body).
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
 
+    /// `/readyz`: (status, body).
     pub async fn readyz(&self) -> Result<(u16, String)> {
         http_get(&format!("http://{}/readyz", self.probe)).await
     }
@@ -649,16 +677,82 @@ pub async fn http_get(url: &str) -> Result<(u16, String)> {
 /// that care about it check it themselves): (status, body).
 pub fn https_get(url: &str, token: Option<&str>) -> Result<(u16, String)> {
     let mut cmd = Command::new("curl");
-    cmd.args(["-sk", "--max-time", "10", "-w", "\n%{http_code}"]);
+    cmd.args(["-sSk", "--max-time", "10", "-w", "\n%{http_code}"]);
     if let Some(t) = token {
         cmd.args(["-H", &format!("Authorization: Bearer {t}")]);
     }
     let out = cmd.arg(url).output().context("running curl")?;
+    if !out.status.success() {
+        // Refused (7), timed out (28), TLS (35) ...: say which, it tells a dead process
+        // from a frozen one.
+        bail!(
+            "curl {url}: {} ({})",
+            String::from_utf8_lossy(&out.stderr).trim(),
+            out.status
+        );
+    }
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text
         .rsplit_once('\n')
         .ok_or_else(|| anyhow!("curl {url}: no status"))?;
     Ok((code.trim().parse().unwrap_or(0), body.to_string()))
+}
+
+/// What a local process is doing: gone, or its state, every thread's state and kernel wait
+/// channel, and (when gdb is installed) every thread's stack. For a replica that stopped
+/// answering: a dead process and a frozen one look alike from outside.
+pub fn process_state(pid: u32) -> String {
+    let dir = PathBuf::from(format!("/proc/{pid}"));
+    let Ok(status) = std::fs::read_to_string(dir.join("status")) else {
+        return format!("process {pid} is gone");
+    };
+    let mut out = String::new();
+    for l in status.lines().filter(|l| {
+        [
+            "Name:",
+            "State:",
+            "Threads:",
+            "VmRSS:",
+            "voluntary_ctxt_switches:",
+        ]
+        .iter()
+        .any(|p| l.starts_with(p))
+    }) {
+        out.push_str(&format!("  {l}\n"));
+    }
+    let mut tasks: Vec<_> = std::fs::read_dir(dir.join("task"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    tasks.sort();
+    for t in tasks {
+        let read = |f: &str| {
+            std::fs::read_to_string(t.join(f))
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        };
+        // The state is the field after the parenthesised command name.
+        let stat = read("stat");
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split(' ').next())
+            .unwrap_or("?")
+            .to_string();
+        out.push_str(&format!(
+            "  thread {} {:<16} state {state} wchan {}\n",
+            t.file_name().and_then(|n| n.to_str()).unwrap_or("?"),
+            read("comm"),
+            read("wchan"),
+        ));
+    }
+    if let Ok(gdb) = Command::new("timeout")
+        .args(["60", "gdb", "-batch", "-nx", "-p", &pid.to_string()])
+        .args(["-ex", "thread apply all bt 30"])
+        .output()
+    {
+        out.push_str(&String::from_utf8_lossy(&gdb.stdout));
+    }
+    out
 }
 
 /// A token allowed to `get /metrics` (a ServiceAccount of the harness, made once per test
@@ -794,6 +888,7 @@ pub mod chaos;
 pub mod chart;
 pub mod conformance;
 pub mod env;
+pub mod image;
 pub mod invariants;
 
 /// CPU time (user + system) a process has used, from `/proc/<pid>/stat`.

@@ -59,6 +59,7 @@ async fn main() -> Result<()> {
             name: url.clone(),
             url,
             token: token.clone(),
+            pid: None,
         })
         .collect();
     let report = check(&client, &scope, settle, &replicas).await?;
