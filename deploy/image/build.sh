@@ -56,11 +56,16 @@ app_version="$(sed -n 's/^appVersion: "\(.*\)"/\1/p' chart/address-controller/Ch
 [ "$version" = "$app_version" ] || { say "Cargo version $version != chart appVersion $app_version"; exit 1; }
 revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
 if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then revision="$revision-dirty"; fi
-export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
+epoch="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
 
 say "release binaries (target/image)"
 cargo_home="${CARGO_HOME:-$HOME/.cargo}"
-RUSTFLAGS="--remap-path-prefix=$root=/src --remap-path-prefix=$cargo_home=/cargo" \
+# A clean environment: build scripts track variables (ring: CARGO_MANIFEST_DIR, which a
+# calling `cargo test` sets; cc: SOURCE_DATE_EPOCH, which moves with every commit), and any
+# difference would rebuild everything instead of reusing target/image.
+env -i HOME="$HOME" PATH="$PATH" \
+  ${CARGO_HOME:+CARGO_HOME="$CARGO_HOME"} ${RUSTUP_HOME:+RUSTUP_HOME="$RUSTUP_HOME"} \
+  RUSTFLAGS="--remap-path-prefix=$root=/src --remap-path-prefix=$cargo_home=/cargo" \
   cargo build -q --release --locked --target-dir "$root/target/image" \
   --bin address-controller --bin range-driver
 
@@ -76,7 +81,7 @@ while read -r pkg pkg_version sum; do
 done < <(grep -v '^#' "$lock")
 
 bin="$root/target/image/release"
-python3 "$root/deploy/image/assemble.py" \
+SOURCE_DATE_EPOCH="$epoch" python3 "$root/deploy/image/assemble.py" \
   --out "$out" \
   --name address-controller \
   --repository ghcr.io/cozystack/address-controller \
