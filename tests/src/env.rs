@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use address_controller_api::names::reason;
 use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClaim, IPAddressClass};
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
@@ -186,16 +187,52 @@ impl Env {
     }
 
     /// Successful writes of this test's controller to objects whose name contains the
-    /// test suffix or that live in the test namespace.
+    /// test suffix or that live in the test namespace (the barriers' own writes left out).
     pub fn writes(&self, user: &str) -> Vec<AuditedWrite> {
         audited_writes(user, |w| {
             (w.code < 300)
+                && !w.name.as_deref().is_some_and(|n| n.starts_with(BARRIER))
                 && (w.namespace.as_deref() == Some(self.ns.name.as_str())
                     || w.name.as_deref().is_some_and(|n| n.contains(&self.sfx)))
         })
         .unwrap()
     }
+
+    /// Waits until the running controller has seen every change made before this call —
+    /// instead of sleeping before a check that something did *not* happen. A claim of a
+    /// class that does not exist, created now, is marked `ClassNotFound` by the controller
+    /// (the watch delivers changes in order, so the ones made before it were delivered and
+    /// queued first), then deleted. It is also the positive control of such a check: the
+    /// controller was live and acting, so "nothing happened" is not a dead controller.
+    pub async fn barrier(&self) {
+        let name = format!("{BARRIER}{}", random_suffix());
+        let body = json!({"metadata": {"name": name},
+            "spec": {"className": format!("{BARRIER}no-such-class-{}", self.sfx)}});
+        self.claims()
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(body).unwrap(),
+            )
+            .await
+            .unwrap();
+        self.wait_claim(&name, "marked by the controller (barrier)", |c| {
+            c.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|x| x.reason == reason::CLASS_NOT_FOUND)
+            })
+        })
+        .await;
+        self.claims()
+            .delete(&name, &DeleteParams::default())
+            .await
+            .unwrap();
+        self.wait_claim_gone(&name).await;
+    }
 }
+
+/// Names of barrier claims (see [`Env::barrier`]).
+pub const BARRIER: &str = "barrier-";
 
 pub fn merge(base: &mut Value, patch: Value) {
     match (base, patch) {

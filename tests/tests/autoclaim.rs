@@ -3,8 +3,6 @@
 
 #![allow(clippy::unwrap_used)] // test helpers fail loudly by design
 
-use std::time::Duration;
-
 use address_controller_api::{AddressPhase, ClaimPhase, IPAddressClaim};
 use address_controller_tests::env::{Env, WAIT, aphase, env, phase};
 use address_controller_tests::{ControllerProcess, FIELD_MANAGER, wait_for};
@@ -150,7 +148,7 @@ async fn skip_rules_leave_services_alone() {
     e.service("plain", json!({})).await;
     e.wait_service("plain", "annotated", |s| names_claim(s) == Some("plain"))
         .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    e.barrier().await;
     for name in cases.iter().map(|(n, _)| *n).chain(["has-ingress"]) {
         assert!(
             e.claim_opt(name).await.is_none(),
@@ -164,9 +162,13 @@ async fn skip_rules_leave_services_alone() {
         };
         assert_eq!(names_claim(&s), expected, "{name}: annotation written");
     }
-    // Nothing was written to skipped Services by the controller.
+    // Nothing was written to skipped Services by the controller (the barrier's claim aside).
     let writes = address_controller_tests::audited_writes(&e.ctl.user, |w| {
         w.namespace.as_deref() == Some(e.ns.name.as_str())
+            && !w
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(address_controller_tests::env::BARRIER))
     })
     .unwrap();
     assert!(
@@ -303,7 +305,7 @@ async fn bad_input_is_reported_and_nothing_is_half_written() {
         )
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    e.barrier().await;
     let n = e
         .events(&e.ns.name, "bad-class")
         .await
@@ -401,7 +403,7 @@ async fn lifecycle_with_garbage_collection_under_the_generated_role() {
     let _again = ControllerProcess::start_as(&again_user, &[], &["--leader-elect=false"])
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    e.barrier().await;
     assert!(
         e.writes(&again_user).is_empty(),
         "{:?}",
@@ -443,7 +445,7 @@ async fn lifecycle_with_garbage_collection_under_the_generated_role() {
         .delete("kept", &DeleteParams::default())
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    e.barrier().await;
     assert_eq!(
         phase(&e.claims().get("kept").await.unwrap()),
         Some(ClaimPhase::Bound),
@@ -483,7 +485,7 @@ async fn a_service_that_stops_being_a_load_balancer_keeps_its_claim() {
         .wait_event(&e.ns.name, "web", "NoLongerLoadBalancer")
         .await;
     assert!(note.contains("kept"), "{note}");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    e.barrier().await;
     assert_eq!(
         phase(&e.claims().get("web").await.unwrap()),
         Some(ClaimPhase::Bound)

@@ -77,10 +77,6 @@ async fn static_binding_costs_four_writes_and_converges_to_zero_also_after_resta
     e.wait_event(&e.ns.name, "web", "Matched").await;
 
     // Writes for one static bind: claim metadata + claim status, address spec + status.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let all = e.writes(&e.ctl.user);
-    let bind = count(&all[before..]);
-    println!("writes per static bind: {bind:?}");
     let want: BTreeMap<String, usize> = [
         ("patch ipaddressclaims", 1),
         ("patch ipaddressclaims/status", 1),
@@ -90,24 +86,35 @@ async fn static_binding_costs_four_writes_and_converges_to_zero_also_after_resta
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    assert_eq!(bind, want);
+    wait_for("the bind's writes", WAIT, || async {
+        let bind = count(&e.writes(&e.ctl.user)[before..]);
+        if bind == want {
+            Ok(Some(()))
+        } else {
+            Err(anyhow::anyhow!("{bind:?}"))
+        }
+    })
+    .await
+    .unwrap();
+    println!("writes per static bind: {want:?}");
 
-    // At rest: zero writes.
+    // At rest: zero writes, up to a barrier (everything before it was seen and handled).
     let settled = e.writes(&e.ctl.user).len();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    e.barrier().await;
     assert_eq!(
         e.writes(&e.ctl.user).len(),
         settled,
         "a converged system writes nothing"
     );
 
-    // Across a restart: a new process re-examines everything and writes nothing.
+    // Across a restart: a new process re-examines everything and writes nothing (up to a
+    // barrier it handled after its start-up pass).
     e.ctl.stop();
     let user = format!("ctl-bind-restart-{}", e.sfx);
     let again = ControllerProcess::start(&user, &["--leader-elect=false"])
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    e.barrier().await;
     assert!(
         e.writes(&user).is_empty(),
         "restart wrote: {:?}",
@@ -198,7 +205,7 @@ async fn class_resolution_failures_are_reported_and_recovered() {
         .patch(&d1, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {"ipaddressclass.local.sdn.cozystack.io/is-default-class": null}}})))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    e.barrier().await;
     let c = e.claims().get("multi").await.unwrap();
     assert_eq!(
         c.status.as_ref().and_then(|s| s.class_name.as_deref()),
@@ -375,7 +382,7 @@ async fn lost_is_surfaced_not_replaced_and_recovers() {
         .await;
     assert_eq!(condition(&c, "Bound").unwrap().reason, "AddressLost");
     e.wait_event(&e.ns.name, "web", "AddressLost").await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    e.barrier().await;
     let s = e.addresses().get(&spare).await.unwrap();
     assert!(
         s.spec.claim_ref.is_none(),
@@ -406,7 +413,7 @@ async fn lost_is_surfaced_not_replaced_and_recovers() {
         .delete(&class, &DeleteParams::default())
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    e.barrier().await;
     assert_eq!(
         phase(&e.claims().get("web").await.unwrap()),
         Some(ClaimPhase::Bound)
@@ -559,12 +566,28 @@ async fn release_delay_held_annotation_and_admin_recycling() {
     );
     e.wait_event("default", &a, "ReleaseDelayElapsed").await;
 
-    // Held: still Released after the delay; removing the annotation releases it at once.
-    e.wait_address(&held, "Released", |x| {
-        aphase(x) == Some(AddressPhase::Released)
+    // Held: still Released once the delay is over (by its own release time, and the
+    // controller has handled everything up to a barrier); removing the annotation releases
+    // it at once.
+    let held_at = e
+        .wait_address(&held, "Released", |x| {
+            aphase(x) == Some(AddressPhase::Released)
+        })
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .released_at
+        .unwrap()
+        .0;
+    wait_for("the held address's release delay over", WAIT, || async {
+        let over = k8s_openapi::jiff::Timestamp::now().duration_since(held_at)
+            > k8s_openapi::jiff::SignedDuration::from_secs(3);
+        Ok(over.then_some(()))
     })
-    .await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    .await
+    .unwrap();
+    e.barrier().await;
     assert_eq!(
         aphase(e.addresses().get_opt(&held).await.unwrap().as_ref()),
         Some(AddressPhase::Released)
@@ -659,7 +682,7 @@ async fn deleting_a_bound_address_is_blocked_until_its_claim_lets_go() {
         .await
         .unwrap();
     e.wait_event("default", &a, "DeletionBlocked").await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    e.barrier().await;
     let still = e.addresses().get(&a).await.unwrap();
     assert!(still.metadata.deletion_timestamp.is_some());
     assert_eq!(
@@ -870,18 +893,27 @@ async fn a_controller_killed_mid_binding_and_mid_reclaim_converges_after_restart
         ControllerProcess::start(&format!("ctl-crash1-{}", e.sfx), &["--leader-elect=false"])
             .await
             .unwrap();
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    let bound = || async {
+        let items = e.claims().list(&ListParams::default()).await?.items;
+        anyhow::Ok(
+            items
+                .iter()
+                .filter(|c| phase(c) == Some(ClaimPhase::Bound))
+                .count(),
+        )
+    };
+    wait_for("binding under way", WAIT, || async {
+        Ok((bound().await? > 0).then_some(()))
+    })
+    .await
+    .unwrap();
     first.kill();
-    let bound_at_kill = e
-        .claims()
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .filter(|c| phase(c) == Some(ClaimPhase::Bound))
-        .count();
+    let bound_at_kill = bound().await.unwrap();
     println!("killed mid-binding with {bound_at_kill}/{MANY} claims bound");
+    assert!(
+        bound_at_kill < MANY,
+        "the kill came after the binding, not in it"
+    );
     let second =
         ControllerProcess::start(&format!("ctl-crash2-{}", e.sfx), &["--leader-elect=false"])
             .await
@@ -899,8 +931,19 @@ async fn a_controller_killed_mid_binding_and_mid_reclaim_converges_after_restart
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    let left = || async { anyhow::Ok(e.claims().list(&ListParams::default()).await?.items.len()) };
+    wait_for("reclaim under way", WAIT, || async {
+        Ok((left().await? < MANY).then_some(()))
+    })
+    .await
+    .unwrap();
     third.kill();
+    let left_at_kill = left().await.unwrap();
+    println!("killed mid-reclaim with {left_at_kill}/{MANY} claims left");
+    assert!(
+        left_at_kill > 0,
+        "the kill came after the reclaim, not in it"
+    );
     let _fourth =
         ControllerProcess::start(&format!("ctl-crash4-{}", e.sfx), &["--leader-elect=false"])
             .await
@@ -1089,7 +1132,9 @@ async fn an_invalid_address_admitted_before_validation_is_never_trusted() {
     let writes =
         |w: &address_controller_tests::AuditedWrite| w.name.as_deref() == Some(unreadable.as_str());
     let settled = audited_writes(&e.ctl.user, writes).unwrap().len();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // A pass that looped would retry within milliseconds (the queue's first backoff steps):
+    // by the barrier, it would have written again.
+    e.barrier().await;
     assert_eq!(
         audited_writes(&e.ctl.user, writes).unwrap().len(),
         settled,
