@@ -143,6 +143,10 @@ fn main() -> anyhow::Result<()> {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
+            address_controller_runtime::supervise::exit_when_stalled(
+                runtime.handle(),
+                "address-controller",
+            )?;
             if let Err(e) = runtime.block_on(run(*args)) {
                 // A critical task stopped (a server could not bind, the lease was lost, ...):
                 // exit non-zero so the pod is restarted clean.

@@ -131,6 +131,7 @@ pub fn main<D: Driver>(driver: D, info: Info) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    address_controller_runtime::supervise::exit_when_stalled(runtime.handle(), info.name)?;
     if let Err(e) = runtime.block_on(run(driver, &info, args)) {
         eprintln!("{}: {e:#}", info.name);
         std::process::exit(1);

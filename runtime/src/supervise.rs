@@ -125,6 +125,109 @@ impl Tasks {
     }
 }
 
+/// Watches the async runtime from an OS thread of its own: a task on the runtime ticks
+/// every second; when no tick has come for `bound`, `on_stall` is called with how long (once
+/// per stall). A runtime whose worker threads are all blocked (a deadlock, a blocking call)
+/// serves nothing — not even its probes — and, without a kubelet's liveness probe, would sit
+/// there silently; the binaries log the threads' states and exit 1 instead. A pause of the
+/// whole process (SIGSTOP, a frozen VM) stops this thread too and is not a stall: the
+/// thread's own sleep overshooting restarts the count.
+pub fn watch_runtime(
+    handle: &tokio::runtime::Handle,
+    bound: std::time::Duration,
+    on_stall: impl Fn(std::time::Duration) + Send + 'static,
+) -> std::io::Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+    let base = Instant::now();
+    let millis = move || u64::try_from(base.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let tick = Arc::new(AtomicU64::new(millis()));
+    let beat = tick.clone();
+    handle.spawn(async move {
+        loop {
+            beat.store(millis(), Ordering::Release);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    let period = Duration::from_millis(500);
+    std::thread::Builder::new()
+        .name("rt-watchdog".into())
+        .spawn(move || {
+            let mut reported = false;
+            loop {
+                let before = Instant::now();
+                std::thread::sleep(period);
+                if before.elapsed() > period * 4 {
+                    // This thread did not run either: the process (or machine) was paused.
+                    tick.store(millis(), Ordering::Release);
+                    continue;
+                }
+                let quiet =
+                    Duration::from_millis(millis().saturating_sub(tick.load(Ordering::Acquire)));
+                if quiet > bound && !reported {
+                    reported = true;
+                    on_stall(quiet);
+                } else if quiet <= bound {
+                    reported = false;
+                }
+            }
+        })
+        .map(|_| ())
+}
+
+/// How long the runtime may make no progress before [`exit_when_stalled`] ends the
+/// process: far beyond any legitimate pause of a task (the chart's liveness probe, served by
+/// the same runtime, restarts a stalled pod after ~30 s; this is the backstop where no
+/// kubelet watches, and it says why in the log).
+pub const RUNTIME_STALL_BOUND: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// [`watch_runtime`] with the binaries' reaction: the threads' states on stderr, exit 1.
+pub fn exit_when_stalled(
+    handle: &tokio::runtime::Handle,
+    name: &'static str,
+) -> std::io::Result<()> {
+    watch_runtime(handle, RUNTIME_STALL_BOUND, move |quiet| {
+        eprintln!(
+            "{name}: the async runtime made no progress for {quiet:?}; exiting. Threads:\n{}",
+            thread_states()
+        );
+        std::process::exit(1);
+    })
+}
+
+/// This process's threads, one line each: name, state, kernel wait channel (Linux; empty
+/// elsewhere) — what a stalled runtime's log says about itself.
+pub fn thread_states() -> String {
+    let mut out = String::new();
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    let mut tasks: Vec<_> = dir.flatten().map(|e| e.path()).collect();
+    tasks.sort();
+    for t in tasks {
+        let read = |f: &str| {
+            std::fs::read_to_string(t.join(f))
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        };
+        let stat = read("stat");
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split(' ').next())
+            .unwrap_or("?")
+            .to_string();
+        out.push_str(&format!(
+            "thread {} {} state {state} wchan {}\n",
+            t.file_name().and_then(|n| n.to_str()).unwrap_or("?"),
+            read("comm"),
+            read("wchan"),
+        ));
+    }
+    out
+}
+
 /// Resolves on SIGTERM or SIGINT.
 pub async fn signal() {
     let term = async {
@@ -162,6 +265,33 @@ mod tests {
         let err = tasks.supervise(Duration::from_secs(1)).await.unwrap_err();
         assert_eq!(err.to_string(), "watch failed: connection refused");
         assert!(shutdown.triggered());
+    }
+
+    #[test]
+    fn a_runtime_whose_workers_are_all_blocked_is_reported_and_a_live_one_is_not() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        watch_runtime(rt.handle(), Duration::from_millis(1500), move |d| {
+            let _ = tx.send(d);
+        })
+        .unwrap();
+        // Live: the runtime runs (and ticks) for 3 s; nothing is reported.
+        rt.block_on(async { tokio::time::sleep(Duration::from_secs(3)).await });
+        assert!(rx.try_recv().is_err(), "a live runtime was reported");
+        // Blocked: its only worker sleeps in a blocking call inside a task.
+        rt.block_on(async { std::thread::sleep(Duration::from_secs(4)) });
+        let quiet = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the stall is reported");
+        assert!(quiet > Duration::from_millis(1500), "{quiet:?}");
+        assert!(
+            thread_states().contains("rt-watchdog"),
+            "{}",
+            thread_states()
+        );
     }
 
     #[tokio::test]

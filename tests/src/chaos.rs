@@ -88,6 +88,9 @@ pub struct Stats {
     pub apiserver_restarts: AtomicUsize,
     pub etcd_restarts: AtomicUsize,
     pub lease_losses: AtomicUsize,
+    /// Replicas that ended for another reason than a lost lease or a kill of ours (a stalled
+    /// runtime, a crash): each one fails the run.
+    pub unexpected_exits: std::sync::Mutex<Vec<String>>,
 }
 
 pub struct Outcome {
@@ -99,6 +102,19 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// No invariant violated and no replica ended unexpectedly.
+    pub fn ok(&self) -> bool {
+        self.report.ok() && self.unexpected_exits().is_empty()
+    }
+
+    pub fn unexpected_exits(&self) -> Vec<String> {
+        self.stats
+            .unexpected_exits
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default()
+    }
+
     /// What the run did, the failover figures and the invariants table.
     pub fn summary(&self) -> String {
         let s = &self.stats;
@@ -139,6 +155,9 @@ impl Outcome {
                 mmm(&lease),
                 mmm(&bound)
             ));
+        }
+        for e in self.unexpected_exits() {
+            out.push_str(&format!("UNEXPECTED EXIT: {e}\n"));
         }
         out.push_str(&self.report.table());
         out
@@ -317,12 +336,20 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
     })
 }
 
-/// Restarts every replica that is not running (a lost lease ends a replica by design).
+/// Restarts every replica that is not running: killed by us (a signal), or ended by a lost
+/// lease (by design, it says so last on stderr); any other end is recorded as unexpected.
 async fn revive(pods: &Mutex<Vec<Pod>>, stats: &Stats) -> Result<()> {
     for p in pods.lock().await.iter_mut() {
         if !p.process.running() {
-            if p.process.log_contains("lost the lease") {
+            let code = p.process.exit_code();
+            let said = p.process.stderr_tail();
+            let last = said.lines().last().unwrap_or_default();
+            if code.is_some() && last.contains("lost the lease") {
                 stats.lease_losses.fetch_add(1, Ordering::Relaxed);
+            } else if code.is_some()
+                && let Ok(mut v) = stats.unexpected_exits.lock()
+            {
+                v.push(format!("{} exited ({code:?}): {last}", p.process.user));
             }
             p.process.restart().await?;
         }

@@ -624,6 +624,13 @@ impl ControllerProcess {
         http_get(&format!("http://{}/readyz", self.probe)).await
     }
 
+    /// The end of what the process wrote to stderr (why it exited, when it says).
+    pub fn stderr_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.spawn.stderr).unwrap_or_default();
+        let start = text.char_indices().rev().nth(2000).map_or(0, |(i, _)| i);
+        text[start..].trim().to_string()
+    }
+
     /// Whether the log says `needle`.
     pub fn log_contains(&self, needle: &str) -> bool {
         std::fs::read_to_string(&self.log).is_ok_and(|l| l.contains(needle))

@@ -26,5 +26,5 @@ async fn the_ledger_survives_churn_leader_kills_and_an_apiserver_restart() {
         n(&s.leader_kills)
     );
     assert_eq!(n(&s.apiserver_restarts), 1);
-    assert!(outcome.report.ok(), "{}", outcome.summary());
+    assert!(outcome.ok(), "{}", outcome.summary());
 }

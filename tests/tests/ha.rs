@@ -354,7 +354,9 @@ async fn caches_stay_live_on_leader_and_follower_under_churn_and_an_apiserver_re
             );
             assert!(
                 r.log_contains("lost the lease"),
-                "only a lost lease ends a replica"
+                "only a lost lease ends a replica; {} said: {}",
+                r.user,
+                r.stderr_tail()
             );
             r.restart().await.unwrap();
         }

@@ -43,7 +43,7 @@ async fn main() -> Result<()> {
         .status();
     let outcome = outcome?;
     println!("{}", outcome.summary());
-    if !outcome.report.ok() {
+    if !outcome.ok() {
         std::process::exit(1);
     }
     Ok(())
