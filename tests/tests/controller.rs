@@ -10,12 +10,14 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use address_controller_api::names::{HELD_ANNOTATION, PROVISIONER_ANNOTATION};
-use address_controller_api::{AddressPhase, ClaimPhase, IPAddress};
+use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClaim};
 use address_controller_tests::env::{Env, WAIT, aphase, condition, count, env, phase};
 use address_controller_tests::{ControllerProcess, audited_writes, wait_for};
 use futures::StreamExt;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
 use serde_json::json;
 
 // ---- binding ------------------------------------------------------------------------------
@@ -881,6 +883,39 @@ async fn hundreds_of_claims_bind_without_double_binding_or_conflict_storms() {
     e.check().await;
 }
 
+type ClaimEvents = futures::stream::BoxStream<'static, kube::Result<WatchEvent<IPAddressClaim>>>;
+
+/// A watch of the test namespace's claims from now on.
+async fn watch_claims(e: &Env) -> ClaimEvents {
+    let rv = e
+        .claims()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    e.claims()
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed()
+}
+
+/// Waits for the first event `pred` accepts.
+async fn first_event(events: &mut ClaimEvents, pred: impl Fn(&WatchEvent<IPAddressClaim>) -> bool) {
+    tokio::time::timeout(WAIT, async {
+        while let Some(ev) = events.next().await {
+            if ev.as_ref().is_ok_and(&pred) {
+                return;
+            }
+        }
+        panic!("the claims' watch ended first");
+    })
+    .await
+    .expect("the awaited claim event");
+}
+
 #[tokio::test]
 async fn a_controller_killed_mid_binding_and_mid_reclaim_converges_after_restart() {
     let mut e = env("crash").await;
@@ -888,11 +923,20 @@ async fn a_controller_killed_mid_binding_and_mid_reclaim_converges_after_restart
     create_addresses(&mut e, &class).await;
     e.ctl.kill();
     create_claims(&e, &class).await;
-    // Mid-binding: a fresh controller is killed while binding, another finishes.
+    // Mid-binding: a fresh controller is killed the moment it bound its first claim (a
+    // watch, not a poll: 300 binds take a few seconds), another finishes.
+    let mut events = watch_claims(&e).await;
     let mut first =
         ControllerProcess::start(&format!("ctl-crash1-{}", e.sfx), &["--leader-elect=false"])
             .await
             .unwrap();
+    first_event(
+        &mut events,
+        |ev| matches!(ev, WatchEvent::Modified(c) if phase(c) == Some(ClaimPhase::Bound)),
+    )
+    .await;
+    first.kill();
+    drop(events);
     let bound = || async {
         let items = e.claims().list(&ListParams::default()).await?.items;
         anyhow::Ok(
@@ -902,12 +946,6 @@ async fn a_controller_killed_mid_binding_and_mid_reclaim_converges_after_restart
                 .count(),
         )
     };
-    wait_for("binding under way", WAIT, || async {
-        Ok((bound().await? > 0).then_some(()))
-    })
-    .await
-    .unwrap();
-    first.kill();
     let bound_at_kill = bound().await.unwrap();
     println!("killed mid-binding with {bound_at_kill}/{MANY} claims bound");
     assert!(
@@ -923,25 +961,45 @@ async fn a_controller_killed_mid_binding_and_mid_reclaim_converges_after_restart
 
     // Mid-reclaim: delete every claim, kill while releasing, restart.
     drop(second);
-    let mut third =
-        ControllerProcess::start(&format!("ctl-crash3-{}", e.sfx), &["--leader-elect=false"])
-            .await
-            .unwrap();
+    // One worker: the reclaim (an address released and a claim finalized per claim) takes
+    // seconds instead of a fraction of one, and a watch, not a poll, kills the controller
+    // the moment the first claim is finalized — in the middle of it.
+    let mut third = ControllerProcess::start(
+        &format!("ctl-crash3-{}", e.sfx),
+        &["--leader-elect=false", "--concurrency=1"],
+    )
+    .await
+    .unwrap();
+    let mut events = watch_claims(&e).await;
     e.claims()
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await
         .unwrap();
-    let left = || async { anyhow::Ok(e.claims().list(&ListParams::default()).await?.items.len()) };
-    wait_for("reclaim under way", WAIT, || async {
-        Ok((left().await? < MANY).then_some(()))
-    })
-    .await
-    .unwrap();
+    first_event(&mut events, |ev| matches!(ev, WatchEvent::Deleted(_))).await;
     third.kill();
-    let left_at_kill = left().await.unwrap();
-    println!("killed mid-reclaim with {left_at_kill}/{MANY} claims left");
+    drop(events);
+    // The reclaim is claims finalized and their addresses released: some of it is left.
+    let claims_left = e
+        .claims()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .len();
+    let still_bound = e
+        .addresses()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|a| a.spec.class_name == class && aphase(Some(a)) == Some(AddressPhase::Bound))
+        .count();
+    println!(
+        "killed mid-reclaim: {claims_left}/{MANY} claims left, {still_bound}/{MANY} addresses still Bound"
+    );
     assert!(
-        left_at_kill > 0,
+        claims_left + still_bound > 0,
         "the kill came after the reclaim, not in it"
     );
     let _fourth =
