@@ -199,8 +199,14 @@ pub fn exit_when_stalled(
 /// This process's threads, one line each: name, state, kernel wait channel (Linux; empty
 /// elsewhere) — what a stalled runtime's log says about itself.
 pub fn thread_states() -> String {
+    thread_states_of("self")
+}
+
+/// The threads of process `pid` (a number, or `self`), one line each, as
+/// [`thread_states`]: how the test harness describes a replica that stopped answering.
+pub fn thread_states_of(pid: &str) -> String {
     let mut out = String::new();
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return out;
     };
     let mut tasks: Vec<_> = dir.flatten().map(|e| e.path()).collect();
@@ -212,6 +218,7 @@ pub fn thread_states() -> String {
                 .trim()
                 .to_string()
         };
+        // The state is the field after the parenthesised command name.
         let stat = read("stat");
         let state = stat
             .rsplit_once(") ")

@@ -727,30 +727,8 @@ pub fn process_state(pid: u32) -> String {
     }) {
         out.push_str(&format!("  {l}\n"));
     }
-    let mut tasks: Vec<_> = std::fs::read_dir(dir.join("task"))
-        .map(|d| d.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
-    tasks.sort();
-    for t in tasks {
-        let read = |f: &str| {
-            std::fs::read_to_string(t.join(f))
-                .unwrap_or_default()
-                .trim()
-                .to_string()
-        };
-        // The state is the field after the parenthesised command name.
-        let stat = read("stat");
-        let state = stat
-            .rsplit_once(") ")
-            .and_then(|(_, rest)| rest.split(' ').next())
-            .unwrap_or("?")
-            .to_string();
-        out.push_str(&format!(
-            "  thread {} {:<16} state {state} wchan {}\n",
-            t.file_name().and_then(|n| n.to_str()).unwrap_or("?"),
-            read("comm"),
-            read("wchan"),
-        ));
+    for line in address_controller_runtime::supervise::thread_states_of(&pid.to_string()).lines() {
+        out.push_str(&format!("  {line}\n"));
     }
     if let Ok(gdb) = Command::new("timeout")
         .args(["60", "gdb", "-batch", "-nx", "-p", &pid.to_string()])
