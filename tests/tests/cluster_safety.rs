@@ -145,8 +145,22 @@ async fn the_clusters_openapi_and_discovery_stay_whole() {
         "--output=plaintext-openapiv2",
     ]);
     assert!(ok && out.contains("releasedRetained"), "{out}{err}");
-    let (ok, out, err) = kubectl(&["explain", "poolavailabilities"]);
-    assert!(ok && out.contains("pendingClaims"), "{out}{err}");
+    // From OpenAPI v3: the aggregator loads a group's v3 document on its own schedule, so
+    // kubectl may not find the resource for a moment (CI saw "couldn't find resource" once).
+    wait_for(
+        "kubectl explain poolavailabilities (v3)",
+        Duration::from_secs(60),
+        || async {
+            let (ok, out, err) = kubectl(&["explain", "poolavailabilities"]);
+            if ok && out.contains("pendingClaims") {
+                Ok(Some(()))
+            } else {
+                Err(anyhow::anyhow!("{out}{err}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
 
     // OpenAPI v3: the index lists the group, and its document is served through the cluster.
     let (code, body) = get(&raw, "/openapi/v3", "application/json").await;
