@@ -231,6 +231,23 @@ impl Env {
     }
 }
 
+/// `kubectl get namespaceaddresses -A` (through the aggregator) shows `namespace` holding
+/// `bound` Bound addresses.
+pub fn assert_holdings_bound(namespace: &str, bound: usize) {
+    let holdings = Cluster::get()
+        .kubectl_ok(&["get", "namespaceaddresses", "-A"])
+        .unwrap();
+    let row = holdings
+        .lines()
+        .find(|l| l.starts_with(&format!("{namespace} ")))
+        .unwrap_or_else(|| panic!("no row for {namespace}:\n{holdings}"));
+    assert_eq!(
+        row.split_whitespace().nth(3),
+        Some(bound.to_string().as_str()),
+        "BOUND: {holdings}"
+    );
+}
+
 /// Names of barrier claims (see [`Env::barrier`]).
 pub const BARRIER: &str = "barrier-";
 

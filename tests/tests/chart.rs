@@ -21,7 +21,8 @@ use address_controller_tests::chart::{
     INSTALL, Release, Runner, chart_dir, create_token, run_helm, secret_data, values_file,
 };
 use address_controller_tests::env::{
-    APISERVICE, apiservice_available, b64decode, lease_holder_in, phase, tempdir,
+    APISERVICE, apiservice_available, assert_holdings_bound, b64decode, lease_holder_in, phase,
+    tempdir,
 };
 use address_controller_tests::{
     Cleanup, Cluster, TestNamespace, free_port, random_suffix, repo_root, setup, wait_for,
@@ -847,18 +848,7 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
     )
     .await
     .unwrap();
-    let holdings = cluster
-        .kubectl_ok(&["get", "namespaceaddresses", "-A"])
-        .unwrap();
-    let row = holdings
-        .lines()
-        .find(|l| l.starts_with(&format!("{} ", tenant.name)))
-        .unwrap_or_else(|| panic!("no row for {}:\n{holdings}", tenant.name));
-    assert_eq!(
-        row.split_whitespace().nth(3),
-        Some("1"),
-        "BOUND: {holdings}"
-    );
+    assert_holdings_bound(&tenant.name, 1);
 
     // The chart's range driver, as its own ServiceAccount with its Deployment's arguments,
     // provisions a claim of a range class.

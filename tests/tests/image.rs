@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use address_controller_api::{ClaimPhase, IPAddressClaim};
 use address_controller_tests::chart::{INSTALL, Release, render};
-use address_controller_tests::env::{apiservice_available, lease_holder_in, phase, tempdir};
+use address_controller_tests::env::{
+    apiservice_available, assert_holdings_bound, lease_holder_in, phase, tempdir,
+};
 use address_controller_tests::image::{Built, Container, build, container_pid, unpack, walk};
 use address_controller_tests::invariants::{Scope, assert_invariants};
 use address_controller_tests::{
@@ -475,18 +477,7 @@ async fn the_image_runs_the_controller_and_the_driver_as_the_chart_deploys_them(
     })
     .await
     .unwrap();
-    let holdings = cluster
-        .kubectl_ok(&["get", "namespaceaddresses", "-A"])
-        .unwrap();
-    let row = holdings
-        .lines()
-        .find(|l| l.starts_with(&format!("{} ", tenant.name)))
-        .unwrap_or_else(|| panic!("no row for {}:\n{holdings}", tenant.name));
-    assert_eq!(
-        row.split_whitespace().nth(3),
-        Some("1"),
-        "BOUND: {holdings}"
-    );
+    assert_holdings_bound(&tenant.name, 1);
 
     // The range driver from the same image, as its Deployment runs it, provisions.
     let driver_pod = format!("range-driver-{sfx}");
