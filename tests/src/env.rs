@@ -400,11 +400,19 @@ pub fn fast_lease(lease: &str) -> Vec<String> {
 
 /// Waits until the Lease `name` in `default` is held by `holder`.
 pub async fn wait_lease_holder(client: &Client, name: &str, holder: &str) {
+    wait_lease_holder_in(client, "default", name, holder).await;
+}
+
+/// Waits until `holder` holds the Lease `name` in `namespace`.
+pub async fn wait_lease_holder_in(client: &Client, namespace: &str, name: &str, holder: &str) {
     wait_for(
-        &format!("lease {name} held by {holder}"),
+        &format!("lease {namespace}/{name} held by {holder}"),
         WAIT,
         || async move {
-            Ok((lease_holder(client, name).await?.as_deref() == Some(holder)).then_some(()))
+            Ok(
+                (lease_holder_in(client, namespace, name).await?.as_deref() == Some(holder))
+                    .then_some(()),
+            )
         },
     )
     .await

@@ -21,8 +21,8 @@ use address_controller_tests::chart::{
     INSTALL, Release, Runner, chart_dir, create_token, run_helm, secret_data, values_file,
 };
 use address_controller_tests::env::{
-    APISERVICE, apiservice_available, assert_holdings_bound, b64decode, lease_holder_in, phase,
-    tempdir,
+    APISERVICE, apiservice_available, assert_holdings_bound, b64decode, phase, tempdir,
+    wait_lease_holder_in,
 };
 use address_controller_tests::{
     Cleanup, Cluster, TestNamespace, free_port, random_suffix, repo_root, setup, wait_for,
@@ -802,12 +802,7 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
     wait_for("APIService Available", WAIT, apiservice_available)
         .await
         .unwrap();
-    wait_for("the chart's controller leads", WAIT, || async {
-        let holder = lease_holder_in(&client, &ns, "address-controller").await?;
-        Ok((holder.as_deref() == Some(identity.as_str())).then_some(()))
-    })
-    .await
-    .unwrap();
+    wait_lease_holder_in(&client, &ns, "address-controller", identity.as_str()).await;
 
     // Claims bind with exactly the chart's RBAC.
     let tenant = TestNamespace::create(&client, "chart-tenant")

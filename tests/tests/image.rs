@@ -18,6 +18,7 @@ use address_controller_api::{ClaimPhase, IPAddressClaim};
 use address_controller_tests::chart::{INSTALL, Release, render};
 use address_controller_tests::env::{
     apiservice_available, assert_holdings_bound, lease_holder_in, phase, tempdir,
+    wait_lease_holder_in,
 };
 use address_controller_tests::image::{Built, Container, build, container_pid, unpack, walk};
 use address_controller_tests::invariants::{Scope, assert_invariants};
@@ -432,12 +433,7 @@ async fn the_image_runs_the_controller_and_the_driver_as_the_chart_deploys_them(
     wait_for("APIService Available", WAIT, apiservice_available)
         .await
         .unwrap();
-    wait_for("the container leads", WAIT, || async {
-        let holder = lease_holder_in(&client, &ns, "address-controller").await?;
-        Ok((holder.as_deref() == Some(pod.as_str())).then_some(()))
-    })
-    .await
-    .unwrap();
+    wait_lease_holder_in(&client, &ns, "address-controller", pod.as_str()).await;
     let tenant = TestNamespace::create(&client, "image-tenant")
         .await
         .unwrap();
