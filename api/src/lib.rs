@@ -6,6 +6,7 @@ pub mod duration;
 pub mod family;
 pub mod manifests;
 pub mod names;
+mod rules;
 pub mod v1alpha1;
 pub mod validation;
 

@@ -19,11 +19,11 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use address_controller_api::family::{Family, family_of};
-use address_controller_api::{ClaimPhase, IPAddress, IPAddressClaim};
+use address_controller_api::{ClaimPhase, ClaimRef, IPAddress, IPAddressClaim};
 use kube::ResourceExt;
 
 use crate::decide::claim::pin_of;
-use crate::decide::{claim_key, family, is_deleting, is_free};
+use crate::decide::is_free;
 
 /// (class, family).
 pub type Pool = (String, Family);
@@ -71,7 +71,7 @@ pub struct Wake {
 }
 
 fn pool_of_free(a: &IPAddress) -> Option<Pool> {
-    let f = family(a)?;
+    let f = a.family()?;
     is_free(a, &a.spec.class_name, f).then(|| (a.spec.class_name.clone(), f))
 }
 
@@ -84,7 +84,7 @@ fn waiting_pools(c: &IPAddressClaim) -> Vec<Pool> {
     let Some(class) = status.class_name.as_deref().filter(|n| !n.is_empty()) else {
         return Vec::new();
     };
-    if is_deleting(c) || pin_of(c).is_some() || status.phase != Some(ClaimPhase::Pending) {
+    if c.is_deleting() || pin_of(c).is_some() || status.phase != Some(ClaimPhase::Pending) {
         return Vec::new();
     }
     let have: Vec<Family> = status
@@ -102,7 +102,7 @@ fn waiting_pools(c: &IPAddressClaim) -> Vec<Pool> {
 }
 
 fn unresolved(c: &IPAddressClaim) -> bool {
-    !is_deleting(c)
+    !c.is_deleting()
         && c.status
             .as_ref()
             .and_then(|s| s.class_name.as_deref())
@@ -125,8 +125,12 @@ impl Index {
         let name = new.or(old).map(|a| a.name_any()).unwrap_or_default();
         let mut s = self.lock();
         // By claim.
-        let old_ref = old.and_then(|a| a.spec.claim_ref.as_ref()).map(claim_key);
-        let new_ref = new.and_then(|a| a.spec.claim_ref.as_ref()).map(claim_key);
+        let old_ref = old
+            .and_then(|a| a.spec.claim_ref.as_ref())
+            .map(ClaimRef::key);
+        let new_ref = new
+            .and_then(|a| a.spec.claim_ref.as_ref())
+            .map(ClaimRef::key);
         if old_ref != new_ref {
             if let Some(k) = &old_ref
                 && let Some(set) = s.by_claim.get_mut(k)
@@ -163,10 +167,7 @@ impl Index {
             Self::unreserve_locked(&mut s, &name);
         }
         // Released per class.
-        let released = new.filter(|a| {
-            a.status.as_ref().and_then(|st| st.phase)
-                == Some(address_controller_api::AddressPhase::Released)
-        });
+        let released = new.filter(|a| a.is_released());
         if let Some(class) = s.released_of.remove(&name)
             && let Some(set) = s.released.get_mut(&class)
         {

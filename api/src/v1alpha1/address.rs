@@ -139,6 +139,12 @@ pub struct IPAddressStatus {
     /// When the core moved the address to Released.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released_at: Option<Time>,
+    /// The binding that was released: `spec.claimRef` as it was when the core moved the
+    /// address to Released. The release delay concerns this binding only; a claimRef that
+    /// differs from it is a new binding or a reservation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "released_from_schema")]
+    pub released_from: Option<ClaimRef>,
     /// What the driver attached the address to; absent = reserved but inert.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub associated_to: Option<Association>,
@@ -154,4 +160,19 @@ pub struct Association {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     pub name: String,
+}
+
+/// `status.releasedFrom` is a copy of `spec.claimRef` as it was: recorded as it is, even a
+/// name admitted before the schema checked it — the copy must never fail the status write.
+fn released_from_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "description": "The binding that was released: spec.claimRef as it was when the core moved the address to Released.",
+        "required": ["namespace", "name"],
+        "properties": {
+            "namespace": {"type": "string"},
+            "name": {"type": "string"},
+            "uid": {"type": "string"}
+        }
+    })
 }

@@ -8,14 +8,14 @@ use std::time::Duration;
 use address_controller_api::family::family_of;
 use address_controller_api::names::{ADDRESS_FINALIZER, event};
 use address_controller_api::{
-    AddressPhase, IPAddress, IPAddressClaim, IPAddressClass, ReclaimPolicy,
+    AddressPhase, ClaimRef, IPAddress, IPAddressClaim, IPAddressClass, ReclaimPolicy,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
 use super::holdings::Holdings;
 use super::release_delay::{self, Due};
-use super::{Now, PlannedEvent, belongs_to, phase, refers_to, with_finalizer, without_finalizer};
+use super::{Now, PlannedEvent, with_finalizer, without_finalizer};
 
 /// What the address reconciler sees.
 pub struct AddressSnapshot<'a> {
@@ -35,6 +35,8 @@ pub struct AddressSnapshot<'a> {
 pub struct AddressStatusWrite {
     pub phase: AddressPhase,
     pub released_at: Option<Time>,
+    /// The binding a `Released` address was released from (its claimRef then).
+    pub released_from: Option<ClaimRef>,
 }
 
 /// Everything one pass over an address wants done, in order.
@@ -64,16 +66,21 @@ pub struct AddressPlan {
 /// How the claimRef relates to the claims.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Holder {
+    /// The binding the address holds is the one that was released
+    /// ([`IPAddress::is_released`]): it waits out the release delay, whatever its claim does.
+    Released,
     /// The claim exists with this uid and keeps this address.
     Live,
     /// The claim exists, claimRef has no uid yet (pre-bound), and it keeps this address.
     PreBound,
+    /// claimRef has no uid and names a claim that does not exist (yet) but could: a
+    /// reservation for it — not an orphan (SPEC §5.6).
+    Reserved,
     /// The claim exists and is being deleted (its reclaim flow decides).
     Deleting,
-    /// The claim is gone, or claimRef carries another uid (a stale binding).
+    /// claimRef carries a uid and its claim is gone, or has another uid (a stale binding).
     Gone,
-    /// The claim is live but keeps another address of this family, or this address was
-    /// released from it before (§5.7).
+    /// The claim is live but keeps another address of this family (§5.7).
     Surplus,
 }
 
@@ -84,18 +91,25 @@ pub fn holder(
     siblings: &[Arc<IPAddress>],
 ) -> Option<Holder> {
     let r = address.spec.claim_ref.as_ref()?;
-    let Some(claim) = claim.filter(|c| refers_to(r, c)) else {
-        return Some(Holder::Gone);
+    if address.is_released() {
+        return Some(Holder::Released);
+    }
+    let Some(claim) = claim.filter(|c| r.names(c)) else {
+        // No uid: reserved for a claim that may still be created — unless no claim can
+        // ever have that name (admitted before the schema checked it).
+        return Some(if r.uid.is_none() && r.is_valid() {
+            Holder::Reserved
+        } else {
+            Holder::Gone
+        });
     };
-    if !belongs_to(address, claim) {
+    if !address.belongs_to(claim) {
         return Some(Holder::Gone);
     }
-    if claim.metadata.deletion_timestamp.is_some() {
+    if claim.is_deleting() {
         return Some(Holder::Deleting);
     }
-    let holdings = Holdings::of(claim, siblings.iter().map(Arc::as_ref));
-    let name = address.name_any();
-    if holdings.is_surplus(address) || holdings.released.iter().any(|a| a.name_any() == name) {
+    if Holdings::of(claim, siblings.iter().map(Arc::as_ref)).is_surplus(address) {
         return Some(Holder::Surplus);
     }
     Some(if r.uid.is_none() {
@@ -105,12 +119,8 @@ pub fn holder(
     })
 }
 
-fn released_at(a: &IPAddress) -> Option<&Time> {
-    a.status.as_ref().and_then(|s| s.released_at.as_ref())
-}
-
-/// The status write that moves the address to `phase_to` / `released_at_to`, or `None`
-/// when it is there already.
+/// The status write that moves the address to `phase_to` / `released_at_to` (and the
+/// binding released, for `Released`), or `None` when it is there already.
 fn status_write(
     a: &IPAddress,
     phase_to: AddressPhase,
@@ -119,10 +129,14 @@ fn status_write(
     let want = AddressStatusWrite {
         phase: phase_to,
         released_at: released_at_to,
+        released_from: (phase_to == AddressPhase::Released)
+            .then(|| a.spec.claim_ref.clone())
+            .flatten(),
     };
-    let have = phase(a).map(|p| AddressStatusWrite {
+    let have = a.phase().map(|p| AddressStatusWrite {
         phase: p,
-        released_at: released_at(a).cloned(),
+        released_at: a.released_at().cloned(),
+        released_from: a.status.as_ref().and_then(|s| s.released_from.clone()),
     });
     (have.as_ref() != Some(&want)).then_some(want)
 }
@@ -143,8 +157,8 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
     let holder = holder(a, s.claim, s.siblings);
 
     // §5.1: deletion waits while a live claim holds the address.
-    if a.metadata.deletion_timestamp.is_some() {
-        if phase(a) == Some(AddressPhase::Bound) && holder == Some(Holder::Live) {
+    if a.is_deleting() {
+        if a.phase() == Some(AddressPhase::Bound) && holder == Some(Holder::Live) {
             plan.once_event = Some(PlannedEvent::warning(
                 event::DELETION_BLOCKED,
                 format!(
@@ -155,7 +169,7 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
         } else if let Some(remaining) = without_finalizer(a.finalizers(), ADDRESS_FINALIZER) {
             plan.finalizers = Some(remaining);
             // A Bound address whose claim merely vanished from the cache is confirmed first.
-            plan.confirm = phase(a) == Some(AddressPhase::Bound)
+            plan.confirm = a.phase() == Some(AddressPhase::Bound)
                 && matches!(holder, Some(Holder::Gone | Holder::Surplus));
         }
         return plan;
@@ -175,18 +189,35 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
     }
 
     // §5.4: Conflict and Lost belong to the driver.
-    if phase(a).is_some_and(AddressPhase::is_driver_owned) {
+    if a.phase().is_some_and(AddressPhase::is_driver_owned) {
         return plan;
     }
 
+    // The phase follows the claimRef (§5.5, §5.6): only the binding that was released is
+    // judged by the release delay; any other claimRef is judged as the binding it is.
     match holder {
         // §5.5: free (also after an admin cleared the claimRef of a Released address).
         None => plan.status = status_write(a, AddressPhase::Available, None),
-        // §5.6. A Released address never becomes Bound again: its claim is gone or keeps
-        // another address (those are `Gone` / `Surplus`).
-        Some(Holder::Live) => plan.status = status_write(a, AddressPhase::Bound, None),
+        // §5.6: reserved for a claim that does not exist yet: Available, and no other claim
+        // can take it (only an address without a claimRef is free).
+        Some(Holder::Reserved) => plan.status = status_write(a, AddressPhase::Available, None),
+        Some(Holder::Live) => {
+            plan.status = status_write(a, AddressPhase::Bound, None);
+            // A new binding next to a stale `Released` (bound again after the release delay
+            // cleared the claimRef, or moved by an admin): the claim it names is confirmed
+            // by a direct read before the address says Bound — a cache that missed the
+            // claim's deletion never binds it.
+            plan.confirm = plan.status.is_some() && a.phase() == Some(AddressPhase::Released);
+        }
         Some(Holder::PreBound) => plan.status = status_write(a, AddressPhase::Pending, None),
         Some(Holder::Deleting) => {}
+        Some(Holder::Released) => {
+            let why = format!("released from claim {}", claim_ref_text(a));
+            if let Some(note) = orphaned(&mut plan, s, &why) {
+                plan.events
+                    .push(PlannedEvent::normal(event::RECLAIMED, note));
+            }
+        }
         Some(Holder::Gone) => {
             let why = format!("claim {} is gone", claim_ref_text(a));
             if let Some(note) = orphaned(&mut plan, s, &why) {
@@ -213,9 +244,10 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
 }
 
 /// The reclaim policy of an address no live claim keeps (§5.6, §5.7): `Delete` → delete
-/// the object; `Retain` → `Released` with `releasedAt`, then the release delay. Destructive
-/// steps are confirmed first. Returns what happened when it happens in this pass (the
-/// caller reports it once), `None` when the address was dealt with before.
+/// the object; `Retain` → `Released` with `releasedAt` and the binding released
+/// (`releasedFrom`), then the release delay. Destructive steps are confirmed first. Returns
+/// what happened when it happens in this pass (the caller reports it once), `None` when the
+/// binding was released before.
 fn orphaned(plan: &mut AddressPlan, s: &AddressSnapshot<'_>, why: &str) -> Option<String> {
     let a = s.address;
     if a.spec.reclaim_policy == ReclaimPolicy::Delete {
@@ -225,8 +257,14 @@ fn orphaned(plan: &mut AddressPlan, s: &AddressSnapshot<'_>, why: &str) -> Optio
             "{why}; deleting the address (reclaim policy Delete)"
         ));
     }
-    let already = phase(a) == Some(AddressPhase::Released);
-    let at = released_at(a).cloned().unwrap_or_else(|| s.now.clone());
+    // Released before, by this very binding: keep its time. A binding released now (also
+    // one next to a stale `Released` of an earlier binding) is released as of now.
+    let already = a.is_released();
+    let at = a
+        .released_at()
+        .filter(|_| already)
+        .cloned()
+        .unwrap_or_else(|| s.now.clone());
     plan.status = status_write(a, AddressPhase::Released, Some(at.clone()));
     match release_delay::due(a, s.class, &at, &s.now) {
         Due::Never => {}

@@ -3,18 +3,19 @@
 //! can never disagree about which address a claim keeps.
 //!
 //! A claim holds at most one address per family. Of the addresses bound or pre-bound to
-//! it (claimRef names it, uid empty or equal, not being deleted, not `Released`), the one
-//! kept per family is, in order: the one the claim already lists in `status.addresses`
+//! it (claimRef names it, uid empty or equal, not being deleted, not released from it), the
+//! one kept per family is, in order: the one the claim already lists in `status.addresses`
 //! (what the tenant sees stays put), else one already `Bound` (bound first), else the
 //! lowest name. Every other one of that family is *surplus* — typically a driver's create
 //! that landed after the core bound a free address — and is released by the address pass.
-//! A `Released` address is never held again by a live claim: once surplus, always surplus.
+//! A binding that was released ([`IPAddress::is_released`]: the claimRef the address held
+//! when it became `Released`, uid included) is never held again: once surplus, always
+//! surplus. A claimRef written after that — a bind once the release delay cleared it, an
+//! admin's move — is a new binding, whatever the phase still says.
 
 use address_controller_api::family::Family;
 use address_controller_api::{AddressPhase, IPAddress, IPAddressClaim};
 use kube::ResourceExt;
-
-use super::{belongs_to, family, is_deleting, phase};
 
 /// The addresses of one claim, sorted out.
 #[derive(Debug, Default)]
@@ -26,7 +27,8 @@ pub struct Holdings<'a> {
     pub surplus: Vec<&'a IPAddress>,
     /// Bound or pre-bound to the claim and being deleted.
     pub deleting: Vec<&'a IPAddress>,
-    /// Bound to the claim and `Released` (surplus released earlier, or reclaimed).
+    /// Bound to the claim by a binding that was released (surplus released earlier, or
+    /// reclaimed).
     pub released: Vec<&'a IPAddress>,
 }
 
@@ -37,12 +39,12 @@ impl<'a> Holdings<'a> {
         let mut h = Holdings::default();
         let mut live: Vec<&IPAddress> = Vec::new();
         for a in named {
-            if !belongs_to(a, claim) {
+            if !a.belongs_to(claim) {
                 continue; // a stale binding to an older claim of the same name
             }
-            if is_deleting(a) {
+            if a.is_deleting() {
                 h.deleting.push(a);
-            } else if phase(a) == Some(AddressPhase::Released) {
+            } else if a.is_released() {
                 h.released.push(a);
             } else {
                 live.push(a);
@@ -58,13 +60,13 @@ impl<'a> Holdings<'a> {
         live.sort_by_key(|a| {
             (
                 !listed(a),
-                phase(a) != Some(AddressPhase::Bound),
+                a.phase() != Some(AddressPhase::Bound),
                 a.name_any(),
             )
         });
         let mut kept: Vec<Family> = Vec::new();
         for a in live {
-            match family(a) {
+            match a.family() {
                 Some(f) if kept.contains(&f) => h.surplus.push(a),
                 Some(f) => {
                     kept.push(f);
@@ -86,6 +88,6 @@ impl<'a> Holdings<'a> {
 
     /// The address kept for `f`, if any.
     pub fn kept(&self, f: Family) -> Option<&'a IPAddress> {
-        self.held.iter().copied().find(|a| family(a) == Some(f))
+        self.held.iter().copied().find(|a| a.family() == Some(f))
     }
 }

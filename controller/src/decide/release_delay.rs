@@ -2,37 +2,13 @@
 //! becomes free again once the delay has elapsed since `releasedAt`, unless it is annotated
 //! `held: "true"`. The delay is read from the class when the pass runs; no class or no
 //! delay means waiting for an admin. The pass is scheduled for the deadline (no polling).
+//! The deadline itself is the class's rule ([`IPAddressClass::release_deadline`]); it
+//! applies only to the binding that was released ([`IPAddress::is_released`]).
 
 use std::time::Duration;
 
-use address_controller_api::names::{self, HELD_ANNOTATION};
-use address_controller_api::{IPAddress, IPAddressClass, duration};
+use address_controller_api::{IPAddress, IPAddressClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
-
-/// The release delay of a class, if it has a valid one.
-pub fn release_delay(class: Option<&IPAddressClass>) -> Option<Duration> {
-    duration::parse(class?.spec.release_delay.as_deref()?).ok()
-}
-
-/// Whether an admin holds the address back (`held: "true"`).
-pub fn held(a: &IPAddress) -> bool {
-    names::annotation_is_true(a.metadata.annotations.as_ref(), HELD_ANNOTATION)
-}
-
-/// When a Released address (released at `released_at`) becomes free, if it ever does by
-/// itself.
-pub fn deadline(
-    a: &IPAddress,
-    class: Option<&IPAddressClass>,
-    released_at: &Time,
-) -> Option<Timestamp> {
-    if held(a) {
-        return None;
-    }
-    let delay = SignedDuration::try_from(release_delay(class)?).unwrap_or(SignedDuration::MAX);
-    Some(released_at.0.checked_add(delay).unwrap_or(Timestamp::MAX))
-}
 
 /// What the release delay asks of a Released address now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,8 +21,9 @@ pub enum Due {
     In(Duration),
 }
 
+/// What the delay asks of `a`, released (or being released in this pass) at `released_at`.
 pub fn due(a: &IPAddress, class: Option<&IPAddressClass>, released_at: &Time, now: &Time) -> Due {
-    match deadline(a, class, released_at) {
+    match class.and_then(|c| c.release_deadline_after(a, released_at)) {
         None => Due::Never,
         Some(d) if now.0 >= d => Due::Now,
         Some(d) => Due::In(Duration::try_from(d.duration_since(now.0)).unwrap_or(Duration::ZERO)),

@@ -9,7 +9,9 @@ use address_controller_api::names::{
     ADDRESS_FINALIZER, CLAIM_FINALIZER, DEFAULT_CLASS_ANNOTATION, HELD_ANNOTATION,
     PROVISIONER_ANNOTATION, event, reason,
 };
-use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClaim, IPAddressClass};
+use address_controller_api::{
+    AddressPhase, ClaimPhase, ClaimRef, IPAddress, IPAddressClaim, IPAddressClass,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
@@ -19,7 +21,7 @@ use kube::ResourceExt;
 
 use super::address::{AddressSnapshot, AddressStatusWrite, plan_address};
 use super::claim::{AddressWrite, ClaimPlan, ClaimSnapshot, pin_of, plan_claim};
-use super::{is_free, refers_to};
+use super::is_free;
 
 fn now() -> Time {
     Time("2026-01-01T12:00:00Z".parse::<Timestamp>().unwrap())
@@ -92,11 +94,7 @@ fn plan_taken(
     taken: &HashSet<String>,
 ) -> ClaimPlan {
     // The snapshot the reconciler builds from its indexes, built here by scanning.
-    let named: Vec<Arc<IPAddress>> = addresses
-        .iter()
-        .filter(|a| a.spec.claim_ref.as_ref().is_some_and(|r| refers_to(r, c)))
-        .cloned()
-        .collect();
+    let named: Vec<Arc<IPAddress>> = addresses.iter().filter(|a| a.names(c)).cloned().collect();
     let pinned = pin_of(c).and_then(|p| addresses.iter().find(|a| a.name_any() == p));
     let candidate = |class: &str, f: Family| {
         addresses
@@ -111,6 +109,7 @@ fn plan_taken(
         pinned: pinned.map(Arc::as_ref),
         pinned_taken: pin_of(c).is_some_and(|p| taken.contains(p)),
         candidate: &candidate,
+        address: &|name: &str| addresses.iter().find(|a| a.name_any() == name).cloned(),
         classes,
         now: now(),
     })
@@ -683,7 +682,10 @@ fn reclaim_rows() {
     });
     let released = addr("x", "192.0.2.3", "pub", {
         let mut v = bound_to(Some("claim-uid"));
-        merge(&mut v, json!({"status": {"phase": "Released"}}));
+        merge(
+            &mut v,
+            json!({"status": {"phase": "Released", "releasedFrom": {"namespace": "t", "name": "c", "uid": "claim-uid"}}}),
+        );
         v
     });
     let other = addr("o", "192.0.2.4", "pub", bound_to(Some("another-claim")));
@@ -707,7 +709,12 @@ fn reclaim_rows() {
             },
             AddressWrite::Release {
                 name: "r".into(),
-                resource_version: Some("10".into())
+                resource_version: Some("10".into()),
+                released_from: Some(ClaimRef {
+                    namespace: "t".into(),
+                    name: "c".into(),
+                    uid: Some("claim-uid".into())
+                }),
             },
         ]
     );
@@ -767,7 +774,24 @@ fn aplan_with(
 }
 
 fn w(phase: AddressPhase, released_at: Option<Time>) -> Option<AddressStatusWrite> {
-    Some(AddressStatusWrite { phase, released_at })
+    Some(AddressStatusWrite {
+        phase,
+        released_at,
+        released_from: None,
+    })
+}
+
+/// `Released` at `at`, recording the binding `t/c` with `uid` as the one released.
+fn released_write(at: Time, uid: Option<&str>) -> Option<AddressStatusWrite> {
+    Some(AddressStatusWrite {
+        phase: AddressPhase::Released,
+        released_at: Some(at),
+        released_from: Some(ClaimRef {
+            namespace: "t".into(),
+            name: "c".into(),
+            uid: uid.map(str::to_string),
+        }),
+    })
 }
 
 #[test]
@@ -898,14 +922,14 @@ fn safety_net_reclaim_rows() {
     // Claim gone, Retain: Released now, confirmed first.
     let a = addr("a", "192.0.2.1", "pub", bound_to(Some("claim-uid")));
     let p = aplan(&a, None, None, now());
-    assert_eq!(p.status, w(AddressPhase::Released, Some(now())));
+    assert_eq!(p.status, released_write(now(), Some("claim-uid")));
     assert!(p.confirm && !p.delete);
     assert_eq!(p.events[0].reason, event::RECLAIMED);
 
     // uid mismatch (a newer claim of the same name): same.
     let newer = claim(json!({"metadata": {"uid": "newer"}}));
     let p = aplan(&a, Some(&newer), None, now());
-    assert_eq!(p.status, w(AddressPhase::Released, Some(now())));
+    assert_eq!(p.status, released_write(now(), Some("claim-uid")));
 
     // Claim gone, Delete: delete the object, confirmed first.
     let d = addr("a", "192.0.2.1", "pub", {
@@ -922,7 +946,8 @@ fn safety_net_reclaim_rows() {
         "192.0.2.1",
         "pub",
         json!({"spec": {"claimRef": {"namespace": "t", "name": "c", "uid": "claim-uid"}},
-        "status": {"phase": "Released", "releasedAt": "2026-01-01T00:00:00Z"}}),
+        "status": {"phase": "Released", "releasedAt": "2026-01-01T00:00:00Z",
+            "releasedFrom": {"namespace": "t", "name": "c", "uid": "claim-uid"}}}),
     );
     assert_eq!(aplan(&r, None, None, now()), Default::default());
 }
@@ -964,7 +989,8 @@ fn release_delay_rows() {
     let delayed = class("pub", json!({"spec": {"releaseDelay": "1h"}}));
     let released = |extra: Value| {
         let mut v = json!({"spec": {"claimRef": {"namespace": "t", "name": "c", "uid": "claim-uid"}},
-            "status": {"phase": "Released", "releasedAt": "2026-01-01T11:30:00Z"}});
+            "status": {"phase": "Released", "releasedAt": "2026-01-01T11:30:00Z",
+            "releasedFrom": {"namespace": "t", "name": "c", "uid": "claim-uid"}}});
         merge(&mut v, extra);
         addr("a", "192.0.2.1", "pub", v)
     };
@@ -1010,7 +1036,7 @@ fn release_delay_rows() {
         Some(&zero),
         now(),
     );
-    assert_eq!(p.status, w(AddressPhase::Released, Some(now())));
+    assert_eq!(p.status, released_write(now(), Some("claim-uid")));
     assert_eq!(p.requeue_after, Some(std::time::Duration::ZERO));
 }
 
@@ -1341,7 +1367,7 @@ fn a_surplus_address_is_released_with_an_event_on_the_claim_then_follows_its_pol
     // Retain: Released now, confirmed first, said on the claim, then the release delay.
     let x = prebound("x", "192.0.2.9", json!({}));
     let p = aplan_with(&x, Some(&c), std::slice::from_ref(&f), Some(&cls), now());
-    assert_eq!(p.status, w(AddressPhase::Released, Some(now())));
+    assert_eq!(p.status, released_write(now(), Some("claim-uid")));
     assert!(p.confirm && !p.delete);
     assert_eq!(p.claim_events.len(), 1);
     assert_eq!(p.claim_events[0].reason, event::SURPLUS_ADDRESS);
@@ -1359,7 +1385,8 @@ fn a_surplus_address_is_released_with_an_event_on_the_claim_then_follows_its_pol
     let released = prebound(
         "x",
         "192.0.2.9",
-        json!({"status": {"phase": "Released", "releasedAt": "2026-01-01T11:30:00Z"}}),
+        json!({"status": {"phase": "Released", "releasedAt": "2026-01-01T11:30:00Z",
+            "releasedFrom": {"namespace": "t", "name": "c", "uid": "claim-uid"}}}),
     );
     let p = aplan_with(
         &released,
@@ -1406,7 +1433,8 @@ fn a_released_address_is_never_moved_back_to_bound() {
         "192.0.2.1",
         "pub",
         json!({"spec": {"claimRef": {"namespace": "t", "name": "c", "uid": "claim-uid"}},
-            "status": {"phase": "Released", "releasedAt": "2026-01-01T11:00:00Z"}}),
+            "status": {"phase": "Released", "releasedAt": "2026-01-01T11:00:00Z",
+            "releasedFrom": {"namespace": "t", "name": "c", "uid": "claim-uid"}}}),
     );
     let p = aplan(&released, Some(&c), None, now());
     assert_ne!(
@@ -1418,4 +1446,286 @@ fn a_released_address_is_never_moved_back_to_bound() {
     let p = plan(&c, &[released], &[default_class("pub")]);
     assert!(p.address_writes.is_empty());
     assert!(p.status.as_ref().is_some_and(|s| s.addresses.is_empty()));
+}
+
+// ---- the phase follows the claimRef (issue #20) -------------------------------------------
+
+/// An address `Released` from claim `t/x` (uid `ux`) at 11:00, then `extra`.
+fn released_from_x(extra: Value) -> Arc<IPAddress> {
+    let mut v = json!({"spec": {"claimRef": {"namespace": "t", "name": "x", "uid": "ux"}},
+        "status": {"phase": "Released", "releasedAt": "2026-01-01T11:00:00Z",
+            "releasedFrom": {"namespace": "t", "name": "x", "uid": "ux"}}});
+    merge(&mut v, extra);
+    addr("a", "192.0.2.1", "pub", v)
+}
+
+/// The claim `t/c` pinned to `a`, as its own pass left it after binding `a`.
+fn pinned_bound() -> IPAddressClaim {
+    claim(json!({"spec": {"addressName": "a"},
+        "status": {"phase": "Bound", "className": "pub",
+            "addresses": [{"name": "a", "address": "192.0.2.1"}]}}))
+}
+
+#[test]
+fn the_release_delay_judges_only_the_binding_that_was_released() {
+    let delayed = class("pub", json!({"spec": {"releaseDelay": "30m"}}));
+    let elapsed = now(); // 12:00: the 30 minutes since 11:00 are over
+    let pinned = pinned_bound();
+
+    // The release delay's first write: claimRef cleared. The address is free, whatever the
+    // phase still says; the next write makes it Available.
+    let cleared = released_from_x(json!({"spec": {"claimRef": null}}));
+    let p = aplan(&cleared, None, Some(&delayed), elapsed.clone());
+    assert_eq!(p.status, w(AddressPhase::Available, None));
+    assert!(!p.clear_claim_ref && !p.confirm && p.events.is_empty());
+
+    // Order 1: the claim pass bound the pinned claim before that second write landed. The
+    // address carries the new binding next to the old Released: it is the new binding's —
+    // Bound, confirmed by a direct read of the claim first; never cleared again.
+    let rebound = released_from_x(
+        json!({"spec": {"claimRef": {"namespace": "t", "name": "c", "uid": "claim-uid"}}}),
+    );
+    let p = aplan(&rebound, Some(&pinned), Some(&delayed), elapsed.clone());
+    assert_eq!(p.status, w(AddressPhase::Bound, None), "{p:?}");
+    assert!(
+        p.confirm,
+        "Released → Bound only on a live read of the claim"
+    );
+    assert!(
+        !p.clear_claim_ref && !p.delete && p.events.is_empty(),
+        "{p:?}"
+    );
+    // ...and the claim keeps it: it lists the address and stays Bound (not Lost).
+    let cp = plan(
+        &pinned,
+        std::slice::from_ref(&rebound),
+        std::slice::from_ref(&delayed),
+    );
+    assert_eq!(phase(&cp), ClaimPhase::Bound, "{cp:?}");
+    assert_eq!(cp.status.as_ref().unwrap().addresses[0].name, "a");
+    assert!(cp.address_writes.is_empty());
+
+    // Order 2: Available landed first, then the bind: the ordinary path.
+    let after_available = addr(
+        "a",
+        "192.0.2.1",
+        "pub",
+        json!({"spec": {"claimRef": {"namespace": "t", "name": "c", "uid": "claim-uid"}}}),
+    );
+    let p = aplan(
+        &after_available,
+        Some(&pinned),
+        Some(&delayed),
+        elapsed.clone(),
+    );
+    assert_eq!(p.status, w(AddressPhase::Bound, None));
+    assert!(!p.confirm);
+
+    // The binding that was released (claimRef = releasedFrom) still waits out the delay and
+    // is cleared when it is over — the guard names that binding, nothing else.
+    let p = aplan(
+        &released_from_x(json!({})),
+        None,
+        Some(&delayed),
+        elapsed.clone(),
+    );
+    assert!(p.clear_claim_ref);
+    assert_eq!(p.events[0].reason, event::RELEASE_DELAY_ELAPSED);
+
+    // The new binding's claim is gone too (uid set): the safety net releases the new
+    // binding, as of now — not as of the old binding's releasedAt.
+    let p = aplan(&rebound, None, Some(&delayed), elapsed.clone());
+    assert_eq!(p.status, released_write(elapsed.clone(), Some("claim-uid")));
+    assert!(p.confirm && !p.clear_claim_ref);
+    assert_eq!(p.requeue_after, Some(std::time::Duration::from_secs(1800)));
+}
+
+#[test]
+fn a_pass_working_from_its_own_older_write_is_replaced_by_the_newer_state() {
+    // The address pass cleared the claimRef (its own write, overlaid until the cache shows
+    // it); the claim pass's bind lands after it. The overlay never hides the newer bind, so
+    // the address pass plans on the bind — and a plan made from the overlaid version carries
+    // that version's resourceVersion, which the API server refuses (409) once the bind landed.
+    let recent = crate::recent::RecentWrites::<IPAddress>::default();
+    let before = released_from_x(json!({"metadata": {"resourceVersion": "1"}}));
+    let cleared =
+        released_from_x(json!({"metadata": {"resourceVersion": "2"}, "spec": {"claimRef": null}}));
+    recent.record(&before, cleared.as_ref().clone());
+    // The cache still shows version 1: the pass sees its own write.
+    let seen = recent.latest(before.clone());
+    assert!(seen.spec.claim_ref.is_none());
+    // The cache shows the claim pass's bind (version 3): that is what the pass sees.
+    let bound = released_from_x(json!({"metadata": {"resourceVersion": "3"},
+        "spec": {"claimRef": {"namespace": "t", "name": "c", "uid": "claim-uid"}}}));
+    let seen = recent.latest(bound.clone());
+    assert_eq!(seen.metadata.resource_version.as_deref(), Some("3"));
+    let p = aplan(
+        &seen,
+        Some(&pinned_bound()),
+        Some(&class("pub", json!({"spec": {"releaseDelay": "30m"}}))),
+        now(),
+    );
+    assert!(!p.clear_claim_ref);
+    assert_eq!(p.status, w(AddressPhase::Bound, None));
+}
+
+#[test]
+fn a_reservation_is_available_and_kept_for_its_claim() {
+    let reserved = |extra: Value| {
+        let mut v = json!({"spec": {"claimRef": {"namespace": "t", "name": "c"}}, "status": null});
+        merge(&mut v, extra);
+        addr("a", "192.0.2.1", "pub", v)
+    };
+    // No such claim: Available, not an orphan — no release, no delete, no event.
+    for policy in ["Retain", "Delete"] {
+        let p = aplan(
+            &reserved(json!({"spec": {"reclaimPolicy": policy}})),
+            None,
+            None,
+            now(),
+        );
+        assert_eq!(p.status, w(AddressPhase::Available, None), "{policy}");
+        assert!(!p.delete && !p.confirm && p.events.is_empty(), "{policy}");
+    }
+    // Not free: no other claim matches it, pinned or not.
+    let r = reserved(json!({"status": {"phase": "Available"}}));
+    assert!(!is_free(&r, "pub", Family::IPv4));
+    let mut other = claim(json!({"metadata": {"name": "other"}, "spec": {"className": "pub"}}));
+    let p = plan(&other, std::slice::from_ref(&r), &[class("pub", json!({}))]);
+    assert!(binds(&p).is_empty());
+    other.spec.address_name = Some("a".into());
+    let p = plan(&other, std::slice::from_ref(&r), &[class("pub", json!({}))]);
+    assert!(binds(&p).is_empty());
+    assert!(
+        condition(&p, "Bound")
+            .2
+            .contains("already bound to claim t/c")
+    );
+    // The claim appears: it is pre-bound (Pending), and the claim completes the uid.
+    let c = claim(json!({}));
+    assert_eq!(
+        aplan(&r, Some(&c), None, now()).status,
+        w(AddressPhase::Pending, None)
+    );
+    let p = plan(&c, std::slice::from_ref(&r), &[class("pub", json!({}))]);
+    assert!(matches!(
+        p.address_writes.as_slice(),
+        [AddressWrite::CompleteUid { name, .. }] if name == "a"
+    ));
+    assert_eq!(phase(&p), ClaimPhase::Bound);
+    // A claim of that name being deleted: wait.
+    let deleting = claim(json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}));
+    assert_eq!(aplan(&r, Some(&deleting), None, now()), Default::default());
+    // A name no claim can ever have (admitted before the schema checked it) reserves for
+    // nobody: the address is an orphan, reclaimed by its policy.
+    let unreadable = reserved(json!({"spec": {"claimRef": {"name": "x y"}}}));
+    let p = aplan(&unreadable, None, None, now());
+    assert_eq!(
+        p.status.as_ref().map(|s| s.phase),
+        Some(AddressPhase::Released)
+    );
+    assert_eq!(p.events[0].reason, event::RECLAIMED);
+}
+
+#[test]
+fn an_admin_moves_a_released_address_by_re_pointing_its_claim_ref() {
+    let delayed = class("pub", json!({"spec": {"releaseDelay": "24h"}}));
+    // Re-pointed to a claim in another namespace that does not exist yet: reserved for it
+    // at once (no release delay), releasedAt and releasedFrom cleared.
+    let moved = released_from_x(
+        json!({"spec": {"claimRef": {"namespace": "u", "name": "z", "uid": null}}}),
+    );
+    let p = aplan(&moved, None, Some(&delayed), now());
+    assert_eq!(p.status, w(AddressPhase::Available, None));
+    assert!(!p.clear_claim_ref && p.requeue_after.is_none());
+    // It exists: pre-bound, then bound by its claim.
+    let z = claim(json!({"metadata": {"name": "z", "namespace": "u", "uid": "uz"}}));
+    assert_eq!(
+        aplan(&moved, Some(&z), Some(&delayed), now()).status,
+        w(AddressPhase::Pending, None)
+    );
+    // The uid removed, the name kept: a reservation for a new claim of that name (how an
+    // admin gives a retained address back to a recreated claim, as for PersistentVolumes).
+    let again = released_from_x(
+        json!({"spec": {"claimRef": {"namespace": "t", "name": "x", "uid": null}}}),
+    );
+    let x2 = claim(json!({"metadata": {"name": "x", "uid": "ux2"}}));
+    assert_eq!(
+        aplan(&again, Some(&x2), Some(&delayed), now()).status,
+        w(AddressPhase::Pending, None)
+    );
+    // The old claim of that name (same uid, a stale cache) never takes it back: the
+    // released binding is exactly the one recorded.
+    let x = claim(
+        json!({"metadata": {"name": "x", "uid": "ux"}, "status": {"phase": "Bound", "className": "pub"}}),
+    );
+    let p = aplan(&released_from_x(json!({})), Some(&x), Some(&delayed), now());
+    assert_ne!(
+        p.status.as_ref().map(|s| s.phase),
+        Some(AddressPhase::Bound)
+    );
+    assert!(
+        plan(
+            &x,
+            &[released_from_x(json!({}))],
+            std::slice::from_ref(&delayed)
+        )
+        .address_writes
+        .is_empty()
+    );
+}
+
+#[test]
+fn a_bound_address_moved_away_leaves_its_claim_lost_with_where_it_went() {
+    let c = claim(json!({"status": {"phase": "Bound", "className": "pub",
+        "addresses": [{"name": "a", "address": "192.0.2.1"}]}}));
+    let moved = addr(
+        "a",
+        "192.0.2.1",
+        "pub",
+        json!({"spec": {"claimRef": {"namespace": "u", "name": "z"}}}),
+    );
+    let free = addr("b", "192.0.2.2", "pub", json!({}));
+    let p = plan(
+        &c,
+        &[moved.clone(), free.clone()],
+        &[class("pub", json!({}))],
+    );
+    assert_eq!(phase(&p), ClaimPhase::Lost);
+    assert!(binds(&p).is_empty(), "a Lost claim is never given another");
+    let (_, r, m) = condition(&p, "Bound");
+    assert_eq!(r, reason::ADDRESS_LOST);
+    assert_eq!(m, "IPAddress a (192.0.2.1) now names claim u/z");
+    // The next pass (the claim no longer lists it) keeps the reason: no write.
+    let lost = applied(&c, &p);
+    let p = plan(&lost, &[moved, free], &[class("pub", json!({}))]);
+    assert!(p.is_empty(), "{p:?}");
+    // Gone entirely.
+    let p = plan(&c, &[], &[class("pub", json!({}))]);
+    assert_eq!(
+        condition(&p, "Bound").2,
+        "IPAddress a (192.0.2.1) no longer exists"
+    );
+}
+
+#[test]
+fn an_address_released_before_the_record_existed_gets_it_once() {
+    // Written by an earlier version: Released, no releasedFrom. Its claimRef is the binding
+    // released (as that version meant it); the record is written once, nothing else.
+    let legacy = addr(
+        "a",
+        "192.0.2.1",
+        "pub",
+        json!({"spec": {"claimRef": {"namespace": "t", "name": "c", "uid": "claim-uid"}},
+            "status": {"phase": "Released", "releasedAt": "2026-01-01T11:30:00Z"}}),
+    );
+    assert!(legacy.is_released());
+    let delayed = class("pub", json!({"spec": {"releaseDelay": "1h"}}));
+    let p = aplan(&legacy, None, Some(&delayed), now());
+    assert_eq!(
+        p.status,
+        released_write(at("2026-01-01T11:30:00Z"), Some("claim-uid"))
+    );
+    assert!(p.events.is_empty() && !p.confirm && !p.clear_claim_ref);
+    assert_eq!(p.requeue_after, Some(std::time::Duration::from_secs(1800)));
 }

@@ -3,8 +3,7 @@
 
 use std::sync::Arc;
 
-use address_controller_api::validation::{is_dns1123_label, is_dns1123_subdomain};
-use address_controller_api::{ClaimRef, IPAddress, IPAddressClaim};
+use address_controller_api::{IPAddress, IPAddressClaim};
 use address_controller_runtime::events::reference;
 use address_controller_runtime::workers::Outcome;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -16,14 +15,7 @@ use serde_json::json;
 use super::guarded;
 use crate::context::Context;
 use crate::decide::address::{AddressPlan, AddressSnapshot, plan_address};
-use crate::decide::claim_key;
 use crate::error::{Error, Result};
-
-/// Whether a claimRef names something that could exist. A name admitted before the schema
-/// validated it (`"x y"`) cannot be read — and no claim can have it: it is an absent claim.
-fn readable(r: &ClaimRef) -> bool {
-    is_dns1123_label(&r.namespace) && is_dns1123_subdomain(&r.name)
-}
 
 /// One pass over the address `name`.
 pub async fn reconcile(ctx: Arc<Context>, name: String) -> Result<Outcome> {
@@ -34,12 +26,12 @@ pub async fn reconcile(ctx: Arc<Context>, name: String) -> Result<Outcome> {
     let claim_ref = address.spec.claim_ref.clone();
     let mut claim: Option<Arc<IPAddressClaim>> = claim_ref
         .as_ref()
-        .and_then(|r| ctx.world.claims.get(&claim_key(r)))
+        .and_then(|r| ctx.world.claims.get(&r.key()))
         .map(|c| ctx.recent_claims.latest(c));
     let mut siblings: Vec<Arc<IPAddress>> = match &claim_ref {
         Some(r) => ctx
             .index
-            .addresses_naming(&claim_key(r))
+            .addresses_naming(&r.key())
             .iter()
             .filter(|n| **n != name)
             .filter_map(|n| ctx.world.addresses.get(n))
@@ -72,11 +64,11 @@ pub async fn reconcile(ctx: Arc<Context>, name: String) -> Result<Outcome> {
         else {
             return Ok(Outcome::Done);
         };
-        claim = match fresh.spec.claim_ref.as_ref().filter(|r| readable(r)) {
+        claim = match fresh.spec.claim_ref.as_ref().filter(|r| r.is_valid()) {
             Some(r) => Api::<IPAddressClaim>::namespaced(ctx.client.clone(), &r.namespace)
                 .get_opt(&r.name)
                 .await
-                .map_err(Error::kube_other("confirming claim", claim_key(r)))?
+                .map_err(Error::kube_other("confirming claim", r.key()))?
                 .map(Arc::new),
             None => None,
         };
@@ -124,7 +116,7 @@ async fn apply(
     if let Some(status) = &plan.status {
         let body = guarded(
             current.metadata.resource_version.as_deref(),
-            json!({"status": {"phase": status.phase, "releasedAt": status.released_at}}),
+            json!({"status": {"phase": status.phase, "releasedAt": status.released_at, "releasedFrom": status.released_from}}),
         );
         let updated = api
             .patch_status(&name, &params, &Patch::Merge(body))

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::guarded;
 use crate::context::Context;
 use crate::decide::claim::{AddressWrite, ClaimPlan, ClaimSnapshot, pin_of, plan_claim};
-use crate::decide::{family, is_free};
+use crate::decide::is_free;
 use crate::error::{Error, Result};
 use crate::index::Pool;
 
@@ -68,6 +68,7 @@ async fn pass(ctx: &Context, key: &str) -> Result<Outcome> {
             pinned: pinned.as_deref(),
             pinned_taken,
             candidate: &candidate,
+            address: &latest,
             classes: &classes,
             now: Time(Timestamp::now()),
         });
@@ -79,7 +80,7 @@ async fn pass(ctx: &Context, key: &str) -> Result<Outcome> {
         let mut reserved: Vec<String> = Vec::new();
         let mut all = true;
         for name in plan.binds() {
-            let pool = latest(name).and_then(|a| Some((a.spec.class_name.clone(), family(&a)?)));
+            let pool = latest(name).and_then(|a| Some((a.spec.class_name.clone(), a.family()?)));
             match pool {
                 Some(p) if ctx.index.reserve(name, &p, key) => reserved.push(name.to_string()),
                 _ => {
@@ -161,11 +162,14 @@ async fn apply(ctx: &Context, claim: &Arc<IPAddressClaim>, plan: ClaimPlan) -> R
                 )
             }
             AddressWrite::Release {
-                resource_version, ..
+                resource_version,
+                released_from,
+                ..
             } => {
                 let body = guarded(
                     resource_version.as_deref(),
-                    json!({"status": {"phase": "Released", "releasedAt": Time(Timestamp::now())}}),
+                    json!({"status": {"phase": "Released", "releasedAt": Time(Timestamp::now()),
+                        "releasedFrom": released_from}}),
                 );
                 Some(
                     address_api

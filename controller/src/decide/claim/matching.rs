@@ -8,8 +8,6 @@ use address_controller_api::names::reason;
 use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass};
 use kube::ResourceExt;
 
-use crate::decide::{belongs_to, family, is_deleting, phase};
-
 /// The address a claim is pinned to (`spec.addressName`; the schema refuses an empty one).
 pub fn pin_of(claim: &IPAddressClaim) -> Option<&str> {
     claim.spec.address_name.as_deref()
@@ -26,18 +24,18 @@ pub fn pin_problem(
     let Some(a) = a else {
         return Some(format!("IPAddress {pin:?} does not exist"));
     };
-    if is_deleting(a) {
+    if a.is_deleting() {
         return Some(format!("IPAddress {pin:?} is being deleted"));
     }
     if let Some(r) = &a.spec.claim_ref
-        && !belongs_to(a, claim)
+        && !a.belongs_to(claim)
     {
         return Some(format!(
             "IPAddress {pin:?} is already bound to claim {}/{}",
             r.namespace, r.name
         ));
     }
-    if let Some(p) = phase(a).filter(|p| p.is_driver_owned()) {
+    if let Some(p) = a.phase().filter(|p| p.is_driver_owned()) {
         return Some(format!("IPAddress {pin:?} is in phase {}", p.as_str()));
     }
     if a.spec.class_name != class {
@@ -46,7 +44,7 @@ pub fn pin_problem(
             a.spec.class_name
         ));
     }
-    match family(a) {
+    match a.family() {
         None => Some(format!(
             "IPAddress {pin:?} has an invalid address {:?}",
             a.spec.address

@@ -10,8 +10,10 @@ pub mod status;
 
 use std::sync::Arc;
 
-use address_controller_api::family::Family;
-use address_controller_api::names::{CLAIM_FINALIZER, PROVISIONER_ANNOTATION, event, reason};
+use address_controller_api::family::{Family, family_of};
+use address_controller_api::names::{
+    CLAIM_FINALIZER, PROVISIONER_ANNOTATION, condition, event, reason,
+};
 use address_controller_api::{
     AddressPhase, ClaimPhase, ClaimRef, IPAddress, IPAddressClaim, IPAddressClaimStatus,
     IPAddressClass,
@@ -19,7 +21,7 @@ use address_controller_api::{
 use kube::ResourceExt;
 
 use super::holdings::Holdings;
-use super::{Now, PlannedEvent, claim_ref_of, family, is_deleting, phase, with_finalizer};
+use super::{Now, PlannedEvent, with_finalizer};
 pub use matching::pin_of;
 pub use reclaim::has_controller_owner;
 pub use resolve::{Resolution, named_class, resolve_class};
@@ -37,6 +39,9 @@ pub struct ClaimSnapshot<'a> {
     /// The lowest-named free address of a class and family that no other worker is
     /// binding right now.
     pub candidate: &'a dyn Fn(&str, Family) -> Option<Arc<IPAddress>>,
+    /// An address by name (what the claim listed before, when it no longer names it: the
+    /// reason a claim is Lost names where its address went).
+    pub address: &'a dyn Fn(&str) -> Option<Arc<IPAddress>>,
     /// Every class.
     pub classes: &'a [Arc<IPAddressClass>],
     pub now: Now,
@@ -57,10 +62,12 @@ pub enum AddressWrite {
         resource_version: Option<String>,
         claim_ref: ClaimRef,
     },
-    /// Retain on reclaim: phase `Released` with `releasedAt` (SPEC §6).
+    /// Retain on reclaim: phase `Released` with `releasedAt`, recording the binding
+    /// released (`releasedFrom`, the claimRef the plan saw) (SPEC §6).
     Release {
         name: String,
         resource_version: Option<String>,
+        released_from: Option<ClaimRef>,
     },
     /// Delete on reclaim (SPEC §6); the uid precondition never deletes a newer object.
     Delete { name: String, uid: Option<String> },
@@ -123,7 +130,7 @@ pub fn plan_claim(s: &ClaimSnapshot<'_>) -> ClaimPlan {
     let holdings = Holdings::of(claim, s.named.iter().map(Arc::as_ref));
 
     // §4.1 / §6
-    if is_deleting(claim) {
+    if claim.is_deleting() {
         return reclaim::reclaim(claim, &holdings);
     }
     let mut plan = ClaimPlan::default();
@@ -156,7 +163,10 @@ pub fn plan_claim(s: &ClaimSnapshot<'_>) -> ClaimPlan {
         // All satisfied: the class is not consulted at all (§4.5).
     } else if was_bound {
         // §4.6: a degraded binding is surfaced, never silently replaced.
-        waiting = Some((reason::ADDRESS_LOST, lost_message(&holdings, &missing)));
+        waiting = Some((
+            reason::ADDRESS_LOST,
+            lost_message(claim, &holdings, &missing, s.address),
+        ));
     } else {
         // §4.7
         let r = resolve_class(claim, s.classes);
@@ -201,7 +211,7 @@ pub fn plan_claim(s: &ClaimSnapshot<'_>) -> ClaimPlan {
         plan.address_writes.push(AddressWrite::Bind {
             name: name.clone(),
             resource_version: a.metadata.resource_version.clone(),
-            claim_ref: claim_ref_of(claim),
+            claim_ref: claim.claim_ref(),
         });
         plan.events.push(PlannedEvent::normal(
             event::MATCHED,
@@ -239,7 +249,7 @@ pub fn plan_claim(s: &ClaimSnapshot<'_>) -> ClaimPlan {
 /// §4.5: an address of the family that is not `Lost` satisfies it.
 fn satisfied(f: Family, set: &[&IPAddress]) -> bool {
     set.iter()
-        .any(|a| family(a) == Some(f) && phase(a) != Some(AddressPhase::Lost))
+        .any(|a| a.family() == Some(f) && a.phase() != Some(AddressPhase::Lost))
 }
 
 /// §4.4: write the claim's uid into held pre-bindings that lack it.
@@ -254,28 +264,58 @@ fn complete_prebindings(claim: &IPAddressClaim, holdings: &Holdings<'_>) -> Vec<
         .map(|a| AddressWrite::CompleteUid {
             name: a.name_any(),
             resource_version: a.metadata.resource_version.clone(),
-            claim_ref: claim_ref_of(claim),
+            claim_ref: claim.claim_ref(),
         })
         .collect()
 }
 
-/// §4.6: why a claim that was Bound is not any more.
-fn lost_message(holdings: &Holdings<'_>, missing: &[Family]) -> String {
-    let lost: Vec<String> = holdings
-        .held
-        .iter()
-        .filter(|a| phase(a) == Some(AddressPhase::Lost))
-        .map(|a| a.name_any())
-        .collect();
-    let deleting: Vec<String> = holdings.deleting.iter().map(|a| a.name_any()).collect();
-    if !lost.is_empty() {
-        format!("IPAddress {} is Lost", lost.join(", "))
-    } else if !deleting.is_empty() {
-        format!("IPAddress {} is being deleted", deleting.join(", "))
-    } else {
-        let families: Vec<&str> = missing.iter().map(|f| f.as_str()).collect();
-        format!("no longer bound to an {} address", families.join(" and "))
+/// §4.6: why a claim that was Bound is not any more — per missing family, the address it
+/// held and what became of it, each part starting `IPAddress <name>` (the invariant checker
+/// reads the names). Once said, the reason stays while nothing new is known (no write on
+/// every pass of a steady Lost).
+fn lost_message(
+    claim: &IPAddressClaim,
+    holdings: &Holdings<'_>,
+    missing: &[Family],
+    address: &dyn Fn(&str) -> Option<Arc<IPAddress>>,
+) -> String {
+    let status = claim.status.as_ref();
+    let mut parts: Vec<String> = Vec::new();
+    for f in missing {
+        let of_family = |a: &&&IPAddress| a.family() == Some(*f);
+        if let Some(a) = holdings.held.iter().find(of_family) {
+            parts.push(format!("IPAddress {} is Lost", a.name_any()));
+        } else if let Some(a) = holdings.deleting.iter().find(of_family) {
+            parts.push(format!("IPAddress {} is being deleted", a.name_any()));
+        } else if let Some(l) = status.and_then(|s| {
+            s.addresses
+                .iter()
+                .find(|l| family_of(&l.address).ok() == Some(*f))
+        }) {
+            let what = match address(&l.name) {
+                None => "no longer exists".to_string(),
+                Some(a) => match &a.spec.claim_ref {
+                    Some(r) if !r.names(claim) => format!("now names claim {}", r.key()),
+                    Some(_) if a.is_released() => "was released".to_string(),
+                    Some(_) => "is bound to an earlier claim of this name".to_string(),
+                    None => "no longer names this claim".to_string(),
+                },
+            };
+            parts.push(format!("IPAddress {} ({}) {what}", l.name, l.address));
+        }
     }
+    if parts.is_empty() {
+        // Said before, on the pass that saw the address go: keep saying it.
+        if let Some(c) = status
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == condition::BOUND))
+            .filter(|c| c.reason == reason::ADDRESS_LOST)
+        {
+            return c.message.clone();
+        }
+        let families: Vec<&str> = missing.iter().map(|f| f.as_str()).collect();
+        return format!("no longer bound to an {} address", families.join(" and "));
+    }
+    parts.join("; ")
 }
 
 /// Whether `claim` is pinned to `a` (`spec.addressName`).

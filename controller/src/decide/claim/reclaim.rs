@@ -4,12 +4,12 @@
 //! goes last, after those writes succeeded.
 
 use address_controller_api::names::{CLAIM_FINALIZER, event};
-use address_controller_api::{AddressPhase, IPAddressClaim, ReclaimPolicy};
+use address_controller_api::{IPAddressClaim, ReclaimPolicy};
 use kube::ResourceExt;
 
 use super::{AddressWrite, ClaimPlan};
 use crate::decide::holdings::Holdings;
-use crate::decide::{PlannedEvent, phase, without_finalizer};
+use crate::decide::{PlannedEvent, without_finalizer};
 
 /// Whether a controller owner reference makes this an auto-claim (SPEC §6, §7).
 pub fn has_controller_owner(claim: &IPAddressClaim) -> bool {
@@ -51,10 +51,11 @@ pub fn reclaim(claim: &IPAddressClaim, holdings: &Holdings<'_>) -> ClaimPlan {
                 event::ADDRESS_DELETED,
                 format!("deleting IPAddress {name} ({}): {why}", a.spec.address),
             ));
-        } else if phase(a) != Some(AddressPhase::Released) {
+        } else if !a.is_released() {
             plan.address_writes.push(AddressWrite::Release {
                 name: name.clone(),
                 resource_version: a.metadata.resource_version.clone(),
+                released_from: a.spec.claim_ref.clone(),
             });
             plan.events.push(PlannedEvent::normal(
                 event::ADDRESS_RELEASED,
