@@ -51,6 +51,8 @@ pub struct HoldingsSummary {
     pub associated: i64,
     /// Addresses released by the namespace's former claims and retained (still billed).
     pub released_retained: i64,
+    /// Addresses reserved for a claim of the namespace that does not exist yet.
+    pub reserved: i64,
 }
 
 /// Per-class numbers of a namespace.
@@ -153,6 +155,12 @@ const COLUMNS: &[Column] = &[
     Column::new("IPv4", "integer", "Bound IPv4 addresses", 0),
     Column::new("IPv6", "integer", "Bound IPv6 addresses", 0),
     Column::new("Released", "integer", "Addresses released and retained", 0),
+    Column::new(
+        "Reserved",
+        "integer",
+        "Addresses reserved for a claim not created yet",
+        1,
+    ),
     Column::new(
         "Associated",
         "integer",
@@ -308,6 +316,7 @@ pub fn namespace_addresses(
                     summary.associated += 1;
                 }
             }
+            Some(AddressPhase::Available) if a.is_reserved() => summary.reserved += 1,
             _ => {}
         }
     }
@@ -340,6 +349,7 @@ fn computed(v: NamespaceAddresses) -> Computed {
         json!(s.ipv4),
         json!(s.ipv6),
         json!(s.released_retained),
+        json!(s.reserved),
         json!(s.associated),
         json!(
             v.classes

@@ -6,14 +6,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, PoisonError};
 
-use address_controller_api::family::family_of;
-use address_controller_api::names::{self, HELD_ANNOTATION};
 use address_controller_api::{
-    AddressPhase, ClaimPhase, Family, IPAddress, IPAddressClaim, IPAddressClass, duration,
+    AddressPhase, ClaimPhase, Family, IPAddress, IPAddressClaim, IPAddressClass,
 };
 use address_controller_runtime::world::World;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use schemars::JsonSchema;
 use serde::Serialize;
@@ -50,6 +48,9 @@ pub struct PoolAvailability {
     pub capacity: Option<PerFamily>,
     /// Addresses of the class that exist (any phase).
     pub allocated: PerFamily,
+    /// Of those, addresses reserved for a claim that does not exist yet (a claimRef
+    /// without a uid): neither free for other claims nor bound.
+    pub reserved: PerFamily,
     /// Capacity minus allocated, when the capacity is known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub free: Option<PerFamily>,
@@ -69,6 +70,12 @@ const COLUMNS: &[Column] = &[
     Column::new("Allocated", "string", "IPv4/IPv6 addresses that exist", 0),
     Column::new("Free", "string", "IPv4/IPv6 capacity left", 0),
     Column::new("Pending", "integer", "Claims waiting for an address", 0),
+    Column::new(
+        "Reserved",
+        "string",
+        "IPv4/IPv6 addresses reserved for a claim that does not exist yet",
+        1,
+    ),
     Column::new("Released", "integer", "Released addresses", 1),
     Column::new("Conflict", "integer", "Addresses in Conflict", 1),
     Column::new("Lost", "integer", "Addresses Lost", 1),
@@ -99,6 +106,8 @@ struct Numbers {
     phases: BTreeMap<&'static str, i64>,
     ipv4: i64,
     ipv6: i64,
+    reserved_ipv4: i64,
+    reserved_ipv6: i64,
     pending_claims: i64,
     /// Released, not held, with the time they were released.
     released: BTreeSet<(Timestamp, String)>,
@@ -125,17 +134,21 @@ fn pending_class(c: &IPAddressClaim) -> Option<&str> {
 /// An address's part in its class's numbers: (+1 or −1).
 fn count(n: &mut Numbers, a: &IPAddress, sign: i64) {
     *n.phases.entry(phase_name(a)).or_default() += sign;
-    match family_of(&a.spec.address) {
-        Ok(Family::IPv4) => n.ipv4 += sign,
-        Ok(Family::IPv6) => n.ipv6 += sign,
-        Err(_) => {}
+    let reserved = i64::from(a.is_reserved());
+    match a.family() {
+        Some(Family::IPv4) => {
+            n.ipv4 += sign;
+            n.reserved_ipv4 += sign * reserved;
+        }
+        Some(Family::IPv6) => {
+            n.ipv6 += sign;
+            n.reserved_ipv6 += sign * reserved;
+        }
+        None => {}
     }
-    let released = a
-        .status
-        .as_ref()
-        .filter(|s| s.phase == Some(AddressPhase::Released));
-    if let Some(at) = released.and_then(|s| s.released_at.as_ref())
-        && !names::annotation_is_true(a.metadata.annotations.as_ref(), HELD_ANNOTATION)
+    if a.is_released()
+        && !a.is_held()
+        && let Some(at) = a.released_at()
     {
         let entry = (at.0, a.name_any());
         if sign > 0 {
@@ -212,6 +225,10 @@ impl View for Pools {
             ipv4: Some(n.ipv4),
             ipv6: Some(n.ipv6),
         };
+        let reserved = PerFamily {
+            ipv4: Some(n.reserved_ipv4),
+            ipv6: Some(n.reserved_ipv6),
+        };
         let capacity = class
             .status
             .as_ref()
@@ -239,17 +256,12 @@ impl View for Pools {
                     .map(|u| ("Unknown".to_string(), *u)),
             )
             .collect();
-        let next_release = class
-            .spec
-            .release_delay
-            .as_deref()
-            .and_then(|d| duration::parse(d).ok())
-            .and_then(|d| SignedDuration::try_from(d).ok())
-            .and_then(|d| {
-                n.released
-                    .first()
-                    .and_then(|(at, _)| at.checked_add(d).ok())
-            })
+        // The earliest released address has the earliest deadline: one delay per class.
+        let next_release = n
+            .released
+            .first()
+            .and_then(|(_, name)| world.addresses.get(name))
+            .and_then(|a| class.release_deadline(&a))
             .map(Time);
         let pending_claims = n.pending_claims;
         drop(m);
@@ -264,6 +276,7 @@ impl View for Pools {
             provisioner: class.spec.provisioner.clone(),
             capacity,
             allocated,
+            reserved,
             free,
             phases,
             pending_claims,
@@ -276,6 +289,7 @@ impl View for Pools {
             json!(pair(&v.allocated)),
             json!(v.free.as_ref().map_or("-/-".into(), pair)),
             json!(v.pending_claims),
+            json!(pair(&v.reserved)),
             json!(v.phases["Released"]),
             json!(v.phases["Conflict"]),
             json!(v.phases["Lost"]),
