@@ -80,6 +80,13 @@ pub struct Stats {
     pub claims_created: AtomicUsize,
     pub claims_deleted: AtomicUsize,
     pub pinned_created: AtomicUsize,
+    /// Released static addresses an admin re-pointed at a claim to be created later (in
+    /// any namespace: a reservation, and a move), and those claims once created.
+    pub reservations: AtomicUsize,
+    pub reserved_claims_created: AtomicUsize,
+    /// A reserved address found bound to another claim, or a reservation's claim that did
+    /// not get its address: each one fails the run.
+    pub reservation_failures: std::sync::Mutex<Vec<String>>,
     pub services_created: AtomicUsize,
     pub services_deleted: AtomicUsize,
     pub api_errors: AtomicUsize,
@@ -102,9 +109,19 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// No invariant violated and no replica ended unexpectedly.
+    /// No invariant violated, every reservation kept, and no replica ended unexpectedly.
     pub fn ok(&self) -> bool {
-        self.report.ok() && self.unexpected_exits().is_empty()
+        self.report.ok()
+            && self.unexpected_exits().is_empty()
+            && self.reservation_failures().is_empty()
+    }
+
+    pub fn reservation_failures(&self) -> Vec<String> {
+        self.stats
+            .reservation_failures
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default()
     }
 
     pub fn unexpected_exits(&self) -> Vec<String> {
@@ -120,13 +137,15 @@ impl Outcome {
         let s = &self.stats;
         let n = |a: &AtomicUsize| a.load(Ordering::Relaxed);
         let mut out = format!(
-            "chaos: {:.0?} — claims created {}, deleted {} ({} pinned); Services created {}, deleted {}; \
+            "chaos: {:.0?} — claims created {}, deleted {} ({} pinned); addresses reserved or moved by an admin {} (their claims created {}); Services created {}, deleted {}; \
              leader kills {} (controller) + {} (driver); kube-apiserver restarts {}, etcd restarts {}; \
              replicas restarted after losing their lease {}; API errors seen by clients {}\n",
             self.took,
             n(&s.claims_created),
             n(&s.claims_deleted),
             n(&s.pinned_created),
+            n(&s.reservations),
+            n(&s.reserved_claims_created),
             n(&s.services_created),
             n(&s.services_deleted),
             n(&s.leader_kills),
@@ -158,6 +177,9 @@ impl Outcome {
         }
         for e in self.unexpected_exits() {
             out.push_str(&format!("UNEXPECTED EXIT: {e}\n"));
+        }
+        for e in self.reservation_failures() {
+            out.push_str(&format!("RESERVATION NOT KEPT: {e}\n"));
         }
         out.push_str(&self.report.table());
         out
@@ -247,7 +269,10 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
     ]));
 
     let stop_at = Instant::now() + cfg.duration;
-    let workload = workload(&client, &ns_names, &retain, &delete, &stats, cfg, stop_at);
+    let reserved = std::sync::Mutex::new(Vec::new());
+    let workload = workload(
+        &client, &ns_names, &retain, &delete, &stats, cfg, stop_at, &reserved,
+    );
     let chaos = disruptions(
         &client,
         &ns,
@@ -303,6 +328,7 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
         ),
     };
     let report = invariants::check(&client, &scope, cfg.settle, &replicas).await?;
+    check_reservations(&client, &reserved.into_inner().unwrap_or_default(), &stats).await?;
 
     // Leave nothing behind: claims and Services go with their namespaces while the
     // replicas still run; then the release.
@@ -357,7 +383,12 @@ async fn revive(pods: &Mutex<Vec<Pod>>, stats: &Stats) -> Result<()> {
     Ok(())
 }
 
-/// The claims, pins and Services clients create and delete.
+/// A reservation an admin made: the address, and the claim (namespace, name) it waits for.
+type Reservation = (String, String, String);
+
+/// The claims, pins and Services clients create and delete; and, now and then, an admin
+/// re-pointing a Released static address at a claim that a client creates a few operations
+/// later, in any namespace (a reservation, and a move between namespaces).
 #[allow(clippy::too_many_arguments)]
 async fn workload(
     client: &Client,
@@ -367,6 +398,7 @@ async fn workload(
     stats: &Stats,
     cfg: &Config,
     stop_at: Instant,
+    reserved: &std::sync::Mutex<Vec<Reservation>>,
 ) -> Result<()> {
     let clients = 3usize;
     let pause = Duration::from_secs_f64(clients as f64 / cfg.ops_per_second);
@@ -374,13 +406,52 @@ async fn workload(
         let mut rng = Rng::new(w as u64 + 1);
         let mut claims: Vec<(String, String)> = Vec::new();
         let mut services: Vec<(String, String)> = Vec::new();
+        // Reservations whose claim is not created yet, with the operation it is due at.
+        let mut waiting: Vec<(Reservation, u32)> = Vec::new();
         let mut i = 0u32;
         while Instant::now() < stop_at {
             i += 1;
             tokio::time::sleep(pause).await;
             let ns = &namespaces[rng.below(namespaces.len())];
             let roll = rng.below(100);
-            let result: Result<(), kube::Error> = if roll < 45 {
+            let due = waiting.iter().position(|(_, at)| *at <= i);
+            let result: Result<(), kube::Error> = if let Some(k) = due {
+                // The reserved claim arrives: its address must still wait for it.
+                let ((address, cns, name), _) = waiting.remove(k);
+                let a = Api::<IPAddress>::all(client.clone()).get(&address).await;
+                if let Ok(a) = &a {
+                    let r = a.spec.claim_ref.as_ref();
+                    if r.is_none_or(|r| r.namespace != cns || r.name != name || r.uid.is_some()) {
+                        fail_reservation(stats, format!(
+                            "{address}, reserved for {cns}/{name}, names {:?} before that claim exists",
+                            r.map(|r| r.key())
+                        ));
+                    }
+                }
+                let api: Api<IPAddressClaim> = Api::namespaced(client.clone(), &cns);
+                let body = json!({"metadata": {"name": name}, "spec": {"className": retain}});
+                api.create(&PostParams::default(), &serde_json::from_value(body).unwrap()).await.map(|_| {
+                    stats.claims_created.fetch_add(1, Ordering::Relaxed);
+                    stats.reserved_claims_created.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut v) = reserved.lock() {
+                        v.push((address.clone(), cns.clone(), name.clone()));
+                    }
+                    claims.push((cns.clone(), name.clone()));
+                })
+            } else if roll < 3 {
+                // The admin: a Released static address, re-pointed (guarded by the version
+                // it was read at, as a careful tool does) at a claim that does not exist yet.
+                match reserve(client, retain, ns, &format!("r{w}-{i}"), &mut rng).await {
+                    Some(Ok(address)) => {
+                        stats.reservations.fetch_add(1, Ordering::Relaxed);
+                        let at = i + 3 + rng.below(10) as u32;
+                        waiting.push(((address, ns.clone(), format!("r{w}-{i}")), at));
+                        Ok(())
+                    }
+                    Some(Err(e)) => Err(e),
+                    None => Ok(()),
+                }
+            } else if roll < 45 {
                 // A claim: IPv4, IPv6 or Dual, of either class; sometimes pinned.
                 let class = if rng.below(3) == 0 { delete } else { retain };
                 let family = ["IPv4", "IPv4", "IPv6", "Dual"][rng.below(4)];
@@ -438,6 +509,75 @@ async fn workload(
         }
     });
     futures::future::join_all(workers).await;
+    Ok(())
+}
+
+/// The admin's act: re-points a `Released` static address of `class` at the claim
+/// `ns/name`, which does not exist yet, with the resourceVersion it was read at. `None`
+/// when no static address is Released right now, or it changed in between.
+async fn reserve(
+    client: &Client,
+    class: &str,
+    ns: &str,
+    name: &str,
+    rng: &mut Rng,
+) -> Option<Result<String, kube::Error>> {
+    let api = Api::<IPAddress>::all(client.clone());
+    let all = api.list(&ListParams::default()).await.ok()?.items;
+    let released: Vec<&IPAddress> = all
+        .iter()
+        .filter(|a| {
+            a.spec.class_name == class && a.spec.address.starts_with("10.203.") && a.is_released()
+        })
+        .collect();
+    let a = released.get(rng.below(released.len().max(1)))?;
+    let body = json!({"metadata": {"resourceVersion": a.metadata.resource_version},
+        "spec": {"claimRef": {"namespace": ns, "name": name, "uid": null}}});
+    match api
+        .patch(
+            &a.name_any(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(body),
+        )
+        .await
+    {
+        Ok(_) => Some(Ok(a.name_any())),
+        Err(kube::Error::Api(s)) if s.code == 409 => None,
+        Err(e) => Some(Err(e)),
+    }
+}
+
+fn fail_reservation(stats: &Stats, what: String) {
+    if let Ok(mut v) = stats.reservation_failures.lock() {
+        v.push(what);
+    }
+}
+
+/// Every reservation whose claim was created: while that claim exists, it holds the
+/// reserved address (nobody else got it in between).
+async fn check_reservations(client: &Client, made: &[Reservation], stats: &Stats) -> Result<()> {
+    for (address, ns, name) in made {
+        let claim = Api::<IPAddressClaim>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await?;
+        let Some(claim) = claim.filter(|c| c.metadata.deletion_timestamp.is_none()) else {
+            continue; // deleted by the churn since: its address went the usual way
+        };
+        let lists = claim
+            .status
+            .iter()
+            .flat_map(|s| &s.addresses)
+            .any(|a| a.name == *address);
+        if !lists {
+            fail_reservation(
+                stats,
+                format!(
+                    "claim {ns}/{name} ({:?}) does not hold {address}, which was reserved for it",
+                    claim.status.as_ref().and_then(|s| s.phase)
+                ),
+            );
+        }
+    }
     Ok(())
 }
 

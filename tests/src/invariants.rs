@@ -51,6 +51,14 @@ pub const RULES: &[(&str, &str)] = &[
         "an address of a gone claim not reclaimed by its policy and release delay",
     ),
     (
+        "reservation-not-kept",
+        "an address reserved for a claim that does not exist (claimRef without uid) not Available",
+    ),
+    (
+        "lost-claim-unexplained",
+        "a Lost claim whose lost address still exists and is neither Lost nor being deleted",
+    ),
+    (
         "stuck-deleting",
         "an object in deletion for longer than the settle time",
     ),
@@ -258,7 +266,7 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
             .into_iter()
             .filter(|a| {
                 a.metadata.deletion_timestamp.is_none()
-                    && phase(a) != Some(AddressPhase::Released)
+                    && !a.is_released()
                     && a.spec
                         .claim_ref
                         .as_ref()
@@ -342,6 +350,50 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
                 );
             }
         }
+        // A Lost claim names, in its Bound condition, each address it lost and why (the
+        // core writes `IPAddress <name> …` per family). Lost is for an address that is
+        // Lost, being deleted or gone; one that still exists and is neither was taken from
+        // the claim (an undone binding — or an admin's move, which a test cleans up before
+        // the check).
+        if claim_phase == Some(ClaimPhase::Lost) && c.metadata.deletion_timestamp.is_none() {
+            let message = c
+                .status
+                .iter()
+                .flat_map(|st| &st.conditions)
+                .find(|x| x.type_ == "Bound")
+                .map(|x| x.message.clone())
+                .unwrap_or_default();
+            let named: Vec<&str> = message
+                .split("; ")
+                .filter_map(|part| part.strip_prefix("IPAddress "))
+                .filter_map(|rest| rest.split([' ', ',']).next())
+                .collect();
+            if named.is_empty() {
+                add(
+                    "lost-claim-unexplained",
+                    format!("claim {key}"),
+                    format!("Lost naming no address: {message:?}"),
+                    version(c),
+                );
+            }
+            for n in named {
+                if let Some(a) = addresses.get(n)
+                    && a.metadata.deletion_timestamp.is_none()
+                    && phase(a) != Some(AddressPhase::Lost)
+                {
+                    add(
+                        "lost-claim-unexplained",
+                        format!("claim {key}"),
+                        format!(
+                            "Lost ({message}) while IPAddress {n} exists, {}, claimRef {}",
+                            phase(a).map_or("phaseless", |p| p.as_str()),
+                            a.spec.claim_ref.as_ref().map_or("none".into(), |r| r.key())
+                        ),
+                        format!("{},{}", version(c), version(*a)),
+                    );
+                }
+            }
+        }
         // Pending with a free address of its class and family.
         let st = c.status.as_ref();
         if c.spec.address_name.is_none()
@@ -396,7 +448,36 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
                 .as_ref()
                 .is_some_and(|r| r.uid.is_none() || r.uid == c.metadata.uid)
         };
-        let gone = a.spec.claim_ref.is_some() && !claim.is_some_and(|c| same_uid(c));
+        // A claimRef without a uid naming no claim is a reservation (SPEC §5.6), unless it
+        // is the binding that was released (a pre-binding reclaimed with its claim).
+        let reservation = a.is_prebound()
+            && !a.is_released()
+            && claim.is_none()
+            && a.spec.claim_ref.as_ref().is_some_and(|r| r.is_valid());
+        let gone =
+            a.spec.claim_ref.is_some() && !reservation && !claim.is_some_and(|c| same_uid(c));
+        if reservation
+            && a.metadata.deletion_timestamp.is_none()
+            && !matches!(
+                phase(a),
+                Some(AddressPhase::Available | AddressPhase::Conflict | AddressPhase::Lost)
+            )
+        {
+            add(
+                "reservation-not-kept",
+                format!("IPAddress {name}"),
+                format!(
+                    "reserved for {} but {}",
+                    a.spec
+                        .claim_ref
+                        .as_ref()
+                        .map(|r| r.key())
+                        .unwrap_or_default(),
+                    phase(a).map_or("phaseless", |p| p.as_str())
+                ),
+                version(a),
+            );
+        }
         if phase(a) == Some(AddressPhase::Bound) {
             let listed = claim.is_some_and(|c| {
                 c.status
@@ -440,8 +521,7 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
             }
         }
         // Released with its release delay long elapsed, not held, still claimed.
-        if phase(a) == Some(AddressPhase::Released)
-            && a.spec.claim_ref.is_some()
+        if a.is_released()
             && a.annotations().get(HELD_ANNOTATION).map(String::as_str) != Some("true")
             && let Some(at) = a.status.as_ref().and_then(|st| st.released_at.as_ref())
             && let Some(delay) = classes
@@ -487,6 +567,7 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
             add("duplicate-ip", ip, names.join(", "), String::new());
         }
     }
+
     out
 }
 
@@ -743,6 +824,81 @@ mod tests {
             at,
         };
         assert_eq!(rules(&pending), ["pending-with-free-address"]);
+
+        // Issue #20, case 1 as the chaos run left it: a pinned claim Lost while the address
+        // it lost sits Available (its binding undone) or bound to another tenant's claim.
+        let lost = |msg: &str| {
+            let mut c = claim("p", "u2", "Lost", &[]);
+            c.status.as_mut().unwrap().conditions = vec![
+                serde_json::from_value(json!({
+                "type": "Bound", "status": "False", "reason": "AddressLost", "message": msg,
+                "lastTransitionTime": "2026-01-01T00:00:00Z"}))
+                .unwrap(),
+            ];
+            c
+        };
+        for undone in [
+            addr("x", "192.0.2.1", None, "Available"),
+            addr("x", "192.0.2.1", Some(("thief", "u3")), "Bound"),
+        ] {
+            let s = Snapshot {
+                claims: vec![lost("IPAddress x (192.0.2.1) no longer names this claim")],
+                addresses: vec![undone],
+                classes: vec![],
+                at,
+            };
+            assert!(
+                rules(&s).contains(&"lost-claim-unexplained"),
+                "{:?}",
+                rules(&s)
+            );
+        }
+        // Lost for a reason: the address is Lost, being deleted, or gone.
+        let really = Snapshot {
+            claims: vec![lost("IPAddress x is Lost")],
+            addresses: vec![addr("x", "192.0.2.1", Some(("p", "u2")), "Lost")],
+            classes: vec![],
+            at,
+        };
+        assert!(rules(&really).is_empty(), "{:?}", rules(&really));
+        let gone = Snapshot {
+            claims: vec![lost("IPAddress x (192.0.2.1) no longer exists")],
+            addresses: vec![],
+            classes: vec![],
+            at,
+        };
+        assert!(rules(&gone).is_empty(), "{:?}", rules(&gone));
+        // A reservation (claimRef without uid, no such claim) is Available, never Released;
+        // the same address Released is a violation — and not an orphan to reclaim.
+        let reserved = |phase: &str| {
+            let mut a = addr("r", "192.0.2.9", None, phase);
+            a.spec.claim_ref = Some(address_controller_api::ClaimRef {
+                namespace: "t".into(),
+                name: "late".into(),
+                uid: None,
+            });
+            a
+        };
+        let ok = Snapshot {
+            claims: vec![],
+            addresses: vec![reserved("Available")],
+            classes: vec![],
+            at,
+        };
+        assert!(rules(&ok).is_empty(), "{:?}", rules(&ok));
+        let mut wrong = reserved("Released");
+        wrong.status.as_mut().unwrap().released_from = Some(address_controller_api::ClaimRef {
+            namespace: "t".into(),
+            name: "earlier".into(),
+            uid: Some("u0".into()),
+        });
+        let bad = Snapshot {
+            claims: vec![],
+            addresses: vec![wrong],
+            classes: vec![],
+            at,
+        };
+        assert_eq!(rules(&bad), ["reservation-not-kept"]);
     }
 
     #[test]
