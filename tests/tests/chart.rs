@@ -586,6 +586,16 @@ fn admission_policy_renders_only_when_enabled() {
         allowed.contains(r#"["ip-admin"]"#) && allowed.contains(r#"["ip-admins"]"#),
         "{allowed}"
     );
+    // Moving addresses is reserved to the same allowlist; the chart's own controller's
+    // ServiceAccount passes.
+    let moves = find(
+        &objs,
+        "ValidatingAdmissionPolicy",
+        "address-controller-reserve-address-moves",
+    );
+    let vars = moves["spec"]["variables"].to_string();
+    assert!(vars.contains(r#"[\"ip-admins\"]"#), "{vars}");
+    assert!(vars.contains("system:serviceaccount:"), "{vars}");
     let binding = find(
         &objs,
         "ValidatingAdmissionPolicyBinding",
@@ -1201,6 +1211,109 @@ async fn the_admission_policy_reserves_address_name_to_the_allowlist() {
 
     // Outside the namespace selector the policy does not apply.
     tenant(&create, &claim_json(&open.name, "pinned", Some("a"))).unwrap();
+
+    // Moving an address (changing the claim its claimRef names) is reserved too, in every
+    // namespace; the core's own writes and writes that keep the claim pass.
+    let moves = "address-controller-reserve-address-moves";
+    let checked = wait_for("move policy type-checked", WAIT, || async {
+        let p: Value = serde_json::from_str(&cluster.kubectl_ok(&[
+            "get",
+            "validatingadmissionpolicy",
+            moves,
+            "-o",
+            "json",
+        ])?)?;
+        Ok((p["status"]["observedGeneration"] == p["metadata"]["generation"]).then_some(p))
+    })
+    .await
+    .unwrap();
+    assert!(
+        checked["status"]["typeChecking"]
+            .get("expressionWarnings")
+            .is_none(),
+        "{:#}",
+        checked["status"]
+    );
+    let address = format!("chart-move-{}", random_suffix());
+    let mut cleanup = Cleanup::default();
+    kubectl_as(
+        "ip-admin",
+        &["system:masters"],
+        &create,
+        &json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddress",
+            "metadata": {"name": address},
+            "spec": {"address": "198.18.77.1", "className": "chart-move", "source": {"fromClass": {}}}})
+        .to_string(),
+    )
+    .unwrap();
+    cleanup.add("ipaddresses.local.sdn.cozystack.io", &address);
+    let point = |to: &str| {
+        let patch = if to.is_empty() {
+            r#"{"spec":{"claimRef":null}}"#.to_string()
+        } else {
+            let (ns, name) = to.split_once('/').unwrap();
+            json!({"spec": {"claimRef": {"namespace": ns, "name": name}}}).to_string()
+        };
+        ["patch", "ipa", address.as_str(), "--type=merge", "-p"]
+            .into_iter()
+            .map(str::to_string)
+            .chain([patch])
+            .collect::<Vec<String>>()
+    };
+    let run = |user: &str, groups: &[&str], args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        kubectl_as(user, groups, &args, "")
+    };
+    // The policy becomes active within moments: a tenant's reservation is refused.
+    let refused = wait_for("the move policy refuses a tenant", WAIT, || async {
+        match run("tenant", &["system:masters"], point(&format!("{g}/mine"))) {
+            Ok(_) => {
+                run("ip-admin", &["system:masters"], point("")).unwrap();
+                Ok(None)
+            }
+            Err(e) if e.contains("ValidatingAdmissionPolicy") => Ok(Some(e)),
+            Err(e) => Err(anyhow::anyhow!(e)),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        refused.contains("spec.claimRef is reserved: tenant may not change the claim this address names (from none to"),
+        "{refused}"
+    );
+    // The platform team reserves and moves; the tenant can neither move nor clear it.
+    run("ip-admin", &["system:masters"], point(&format!("{g}/web"))).unwrap();
+    run(
+        "bob",
+        &["system:masters", "ip-admins"],
+        point(&format!("{}/web", open.name)),
+    )
+    .unwrap();
+    for to in [format!("{g}/web"), String::new()] {
+        let err = run("tenant", &["system:masters"], point(&to)).unwrap_err();
+        assert!(err.contains("spec.claimRef is reserved"), "{to:?}: {err}");
+    }
+    // A write that keeps the claim named passes (the core completing the uid, a label).
+    let complete = json!({"spec": {"claimRef": {"uid": "some-uid"}}}).to_string();
+    run(
+        "tenant",
+        &["system:masters"],
+        [
+            "patch",
+            "ipa",
+            address.as_str(),
+            "--type=merge",
+            "-p",
+            complete.as_str(),
+        ]
+        .map(str::to_string)
+        .to_vec(),
+    )
+    .unwrap();
+    // The core's ServiceAccount clears a claimRef (the release delay elapsed).
+    let core = format!("system:serviceaccount:{}:address-controller", release.ns);
+    run(&core, &["system:masters"], point("")).unwrap();
+    drop(cleanup);
     drop(release);
 }
 
