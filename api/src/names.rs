@@ -21,6 +21,10 @@ pub const DEFAULT_CLASS_ANNOTATION: &str = "ipaddressclass.local.sdn.cozystack.i
 /// Class annotation marking the class used for auto-claims.
 pub const AUTO_CLAIM_CLASS_ANNOTATION: &str =
     "ipaddressclass.local.sdn.cozystack.io/is-auto-claim-class";
+/// Address annotation a driver built on the kit puts on the addresses it provisions: the
+/// provisioner's name. Only those are the backend's to lose (`Lost`); an admin's static
+/// addresses of the class are not in its books.
+pub const PROVISIONED_BY_ANNOTATION: &str = "ipaddress.local.sdn.cozystack.io/provisioned-by";
 /// Address annotation: a Released address that waits for an admin despite a release delay.
 pub const HELD_ANNOTATION: &str = "ipaddress.local.sdn.cozystack.io/held";
 
@@ -91,6 +95,36 @@ pub mod driver {
     pub const PROVISIONING_FAILED: &str = "ProvisioningFailed";
     /// Event on a class: its parameters are invalid.
     pub const INVALID_PARAMETERS: &str = "InvalidParameters";
+
+    // Association (SPEC §8): events on the Service.
+    /// The claim's addresses were put on the Service.
+    pub const ASSOCIATED: &str = "Associated";
+    /// The Service names a claim that does not exist in its namespace.
+    pub const CLAIM_NOT_FOUND: &str = "ClaimNotFound";
+    /// The Service names a claim that is not Bound (Pending or Lost).
+    pub const CLAIM_NOT_BOUND: &str = "ClaimNotBound";
+    /// The Service names a claim that already serves another Service.
+    pub const ASSOCIATION_REJECTED: &str = "AssociationRejected";
+    /// The claim's addresses were taken off the Service.
+    pub const DISASSOCIATED: &str = "Disassociated";
+    /// An address of the claim is of a family the Service does not have; it is not pinned.
+    pub const FAMILY_MISMATCH: &str = "FamilyMismatch";
+
+    /// Event on an address and on the Service using it: a Service holds a claimed address
+    /// that the ledger does not give it. Also the address condition type (True while it lasts).
+    pub const CONFLICT: &str = "Conflict";
+    /// Event on an address: the backend no longer has it (also the condition type).
+    pub const ADDRESS_LOST: &str = "AddressLost";
+    /// Address condition type: the backend has lost the address (True while it lasts).
+    pub const LOST: &str = "Lost";
+    /// Event on an address: a Conflict or Lost episode ended.
+    pub const RECOVERED: &str = "Recovered";
+
+    /// Service annotation the driver kit keeps: the addresses it asked the backend to put
+    /// on the Service (comma-separated), so that it withdraws exactly its own pins.
+    pub fn pinned_annotation(driver: &str) -> String {
+        format!("{driver}.drivers.local.sdn.cozystack.io/pinned")
+    }
 }
 
 #[cfg(test)]

@@ -95,6 +95,19 @@ impl IPAddress {
                 .is_none_or(|from| from == r)
     }
 
+    /// The phase a driver writes when its `Conflict` or `Lost` ends (SPEC §8): the one the
+    /// core computes from the claimRef — `Released` for the binding that was released
+    /// (recorded in `releasedFrom`), `Bound` with a claimRef, `Available` without. (The core
+    /// refines a pre-binding to `Pending` and keeps a reservation `Available` on its pass.)
+    pub fn resting_phase(&self) -> AddressPhase {
+        let from = self.status.as_ref().and_then(|s| s.released_from.as_ref());
+        match &self.spec.claim_ref {
+            Some(r) if from == Some(r) => AddressPhase::Released,
+            Some(_) => AddressPhase::Bound,
+            None => AddressPhase::Available,
+        }
+    }
+
     /// Whether the address is free: no claimRef, `Available`, not being deleted, a valid
     /// address. (A claimRef without a uid is a reservation, not free.)
     pub fn is_free(&self) -> bool {

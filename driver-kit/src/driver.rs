@@ -8,6 +8,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use address_controller_api::{AddressSource, Family, IPAddress, IPAddressClaim, IPAddressClass};
+use k8s_openapi::api::core::v1::Service;
+use kube::Client;
 
 /// How many addresses of each family a class's backend can hold (`status.capacity`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -96,6 +98,71 @@ pub trait Driver: Send + Sync + 'static {
     fn release(&self, _address: &IPAddress) -> impl Future<Output = Result<(), String>> + Send {
         async { Ok(()) }
     }
+
+    // ---- Association (SPEC §8): the kit decides, the backend pins. -----------------------
+
+    /// Whether the backend puts addresses on this Service (the kit has checked that it is
+    /// `type: LoadBalancer` and not being deleted) — e.g. by `spec.loadBalancerClass`.
+    /// The default, `false`, is a driver without association.
+    fn serves(&self, _service: &Service) -> bool {
+        false
+    }
+
+    /// Makes the backend's pins on `service` exactly `want` (addresses of this driver's
+    /// classes, IPv4 first). `ours` is every address the kit pinned there before or wants
+    /// now: remove those not in `want`, and leave everything else on the Service alone.
+    /// Called on every pass over an associated Service, so it must be idempotent and write
+    /// nothing when the backend already says so.
+    fn pin(
+        &self,
+        _client: &Client,
+        _service: &Service,
+        _ours: &[IpAddr],
+        _want: &[IpAddr],
+    ) -> impl Future<Output = Result<(), String>> + Send {
+        async { Ok(()) }
+    }
+
+    /// The addresses the backend shows on the Service: until an unpinned address is gone
+    /// from here, the kit keeps its ledger entry (`associatedTo`). The default reads
+    /// `status.loadBalancer.ingress`, where a load balancer reports what it serves.
+    fn shown(&self, service: &Service) -> Vec<IpAddr> {
+        ingress(service)
+    }
+
+    /// Whether the backend still has an address this driver provisioned (the kit asks only
+    /// for those: annotated `provisioned-by` at creation): `Missing` turns it `Lost` (its
+    /// claim turns `Lost`, and is never silently given another); `Present` again ends that.
+    fn presence(&self, _params: &Self::Params, _address: &IPAddress) -> Presence {
+        Presence::Unknown
+    }
+}
+
+/// What the backend says of an address ([`Driver::presence`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Presence {
+    Present,
+    /// Gone from the backend, and why (said on the address).
+    Missing(String),
+    /// The backend cannot tell: nothing changes.
+    Unknown,
+}
+
+/// The addresses in a Service's `status.loadBalancer.ingress`.
+pub fn ingress(service: &Service) -> Vec<IpAddr> {
+    service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|ingress| {
+            ingress
+                .iter()
+                .filter_map(|i| i.ip.as_deref())
+                .filter_map(|ip| address_controller_api::family::parse_address(ip).ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The default object name of an address: `ipv4-192-0-2-1`, or the fully expanded

@@ -1,6 +1,7 @@
 //! What the runner indexes from the address and claim caches, so a pass never scans every
-//! object: addresses by the claim they name, addresses in use, addresses per (class,
-//! family), and the claims that found their class exhausted.
+//! object: addresses by the claim they name, by IP (in use), by the Service they are
+//! associated to, addresses per (class, family), and the claims that found their class
+//! exhausted.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -10,13 +11,17 @@ use address_controller_api::family::parse_address;
 use address_controller_api::{Family, IPAddress};
 use kube::ResourceExt;
 
+use crate::association::associated_service;
+
 #[derive(Default)]
 struct Inner {
     /// claim `namespace/name` → names of addresses whose claimRef names it.
     by_claim: HashMap<String, BTreeSet<String>>,
-    /// address → number of IPAddress objects carrying it (more than one is an admin's
-    /// mistake, still in use).
-    in_use: HashMap<IpAddr, usize>,
+    /// address → the IPAddress objects carrying it (more than one is an admin's mistake,
+    /// still in use).
+    by_ip: HashMap<IpAddr, BTreeSet<String>>,
+    /// Service `namespace/name` → addresses whose `associatedTo` names it.
+    associated: HashMap<String, BTreeSet<String>>,
     /// (class, family) → number of addresses.
     per_pool: HashMap<(String, Family), i64>,
     /// class → claims that found it exhausted, retried when one of its addresses goes.
@@ -29,10 +34,20 @@ pub struct Inventory {
 }
 
 fn claim_key(a: &IPAddress) -> Option<String> {
-    a.spec
-        .claim_ref
-        .as_ref()
-        .map(|r| format!("{}/{}", r.namespace, r.name))
+    a.spec.claim_ref.as_ref().map(|r| r.key())
+}
+
+fn insert(m: &mut HashMap<String, BTreeSet<String>>, k: String, v: &str) {
+    m.entry(k).or_default().insert(v.to_string());
+}
+
+fn remove<K: std::hash::Hash + Eq>(m: &mut HashMap<K, BTreeSet<String>>, k: &K, v: &str) {
+    if let Some(set) = m.get_mut(k) {
+        set.remove(v);
+        if set.is_empty() {
+            m.remove(k);
+        }
+    }
 }
 
 fn ip_and_family(a: &IPAddress) -> Option<(IpAddr, Family)> {
@@ -52,22 +67,15 @@ impl Inventory {
         let mut wake = Vec::new();
         let name = new.or(old).map(|a| a.name_any()).unwrap_or_default();
         if let Some(a) = old {
-            if let Some(k) = claim_key(a)
-                && let Some(set) = s.by_claim.get_mut(&k)
-            {
-                set.remove(&name);
-                if set.is_empty() {
-                    s.by_claim.remove(&k);
-                }
+            if let Some(k) = claim_key(a) {
+                remove(&mut s.by_claim, &k, &name);
                 wake.push(k);
             }
+            if let Some(k) = associated_service(a) {
+                remove(&mut s.associated, &k, &name);
+            }
             if let Some((ip, f)) = ip_and_family(a) {
-                if let Some(n) = s.in_use.get_mut(&ip) {
-                    *n -= 1;
-                    if *n == 0 {
-                        s.in_use.remove(&ip);
-                    }
-                }
+                remove(&mut s.by_ip, &ip, &name);
                 *s.per_pool
                     .entry((a.spec.class_name.clone(), f))
                     .or_default() -= 1;
@@ -75,14 +83,14 @@ impl Inventory {
         }
         if let Some(a) = new {
             if let Some(k) = claim_key(a) {
-                s.by_claim
-                    .entry(k.clone())
-                    .or_default()
-                    .insert(name.clone());
+                insert(&mut s.by_claim, k.clone(), &name);
                 wake.push(k);
             }
+            if let Some(k) = associated_service(a) {
+                insert(&mut s.associated, k, &name);
+            }
             if let Some((ip, f)) = ip_and_family(a) {
-                *s.in_use.entry(ip).or_default() += 1;
+                s.by_ip.entry(ip).or_default().insert(name.clone());
                 *s.per_pool
                     .entry((a.spec.class_name.clone(), f))
                     .or_default() += 1;
@@ -107,7 +115,25 @@ impl Inventory {
     }
 
     pub fn in_use(&self, ip: IpAddr) -> bool {
-        self.lock().in_use.contains_key(&ip)
+        self.lock().by_ip.contains_key(&ip)
+    }
+
+    /// The IPAddress objects carrying `ip`.
+    pub fn addresses_of(&self, ip: IpAddr) -> Vec<String> {
+        self.lock()
+            .by_ip
+            .get(&ip)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The addresses whose `associatedTo` names Service `key`.
+    pub fn associated_to(&self, key: &str) -> Vec<String> {
+        self.lock()
+            .associated
+            .get(key)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Addresses of a class and family.

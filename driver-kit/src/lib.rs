@@ -6,9 +6,11 @@
 //! finalizer, probes. It never touches what the core owns. `docs/drivers.md` has the
 //! contract; `tests/` has a conformance suite any driver can run.
 
+pub mod association;
 pub mod driver;
 mod inventory;
 pub mod runner;
+mod services;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +29,11 @@ use clap::{Args, Parser};
 use futures::StreamExt;
 use kube::ResourceExt;
 
-pub use driver::{AllocateError, Allocation, Capacity, Driver, Request, object_name};
+/// RBAC rule type, for [`Info::extra_rules`].
+pub use address_controller_runtime::rbac as runtime_rbac;
+pub use driver::{
+    AllocateError, Allocation, Capacity, Driver, Presence, Request, ingress, object_name,
+};
 pub use runner::events;
 
 /// Who the driver is.
@@ -67,10 +73,16 @@ pub struct DriverArgs {
 }
 
 #[derive(Parser)]
-struct Cli {
+struct Cli<A: Args> {
     #[command(flatten)]
     args: DriverArgs,
+    #[command(flatten)]
+    own: A,
 }
+
+/// A driver without flags of its own.
+#[derive(Args, Clone, Debug)]
+pub struct NoArgs {}
 
 /// The kit's own rules: what the runner reads and writes.
 pub const KIT_RULES: &[Rule] = &[
@@ -98,6 +110,18 @@ pub const KIT_RULES: &[Rule] = &[
         verbs: &["patch"],
         why: "class capacity and conditions",
     },
+    Rule {
+        group: "local.sdn.cozystack.io",
+        resources: &["ipaddresses/status"],
+        verbs: &["patch"],
+        why: "association (associatedTo), Conflict and Lost of the driver's addresses (SPEC §8)",
+    },
+    Rule {
+        group: "",
+        resources: &["services"],
+        verbs: &["get", "list", "watch", "patch"],
+        why: "association: the Services naming claims; the kit's record of its pins (an annotation)",
+    },
 ];
 
 /// The driver's ClusterRole as YAML (`--print-cluster-role`).
@@ -122,7 +146,15 @@ pub fn cluster_role_yaml(info: &Info) -> Result<String, serde_yaml::Error> {
 /// The whole `main` of a driver: flags, logging, runtime, [`run`]. Exits non-zero when a
 /// critical task stops.
 pub fn main<D: Driver>(driver: D, info: Info) -> anyhow::Result<()> {
-    let args = Cli::parse().args;
+    main_with(info, |_: &NoArgs| driver)
+}
+
+/// [`main`] for a driver with flags of its own (`A`, flattened next to the kit's): the
+/// driver is made from them.
+pub fn main_with<A: Args, D: Driver>(info: Info, make: impl FnOnce(&A) -> D) -> anyhow::Result<()> {
+    let cli = Cli::<A>::parse();
+    let args = cli.args;
+    let driver = make(&cli.own);
     if args.print_cluster_role {
         print!("{}", cluster_role_yaml(&info)?);
         return Ok(());
@@ -145,7 +177,8 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
     let shutdown = Shutdown::default();
     let mut tasks = Tasks::new(shutdown.clone());
     let health = Health::new(args.liveness.bounds());
-    let world = World::new(false, health.clone());
+    // Services: association (SPEC §8) is part of every driver.
+    let world = World::new(true, health.clone());
     let leadership = if args.election.leader_elect {
         Leadership::follower()
     } else {
@@ -176,6 +209,7 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
         ("claims", ctx.queues.claims.clone()),
         ("classes", ctx.queues.classes.clone()),
         ("addresses", ctx.queues.addresses.clone()),
+        ("services", ctx.queues.services.clone()),
     ] {
         let c = ctx.clone();
         let leader = leadership.clone();
@@ -210,7 +244,7 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
                     )
                     .await
                 }
-                _ => {
+                "addresses" => {
                     workers::run(
                         "address",
                         queue,
@@ -219,6 +253,20 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
                         {
                             let c = c.clone();
                             move |k| runner::address_pass(c.clone(), k)
+                        },
+                        observe_noop(),
+                    )
+                    .await
+                }
+                _ => {
+                    workers::run(
+                        "service",
+                        queue,
+                        n,
+                        c.gate.clone(),
+                        {
+                            let c = c.clone();
+                            move |k| association::pass::service_pass(c.clone(), k)
                         },
                         observe_noop(),
                     )
@@ -247,6 +295,7 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
             c.queues.claims.shut_down();
             c.queues.classes.shut_down();
             c.queues.addresses.shut_down();
+            c.queues.services.shut_down();
             Ok(())
         });
     }
@@ -288,13 +337,23 @@ fn register<D: Driver>(ctx: &Arc<runner::Ctx<D>>) {
         if let Some(new) = &ch.new {
             c.landed(new);
         }
-        if c.driver.finalizer().is_some() {
-            c.queues.addresses.add(a.name_any());
-        }
+        c.queues.addresses.add(a.name_any());
         // Usage changes the class's Exhausted condition.
         let class = &a.spec.class_name;
         if c.world.classes.get(class).is_some_and(|k| c.ours(&k)) {
             c.queues.classes.add(class.clone());
+        }
+        // The Services its claim, its IP and its association concern.
+        for x in [ch.old.as_deref(), ch.new.as_deref()].into_iter().flatten() {
+            if let Some(r) = &x.spec.claim_ref {
+                c.queues.services.add_all(c.services.naming(&r.key()));
+            }
+            if let Some(ip) = association::ip_of(x) {
+                c.queues.services.add_all(c.services.mentioning(ip));
+            }
+            if let Some(k) = association::associated_service(x) {
+                c.queues.services.add(k);
+            }
         }
     });
     let c = ctx.clone();
@@ -302,12 +361,44 @@ fn register<D: Driver>(ctx: &Arc<runner::Ctx<D>>) {
         let stamped = |o: Option<&Arc<address_controller_api::IPAddressClaim>>| {
             o.is_some_and(|o| c.stamped(o))
         };
-        if (stamped(ch.old.as_ref()) || stamped(ch.new.as_ref()))
-            && let Some(o) = ch.object()
-        {
+        let Some(o) = ch.object() else { return };
+        if stamped(ch.old.as_ref()) || stamped(ch.new.as_ref()) {
             c.queues.claims.add(key_of(o.as_ref()));
         }
+        // The Services that name it (its phase and addresses decide what they get).
+        c.queues
+            .services
+            .add_all(c.services.naming(&key_of(o.as_ref())));
     });
+    if let Some(services) = &ctx.world.services {
+        let c = ctx.clone();
+        services.on_change(move |ch| {
+            let Some(o) = ch.object() else { return };
+            let key = key_of(o.as_ref());
+            let entry = |s: &Option<Arc<k8s_openapi::api::core::v1::Service>>| {
+                s.as_ref()
+                    .map(|s| services::Entry::of(s, c.driver.shown(s), &c.marker))
+            };
+            let (old, new) = (entry(&ch.old), entry(&ch.new));
+            c.services.changed(&key, old.as_ref(), new.as_ref());
+            // The addresses it shows (or showed): their health depends on it.
+            for e in old.iter().chain(new.iter()) {
+                for ip in &e.ips {
+                    c.queues.addresses.add_all(c.inventory.addresses_of(*ip));
+                }
+            }
+            let associated = c.inventory.associated_to(&key);
+            let relevant = old
+                .iter()
+                .chain(new.iter())
+                .any(|e| e.claim.is_some() || !e.ips.is_empty())
+                || !associated.is_empty();
+            if relevant {
+                c.queues.services.add(key);
+            }
+            c.queues.addresses.add_all(associated);
+        });
+    }
     let c = ctx.clone();
     ctx.world.classes.on_change(move |ch| {
         // The driver's own status writes do not change what it parsed.
@@ -323,14 +414,28 @@ fn register<D: Driver>(ctx: &Arc<runner::Ctx<D>>) {
         }
         c.classes_changed();
         // Overlaps are judged across classes: every class of ours again; and every claim of
-        // ours, which may have been refused for bad parameters.
+        // ours, which may have been refused for bad parameters; and every address of ours,
+        // whose presence in the backend the parameters may change.
         c.queues
             .classes
             .add_all(c.our_classes().iter().map(|k| k.name_any()));
         if ch.object().is_some_and(|k| c.ours(k)) {
             queue_claims(&c);
+            queue_addresses(&c);
         }
     });
+}
+
+fn queue_addresses<D: Driver>(c: &runner::Ctx<D>) {
+    c.queues.addresses.add_all(
+        c.world
+            .addresses
+            .store
+            .all()
+            .iter()
+            .filter(|a| c.owns(a) || c.driver.finalizer().is_some())
+            .map(|a| a.name_any()),
+    );
 }
 
 fn queue_claims<D: Driver>(c: &runner::Ctx<D>) {
@@ -351,7 +456,18 @@ fn queue_everything<D: Driver>(c: &runner::Ctx<D>) {
     c.queues
         .classes
         .add_all(c.our_classes().iter().map(|k| k.name_any()));
-    if c.driver.finalizer().is_some() {
-        c.queues.addresses.add_all(c.world.addresses.store.keys());
+    queue_addresses(c);
+    if let Some(services) = &c.world.services {
+        c.queues.services.add_all(
+            services
+                .store
+                .all()
+                .iter()
+                .filter(|s| {
+                    association::claim_annotation(s).is_some()
+                        || s.annotations().contains_key(&c.marker)
+                })
+                .map(|s| key_of(s.as_ref())),
+        );
     }
 }

@@ -39,6 +39,7 @@ use serde_json::json;
 
 use crate::driver::{AllocateError, Allocation, Driver, Request, object_name};
 use crate::inventory::Inventory;
+use crate::services::ServiceIndex;
 
 /// Event reasons and class conditions the runner publishes (SPEC §8).
 pub use address_controller_api::names::driver as events;
@@ -52,6 +53,8 @@ pub enum Error {
     Taken(String),
     #[error("allocating for {claim}: {message}")]
     Allocate { claim: String, message: String },
+    #[error("the backend on {object}: {message}")]
+    Backend { object: String, message: String },
     #[error("{action} {object}: {source}")]
     Kube {
         action: &'static str,
@@ -74,6 +77,7 @@ impl PassError for Error {
         match self {
             Error::Taken(_) => "conflict",
             Error::Allocate { .. } => "allocate",
+            Error::Backend { .. } => "backend",
             Error::Kube { .. } => "api",
         }
     }
@@ -87,6 +91,7 @@ pub(crate) struct Queues {
     pub claims: Arc<Queue<String>>,
     pub classes: Arc<Queue<String>>,
     pub addresses: Arc<Queue<String>>,
+    pub services: Arc<Queue<String>>,
 }
 
 pub(crate) struct Ctx<D: Driver> {
@@ -94,6 +99,9 @@ pub(crate) struct Ctx<D: Driver> {
     pub client: Client,
     pub world: World,
     pub inventory: Inventory,
+    pub services: ServiceIndex,
+    /// The Service annotation that records the kit's pins ([`names::driver::pinned_annotation`]).
+    pub marker: String,
     pub gate: Gate,
     pub events: Events,
     pub queues: Queues,
@@ -131,11 +139,14 @@ impl<D: Driver> Ctx<D> {
             client,
             world,
             inventory: Inventory::default(),
+            services: ServiceIndex::default(),
+            marker: address_controller_api::names::driver::pinned_annotation(controller),
             gate,
             queues: Queues {
                 claims: Arc::new(Queue::new(Backoff::default())),
                 classes: Arc::new(Queue::new(Backoff::default())),
                 addresses: Arc::new(Queue::new(Backoff::default())),
+                services: Arc::new(Queue::new(Backoff::default())),
             },
             params: Mutex::new(None),
             in_flight: Mutex::new(HashMap::new()),
@@ -146,6 +157,15 @@ impl<D: Driver> Ctx<D> {
 
     pub fn ours(&self, class: &IPAddressClass) -> bool {
         class.spec.provisioner == self.driver.provisioner()
+    }
+
+    /// Whether an address is of one of this driver's classes (ownership is by the
+    /// address's class, never by a claim's stamp).
+    pub fn owns(&self, a: &IPAddress) -> bool {
+        self.world
+            .classes
+            .get(&a.spec.class_name)
+            .is_some_and(|c| self.ours(&c))
     }
 
     /// This driver's classes, by name.
@@ -348,6 +368,10 @@ pub(crate) async fn claim_pass<D: Driver>(ctx: Arc<Ctx<D>>, key: String) -> Resu
             metadata: ObjectMeta {
                 name: Some(name.clone()),
                 finalizers: ctx.driver.finalizer().map(|f| vec![f.to_string()]),
+                annotations: Some(std::collections::BTreeMap::from([(
+                    address_controller_api::names::PROVISIONED_BY_ANNOTATION.to_string(),
+                    ctx.driver.provisioner().to_string(),
+                )])),
                 ..Default::default()
             },
             spec: IPAddressSpec {
@@ -491,20 +515,24 @@ pub(crate) async fn class_pass<D: Driver>(
     Ok(Outcome::Done)
 }
 
-/// One pass over an address: backend teardown behind the driver's finalizer.
+/// One pass over an address: backend teardown behind the driver's finalizer; for an
+/// address of this driver's classes, its health (Lost, Conflict) and a dangling association.
 pub(crate) async fn address_pass<D: Driver>(
     ctx: Arc<Ctx<D>>,
     name: String,
 ) -> Result<Outcome, Error> {
-    let Some(finalizer) = ctx.driver.finalizer() else {
-        return Ok(Outcome::Done);
-    };
     let Some(a) = ctx.world.addresses.get(&name) else {
         return Ok(Outcome::Done);
     };
-    if a.metadata.deletion_timestamp.is_none() || !a.finalizers().iter().any(|f| f == finalizer) {
+    let teardown = ctx.driver.finalizer().filter(|f| {
+        a.metadata.deletion_timestamp.is_some() && a.finalizers().iter().any(|x| x == f)
+    });
+    let Some(finalizer) = teardown else {
+        if ctx.owns(&a) {
+            crate::association::pass::health_pass(&ctx, &a).await?;
+        }
         return Ok(Outcome::Done);
-    }
+    };
     ctx.driver
         .release(&a)
         .await

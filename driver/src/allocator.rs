@@ -125,6 +125,12 @@ impl Cidr {
         (last - first).saturating_add(1)
     }
 
+    /// Whether `ip` lies in this CIDR.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        ip.is_ipv4() == self.network.is_ipv4()
+            && (self.first_bits()..=self.last_bits()).contains(&bits(ip))
+    }
+
     fn overlaps(&self, other: &Cidr) -> bool {
         self.network.is_ipv4() == other.network.is_ipv4()
             && self.first_bits() <= other.last_bits()

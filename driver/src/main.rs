@@ -1,24 +1,42 @@
 //! `range-driver`: the reference driver (SPEC §8). It provisions IPAddresses for claims of
 //! classes whose provisioner is `range.drivers.local.sdn.cozystack.io`, from the CIDRs in
-//! the class's `spec.parameters.cidrs`, and publishes each class's capacity. It does no
-//! association: there is no backend to pin an address to. Everything but the allocator is
-//! the driver kit's.
+//! the class's `spec.parameters.cidrs`, publishes each class's capacity, and is the load
+//! balancer of the Services it serves: a claim's addresses go into the `status.loadBalancer`
+//! of the Service that names it. Everything but the allocator and the ingress writes is the
+//! driver kit's.
 
 mod allocator;
 mod range;
 
 use address_controller_driver_kit::Info;
+use address_controller_driver_kit::runtime_rbac::Rule;
 
 /// Who this driver is: the binary, its default Lease, the chart's ClusterRole for it.
 const INFO: Info = Info {
     name: "range-driver",
     cluster_role: "address-controller-range-driver",
     source: "driver/src/main.rs (the driver kit's rules)",
-    extra_rules: &[],
+    extra_rules: &[Rule {
+        group: "",
+        resources: &["services/status"],
+        verbs: &["patch"],
+        why: "the range driver is the load balancer: it writes status.loadBalancer.ingress",
+    }],
 };
 
+/// The range driver's own flags.
+#[derive(clap::Args, Clone, Debug)]
+struct RangeArgs {
+    /// Serve the LoadBalancer Services with this `spec.loadBalancerClass` (default: those
+    /// without one), as MetalLB's --lb-class.
+    #[arg(long, env = "RANGE_DRIVER_LB_CLASS")]
+    lb_class: Option<String>,
+}
+
 fn main() -> anyhow::Result<()> {
-    address_controller_driver_kit::main(range::Range, INFO)
+    address_controller_driver_kit::main_with(INFO, |a: &RangeArgs| range::Range {
+        lb_class: a.lb_class.clone(),
+    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,894 @@
+//! Association (SPEC §8) as pure decisions: which Service holds a claim's addresses, and
+//! what one pass over a Service or an address does about it. The runner gathers snapshots
+//! from its caches and indexes and applies the plans in order; the backend only pins.
+//!
+//! * **Who may hold.** A `type: LoadBalancer` Service the backend serves, not being deleted,
+//!   whose `local.sdn.cozystack.io/ip-address-claim` names a claim **in its own
+//!   namespace**; the claim `Bound`; each of its listed addresses of this driver's classes
+//!   `Bound` (or `Conflict`: the rightful Service keeps it), naming the claim with its uid.
+//!   Ownership is by the **address's class**, never by the claim's stamp: a claim bound to
+//!   a static or recycled address carries none.
+//! * **One claim, one Service.** The holder is the Service the addresses' `associatedTo`
+//!   already names, while it may hold; otherwise the oldest that may. Every other Service
+//!   naming the claim gets `AssociationRejected`; a gone holder is taken over.
+//! * **Order.** Ledger first: `associatedTo` is written, then the kit's record of its pins
+//!   on the Service (an annotation), then the backend pins. Withdrawing: the backend
+//!   unpins, and `associatedTo` is cleared only once the backend shows the address gone
+//!   from the Service — cleared first, the Service would look like a thief. A handoff waits
+//!   for the old holder to let go before the new one is written.
+//! * **Conflict.** A Service that shows a claimed address of this driver's classes, which
+//!   `associatedTo` does not name and the kit did not pin there, makes the address
+//!   `Conflict`; nothing is re-pinned. When no such Service remains, the address gets the
+//!   phase the core would compute ([`IPAddress::resting_phase`]).
+//! * **Lost.** The backend says an address is missing: `Lost`; present again: its resting
+//!   phase.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use address_controller_api::family::{family_of_ip, parse_address};
+use address_controller_api::names::{SERVICE_CLAIM_ANNOTATION, driver as reason};
+use address_controller_api::{
+    AddressPhase, Association, ClaimPhase, Family, IPAddress, IPAddressClaim,
+};
+use address_controller_runtime::events::PlannedEvent;
+use k8s_openapi::api::core::v1::Service;
+use kube::ResourceExt;
+
+use crate::driver::Presence;
+
+pub(crate) mod pass;
+
+/// `namespace/name` of a Service.
+pub fn service_key(s: &Service) -> String {
+    format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any())
+}
+
+/// The Service an association names, as a cache key (`None`: not a Service).
+pub fn associated_key(a: &Association) -> Option<String> {
+    (a.kind == "Service")
+        .then(|| format!("{}/{}", a.namespace.as_deref().unwrap_or_default(), a.name))
+}
+
+/// Where an address is associated (`status.associatedTo`), as a Service key.
+pub fn associated_service(a: &IPAddress) -> Option<String> {
+    a.status
+        .as_ref()
+        .and_then(|s| s.associated_to.as_ref())
+        .and_then(associated_key)
+}
+
+/// The association naming Service `key`.
+pub fn association_of(key: &str) -> Association {
+    let (ns, name) = key.split_once('/').unwrap_or(("", key));
+    Association {
+        kind: "Service".into(),
+        namespace: Some(ns.to_string()),
+        name: name.to_string(),
+    }
+}
+
+/// The claim a Service names, if any.
+pub fn claim_annotation(s: &Service) -> Option<&str> {
+    s.annotations()
+        .get(SERVICE_CLAIM_ANNOTATION)
+        .map(String::as_str)
+        .filter(|n| !n.is_empty())
+}
+
+/// A LoadBalancer Service that is not being deleted (the kit's half of "served").
+pub fn is_load_balancer(s: &Service) -> bool {
+    s.metadata.deletion_timestamp.is_none()
+        && s.spec.as_ref().and_then(|sp| sp.type_.as_deref()) == Some("LoadBalancer")
+}
+
+/// The families of a Service (`spec.ipFamilies`; IPv4 when the API server left it empty).
+pub fn service_families(s: &Service) -> Vec<Family> {
+    let fams: Vec<Family> = s
+        .spec
+        .as_ref()
+        .and_then(|sp| sp.ip_families.as_ref())
+        .map(|f| {
+            f.iter()
+                .filter_map(|x| match x.as_str() {
+                    "IPv4" => Some(Family::IPv4),
+                    "IPv6" => Some(Family::IPv6),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if fams.is_empty() {
+        vec![Family::IPv4]
+    } else {
+        fams
+    }
+}
+
+/// An address's IP.
+pub fn ip_of(a: &IPAddress) -> Option<IpAddr> {
+    parse_address(&a.spec.address).ok()
+}
+
+/// The kit's record of its pins on a Service (its annotation).
+pub fn parse_marker(value: Option<&str>) -> Vec<IpAddr> {
+    value
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|s| parse_address(s.trim()).ok())
+        .collect()
+}
+
+pub fn render_marker(ips: &[IpAddr]) -> Option<String> {
+    (!ips.is_empty()).then(|| {
+        ips.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    })
+}
+
+/// IPv4 first, then by address; no duplicates.
+fn sorted(mut ips: Vec<IpAddr>) -> Vec<IpAddr> {
+    ips.sort_by_key(|ip| (family_of_ip(*ip) != Family::IPv4, *ip));
+    ips.dedup();
+    ips
+}
+
+/// Whether a claimed address may be put on a Service for `claim`: it names the claim with
+/// the claim's uid and is `Bound` (or `Conflict`, which the rightful Service keeps).
+fn holdable(a: &IPAddress, claim: &IPAddressClaim) -> bool {
+    let uid_equal = a
+        .spec
+        .claim_ref
+        .as_ref()
+        .is_some_and(|r| r.uid.is_some() && r.uid == claim.metadata.uid);
+    a.belongs_to(claim)
+        && uid_equal
+        && !a.is_deleting()
+        && matches!(
+            a.phase(),
+            Some(AddressPhase::Bound | AddressPhase::Conflict)
+        )
+}
+
+/// Of the Services that may hold a claim (`rivals`), the holder: the one an address's
+/// `associatedTo` already names, else the oldest.
+pub fn holder<'a>(rivals: &'a [Arc<Service>], addresses: &[Arc<IPAddress>]) -> Option<&'a Service> {
+    let named: Vec<String> = addresses
+        .iter()
+        .filter_map(|a| associated_service(a))
+        .collect();
+    rivals
+        .iter()
+        .find(|s| named.contains(&service_key(s)))
+        .or_else(|| {
+            rivals.iter().min_by_key(|s| {
+                (
+                    s.metadata.creation_timestamp.clone().map(|t| t.0),
+                    service_key(s),
+                )
+            })
+        })
+        .map(Arc::as_ref)
+}
+
+/// What a pass over one Service sees.
+pub struct ServiceSnapshot<'a> {
+    /// `namespace/name` of the Service.
+    pub key: &'a str,
+    /// `None`: the Service is gone.
+    pub service: Option<&'a Service>,
+    /// A LoadBalancer, not being deleted, that the backend serves.
+    pub served: bool,
+    /// The claim its annotation names (in its namespace), when it exists.
+    pub claim: Option<&'a IPAddressClaim>,
+    /// The addresses of this driver's classes the claim lists, as cached.
+    pub addresses: &'a [Arc<IPAddress>],
+    /// The addresses the claim lists that belong to other drivers' classes (another driver
+    /// associates those).
+    pub foreign: usize,
+    /// The served Services naming the same claim, this one included.
+    pub rivals: &'a [Arc<Service>],
+    /// This driver's addresses whose `associatedTo` names this Service.
+    pub associated_here: &'a [Arc<IPAddress>],
+    /// The kit's record of its pins here, and what the backend shows.
+    pub marked: &'a [IpAddr],
+    pub shown: &'a [IpAddr],
+    /// Whether the Service `key` (another one) exists and its backend still shows `ip`.
+    pub shown_elsewhere: &'a dyn Fn(&str, IpAddr) -> bool,
+}
+
+/// What one pass over a Service does, in this order.
+#[derive(Debug, Default)]
+pub struct ServicePlan {
+    /// Write `associatedTo` = this Service on these addresses (ledger first).
+    pub associate: Vec<Arc<IPAddress>>,
+    /// The kit's record of its pins, when it changes (written before the backend).
+    pub marker: Option<Vec<IpAddr>>,
+    /// Ask the backend to pin exactly `want` of `ours` (the Service exists).
+    pub pin: Option<(Vec<IpAddr>, Vec<IpAddr>)>,
+    /// Clear `associatedTo` on these: the backend shows them gone from this Service.
+    pub disassociate: Vec<Arc<IPAddress>>,
+    pub events: Vec<PlannedEvent>,
+    /// Why the Service gets nothing, once per episode (`None`: nothing wrong).
+    pub problem: Option<PlannedEvent>,
+}
+
+/// Plans one pass over a Service.
+pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
+    let mut plan = ServicePlan::default();
+    let name = s.key.split_once('/').map_or(s.key, |(_, n)| n);
+    let claim_name = s.service.and_then(claim_annotation);
+    // The addresses this Service should hold now (possibly after a handoff).
+    let mut wanted: Vec<Arc<IPAddress>> = Vec::new();
+    if let (true, Some(svc), Some(claim_name)) = (s.served, s.service, claim_name) {
+        let ns = svc.namespace().unwrap_or_default();
+        match s.claim {
+            None => {
+                plan.problem = Some(PlannedEvent::warning(
+                    reason::CLAIM_NOT_FOUND,
+                    format!(
+                        "IPAddressClaim {ns}/{claim_name} does not exist; nothing is put on the Service"
+                    ),
+                ))
+            }
+            Some(c) if c.phase() != Some(ClaimPhase::Bound) => {
+                plan.problem = Some(PlannedEvent::warning(
+                    reason::CLAIM_NOT_BOUND,
+                    format!(
+                        "IPAddressClaim {ns}/{claim_name} is {}; its addresses are put on the Service once it is Bound",
+                        c.phase().map_or("Pending", |p| p.as_str())
+                    ),
+                ))
+            }
+            Some(c) => match holder(s.rivals, s.addresses) {
+                Some(h) if service_key(h) != s.key => {
+                    plan.problem = Some(PlannedEvent::warning(
+                        reason::ASSOCIATION_REJECTED,
+                        format!(
+                            "IPAddressClaim {ns}/{claim_name} already serves Service {ns}/{}; one claim serves one Service",
+                            h.name_any()
+                        ),
+                    ))
+                }
+                _ => {
+                    let families = service_families(svc);
+                    let mut mismatched = Vec::new();
+                    for a in s.addresses.iter().filter(|a| holdable(a, c)) {
+                        match a.family() {
+                            Some(f) if families.contains(&f) => wanted.push(a.clone()),
+                            _ => mismatched.push(format!(
+                                "{} ({})",
+                                a.spec.address,
+                                a.family().map_or("invalid", |f| f.as_str())
+                            )),
+                        }
+                    }
+                    if !mismatched.is_empty() {
+                        plan.problem = Some(PlannedEvent::warning(
+                            reason::FAMILY_MISMATCH,
+                            format!(
+                                "the Service's families are {}; {} of IPAddressClaim {ns}/{claim_name} not put on it",
+                                families
+                                    .iter()
+                                    .map(|f| f.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(","),
+                                mismatched.join(", ")
+                            ),
+                        ))
+                    }
+                    if wanted.is_empty() && s.addresses.is_empty() && s.foreign == 0 {
+                        plan.problem = Some(PlannedEvent::warning(
+                            reason::CLAIM_NOT_BOUND,
+                            format!("IPAddressClaim {ns}/{claim_name} lists no address yet"),
+                        ));
+                    }
+                }
+            },
+        }
+    }
+    // Ledger first: associatedTo for what this Service should hold, unless its previous
+    // holder still shows it (the handoff waits for it to let go).
+    let mut pinnable: Vec<IpAddr> = Vec::new();
+    for a in &wanted {
+        let Some(ip) = ip_of(a) else { continue };
+        match associated_service(a) {
+            Some(k) if k == s.key => pinnable.push(ip),
+            Some(other) if (s.shown_elsewhere)(&other, ip) => {}
+            _ => {
+                plan.associate.push(a.clone());
+                pinnable.push(ip);
+            }
+        }
+    }
+    let pinnable = sorted(pinnable);
+    if !plan.associate.is_empty() {
+        let list: Vec<&str> = plan
+            .associate
+            .iter()
+            .map(|a| a.spec.address.as_str())
+            .collect();
+        plan.events.push(PlannedEvent::normal(
+            reason::ASSOCIATED,
+            format!(
+                "{} of IPAddressClaim {} put on Service {name}",
+                list.join(", "),
+                s.claim.map(|c| c.key()).unwrap_or_default()
+            ),
+        ));
+    }
+    if s.service.is_some() {
+        // The record: what is pinned now, plus what is still shown of earlier pins.
+        let still: Vec<IpAddr> = s
+            .marked
+            .iter()
+            .copied()
+            .filter(|ip| s.shown.contains(ip))
+            .collect();
+        let marker = sorted(pinnable.iter().copied().chain(still).collect());
+        if marker != sorted(s.marked.to_vec()) {
+            plan.marker = Some(marker);
+        }
+        if s.served || !s.marked.is_empty() || !pinnable.is_empty() {
+            let ours = sorted(
+                s.marked
+                    .iter()
+                    .copied()
+                    .chain(pinnable.iter().copied())
+                    .collect(),
+            );
+            plan.pin = Some((ours, pinnable.clone()));
+        }
+    }
+    // Withdrawn: associatedTo goes once the backend shows the address gone (or the
+    // Service is gone).
+    for a in s.associated_here {
+        let Some(ip) = ip_of(a) else { continue };
+        let gone = s.service.is_none() || !s.shown.contains(&ip);
+        if !pinnable.contains(&ip) && gone && !wanted.iter().any(|w| w.name_any() == a.name_any()) {
+            plan.disassociate.push(a.clone());
+        }
+    }
+    if !plan.disassociate.is_empty() && s.service.is_some() {
+        let list: Vec<&str> = plan
+            .disassociate
+            .iter()
+            .map(|a| a.spec.address.as_str())
+            .collect();
+        plan.events.push(PlannedEvent::normal(
+            reason::DISASSOCIATED,
+            format!("{} taken off Service {name}", list.join(", ")),
+        ));
+    }
+    plan
+}
+
+/// What a pass over one address of this driver's classes sees.
+pub struct AddressSnapshot<'a> {
+    pub address: &'a IPAddress,
+    /// The backend's word on it (`Unknown` when the class's parameters are unusable).
+    pub presence: Presence,
+    /// Services that show the address, with whether the kit pinned it there (its record).
+    pub shown_by: &'a [(String, bool)],
+    /// Whether the Service its `associatedTo` names exists.
+    pub associated_exists: bool,
+}
+
+/// What one pass over an address does (driver-owned state only).
+#[derive(Debug, Default, PartialEq)]
+pub struct AddressPlan {
+    /// A phase to write (`Conflict`, `Lost`, or the resting phase that ends them), with
+    /// the condition that says why.
+    pub phase: Option<(AddressPhase, &'static str, bool, String)>,
+    /// Clear `associatedTo`: it names a Service that is gone.
+    pub clear_association: bool,
+    pub events: Vec<PlannedEvent>,
+    /// Warning events on the Services that hold it without the ledger's word.
+    pub offenders: Vec<(String, PlannedEvent)>,
+}
+
+/// Plans one pass over an address: Lost, Conflict, and a dangling `associatedTo`.
+pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
+    let a = s.address;
+    let mut plan = AddressPlan::default();
+    let name = a.name_any();
+    if a.is_deleting() {
+        return plan;
+    }
+    let associated = associated_service(a);
+    plan.clear_association = associated.is_some() && !s.associated_exists;
+    let phase = a.phase();
+    // Lost: the backend's word wins over everything else.
+    match (&s.presence, phase) {
+        (Presence::Missing(why), p) if p != Some(AddressPhase::Lost) => {
+            plan.phase = Some((AddressPhase::Lost, reason::LOST, true, why.clone()));
+            plan.events.push(PlannedEvent::warning(
+                reason::ADDRESS_LOST,
+                format!("IPAddress {name} ({}) is Lost: {why}", a.spec.address),
+            ));
+            return plan;
+        }
+        (Presence::Missing(_), _) => return plan,
+        (Presence::Present, Some(AddressPhase::Lost)) => {
+            let to = a.resting_phase();
+            plan.phase = Some((
+                to,
+                reason::LOST,
+                false,
+                "the backend has the address again".into(),
+            ));
+            plan.events.push(PlannedEvent::normal(
+                reason::RECOVERED,
+                format!(
+                    "IPAddress {name} ({}) is back; {}",
+                    a.spec.address,
+                    to.as_str()
+                ),
+            ));
+            return plan;
+        }
+        (_, Some(AddressPhase::Lost)) => return plan,
+        _ => {}
+    }
+    // Conflict: Services that show a claimed address without the ledger's word or a pin of
+    // the kit's.
+    let claimed = a.spec.claim_ref.is_some();
+    let offenders: Vec<&String> = s
+        .shown_by
+        .iter()
+        .filter(|(svc, pinned)| !*pinned && Some(svc) != associated.as_ref())
+        .map(|(svc, _)| svc)
+        .collect();
+    let claim = a
+        .spec
+        .claim_ref
+        .as_ref()
+        .map(|r| r.key())
+        .unwrap_or_default();
+    if claimed && !offenders.is_empty() {
+        if phase != Some(AddressPhase::Conflict) {
+            let list: Vec<&str> = offenders.iter().map(|s| s.as_str()).collect();
+            let why = format!(
+                "Service {} holds {}, which belongs to IPAddressClaim {claim}{}",
+                list.join(", "),
+                a.spec.address,
+                associated
+                    .as_ref()
+                    .map(|h| format!(" (associated to Service {h})"))
+                    .unwrap_or_default()
+            );
+            plan.phase = Some((AddressPhase::Conflict, reason::CONFLICT, true, why.clone()));
+            plan.events
+                .push(PlannedEvent::warning(reason::CONFLICT, why));
+            for o in offenders {
+                plan.offenders.push((
+                    o.clone(),
+                    PlannedEvent::warning(
+                        reason::CONFLICT,
+                        format!(
+                            "{} is claimed by IPAddressClaim {claim} and not given to this Service; remove it from the Service",
+                            a.spec.address
+                        ),
+                    ),
+                ));
+            }
+        }
+    } else if phase == Some(AddressPhase::Conflict) {
+        let to = a.resting_phase();
+        plan.phase = Some((
+            to,
+            reason::CONFLICT,
+            false,
+            "no Service holds the address without the ledger's word".into(),
+        ));
+        plan.events.push(PlannedEvent::normal(
+            reason::RECOVERED,
+            format!(
+                "IPAddress {name} ({}) is no longer in conflict; {}",
+                a.spec.address,
+                to.as_str()
+            ),
+        ));
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::{Value, json};
+
+    /// A JSON merge patch (null removes).
+    fn merge(base: &mut Value, patch: Value) {
+        match (base, patch) {
+            (Value::Object(b), Value::Object(p)) => {
+                for (k, v) in p {
+                    if v.is_null() {
+                        b.remove(&k);
+                    } else {
+                        merge(b.entry(k).or_insert(Value::Null), v);
+                    }
+                }
+            }
+            (b, p) => *b = p,
+        }
+    }
+
+    fn svc(name: &str, extra: Value) -> Arc<Service> {
+        let mut v = json!({"metadata": {"name": name, "namespace": "t",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "annotations": {SERVICE_CLAIM_ANNOTATION: "c"}},
+            "spec": {"type": "LoadBalancer", "ipFamilies": ["IPv4"]}});
+        merge(&mut v, extra);
+        Arc::new(serde_json::from_value(v).unwrap())
+    }
+
+    fn claim(phase: &str, listed: &[(&str, &str)]) -> IPAddressClaim {
+        let addresses: Vec<Value> = listed
+            .iter()
+            .map(|(n, a)| json!({"name": n, "address": a}))
+            .collect();
+        serde_json::from_value(
+            json!({"metadata": {"name": "c", "namespace": "t", "uid": "u"},
+            "spec": {"family": "Dual"}, "status": {"phase": phase, "addresses": addresses}}),
+        )
+        .unwrap()
+    }
+
+    fn addr(name: &str, ip: &str, extra: Value) -> Arc<IPAddress> {
+        let mut v = json!({"metadata": {"name": name, "resourceVersion": "1"},
+            "spec": {"address": ip, "className": "k", "source": {"fromClass": {}},
+                "claimRef": {"namespace": "t", "name": "c", "uid": "u"}},
+            "status": {"phase": "Bound"}});
+        merge(&mut v, extra);
+        Arc::new(serde_json::from_value(v).unwrap())
+    }
+
+    fn at(service: &str) -> Value {
+        json!({"status": {"associatedTo": {"kind": "Service", "namespace": "t", "name": service}}})
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    struct Case {
+        key: &'static str,
+        service: Option<Arc<Service>>,
+        claim: Option<IPAddressClaim>,
+        addresses: Vec<Arc<IPAddress>>,
+        rivals: Vec<Arc<Service>>,
+        associated_here: Vec<Arc<IPAddress>>,
+        marked: Vec<IpAddr>,
+        shown: Vec<IpAddr>,
+        elsewhere: Vec<(&'static str, IpAddr)>,
+    }
+
+    impl Case {
+        /// Service `t/web`, annotated with claim `c`, Bound to 192.0.2.1.
+        fn new() -> Case {
+            let s = svc("web", json!({}));
+            Case {
+                key: "t/web",
+                service: Some(s.clone()),
+                claim: Some(claim("Bound", &[("x", "192.0.2.1")])),
+                addresses: vec![addr("x", "192.0.2.1", json!({}))],
+                rivals: vec![s],
+                associated_here: vec![],
+                marked: vec![],
+                shown: vec![],
+                elsewhere: vec![],
+            }
+        }
+        fn plan(&self) -> ServicePlan {
+            let elsewhere =
+                |k: &str, ip: IpAddr| self.elsewhere.iter().any(|(x, y)| *x == k && *y == ip);
+            plan_service(&ServiceSnapshot {
+                key: self.key,
+                service: self.service.as_deref(),
+                served: self.service.as_ref().is_some_and(|s| is_load_balancer(s)),
+                claim: self.claim.as_ref(),
+                addresses: &self.addresses,
+                foreign: 0,
+                rivals: &self.rivals,
+                associated_here: &self.associated_here,
+                marked: &self.marked,
+                shown: &self.shown,
+                shown_elsewhere: &elsewhere,
+            })
+        }
+    }
+
+    fn names(v: &[Arc<IPAddress>]) -> Vec<String> {
+        v.iter().map(|a| a.name_any()).collect()
+    }
+
+    #[test]
+    fn a_bound_claim_is_associated_ledger_first_then_pinned() {
+        let p = Case::new().plan();
+        assert_eq!(names(&p.associate), ["x"]);
+        assert_eq!(p.marker, Some(vec![ip("192.0.2.1")]));
+        assert_eq!(p.pin, Some((vec![ip("192.0.2.1")], vec![ip("192.0.2.1")])));
+        assert_eq!(p.events[0].reason, reason::ASSOCIATED);
+        assert!(p.problem.is_none() && p.disassociate.is_empty());
+
+        // Steady: the backend is asked (it writes nothing when it already says so); the
+        // ledger and the record are left alone; no event.
+        let mut c = Case::new();
+        c.addresses = vec![addr("x", "192.0.2.1", at("web"))];
+        c.associated_here = c.addresses.clone();
+        c.marked = vec![ip("192.0.2.1")];
+        c.shown = vec![ip("192.0.2.1")];
+        let p = c.plan();
+        assert!(p.associate.is_empty() && p.marker.is_none() && p.events.is_empty());
+        assert!(p.disassociate.is_empty() && p.problem.is_none());
+        assert_eq!(p.pin, Some((vec![ip("192.0.2.1")], vec![ip("192.0.2.1")])));
+    }
+
+    #[test]
+    fn nothing_is_pinned_for_a_missing_or_unbound_claim_or_an_address_not_its_own() {
+        let mut c = Case::new();
+        c.claim = None;
+        c.addresses = vec![];
+        let p = c.plan();
+        assert_eq!(p.problem.unwrap().reason, reason::CLAIM_NOT_FOUND);
+        assert!(p.associate.is_empty());
+        assert_eq!(p.pin, Some((vec![], vec![])));
+
+        let mut c = Case::new();
+        c.claim = Some(claim("Pending", &[]));
+        assert_eq!(c.plan().problem.unwrap().reason, reason::CLAIM_NOT_BOUND);
+        let mut c = Case::new();
+        c.claim = Some(claim("Lost", &[("x", "192.0.2.1")]));
+        assert_eq!(c.plan().problem.unwrap().reason, reason::CLAIM_NOT_BOUND);
+
+        // The address names another uid, or is not Bound (Lost): not put on the Service.
+        for extra in [
+            json!({"spec": {"claimRef": {"uid": "older"}}}),
+            json!({"spec": {"claimRef": {"uid": null}}}),
+            json!({"status": {"phase": "Lost"}}),
+            json!({"status": {"phase": "Released"}}),
+        ] {
+            let mut c = Case::new();
+            c.addresses = vec![addr("x", "192.0.2.1", extra.clone())];
+            let p = c.plan();
+            assert!(p.associate.is_empty(), "{extra}");
+            assert_eq!(p.pin, Some((vec![], vec![])), "{extra}");
+        }
+        // A Conflict address stays with its rightful Service.
+        let mut c = Case::new();
+        c.addresses = vec![addr(
+            "x",
+            "192.0.2.1",
+            json!({"status": {"phase": "Conflict"}}),
+        )];
+        assert_eq!(names(&c.plan().associate), ["x"]);
+    }
+
+    #[test]
+    fn one_claim_serves_one_service_and_a_gone_holder_is_taken_over() {
+        let older = svc("web", json!({}));
+        let newer = svc(
+            "web2",
+            json!({"metadata": {"creationTimestamp": "2026-01-02T00:00:00Z"}}),
+        );
+        // The holder keeps it; the second is rejected.
+        let mut c = Case::new();
+        c.key = "t/web2";
+        c.service = Some(newer.clone());
+        c.rivals = vec![older.clone(), newer.clone()];
+        c.addresses = vec![addr("x", "192.0.2.1", at("web"))];
+        c.elsewhere = vec![("t/web", ip("192.0.2.1"))];
+        let p = c.plan();
+        assert_eq!(p.problem.unwrap().reason, reason::ASSOCIATION_REJECTED);
+        assert!(p.associate.is_empty());
+        assert_eq!(p.pin, Some((vec![], vec![])));
+        // Before anyone holds it, the oldest wins.
+        let mut c = Case::new();
+        c.key = "t/web2";
+        c.service = Some(newer.clone());
+        c.rivals = vec![newer.clone(), older.clone()];
+        assert_eq!(
+            c.plan().problem.unwrap().reason,
+            reason::ASSOCIATION_REJECTED
+        );
+        // The holder is gone: taken over.
+        let mut c = Case::new();
+        c.key = "t/web2";
+        c.service = Some(newer.clone());
+        c.rivals = vec![newer.clone()];
+        c.addresses = vec![addr("x", "192.0.2.1", at("web"))];
+        let p = c.plan();
+        assert!(p.problem.is_none());
+        assert_eq!(names(&p.associate), ["x"]);
+        // The holder let go of the claim but still shows the address: the handoff waits.
+        c.elsewhere = vec![("t/web", ip("192.0.2.1"))];
+        let p = c.plan();
+        assert!(p.associate.is_empty());
+        assert_eq!(
+            p.pin,
+            Some((vec![], vec![])),
+            "not pinned while the old holder shows it"
+        );
+    }
+
+    #[test]
+    fn withdrawing_unpins_first_and_lets_the_ledger_go_once_the_backend_shows_it_gone() {
+        let x = addr("x", "192.0.2.1", at("web"));
+        let mut c = Case::new();
+        c.service = Some(svc(
+            "web",
+            json!({"metadata": {"annotations": {SERVICE_CLAIM_ANNOTATION: null}}}),
+        ));
+        c.claim = None;
+        c.addresses = vec![];
+        c.associated_here = vec![x.clone()];
+        c.marked = vec![ip("192.0.2.1")];
+        c.shown = vec![ip("192.0.2.1")];
+        let p = c.plan();
+        assert_eq!(p.pin, Some((vec![ip("192.0.2.1")], vec![])), "unpin");
+        assert!(p.disassociate.is_empty(), "the backend still shows it");
+        assert!(p.marker.is_none(), "the record stays while it is shown");
+        // The backend shows it gone: the record and the ledger let go.
+        c.shown = vec![];
+        let p = c.plan();
+        assert_eq!(names(&p.disassociate), ["x"]);
+        assert_eq!(p.marker, Some(vec![]));
+        assert_eq!(p.events[0].reason, reason::DISASSOCIATED);
+        // The Service is gone: the ledger lets go; nothing to pin.
+        let mut c = Case::new();
+        c.service = None;
+        c.associated_here = vec![x];
+        let p = c.plan();
+        assert_eq!(names(&p.disassociate), ["x"]);
+        assert!(p.pin.is_none() && p.marker.is_none());
+    }
+
+    #[test]
+    fn only_the_services_families_are_pinned_ipv4_first() {
+        let dual = || claim("Bound", &[("x", "192.0.2.1"), ("y", "2001:db8::1")]);
+        let both = || {
+            vec![
+                addr("y", "2001:db8::1", json!({})),
+                addr("x", "192.0.2.1", json!({})),
+            ]
+        };
+        let mut c = Case::new();
+        c.claim = Some(dual());
+        c.addresses = both();
+        let p = c.plan();
+        assert_eq!(names(&p.associate), ["x"]);
+        assert_eq!(p.problem.unwrap().reason, reason::FAMILY_MISMATCH);
+        let s = svc("web", json!({"spec": {"ipFamilies": ["IPv6", "IPv4"]}}));
+        let mut c = Case::new();
+        c.service = Some(s.clone());
+        c.rivals = vec![s];
+        c.claim = Some(dual());
+        c.addresses = both();
+        let p = c.plan();
+        assert!(p.problem.is_none());
+        assert_eq!(p.pin.unwrap().1, [ip("192.0.2.1"), ip("2001:db8::1")]);
+    }
+
+    fn health(
+        a: &IPAddress,
+        presence: Presence,
+        shown_by: &[(&str, bool)],
+        exists: bool,
+    ) -> AddressPlan {
+        let shown_by: Vec<(String, bool)> =
+            shown_by.iter().map(|(s, p)| (s.to_string(), *p)).collect();
+        plan_address(&AddressSnapshot {
+            address: a,
+            presence,
+            shown_by: &shown_by,
+            associated_exists: exists,
+        })
+    }
+
+    #[test]
+    fn a_thief_makes_a_claimed_address_conflict_until_it_lets_go() {
+        let x = addr("x", "192.0.2.1", at("web"));
+        // The rightful Service, and a pin of the kit's elsewhere (a withdrawal): no conflict.
+        assert_eq!(
+            health(&x, Presence::Present, &[("t/web", true)], true),
+            AddressPlan::default()
+        );
+        assert_eq!(
+            health(&x, Presence::Present, &[("t/old", true)], true),
+            AddressPlan::default()
+        );
+        // Someone else's Service shows it.
+        let p = health(
+            &x,
+            Presence::Present,
+            &[("t/web", true), ("u/thief", false)],
+            true,
+        );
+        let (phase, cond, on, why) = p.phase.clone().unwrap();
+        assert_eq!(
+            (phase, cond, on),
+            (AddressPhase::Conflict, reason::CONFLICT, true)
+        );
+        assert!(why.contains("u/thief") && why.contains("t/c"), "{why}");
+        assert_eq!(p.events[0].reason, reason::CONFLICT);
+        assert_eq!(p.offenders[0].0, "u/thief");
+        // Already Conflict: said once.
+        let c = addr("x", "192.0.2.1", {
+            let mut v = at("web");
+            merge(&mut v, json!({"status": {"phase": "Conflict"}}));
+            v
+        });
+        assert_eq!(
+            health(&c, Presence::Present, &[("u/thief", false)], true),
+            AddressPlan::default()
+        );
+        // The thief let go: the phase the core would compute.
+        let p = health(&c, Presence::Present, &[("t/web", true)], true);
+        assert_eq!(p.phase.unwrap().0, AddressPhase::Bound);
+        // An unclaimed address is nobody's to defend.
+        let free = addr(
+            "f",
+            "192.0.2.9",
+            json!({"spec": {"claimRef": null}, "status": {"phase": "Available"}}),
+        );
+        assert_eq!(
+            health(&free, Presence::Present, &[("u/thief", false)], false),
+            AddressPlan::default()
+        );
+        // A Released one is: and it goes back to Released.
+        let released = addr(
+            "r",
+            "192.0.2.8",
+            json!({"status": {"phase": "Conflict",
+            "releasedFrom": {"namespace": "t", "name": "c", "uid": "u"}}}),
+        );
+        assert_eq!(
+            health(&released, Presence::Present, &[], false)
+                .phase
+                .unwrap()
+                .0,
+            AddressPhase::Released
+        );
+    }
+
+    #[test]
+    fn the_backends_word_makes_an_address_lost_and_back() {
+        let x = addr("x", "192.0.2.1", json!({}));
+        let p = health(
+            &x,
+            Presence::Missing("outside 198.51.100.0/24".into()),
+            &[],
+            false,
+        );
+        assert_eq!(p.phase.clone().unwrap().0, AddressPhase::Lost);
+        assert_eq!(p.events[0].reason, reason::ADDRESS_LOST);
+        let lost = addr("x", "192.0.2.1", json!({"status": {"phase": "Lost"}}));
+        assert_eq!(
+            health(
+                &lost,
+                Presence::Missing("x".into()),
+                &[("u/thief", false)],
+                false
+            ),
+            AddressPlan::default()
+        );
+        assert_eq!(
+            health(&lost, Presence::Unknown, &[], false),
+            AddressPlan::default()
+        );
+        let p = health(&lost, Presence::Present, &[], false);
+        assert_eq!(p.phase.unwrap().0, AddressPhase::Bound);
+        assert_eq!(p.events[0].reason, reason::RECOVERED);
+    }
+
+    #[test]
+    fn an_association_to_a_gone_service_is_cleared() {
+        let x = addr("x", "192.0.2.1", at("web"));
+        assert!(health(&x, Presence::Present, &[], false).clear_association);
+        assert!(!health(&x, Presence::Present, &[], true).clear_association);
+    }
+}

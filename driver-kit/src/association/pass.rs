@@ -1,0 +1,258 @@
+//! The association passes: snapshots from the caches and indexes, the pure plans of
+//! [`super`], guarded writes in the plans' order.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use address_controller_api::conditions::set_condition;
+use address_controller_api::{IPAddress, IPAddressClaim};
+use address_controller_runtime::events::reference;
+use address_controller_runtime::workers::Outcome;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+
+use super::{
+    AddressPlan, AddressSnapshot, ServicePlan, ServiceSnapshot, association_of, claim_annotation,
+    ip_of, is_load_balancer, parse_marker, plan_address, plan_service, render_marker,
+};
+use crate::driver::{Driver, Presence};
+use crate::runner::{Ctx, Error};
+
+fn kube_error(action: &'static str, object: String) -> impl FnOnce(kube::Error) -> Error {
+    move |source| Error::Kube {
+        action,
+        object,
+        source,
+    }
+}
+
+/// Patches an address's status with `body`, guarded by the version it was planned from.
+async fn patch_address_status(
+    ctx: &Ctx<impl Driver>,
+    a: &IPAddress,
+    status: Value,
+) -> Result<(), Error> {
+    let body =
+        json!({"metadata": {"resourceVersion": a.metadata.resource_version}, "status": status});
+    Api::<IPAddress>::all(ctx.client.clone())
+        .patch_status(&a.name_any(), &PatchParams::default(), &Patch::Merge(body))
+        .await
+        .map_err(kube_error("writing status of address", a.name_any()))?;
+    Ok(())
+}
+
+/// The Services that show `ip` (by the backend's word), with whether the kit pinned it
+/// there (its record on the Service).
+fn shown_by<D: Driver>(ctx: &Ctx<D>, ip: IpAddr) -> Vec<(String, bool)> {
+    ctx.services
+        .mentioning(ip)
+        .into_iter()
+        .filter_map(|k| {
+            let s = ctx.world.services.as_ref()?.get(&k)?;
+            ctx.driver.shown(&s).contains(&ip).then(|| {
+                let pinned = parse_marker(s.annotations().get(&ctx.marker).map(String::as_str))
+                    .contains(&ip);
+                (k, pinned)
+            })
+        })
+        .collect()
+}
+
+/// One pass over a Service: who holds its claim, the ledger, the kit's record, the pins.
+pub(crate) async fn service_pass<D: Driver>(
+    ctx: Arc<Ctx<D>>,
+    key: String,
+) -> Result<Outcome, Error> {
+    let Some(cache) = ctx.world.services.as_ref() else {
+        return Ok(Outcome::Done);
+    };
+    let svc = cache.get(&key);
+    let served = svc
+        .as_ref()
+        .is_some_and(|s| is_load_balancer(s) && ctx.driver.serves(s));
+    let ns = key.split_once('/').map_or("", |(ns, _)| ns).to_string();
+    let claim_key = svc
+        .as_deref()
+        .and_then(claim_annotation)
+        .map(|c| format!("{ns}/{c}"));
+    let claim: Option<Arc<IPAddressClaim>> =
+        claim_key.as_ref().and_then(|k| ctx.world.claims.get(k));
+    let mut addresses = Vec::new();
+    let mut foreign = 0;
+    for l in claim
+        .iter()
+        .flat_map(|c| c.status.iter().flat_map(|s| &s.addresses))
+    {
+        match ctx.world.addresses.get(&l.name) {
+            Some(a) if ctx.owns(&a) => addresses.push(a),
+            _ => foreign += 1,
+        }
+    }
+    let rivals: Vec<Arc<Service>> = claim_key
+        .iter()
+        .flat_map(|k| ctx.services.naming(k))
+        .filter_map(|k| cache.get(&k))
+        .filter(|s| is_load_balancer(s) && ctx.driver.serves(s))
+        .collect();
+    let associated_here: Vec<Arc<IPAddress>> = ctx
+        .inventory
+        .associated_to(&key)
+        .iter()
+        .filter_map(|n| ctx.world.addresses.get(n))
+        .filter(|a| ctx.owns(a))
+        .collect();
+    let marked = svc
+        .as_ref()
+        .map(|s| parse_marker(s.annotations().get(&ctx.marker).map(String::as_str)))
+        .unwrap_or_default();
+    let shown = svc
+        .as_ref()
+        .map(|s| ctx.driver.shown(s))
+        .unwrap_or_default();
+    let shown_elsewhere = |other: &str, ip: IpAddr| {
+        cache
+            .get(other)
+            .is_some_and(|s| ctx.driver.shown(&s).contains(&ip))
+    };
+    let plan = plan_service(&ServiceSnapshot {
+        key: &key,
+        service: svc.as_deref(),
+        served,
+        claim: claim.as_deref(),
+        addresses: &addresses,
+        foreign,
+        rivals: &rivals,
+        associated_here: &associated_here,
+        marked: &marked,
+        shown: &shown,
+        shown_elsewhere: &shown_elsewhere,
+    });
+    apply_service(&ctx, &key, svc, plan).await
+}
+
+async fn apply_service<D: Driver>(
+    ctx: &Ctx<D>,
+    key: &str,
+    svc: Option<Arc<Service>>,
+    plan: ServicePlan,
+) -> Result<Outcome, Error> {
+    // Ledger first.
+    let association = association_of(key);
+    for a in &plan.associate {
+        patch_address_status(ctx, a, json!({"associatedTo": association})).await?;
+        tracing::info!(address = %a.name_any(), service = %key, "associated");
+    }
+    let Some(mut svc) = svc.map(|s| s.as_ref().clone()) else {
+        for a in &plan.disassociate {
+            patch_address_status(ctx, a, json!({"associatedTo": null})).await?;
+            tracing::info!(address = %a.name_any(), service = %key, "disassociated (the Service is gone)");
+        }
+        return Ok(Outcome::Done);
+    };
+    let ns = svc.namespace().unwrap_or_default();
+    let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+    // The kit's record of its pins, before the backend pins.
+    if let Some(marker) = &plan.marker {
+        let body = json!({"metadata": {"resourceVersion": svc.metadata.resource_version,
+            "annotations": {ctx.marker.clone(): render_marker(marker)}}});
+        svc = api
+            .patch(
+                &svc.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(body),
+            )
+            .await
+            .map_err(kube_error("recording the pins on Service", key.to_string()))?;
+    }
+    if let Some((ours, want)) = &plan.pin {
+        ctx.driver
+            .pin(&ctx.client, &svc, ours, want)
+            .await
+            .map_err(|message| Error::Backend {
+                object: key.to_string(),
+                message,
+            })?;
+    }
+    // Withdrawn ones: the backend shows them gone; the ledger lets go last.
+    for a in &plan.disassociate {
+        patch_address_status(ctx, a, json!({"associatedTo": null})).await?;
+        tracing::info!(address = %a.name_any(), service = %key, "disassociated");
+    }
+    for ev in &plan.events {
+        tracing::info!(service = %key, reason = ev.reason, "{}", ev.note);
+        ctx.events.publish(&svc, ev).await;
+    }
+    ctx.events.publish_once(&svc, plan.problem.as_ref()).await;
+    Ok(Outcome::Done)
+}
+
+/// One pass over an address of this driver's classes: Lost, Conflict, a dangling
+/// `associatedTo`.
+pub(crate) async fn health_pass<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Result<(), Error> {
+    // Only what the driver provisioned is in the backend's books: an admin's static address
+    // of the class is not the backend's to lose.
+    let provisioned = a
+        .annotations()
+        .get(address_controller_api::names::PROVISIONED_BY_ANNOTATION)
+        .is_some_and(|p| p == ctx.driver.provisioner());
+    let presence = match ctx.params(&a.spec.class_name) {
+        Some(Ok(p)) if provisioned => ctx.driver.presence(&p, a),
+        _ => Presence::Unknown,
+    };
+    let shown_by = ip_of(a).map(|ip| shown_by(ctx, ip)).unwrap_or_default();
+    let associated_exists = super::associated_service(a).is_some_and(|k| {
+        ctx.world
+            .services
+            .as_ref()
+            .is_some_and(|c| c.get(&k).is_some())
+    });
+    let plan = plan_address(&AddressSnapshot {
+        address: a,
+        presence,
+        shown_by: &shown_by,
+        associated_exists,
+    });
+    apply_address(ctx, a, plan).await
+}
+
+async fn apply_address<D: Driver>(
+    ctx: &Ctx<D>,
+    a: &IPAddress,
+    plan: AddressPlan,
+) -> Result<(), Error> {
+    let mut status = serde_json::Map::new();
+    if let Some((phase, condition, on, message)) = &plan.phase {
+        let mut conditions = a.status.clone().unwrap_or_default().conditions;
+        set_condition(
+            &mut conditions,
+            condition,
+            *on,
+            if *on { condition } else { "Recovered" },
+            message.clone(),
+            a.metadata.generation,
+            &Time(Timestamp::now()),
+        );
+        status.insert("phase".into(), json!(phase));
+        status.insert("conditions".into(), json!(conditions));
+    }
+    if plan.clear_association {
+        status.insert("associatedTo".into(), Value::Null);
+    }
+    if !status.is_empty() {
+        patch_address_status(ctx, a, Value::Object(status)).await?;
+    }
+    for ev in &plan.events {
+        tracing::info!(address = %a.name_any(), reason = ev.reason, "{}", ev.note);
+        ctx.events.publish(a, ev).await;
+    }
+    for (key, ev) in &plan.offenders {
+        if let Some(s) = ctx.world.services.as_ref().and_then(|c| c.get(key)) {
+            ctx.events.publish_on(reference(s.as_ref()), ev).await;
+        }
+    }
+    Ok(())
+}

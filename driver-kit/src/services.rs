@@ -1,0 +1,107 @@
+//! What the runner indexes from the Service cache for association (SPEC §8): Services by
+//! the claim they name (`namespace/claim`), and by the addresses they show or the kit
+//! pinned on them. A pass reads only the Services of one claim or one address.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use k8s_openapi::api::core::v1::Service;
+use kube::ResourceExt;
+
+use crate::association::{claim_annotation, parse_marker};
+
+#[derive(Default)]
+struct Inner {
+    /// `namespace/claim` → Services whose annotation names it.
+    by_claim: HashMap<String, BTreeSet<String>>,
+    /// address → Services that show it or carry the kit's record of it.
+    by_ip: HashMap<IpAddr, BTreeSet<String>>,
+}
+
+/// See the module documentation.
+#[derive(Default)]
+pub struct ServiceIndex {
+    inner: Mutex<Inner>,
+}
+
+/// What the index keeps of one Service.
+pub struct Entry {
+    pub claim: Option<String>,
+    pub ips: Vec<IpAddr>,
+}
+
+impl Entry {
+    /// `shown`: what the backend shows on it; `marker`: the kit's annotation key.
+    pub fn of(s: &Service, shown: Vec<IpAddr>, marker: &str) -> Entry {
+        let mut ips = shown;
+        ips.extend(parse_marker(
+            s.annotations().get(marker).map(String::as_str),
+        ));
+        ips.sort();
+        ips.dedup();
+        Entry {
+            claim: claim_annotation(s)
+                .map(|c| format!("{}/{c}", s.namespace().unwrap_or_default())),
+            ips,
+        }
+    }
+}
+
+impl ServiceIndex {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes in a Service change (its entries before and after).
+    pub fn changed(&self, key: &str, old: Option<&Entry>, new: Option<&Entry>) {
+        let mut s = self.lock();
+        for e in old.into_iter() {
+            if let Some(c) = &e.claim
+                && let Some(set) = s.by_claim.get_mut(c)
+            {
+                set.remove(key);
+                if set.is_empty() {
+                    s.by_claim.remove(c);
+                }
+            }
+            for ip in &e.ips {
+                if let Some(set) = s.by_ip.get_mut(ip) {
+                    set.remove(key);
+                    if set.is_empty() {
+                        s.by_ip.remove(ip);
+                    }
+                }
+            }
+        }
+        for e in new.into_iter() {
+            if let Some(c) = &e.claim {
+                s.by_claim
+                    .entry(c.clone())
+                    .or_default()
+                    .insert(key.to_string());
+            }
+            for ip in &e.ips {
+                s.by_ip.entry(*ip).or_default().insert(key.to_string());
+            }
+        }
+    }
+
+    /// Services naming the claim `namespace/name`.
+    pub fn naming(&self, claim: &str) -> Vec<String> {
+        self.lock()
+            .by_claim
+            .get(claim)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Services that show `ip` or carry the kit's record of it.
+    pub fn mentioning(&self, ip: IpAddr) -> Vec<String> {
+        self.lock()
+            .by_ip
+            .get(&ip)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
