@@ -8,12 +8,17 @@
 //! | `capacity` | the class reports `status.capacity` and `ParametersValid=True` |
 //! | `provision-ipv4`, `-ipv6`, `-dual` | a claim of each family the class has capacity for gets exactly one address per family, pre-bound with the claim's uid, the class's name and reclaim policy |
 //! | `pinned-left-alone` | a claim pinned to an address (`spec.addressName`) gets nothing from the driver |
-//! | `lost-left-alone` | a claim whose address went `Lost` gets no replacement |
+//! | `lost-left-alone` | a claim whose address went `Lost` gets no replacement; with `--lose-parameters` the driver itself reports it (the backend lost the address) and recovers it |
 //! | `invalid-parameters` | a class with parameters the driver must refuse reports `ParametersValid=False` and its claims an `InvalidClassParameters` event (with `--invalid-parameters`) |
 //! | `exhaustion` | with the class full, a claim gets an `Exhausted` event and the class `Exhausted=True`; freeing an address (reclaim policy `Delete`) lets it through (classes of capacity ≤ 16) |
 //! | `retain-keeps` | under `Retain` a released address stays out of the pool until an admin releases it (classes of capacity ≤ 16) |
 //! | `restart-mid-provision` | restarting the driver while claims are provisioned creates no second address (with a restart command) |
 //! | `race-with-the-core` | a free address appearing while the driver provisions ends with one address per family per claim |
+//! | `associate` | a Service naming a Bound claim shows its addresses (`status.loadBalancer.ingress`), each `associatedTo` it; deleted and recreated, the same addresses come back (with `--associate`) |
+//! | `one-claim-one-service` | a second Service naming the claim gets `AssociationRejected` and none of its addresses (with `--associate`) |
+//! | `own-namespace` | a Service naming the claim from another namespace gets `ClaimNotFound` and nothing (with `--associate`) |
+//! | `withdraw` | the annotation removed, the addresses leave the Service and `associatedTo` goes; the claim stays Bound (with `--associate`) |
+//! | `conflict` | another load balancer's Service showing a claimed address turns it `Conflict`, the rightful Service keeps it; the thief gone, it is `Bound` again (with `--associate`) |
 //!
 //! Every case ends with the invariant checker over the suite's namespace and the class.
 //! The suite changes the class's `reclaimPolicy` for the cases that need one and restores
@@ -27,12 +32,12 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use address_controller_api::family::family_of;
-use address_controller_api::names::driver;
+use address_controller_api::names::{SERVICE_CLAIM_ANNOTATION, driver};
 use address_controller_api::{
     ClaimPhase, Family, IPAddress, IPAddressClaim, IPAddressClass, ReclaimPolicy,
 };
 use anyhow::{Context, Result, anyhow, bail};
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -57,6 +62,14 @@ pub struct Options {
     pub race_address: Option<String>,
     /// How long a driver may take to provision one address.
     pub timeout: Duration,
+    /// Parameters under which the class's backend no longer has the addresses it handed
+    /// out (a shrunk range): `lost-left-alone` applies them, expects the driver to report
+    /// `Lost`, and restores the class. Without: the suite writes `Lost` itself.
+    pub lose_parameters: Option<serde_json::Value>,
+    /// Run the association cases (the driver puts addresses on Services).
+    pub associate: bool,
+    /// `spec.loadBalancerClass` of the Services the driver serves (`None`: none set).
+    pub service_class: Option<String>,
 }
 
 /// One case's result.
@@ -215,7 +228,12 @@ impl Suite<'_> {
     }
 
     async fn event(&self, object: &str, reason: &str) -> Result<String> {
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
+        self.event_in(&self.ns, object, reason).await
+    }
+
+    /// An event with `reason` on `object` in namespace `ns`, once it is there.
+    async fn event_in(&self, ns: &str, object: &str, reason: &str) -> Result<String> {
+        let api: Api<Event> = Api::namespaced(self.client.clone(), ns);
         until(
             &format!("event {reason} on {object}"),
             self.opts.timeout,
@@ -233,6 +251,122 @@ impl Suite<'_> {
             },
         )
         .await
+    }
+
+    fn services_in(&self, ns: &str) -> Api<Service> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    /// A LoadBalancer Service the driver serves (its `--service-class`), naming `claim`,
+    /// of the families the class serves.
+    async fn service(&self, ns: &str, name: &str, claim: Option<&str>) -> Result<Service> {
+        let families: Vec<&str> = self.families().iter().map(|f| f.as_str()).collect();
+        let policy = if families.len() > 1 {
+            "RequireDualStack"
+        } else {
+            "SingleStack"
+        };
+        let mut body = json!({"metadata": {"name": name},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80}],
+                "ipFamilyPolicy": policy, "ipFamilies": families}});
+        if let Some(c) = claim {
+            body["metadata"]["annotations"] = json!({SERVICE_CLAIM_ANNOTATION: c});
+        }
+        if let Some(lb) = &self.opts.service_class {
+            body["spec"]["loadBalancerClass"] = json!(lb);
+        }
+        Ok(self
+            .services_in(ns)
+            .create(&PostParams::default(), &serde_json::from_value(body)?)
+            .await?)
+    }
+
+    async fn delete_service(&self, ns: &str, name: &str) -> Result<()> {
+        let api = self.services_in(ns);
+        let _ = api.delete(name, &DeleteParams::default()).await;
+        until(
+            &format!("Service {name} gone"),
+            self.opts.timeout,
+            || async { Ok(api.get_opt(name).await?.is_none().then_some(())) },
+        )
+        .await
+    }
+
+    /// Waits until Service `ns/name` shows exactly `want` (in any order).
+    async fn shows(&self, ns: &str, name: &str, want: &[String]) -> Result<Service> {
+        let api = self.services_in(ns);
+        let mut want = want.to_vec();
+        want.sort();
+        until(
+            &format!("Service {name} to show {want:?}"),
+            self.opts.timeout,
+            || async {
+                let svc = api.get(name).await?;
+                let mut got = ingress_of(&svc);
+                got.sort();
+                if got == want {
+                    Ok(Some(svc))
+                } else {
+                    Err(anyhow!("it shows {got:?}"))
+                }
+            },
+        )
+        .await
+    }
+
+    /// Waits until each named address is associated to Service `ns/name` (or to none).
+    async fn associated(&self, addresses: &[String], to: Option<(&str, &str)>) -> Result<()> {
+        let api = self.addresses();
+        for a in addresses {
+            until(
+                &format!("{a} associatedTo {to:?}"),
+                self.opts.timeout,
+                || async {
+                    let now = api.get(a).await?;
+                    let at = now.status.as_ref().and_then(|s| s.associated_to.as_ref());
+                    let got = at.map(|t| (t.namespace.clone().unwrap_or_default(), t.name.clone()));
+                    let want = to.map(|(n, s)| (n.to_string(), s.to_string()));
+                    if got == want {
+                        Ok(Some(()))
+                    } else {
+                        Err(anyhow!("associatedTo {got:?}"))
+                    }
+                },
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until address `name` is in phase `want`.
+    async fn phase_is(&self, name: &str, want: address_controller_api::AddressPhase) -> Result<()> {
+        let api = self.addresses();
+        until(
+            &format!("{name} {}", want.as_str()),
+            self.opts.timeout,
+            || async { Ok((api.get(name).await?.phase() == Some(want)).then_some(())) },
+        )
+        .await
+    }
+
+    /// A Bound claim of every family the class serves: (its address names, its IPs).
+    async fn bound_claim(&self, name: &str) -> Result<(Vec<String>, Vec<String>)> {
+        let family = if self.families().len() > 1 {
+            "Dual"
+        } else {
+            self.families().first().map_or("IPv4", |f| f.as_str())
+        };
+        self.claim(
+            name,
+            json!({"className": self.class.name_any(), "family": family}),
+        )
+        .await?;
+        let c = self.bound(name).await?;
+        let listed = &c.status.as_ref().context("status")?.addresses;
+        Ok((
+            listed.iter().map(|a| a.name.clone()).collect(),
+            listed.iter().map(|a| a.address.clone()).collect(),
+        ))
     }
 
     async fn delete_claim(&self, name: &str) -> Result<()> {
@@ -340,6 +474,13 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Report> {
         ("retain-keeps", |s| Box::pin(retain_keeps(s))),
         ("restart-mid-provision", |s| Box::pin(restart(s))),
         ("race-with-the-core", |s| Box::pin(race(s))),
+        ("associate", |s| Box::pin(associate(s))),
+        ("one-claim-one-service", |s| {
+            Box::pin(one_claim_one_service(s))
+        }),
+        ("own-namespace", |s| Box::pin(own_namespace(s))),
+        ("withdraw", |s| Box::pin(withdraw(s))),
+        ("conflict", |s| Box::pin(conflict(s))),
     ];
     let mut results = Vec::new();
     for (case, f) in cases {
@@ -360,6 +501,7 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Report> {
         results.push(outcome);
         // Each case leaves the pool as it found it.
         let _ = suite.set_policy(original_policy).await;
+        let _ = clear_services(&suite).await;
         let _ = clear_claims(&suite).await;
     }
     let _ = namespaces.delete(&ns, &DeleteParams::default()).await;
@@ -509,14 +651,33 @@ async fn lost(s: &mut Suite<'_>) -> Result<Option<String>> {
     .await?;
     s.bound(&name).await?;
     let a = s.naming(&name).await?.remove(0);
-    // A driver reports Lost when the backend lost the address; here the suite does.
-    s.addresses()
-        .patch_status(
-            &a.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Lost"}})),
-        )
-        .await?;
+    let original = s.class.spec.parameters.clone();
+    match &s.opts.lose_parameters {
+        // The backend loses the address (a shrunk range): the driver must say so.
+        Some(params) => {
+            s.classes()
+                .patch(
+                    &s.class.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"parameters": params}})),
+                )
+                .await?;
+            s.phase_is(&a.name_any(), address_controller_api::AddressPhase::Lost)
+                .await?;
+            s.event_in("default", &a.name_any(), driver::ADDRESS_LOST)
+                .await?;
+        }
+        // A driver reports Lost when the backend lost the address; here the suite does.
+        None => {
+            s.addresses()
+                .patch_status(
+                    &a.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"phase": "Lost"}})),
+                )
+                .await?;
+        }
+    }
     let api = s.claims();
     until("the claim Lost", s.opts.timeout, || async {
         Ok(
@@ -534,13 +695,26 @@ async fn lost(s: &mut Suite<'_>) -> Result<Option<String>> {
         );
     }
     // Recovery: the backend has the address again.
-    s.addresses()
-        .patch_status(
-            &a.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Bound"}})),
-        )
-        .await?;
+    match &s.opts.lose_parameters {
+        Some(_) => {
+            s.classes()
+                .patch(
+                    &s.class.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"parameters": original}})),
+                )
+                .await?;
+        }
+        None => {
+            s.addresses()
+                .patch_status(
+                    &a.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"phase": "Bound"}})),
+                )
+                .await?;
+        }
+    }
     s.bound(&name).await?;
     Ok(None)
 }
@@ -797,6 +971,161 @@ async fn race(s: &mut Suite<'_>) -> Result<Option<String>> {
     } else {
         "the driver's address won; the free address stays free".into()
     });
+    s.invariants().await?;
+    Ok(None)
+}
+
+/// The addresses in a Service's `status.loadBalancer.ingress`.
+fn ingress_of(s: &Service) -> Vec<String> {
+    s.status
+        .as_ref()
+        .and_then(|st| st.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|i| i.iter().filter_map(|x| x.ip.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// Deletes the suite's Services (and waits for them to go).
+async fn clear_services(s: &Suite<'_>) -> Result<()> {
+    let api = s.services_in(&s.ns);
+    for svc in api.list(&ListParams::default()).await?.items {
+        s.delete_service(&s.ns, &svc.name_any()).await?;
+    }
+    Ok(())
+}
+
+fn skip_association(s: &Suite<'_>) -> Option<Option<String>> {
+    (!s.opts.associate).then(|| Some("no --associate given".to_string()))
+}
+
+async fn associate(s: &mut Suite<'_>) -> Result<Option<String>> {
+    if let Some(skip) = skip_association(s) {
+        return Ok(skip);
+    }
+    let claim = format!("assoc-{}", s.sfx);
+    let (names, ips) = s.bound_claim(&claim).await?;
+    let ns = s.ns.clone();
+    s.service(&ns, "web", Some(&claim)).await?;
+    s.shows(&ns, "web", &ips).await?;
+    s.associated(&names, Some((&ns, "web"))).await?;
+    s.event("web", driver::ASSOCIATED).await?;
+    // Deleted: the claim keeps its addresses; recreated: the same ones come back.
+    s.delete_service(&ns, "web").await?;
+    s.associated(&names, None).await?;
+    s.service(&ns, "web", Some(&claim)).await?;
+    s.shows(&ns, "web", &ips).await?;
+    s.associated(&names, Some((&ns, "web"))).await?;
+    s.invariants().await?;
+    Ok(None)
+}
+
+async fn one_claim_one_service(s: &mut Suite<'_>) -> Result<Option<String>> {
+    if let Some(skip) = skip_association(s) {
+        return Ok(skip);
+    }
+    let claim = format!("one-{}", s.sfx);
+    let (names, ips) = s.bound_claim(&claim).await?;
+    let ns = s.ns.clone();
+    s.service(&ns, "first", Some(&claim)).await?;
+    s.shows(&ns, "first", &ips).await?;
+    s.service(&ns, "second", Some(&claim)).await?;
+    s.event("second", driver::ASSOCIATION_REJECTED).await?;
+    let second = s.services_in(&ns).get("second").await?;
+    if ingress_of(&second).iter().any(|ip| ips.contains(ip)) {
+        bail!("the second Service shows {:?}", ingress_of(&second));
+    }
+    // The holder gone: the second takes over.
+    s.delete_service(&ns, "first").await?;
+    s.shows(&ns, "second", &ips).await?;
+    s.associated(&names, Some((&ns, "second"))).await?;
+    s.invariants().await?;
+    Ok(None)
+}
+
+async fn own_namespace(s: &mut Suite<'_>) -> Result<Option<String>> {
+    if let Some(skip) = skip_association(s) {
+        return Ok(skip);
+    }
+    let claim = format!("own-{}", s.sfx);
+    let (names, _) = s.bound_claim(&claim).await?;
+    let other = format!("{}-other", s.ns);
+    let namespaces: Api<Namespace> = Api::all(s.client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": other}}))?,
+        )
+        .await?;
+    let result = async {
+        s.service(&other, "web", Some(&claim)).await?;
+        s.event_in(&other, "web", driver::CLAIM_NOT_FOUND).await?;
+        let svc = s.services_in(&other).get("web").await?;
+        if !ingress_of(&svc).is_empty() {
+            bail!(
+                "a Service of another namespace shows {:?}",
+                ingress_of(&svc)
+            );
+        }
+        s.associated(&names, None).await
+    }
+    .await;
+    let _ = namespaces.delete(&other, &DeleteParams::default()).await;
+    result?;
+    Ok(None)
+}
+
+async fn withdraw(s: &mut Suite<'_>) -> Result<Option<String>> {
+    if let Some(skip) = skip_association(s) {
+        return Ok(skip);
+    }
+    let claim = format!("wd-{}", s.sfx);
+    let (names, ips) = s.bound_claim(&claim).await?;
+    let ns = s.ns.clone();
+    s.service(&ns, "web", Some(&claim)).await?;
+    s.shows(&ns, "web", &ips).await?;
+    s.services_in(&ns)
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {SERVICE_CLAIM_ANNOTATION: null}}})),
+        )
+        .await?;
+    s.shows(&ns, "web", &[]).await?;
+    s.associated(&names, None).await?;
+    s.bound(&claim).await?;
+    s.invariants().await?;
+    Ok(None)
+}
+
+async fn conflict(s: &mut Suite<'_>) -> Result<Option<String>> {
+    if let Some(skip) = skip_association(s) {
+        return Ok(skip);
+    }
+    let claim = format!("cf-{}", s.sfx);
+    let (names, ips) = s.bound_claim(&claim).await?;
+    let ns = s.ns.clone();
+    s.service(&ns, "web", Some(&claim)).await?;
+    s.shows(&ns, "web", &ips).await?;
+    // Another load balancer's Service shows the first address.
+    let thief = json!({"metadata": {"name": "thief"}, "spec": {"type": "LoadBalancer",
+        "loadBalancerClass": "conformance.test/thief", "ports": [{"port": 80}]}});
+    let api = s.services_in(&ns);
+    api.create(&PostParams::default(), &serde_json::from_value(thief)?)
+        .await?;
+    api.patch_status(
+        "thief",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": [{"ip": ips[0]}]}}})),
+    )
+    .await?;
+    s.phase_is(&names[0], address_controller_api::AddressPhase::Conflict)
+        .await?;
+    s.event("thief", driver::CONFLICT).await?;
+    s.shows(&ns, "web", &ips).await?;
+    s.bound(&claim).await?;
+    s.delete_service(&ns, "thief").await?;
+    s.phase_is(&names[0], address_controller_api::AddressPhase::Bound)
+        .await?;
     s.invariants().await?;
     Ok(None)
 }

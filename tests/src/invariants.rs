@@ -20,6 +20,7 @@ use address_controller_api::{
     AddressPhase, ClaimPhase, IPAddress, IPAddressClaim, IPAddressClass, ReclaimPolicy,
 };
 use anyhow::Result;
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
@@ -63,6 +64,18 @@ pub const RULES: &[(&str, &str)] = &[
         "an object in deletion for longer than the settle time",
     ),
     ("duplicate-ip", "more than one IPAddress for one IP"),
+    (
+        "association-dangling",
+        "an address associatedTo a Service that is gone or does not show it",
+    ),
+    (
+        "service-holds-unassociated",
+        "a Service showing a claimed address whose associatedTo does not name it (and it is not Conflict)",
+    ),
+    (
+        "gauges-differ",
+        "a replica's ledger gauges differ from the objects",
+    ),
     (
         "gauges-differ",
         "a replica's ledger gauges differ from the objects",
@@ -166,6 +179,7 @@ struct Snapshot {
     claims: Vec<IPAddressClaim>,
     addresses: Vec<IPAddress>,
     classes: Vec<IPAddressClass>,
+    services: Vec<Service>,
     at: Timestamp,
 }
 
@@ -182,10 +196,15 @@ async fn snapshot(client: &Client) -> Result<Snapshot> {
         .list(&ListParams::default())
         .await?
         .items;
+    let services = Api::<Service>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
     Ok(Snapshot {
         claims,
         addresses,
         classes,
+        services,
         at: Timestamp::now(),
     })
 }
@@ -318,7 +337,7 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
                     });
                     let ok_phase = matches!(
                         (phase(a), claim_phase),
-                        (Some(AddressPhase::Bound), _)
+                        (Some(AddressPhase::Bound | AddressPhase::Conflict), _)
                             | (Some(AddressPhase::Lost), Some(ClaimPhase::Lost))
                     );
                     if !names_it {
@@ -568,6 +587,92 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
         }
     }
 
+    // Association (SPEC §8): the ledger and the Services agree.
+    let service_key =
+        |s: &Service| format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any());
+    let services: HashMap<String, &Service> =
+        s.services.iter().map(|x| (service_key(x), x)).collect();
+    let shows = |svc: &Service, ip: &str| {
+        let want = address_controller_api::family::parse_address(ip).ok();
+        svc.status
+            .iter()
+            .filter_map(|st| st.load_balancer.as_ref())
+            .flat_map(|lb| lb.ingress.iter().flatten())
+            .filter_map(|i| i.ip.as_deref())
+            .any(|x| address_controller_api::family::parse_address(x).ok() == want)
+    };
+    let associated_to = |a: &IPAddress| {
+        a.status
+            .as_ref()
+            .and_then(|st| st.associated_to.as_ref())
+            .filter(|t| t.kind == "Service")
+            .map(|t| format!("{}/{}", t.namespace.as_deref().unwrap_or_default(), t.name))
+    };
+    for a in s.addresses.iter().filter(|a| scope.address(a)) {
+        let Some(to) = associated_to(a) else { continue };
+        let problem = match services.get(&to) {
+            None => Some("is gone".to_string()),
+            Some(svc) if !shows(svc, &a.spec.address) => Some("does not show it".to_string()),
+            Some(_) => None,
+        };
+        if let Some(p) = problem {
+            add(
+                "association-dangling",
+                format!("IPAddress {}", a.name_any()),
+                format!("associatedTo Service {to}, which {p}"),
+                format!(
+                    "{},{}",
+                    version(a),
+                    services.get(&to).map(|x| version(*x)).unwrap_or_default()
+                ),
+            );
+        }
+    }
+    let mut by_ip: HashMap<std::net::IpAddr, Vec<&IPAddress>> = HashMap::new();
+    for a in &s.addresses {
+        if let Ok(ip) = address_controller_api::family::parse_address(&a.spec.address) {
+            by_ip.entry(ip).or_default().push(a);
+        }
+    }
+    for svc in s
+        .services
+        .iter()
+        .filter(|x| scope.namespace(&x.namespace().unwrap_or_default()))
+    {
+        let key = service_key(svc);
+        let ips: Vec<std::net::IpAddr> = svc
+            .status
+            .iter()
+            .filter_map(|st| st.load_balancer.as_ref())
+            .flat_map(|lb| lb.ingress.iter().flatten())
+            .filter_map(|i| i.ip.as_deref())
+            .filter_map(|x| address_controller_api::family::parse_address(x).ok())
+            .collect();
+        for ip in ips {
+            for a in by_ip.get(&ip).into_iter().flatten() {
+                if a.spec.claim_ref.is_some()
+                    && phase(a) != Some(AddressPhase::Conflict)
+                    && associated_to(a).as_deref() != Some(key.as_str())
+                {
+                    add(
+                        "service-holds-unassociated",
+                        format!("Service {key}"),
+                        format!(
+                            "shows {ip} of IPAddress {} (claim {}), associatedTo {}",
+                            a.name_any(),
+                            a.spec
+                                .claim_ref
+                                .as_ref()
+                                .map(|r| r.key())
+                                .unwrap_or_default(),
+                            associated_to(a).unwrap_or_else(|| "nothing".into())
+                        ),
+                        format!("{},{}", version(svc), version(*a)),
+                    );
+                }
+            }
+        }
+    }
     out
 }
 
@@ -776,6 +881,7 @@ mod tests {
                 addr("y", "192.0.2.2", None, "Available"),
             ],
             classes: vec![],
+            services: vec![],
             at,
         };
         assert!(rules(&healthy).is_empty(), "{:?}", rules(&healthy));
@@ -792,6 +898,7 @@ mod tests {
                 addr("z", "192.0.2.3", Some(("a", "u1")), "Bound"),
             ],
             classes: vec![],
+            services: vec![],
             at,
         };
         assert_eq!(
@@ -806,6 +913,7 @@ mod tests {
                 addr("x2", "192.0.2.1", None, "Available"),
             ],
             classes: vec![],
+            services: vec![],
             at,
         };
         assert_eq!(
@@ -821,6 +929,7 @@ mod tests {
             claims: vec![claim("a", "u1", "Pending", &[])],
             addresses: vec![addr("y", "192.0.2.2", None, "Available")],
             classes: vec![],
+            services: vec![],
             at,
         };
         assert_eq!(rules(&pending), ["pending-with-free-address"]);
@@ -845,6 +954,7 @@ mod tests {
                 claims: vec![lost("IPAddress x (192.0.2.1) no longer names this claim")],
                 addresses: vec![undone],
                 classes: vec![],
+                services: vec![],
                 at,
             };
             assert!(
@@ -858,6 +968,7 @@ mod tests {
             claims: vec![lost("IPAddress x is Lost")],
             addresses: vec![addr("x", "192.0.2.1", Some(("p", "u2")), "Lost")],
             classes: vec![],
+            services: vec![],
             at,
         };
         assert!(rules(&really).is_empty(), "{:?}", rules(&really));
@@ -865,6 +976,7 @@ mod tests {
             claims: vec![lost("IPAddress x (192.0.2.1) no longer exists")],
             addresses: vec![],
             classes: vec![],
+            services: vec![],
             at,
         };
         assert!(rules(&gone).is_empty(), "{:?}", rules(&gone));
@@ -883,6 +995,7 @@ mod tests {
             claims: vec![],
             addresses: vec![reserved("Available")],
             classes: vec![],
+            services: vec![],
             at,
         };
         assert!(rules(&ok).is_empty(), "{:?}", rules(&ok));
@@ -896,9 +1009,85 @@ mod tests {
             claims: vec![],
             addresses: vec![wrong],
             classes: vec![],
+            services: vec![],
             at,
         };
         assert_eq!(rules(&bad), ["reservation-not-kept"]);
+    }
+
+    #[test]
+    fn the_ledger_and_the_services_agree_on_associations() {
+        let at = Timestamp::now();
+        let svc = |name: &str, ip: Option<&str>| -> Service {
+            let ingress = ip.map(|ip| json!([{"ip": ip}]));
+            serde_json::from_value(
+                json!({"metadata": {"name": name, "namespace": "t", "resourceVersion": "1"},
+                "status": {"loadBalancer": {"ingress": ingress}}}),
+            )
+            .unwrap()
+        };
+        let associated = |to: &str| {
+            let mut a = addr("x", "192.0.2.1", Some(("a", "u1")), "Bound");
+            a.status.as_mut().unwrap().associated_to = Some(address_controller_api::Association {
+                kind: "Service".into(),
+                namespace: Some("t".into()),
+                name: to.into(),
+            });
+            a
+        };
+        let snap = |addresses: Vec<IPAddress>, services: Vec<Service>| Snapshot {
+            claims: vec![claim("a", "u1", "Bound", &[("x", "192.0.2.1")])],
+            addresses,
+            classes: vec![],
+            services,
+            at,
+        };
+        assert!(
+            rules(&snap(
+                vec![associated("web")],
+                vec![svc("web", Some("192.0.2.1"))]
+            ))
+            .is_empty()
+        );
+        assert_eq!(
+            rules(&snap(vec![associated("web")], vec![])),
+            ["association-dangling"]
+        );
+        assert_eq!(
+            rules(&snap(vec![associated("web")], vec![svc("web", None)])),
+            ["association-dangling"]
+        );
+        // A thief, or a pin whose ledger entry went first.
+        assert_eq!(
+            rules(&snap(
+                vec![associated("web")],
+                vec![
+                    svc("web", Some("192.0.2.1")),
+                    svc("thief", Some("192.0.2.1"))
+                ]
+            )),
+            ["service-holds-unassociated"]
+        );
+        assert_eq!(
+            rules(&snap(
+                vec![addr("x", "192.0.2.1", Some(("a", "u1")), "Bound")],
+                vec![svc("web", Some("192.0.2.1"))]
+            )),
+            ["service-holds-unassociated"]
+        );
+        // ...unless the address says Conflict.
+        let mut conflict = associated("web");
+        conflict.status.as_mut().unwrap().phase = Some(AddressPhase::Conflict);
+        assert!(
+            rules(&snap(
+                vec![conflict],
+                vec![
+                    svc("web", Some("192.0.2.1")),
+                    svc("thief", Some("192.0.2.1"))
+                ]
+            ))
+            .is_empty()
+        );
     }
 
     #[test]

@@ -15,7 +15,17 @@ use tokio::sync::Mutex;
 #[tokio::test]
 async fn the_range_driver_passes_the_driver_conformance_suite() {
     let mut e = env("conformance").await;
-    purge(&e, &["198.18.60.", "198.18.61.", "2001:db8:60::"]).await;
+    purge(
+        &e,
+        &[
+            "198.18.60.",
+            "198.18.61.",
+            "198.18.62.",
+            "2001:db8:60::",
+            "2001:db8:62::",
+        ],
+    )
+    .await;
     let class = range_class(
         &mut e,
         "conf",
@@ -60,6 +70,9 @@ async fn the_range_driver_passes_the_driver_conformance_suite() {
             restart: Some(restart),
             race_address: Some("198.18.61.1".into()),
             timeout: Duration::from_secs(60),
+            lose_parameters: Some(json!({"cidrs": ["198.18.62.0/29", "2001:db8:62::/125"]})),
+            associate: true,
+            service_class: None,
         },
     )
     .await

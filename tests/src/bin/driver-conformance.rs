@@ -4,6 +4,7 @@
 //!     driver-conformance --class NAME [--kubeconfig FILE] [--timeout 60s]
 //!                        [--invalid-parameters JSON] [--race-address IP]
 //!                        [--restart-command 'kubectl -n X rollout restart deploy/Y']
+//!                        [--lose-parameters JSON] [--associate [--service-class LB]]
 //!
 //! Prints a line per case and `N passed, N failed, N skipped`; exits 1 when a case fails.
 
@@ -17,6 +18,7 @@ async fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let (mut kubeconfig, mut class, mut invalid, mut race, mut restart) =
         (None, None, None, None, None);
+    let (mut lose, mut associate, mut service_class) = (None, false, None);
     let mut timeout = Duration::from_secs(60);
     while let Some(a) = args.next() {
         let mut value = || args.next().with_context(|| format!("{a} needs a value"));
@@ -28,6 +30,11 @@ async fn main() -> Result<()> {
                     Some(serde_json::from_str(&value()?).context("--invalid-parameters is JSON")?)
             }
             "--race-address" => race = Some(value()?),
+            "--lose-parameters" => {
+                lose = Some(serde_json::from_str(&value()?).context("--lose-parameters is JSON")?)
+            }
+            "--associate" => associate = true,
+            "--service-class" => service_class = Some(value()?),
             "--restart-command" => restart = Some(value()?),
             "--timeout" => {
                 let v = value()?;
@@ -35,7 +42,7 @@ async fn main() -> Result<()> {
                     .map_err(|e| anyhow::anyhow!("{v}: {e}"))?;
             }
             "-h" | "--help" => {
-                for l in include_str!("driver-conformance.rs").lines().take(10) {
+                for l in include_str!("driver-conformance.rs").lines().take(11) {
                     println!("{}", l.trim_start_matches("//!").trim_start_matches(' '));
                 }
                 return Ok(());
@@ -79,6 +86,9 @@ async fn main() -> Result<()> {
             restart,
             race_address: race,
             timeout,
+            lose_parameters: lose,
+            associate,
+            service_class,
         },
     )
     .await?;
