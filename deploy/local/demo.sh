@@ -145,6 +145,25 @@ YAML
       || fail "claim $c Bound" "$dir/logs/"
   done
 
+  for s in tenant-a/web tenant-b/shop; do
+    kubectl wait -n "${s%/*}" "service/${s#*/}" --for=jsonpath='{.status.loadBalancer.ingress[0].ip}' --timeout=60s >/dev/null \
+      || fail "Service $s has its EXTERNAL-IP" "$dir/logs/"
+  done
+
+  step "the tenants' Services: each shows its claim's address as EXTERNAL-IP"
+  echo "\$ kubectl get svc -n tenant-a web; kubectl get svc -n tenant-b shop"
+  kubectl get svc -n tenant-a web; kubectl get svc -n tenant-b shop | tail -n +2
+  before="$(kubectl get svc -n tenant-a web -o jsonpath='{.status.loadBalancer.ingress[0].ip}')"
+  echo; echo "\$ kubectl delete svc -n tenant-a web && kubectl apply -f demo.yaml   # the address belongs to the claim"
+  kubectl delete svc -n tenant-a web --wait=true >/dev/null || fail "delete Service tenant-a/web"
+  kubectl apply -f "$here/demo.yaml" >/dev/null || fail "kubectl apply demo.yaml"
+  kubectl wait -n tenant-a service/web --for=jsonpath='{.status.loadBalancer.ingress[0].ip}' --timeout=60s >/dev/null \
+    || fail "the recreated Service tenant-a/web has its EXTERNAL-IP" "$dir/logs/"
+  after="$(kubectl get svc -n tenant-a web -o jsonpath='{.status.loadBalancer.ingress[0].ip}')"
+  kubectl get svc -n tenant-a web
+  [ "$before" = "$after" ] || fail "the recreated Service got $after, not $before"
+  echo "the same address came back: $after"
+
   step "the ledger"
   echo "\$ kubectl get ipaddressclaims -A"; kubectl get ipaddressclaims -A
   echo; echo "\$ kubectl get ipaddresses.local.sdn.cozystack.io"; kubectl get ipaddresses.local.sdn.cozystack.io
@@ -157,7 +176,8 @@ The quickstart is up ($(( $(date +%s) - t0 ))s). Explore:
 
   export KUBECONFIG=$kubeconfig
   kubectl describe ipaddressclaim -n tenant-a mail        # conditions and events
-  kubectl get svc -n tenant-b shop -o yaml                # the auto-claim annotation
+  kubectl get svc -n tenant-b shop -o yaml                # the auto-claim annotation, the ingress
+  kubectl describe svc -n tenant-a web                    # Associated (the range driver's event)
   kubectl get namespaceaddresses -A -o wide               # holdings, through the aggregator
   kubectl get --raw /apis/view.local.sdn.cozystack.io/v1alpha1/namespaces/tenant-b/namespaceaddresses/tenant-b/addresses
   curl -sk -H "Authorization: Bearer \$(kubectl create token demo-scraper -n address-controller-system)" \\

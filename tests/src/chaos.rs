@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use address_controller_api::names::SERVICE_CLAIM_ANNOTATION;
 use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClaim};
 use anyhow::{Result, bail};
 use k8s_openapi::api::core::v1::Service;
@@ -88,6 +89,11 @@ pub struct Stats {
     /// not get its address: each one fails the run.
     pub reservation_failures: std::sync::Mutex<Vec<String>>,
     pub services_created: AtomicUsize,
+    /// Services created naming a claim (of all Services created), re-annotated ones, and
+    /// thieves (a Service of another load balancer showing a claimed address).
+    pub named_services_created: AtomicUsize,
+    pub reannotated: AtomicUsize,
+    pub thieves: AtomicUsize,
     pub services_deleted: AtomicUsize,
     pub api_errors: AtomicUsize,
     pub leader_kills: AtomicUsize,
@@ -102,6 +108,9 @@ pub struct Stats {
 
 pub struct Outcome {
     pub stats: Stats,
+    /// The association events the run produced, by reason (on the chaos namespaces'
+    /// Services, and on addresses from the driver).
+    pub association_events: std::collections::BTreeMap<String, usize>,
     pub report: Report,
     /// Per failover round: (kill → lease taken, kill → next claim Bound).
     pub failovers: Vec<(Duration, Duration)>,
@@ -175,6 +184,14 @@ impl Outcome {
                 mmm(&bound)
             ));
         }
+        let s = &self.stats;
+        out.push_str(&format!(
+            "association: Services naming a claim {}, re-annotated {}, thieves {}; events {:?}\n",
+            n(&s.named_services_created),
+            n(&s.reannotated),
+            n(&s.thieves),
+            self.association_events
+        ));
         for e in self.unexpected_exits() {
             out.push_str(&format!("UNEXPECTED EXIT: {e}\n"));
         }
@@ -196,6 +213,7 @@ struct Pod {
 /// Runs the scenario against the current [`Cluster`].
 pub async fn run(cfg: &Config) -> Result<Outcome> {
     let started = Instant::now();
+    let run_started = k8s_openapi::jiff::Timestamp::now();
     let cluster = Cluster::get();
     let client = cluster.client().await?;
     crate::install_crds(&client).await?;
@@ -328,6 +346,7 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
         ),
     };
     let report = invariants::check(&client, &scope, cfg.settle, &replicas).await?;
+    let association_events = association_events(&client, &ns_names, run_started).await?;
     check_reservations(&client, &reserved.into_inner().unwrap_or_default(), &stats).await?;
 
     // Leave nothing behind: claims and Services go with their namespaces while the
@@ -356,6 +375,7 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
     let stats = Arc::try_unwrap(stats).unwrap_or_default();
     Ok(Outcome {
         stats,
+        association_events,
         report,
         failovers,
         took: started.elapsed(),
@@ -406,6 +426,8 @@ async fn workload(
         let mut rng = Rng::new(w as u64 + 1);
         let mut claims: Vec<(String, String)> = Vec::new();
         let mut services: Vec<(String, String)> = Vec::new();
+        // Services naming a claim, and thieves.
+        let mut named: Vec<(String, String)> = Vec::new();
         // Reservations whose claim is not created yet, with the operation it is due at.
         let mut waiting: Vec<(Reservation, u32)> = Vec::new();
         let mut i = 0u32;
@@ -451,7 +473,7 @@ async fn workload(
                     Some(Err(e)) => Err(e),
                     None => Ok(()),
                 }
-            } else if roll < 45 {
+            } else if roll < 42 {
                 // A claim: IPv4, IPv6 or Dual, of either class; sometimes pinned.
                 let class = if rng.below(3) == 0 { delete } else { retain };
                 let family = ["IPv4", "IPv4", "IPv6", "Dual"][rng.below(4)];
@@ -474,7 +496,7 @@ async fn workload(
                     }
                     claims.push((ns.clone(), name));
                 })
-            } else if roll < 85 && !claims.is_empty() {
+            } else if roll < 72 && !claims.is_empty() {
                 let (cns, name) = claims.remove(rng.below(claims.len()));
                 let api: Api<IPAddressClaim> = Api::namespaced(client.clone(), &cns);
                 match api.delete(&name, &DeleteParams::default()).await {
@@ -485,7 +507,7 @@ async fn workload(
                     Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
                     Err(e) => Err(e),
                 }
-            } else if roll < 93 || services.is_empty() {
+            } else if roll < 80 || (roll < 91 && claims.is_empty()) {
                 // A LoadBalancer Service: the core claims an address for it (auto-claim).
                 let name = format!("svc{w}-{i}");
                 let api: Api<Service> = Api::namespaced(client.clone(), ns);
@@ -494,12 +516,64 @@ async fn workload(
                     stats.services_created.fetch_add(1, Ordering::Relaxed);
                     services.push((ns.clone(), name));
                 })
-            } else {
-                let (sns, name) = services.remove(rng.below(services.len()));
-                let api: Api<Service> = Api::namespaced(client.clone(), &sns);
-                api.delete(&name, &DeleteParams::default()).await.map(|_| {
-                    stats.services_deleted.fetch_add(1, Ordering::Relaxed);
+            } else if roll < 87 {
+                // A Service naming one of this client's claims (it may be Pending, Bound, or
+                // already serve another Service): the driver puts the claim's addresses on it.
+                let (cns, claim) = claims[rng.below(claims.len())].clone();
+                let name = format!("named{w}-{i}");
+                let api: Api<Service> = Api::namespaced(client.clone(), &cns);
+                let body = json!({"metadata": {"name": name, "annotations": {SERVICE_CLAIM_ANNOTATION: claim}},
+                    "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}});
+                api.create(&PostParams::default(), &serde_json::from_value(body).unwrap()).await.map(|_| {
+                    stats.services_created.fetch_add(1, Ordering::Relaxed);
+                    stats.named_services_created.fetch_add(1, Ordering::Relaxed);
+                    named.push((cns.clone(), name));
                 })
+            } else if roll < 90 && !named.is_empty() {
+                // Re-annotated: to another claim of the namespace, or to none.
+                let (sns, name) = named[rng.below(named.len())].clone();
+                let other = claims.iter().filter(|(n, _)| *n == sns).map(|(_, c)| c.clone()).nth(rng.below(3));
+                let api: Api<Service> = Api::namespaced(client.clone(), &sns);
+                let body = json!({"metadata": {"annotations": {SERVICE_CLAIM_ANNOTATION: other}}});
+                api.patch(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(body))
+                    .await
+                    .map(|_| {
+                        stats.reannotated.fetch_add(1, Ordering::Relaxed);
+                    })
+                    .or_else(|e| match e {
+                        kube::Error::Api(s) if s.code == 404 => Ok(()),
+                        e => Err(e),
+                    })
+            } else if roll < 91 {
+                // A thief: a Service of another load balancer whose status someone sets to a
+                // claimed address of the chaos classes. The address must turn Conflict and
+                // its rightful Service keep it; the thief goes a few operations later.
+                thief(client, ns, &format!("thief{w}-{i}"), &[retain, delete], &mut rng)
+                    .await
+                    .map(|made| {
+                        if let Some(name) = made {
+                            stats.thieves.fetch_add(1, Ordering::Relaxed);
+                            named.push((ns.clone(), name));
+                        }
+                    })
+            } else if !services.is_empty() || !named.is_empty() {
+                let pool = if named.is_empty() || (!services.is_empty() && rng.below(2) == 0) {
+                    &mut services
+                } else {
+                    &mut named
+                };
+                let (sns, name) = pool.remove(rng.below(pool.len()));
+                let api: Api<Service> = Api::namespaced(client.clone(), &sns);
+                match api.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => {
+                        stats.services_deleted.fetch_add(1, Ordering::Relaxed);
+                        Ok(())
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                    Err(e) => Err(e),
+                }
+            } else {
+                Ok(())
             };
             if result.is_err() {
                 stats.api_errors.fetch_add(1, Ordering::Relaxed);
@@ -507,9 +581,99 @@ async fn workload(
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
+        // No thief outlives the run: the invariants judge a ledger at rest.
+        for (sns, name) in named.iter().filter(|(_, n)| n.starts_with("thief")) {
+            let api: Api<Service> = Api::namespaced(client.clone(), sns);
+            let _ = api.delete(name, &DeleteParams::default()).await;
+        }
     });
     futures::future::join_all(workers).await;
     Ok(())
+}
+
+/// The association events since `since`: on Services of the run's namespaces, and the
+/// driver's on addresses.
+async fn association_events(
+    client: &Client,
+    namespaces: &[String],
+    since: k8s_openapi::jiff::Timestamp,
+) -> Result<std::collections::BTreeMap<String, usize>> {
+    use address_controller_api::names::driver as r;
+    const REASONS: &[&str] = &[
+        r::ASSOCIATED,
+        r::ASSOCIATION_REJECTED,
+        r::CLAIM_NOT_FOUND,
+        r::CLAIM_NOT_BOUND,
+        r::DISASSOCIATED,
+        r::FAMILY_MISMATCH,
+        r::CONFLICT,
+        r::ADDRESS_LOST,
+        r::RECOVERED,
+    ];
+    let mut out = std::collections::BTreeMap::new();
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    for e in events {
+        let ns = e.metadata.namespace.clone().unwrap_or_default();
+        let kind = e
+            .regarding
+            .as_ref()
+            .and_then(|x| x.kind.clone())
+            .unwrap_or_default();
+        let ours = (namespaces.contains(&ns) && kind == "Service")
+            || (kind == "IPAddress" && e.reporting_controller.as_deref() == Some("range-driver"));
+        let recent = e.event_time.as_ref().is_some_and(|t| t.0 >= since);
+        let reason = e.reason.clone().unwrap_or_default();
+        if ours && recent && REASONS.contains(&reason.as_str()) {
+            *out.entry(format!("{kind}/{reason}")).or_default() += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// Creates a Service `name` of another load balancer in `ns` and writes a claimed, Bound
+/// address of `classes` into its status; `None` when there is no such address right now.
+async fn thief(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    classes: &[&str],
+    rng: &mut Rng,
+) -> Result<Option<String>, kube::Error> {
+    let all = Api::<IPAddress>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let claimed: Vec<&IPAddress> = all
+        .iter()
+        .filter(|a| {
+            classes.contains(&a.spec.class_name.as_str())
+                && a.spec.claim_ref.is_some()
+                && a.phase() == Some(AddressPhase::Bound)
+        })
+        .collect();
+    let Some(victim) = claimed.get(rng.below(claimed.len().max(1))) else {
+        return Ok(None);
+    };
+    let api: Api<Service> = Api::namespaced(client.clone(), ns);
+    let body = json!({"metadata": {"name": name}, "spec": {"type": "LoadBalancer",
+        "loadBalancerClass": "chaos.test/thief", "ports": [{"port": 80}]}});
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(body).unwrap_or_default(),
+    )
+    .await?;
+    api.patch_status(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(
+            json!({"status": {"loadBalancer": {"ingress": [{"ip": victim.spec.address}]}}}),
+        ),
+    )
+    .await?;
+    Ok(Some(name.to_string()))
 }
 
 /// The admin's act: re-points a `Released` static address of `class` at the claim
