@@ -7,12 +7,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use address_controller_apiserver::authn::Authenticator;
-use address_controller_apiserver::authz::Authorizer;
-use address_controller_apiserver::metrics::{ApiMetrics, AuthCaches};
+use address_controller_apiserver::metrics::ApiMetrics;
 use address_controller_apiserver::resources;
+use address_controller_apiserver::secure::SecureServing;
 use address_controller_apiserver::store::ViewStore;
-use address_controller_apiserver::tls;
 use address_controller_controller::context::Context;
 use address_controller_controller::metrics::Metrics;
 use address_controller_controller::run;
@@ -194,6 +192,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     if controller {
         // Handlers first: they must see the initial lists.
         run::register(&ctx);
+        address_controller_runtime::metrics::register_queues(
+            &metrics.registry,
+            ctx.queues.readers(),
+        )?;
     }
     // The views' store too: it keeps its indexes from the caches' changes.
     let views = args.apiserver.enabled.then(|| {
@@ -215,35 +217,22 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // delegated authentication and authorization.
     let needs_tls = args.apiserver.enabled || !args.apiserver.metrics_address.is_empty();
     if needs_tls {
-        let cert = match (
-            &args.apiserver.tls_cert_file,
-            &args.apiserver.tls_private_key_file,
-        ) {
-            (Some(cert), Some(key)) => tls::ServingCert::Files {
-                cert: cert.clone(),
-                key: key.clone(),
-            },
-            _ => tls::ServingCert::SelfSigned(vec!["localhost".into()]),
-        };
-        let config = tls::server_config(cert)?;
-        let authn = Authenticator::new(client.clone(), args.apiserver.auth_cache_size);
-        let authz = Arc::new(Authorizer::new(
-            client.clone(),
+        let serving = SecureServing::start(
+            &client,
+            args.apiserver
+                .tls_cert_file
+                .clone()
+                .zip(args.apiserver.tls_private_key_file.clone()),
             args.apiserver.auth_cache_size,
-        ));
-        metrics
-            .registry
-            .register(Box::new(AuthCaches::new(authn.clone(), authz.clone())?))?;
-        tasks.spawn_forever("front-proxy settings watch", authn.clone().watch_config());
-        tasks.spawn_forever(
-            "auth cache upkeep",
-            address_controller_apiserver::auth_upkeep(authn.clone(), authz.clone()),
-        );
+            &metrics.registry,
+            true,
+            &mut tasks,
+        )?;
         if let Some(store) = views {
             let state = Arc::new(address_controller_apiserver::State {
                 store,
-                authn: authn.clone(),
-                authz: authz.clone(),
+                authn: serving.authn.clone(),
+                authz: serving.authz.clone(),
                 metrics: ApiMetrics::new(&metrics.registry)?,
                 openapi: address_controller_apiserver::openapi::Served::new(
                     match &args.apiserver.testing_openapi_v2 {
@@ -257,7 +246,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             });
             let serve = address_controller_apiserver::serve_tls(
                 args.apiserver.apiserver_address,
-                config.clone(),
+                serving.config.clone(),
                 address_controller_apiserver::router(state),
                 shutdown.wait(),
             );
@@ -266,17 +255,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             });
         }
         if !args.apiserver.metrics_address.is_empty() {
-            let addr: SocketAddr = args.apiserver.metrics_address.parse()?;
             let m = metrics.clone();
-            let app = address_controller_apiserver::metrics_router(
-                authn,
-                authz,
+            serving.spawn_metrics(
+                &args.apiserver.metrics_address,
                 Arc::new(move || m.render()),
-            );
-            let serve = address_controller_apiserver::serve_tls(addr, config, app, shutdown.wait());
-            tasks.spawn("metrics server", async move {
-                serve.await.context("metrics server")
-            });
+                &shutdown,
+                &mut tasks,
+            )?;
         }
     }
     tasks.spawn(

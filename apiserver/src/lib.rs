@@ -18,6 +18,7 @@ pub mod openapi;
 pub mod render;
 pub mod request;
 pub mod resources;
+pub mod secure;
 pub mod selector;
 pub mod serve;
 pub mod status;

@@ -23,6 +23,30 @@ pub struct Queues {
     pub services: Arc<Queue<String>>,
 }
 
+impl Queues {
+    /// The queues by name, for their metrics.
+    pub fn readers(
+        &self,
+    ) -> Vec<(
+        &'static str,
+        address_controller_runtime::metrics::QueueReader,
+    )> {
+        [
+            ("claims", &self.claims),
+            ("addresses", &self.addresses),
+            ("services", &self.services),
+        ]
+        .into_iter()
+        .map(|(name, q)| {
+            let q = q.clone();
+            let read: address_controller_runtime::metrics::QueueReader =
+                Arc::new(move || q.stats());
+            (name, read)
+        })
+        .collect()
+    }
+}
+
 impl Default for Queues {
     fn default() -> Self {
         Queues {

@@ -126,6 +126,9 @@ impl Metrics {
 }
 
 /// `address_controller_ipaddresses{class,phase}`,
+/// `address_controller_ipaddresses_held{namespace,class,state}` (the billing unit: addresses
+/// by the namespace of the claim they are bound to — `bound`, and `associated` when a
+/// driver put them on a Service),
 /// `address_controller_ipaddressclaims{namespace,class,phase}` and
 /// `address_controller_ipaddressclass_capacity{class,family}`.
 ///
@@ -143,6 +146,7 @@ struct Ledger {
 #[derive(Default)]
 struct Counts {
     addresses: HashMap<(String, &'static str), i64>,
+    held: HashMap<(String, String, &'static str), i64>,
     claims: HashMap<(String, String, &'static str), i64>,
 }
 
@@ -179,6 +183,24 @@ fn address_key(a: &IPAddress) -> (String, &'static str) {
     (a.spec.class_name.clone(), phase)
 }
 
+/// The `held` series an address counts in: (claim namespace, class, bound|associated).
+fn held_keys(a: &IPAddress) -> Vec<(String, String, &'static str)> {
+    let Some(r) = a.spec.claim_ref.as_ref() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if matches!(
+        a.phase(),
+        Some(AddressPhase::Bound | AddressPhase::Conflict)
+    ) {
+        out.push((r.namespace.clone(), a.spec.class_name.clone(), "bound"));
+    }
+    if a.status.as_ref().is_some_and(|s| s.associated_to.is_some()) {
+        out.push((r.namespace.clone(), a.spec.class_name.clone(), "associated"));
+    }
+    out
+}
+
 fn claim_key(c: &IPAddressClaim) -> (String, String, &'static str) {
     let status = c.status.as_ref();
     (
@@ -193,6 +215,7 @@ fn claim_key(c: &IPAddressClaim) -> (String, String, &'static str) {
 }
 
 const ADDRESSES: &str = "address_controller_ipaddresses";
+const HELD: &str = "address_controller_ipaddresses_held";
 const CLAIMS: &str = "address_controller_ipaddressclaims";
 const CAPACITY: &str = "address_controller_ipaddressclass_capacity";
 
@@ -205,12 +228,19 @@ impl Ledger {
                 ch.old.as_deref().map(address_key),
                 ch.new.as_deref().map(address_key),
             );
-            if old != new {
-                shift(
-                    &mut c.lock().unwrap_or_else(PoisonError::into_inner).addresses,
-                    old,
-                    new,
-                );
+            let (old_held, new_held) = (
+                ch.old.as_deref().map(held_keys).unwrap_or_default(),
+                ch.new.as_deref().map(held_keys).unwrap_or_default(),
+            );
+            if old != new || old_held != new_held {
+                let mut counts = c.lock().unwrap_or_else(PoisonError::into_inner);
+                shift(&mut counts.addresses, old, new);
+                for k in old_held {
+                    tally(&mut counts.held, k, -1);
+                }
+                for k in new_held {
+                    tally(&mut counts.held, k, 1);
+                }
             }
         });
         let c = counts.clone();
@@ -229,6 +259,7 @@ impl Ledger {
         });
         let descs = [
             Self::addresses_vec()?,
+            Self::held_vec()?,
             Self::claims_vec()?,
             Self::capacity_vec()?,
         ]
@@ -246,6 +277,16 @@ impl Ledger {
         IntGaugeVec::new(
             Opts::new(ADDRESSES, "IPAddresses by class and phase"),
             &["class", "phase"],
+        )
+    }
+
+    fn held_vec() -> Result<IntGaugeVec, prometheus::Error> {
+        IntGaugeVec::new(
+            Opts::new(
+                HELD,
+                "IPAddresses by the namespace of their claim, class and state: bound (Bound or Conflict), associated (a driver put it on a Service)",
+            ),
+            &["namespace", "class", "state"],
         )
     }
 
@@ -276,8 +317,9 @@ impl Collector for Ledger {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let (Ok(addresses), Ok(claims), Ok(capacity)) = (
+        let (Ok(addresses), Ok(held), Ok(claims), Ok(capacity)) = (
             Self::addresses_vec(),
+            Self::held_vec(),
             Self::claims_vec(),
             Self::capacity_vec(),
         ) else {
@@ -306,6 +348,10 @@ impl Collector for Ledger {
                 .with_label_values(&[class.as_str(), phase])
                 .set(*n);
         }
+        for ((ns, class, state), n) in &counts.held {
+            held.with_label_values(&[ns.as_str(), class.as_str(), state])
+                .set(*n);
+        }
         for ((ns, class, phase), n) in &counts.claims {
             claims
                 .with_label_values(&[ns.as_str(), class.as_str(), phase])
@@ -315,6 +361,7 @@ impl Collector for Ledger {
         addresses
             .collect()
             .into_iter()
+            .chain(held.collect())
             .chain(claims.collect())
             .chain(capacity.collect())
             .collect()

@@ -9,6 +9,7 @@
 pub mod association;
 pub mod driver;
 mod inventory;
+pub mod metrics;
 pub mod runner;
 mod services;
 
@@ -67,9 +68,29 @@ pub struct DriverArgs {
     /// Print the ClusterRole this driver needs (YAML) and exit.
     #[arg(long)]
     pub print_cluster_role: bool,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
     /// Testing only: wait this long between deciding to create an address and creating it.
     #[arg(long, hide = true, value_parser = humantime::parse_duration)]
     pub testing_create_delay: Option<Duration>,
+}
+
+/// The driver's HTTPS `/metrics` (off unless an address is given).
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Metrics")]
+pub struct MetricsArgs {
+    /// Serve /metrics over HTTPS here (e.g. 0.0.0.0:8443) to principals allowed to `get`
+    /// the non-resource path /metrics (TokenReview + SubjectAccessReview); empty: off.
+    #[arg(long, env = "DRIVER_METRICS_ADDRESS", default_value = "")]
+    pub metrics_address: String,
+    /// Serving certificate of /metrics (PEM); without it and the key, a self-signed one.
+    #[arg(long, env = "DRIVER_TLS_CERT_FILE", requires = "tls_private_key_file")]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    #[arg(long, env = "DRIVER_TLS_PRIVATE_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_private_key_file: Option<std::path::PathBuf>,
+    /// Entries kept in each of the TokenReview and SubjectAccessReview caches.
+    #[arg(long, env = "DRIVER_AUTH_CACHE_SIZE", default_value_t = 1000)]
+    pub auth_cache_size: u64,
 }
 
 #[derive(Parser)]
@@ -121,6 +142,18 @@ pub const KIT_RULES: &[Rule] = &[
         resources: &["services"],
         verbs: &["get", "list", "watch", "patch"],
         why: "association: the Services naming claims; the kit's record of its pins (an annotation)",
+    },
+    Rule {
+        group: "authentication.k8s.io",
+        resources: &["tokenreviews"],
+        verbs: &["create"],
+        why: "HTTPS /metrics: the scraper's bearer token",
+    },
+    Rule {
+        group: "authorization.k8s.io",
+        resources: &["subjectaccessreviews"],
+        verbs: &["create"],
+        why: "HTTPS /metrics: whether the scraper may get /metrics",
     },
 ];
 
@@ -199,6 +232,52 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
     ctx.create_delay = args.testing_create_delay;
     let ctx = Arc::new(ctx);
     register(&ctx);
+    let metrics = metrics::KitMetrics::new(
+        info.name,
+        health.clone(),
+        leadership.clone(),
+        [
+            ("claims", ctx.queues.claims.clone()),
+            ("classes", ctx.queues.classes.clone()),
+            ("addresses", ctx.queues.addresses.clone()),
+            ("services", ctx.queues.services.clone()),
+        ]
+        .into_iter()
+        .map(|(n, q)| {
+            let read: address_controller_runtime::metrics::QueueReader =
+                Arc::new(move || q.stats());
+            (n, read)
+        })
+        .collect(),
+    )?;
+    {
+        let (c, m) = (ctx.clone(), metrics.clone());
+        ctx.world.addresses.on_change(move |ch| {
+            let old = ch.old.as_deref().filter(|a| c.owns(a));
+            let new = ch.new.as_deref().filter(|a| c.owns(a));
+            m.address_changed(old, new);
+        });
+    }
+    if !args.metrics.metrics_address.is_empty() {
+        let serving = address_controller_apiserver::secure::SecureServing::start(
+            &client,
+            args.metrics
+                .tls_cert_file
+                .clone()
+                .zip(args.metrics.tls_private_key_file.clone()),
+            args.metrics.auth_cache_size,
+            &metrics.registry,
+            false,
+            &mut tasks,
+        )?;
+        let m = metrics.clone();
+        serving.spawn_metrics(
+            &args.metrics.metrics_address,
+            Arc::new(move || m.render()),
+            &shutdown,
+            &mut tasks,
+        )?;
+    }
     world.watch(&client, args.liveness.watch_config(), &mut tasks);
     tasks.spawn(
         "probes",
@@ -212,6 +291,7 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
         ("services", ctx.queues.services.clone()),
     ] {
         let c = ctx.clone();
+        let metrics = metrics.clone();
         let leader = leadership.clone();
         health.queue(name, queue.clone(), move || leader.is_leader());
         let fut = async move {
@@ -226,7 +306,7 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
                             let c = c.clone();
                             move |k| runner::claim_pass(c.clone(), k)
                         },
-                        observe_noop(),
+                        metrics.observe(),
                     )
                     .await
                 }
@@ -240,7 +320,7 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
                             let c = c.clone();
                             move |k| runner::class_pass(c.clone(), k)
                         },
-                        observe_noop(),
+                        metrics.observe(),
                     )
                     .await
                 }
@@ -254,7 +334,7 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
                             let c = c.clone();
                             move |k| runner::address_pass(c.clone(), k)
                         },
-                        observe_noop(),
+                        metrics.observe(),
                     )
                     .await
                 }
@@ -268,7 +348,7 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
                             let c = c.clone();
                             move |k| association::pass::service_pass(c.clone(), k)
                         },
-                        observe_noop(),
+                        metrics.observe(),
                     )
                     .await
                 }
@@ -318,10 +398,6 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
     });
     tasks.supervise(Duration::from_secs(10)).await?;
     Ok(())
-}
-
-fn observe_noop() -> workers::Observe {
-    Arc::new(|_, _, _| {})
 }
 
 /// What each change wakes.

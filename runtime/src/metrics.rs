@@ -158,3 +158,90 @@ impl Collector for Runtime {
         out
     }
 }
+
+/// The stats of one named work queue, read at scrape time.
+pub type QueueReader = Arc<dyn Fn() -> crate::queue::QueueStats + Send + Sync>;
+
+struct Queues {
+    queues: Vec<(&'static str, QueueReader)>,
+    depth: IntGaugeVec,
+    adds: IntCounterVec,
+    retries: IntCounterVec,
+    descs: Vec<Desc>,
+}
+
+/// Registers the work-queue metrics of `queues` (by name) on `registry`:
+/// `address_controller_workqueue_depth{queue,state}` (ready, delayed, running),
+/// `address_controller_workqueue_adds_total{queue}` and
+/// `address_controller_workqueue_retries_total{queue}` (re-adds with backoff after a failed
+/// pass) — as client-go's workqueue metrics, labels bounded by the queue names.
+pub fn register_queues(
+    registry: &Registry,
+    queues: Vec<(&'static str, QueueReader)>,
+) -> Result<(), prometheus::Error> {
+    let depth = IntGaugeVec::new(
+        Opts::new(
+            "address_controller_workqueue_depth",
+            "Keys in a work queue: ready for a worker, delayed (backoff or a deadline), running",
+        ),
+        &["queue", "state"],
+    )?;
+    let adds = IntCounterVec::new(
+        Opts::new(
+            "address_controller_workqueue_adds_total",
+            "Keys that became ready in a work queue",
+        ),
+        &["queue"],
+    )?;
+    let retries = IntCounterVec::new(
+        Opts::new(
+            "address_controller_workqueue_retries_total",
+            "Keys re-queued with backoff after a failed pass",
+        ),
+        &["queue"],
+    )?;
+    let descs = [depth.desc(), adds.desc(), retries.desc()]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+    registry.register(Box::new(Queues {
+        queues,
+        depth,
+        adds,
+        retries,
+        descs,
+    }))
+}
+
+impl Collector for Queues {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        for (name, read) in &self.queues {
+            let s = read();
+            for (state, n) in [
+                ("ready", s.ready),
+                ("delayed", s.delayed),
+                ("running", s.running),
+            ] {
+                self.depth
+                    .with_label_values(&[name, state])
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+            for (c, v) in [(&self.adds, s.adds), (&self.retries, s.retries)] {
+                let c = c.with_label_values(&[name]);
+                let have = c.get();
+                if v > have {
+                    c.inc_by(v - have);
+                }
+            }
+        }
+        let mut out = self.depth.collect();
+        out.extend(self.adds.collect());
+        out.extend(self.retries.collect());
+        out
+    }
+}

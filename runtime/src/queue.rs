@@ -63,6 +63,21 @@ struct State<K> {
     /// When a worker last took a key (or the queue was created).
     last_take: Instant,
     shut_down: bool,
+    /// Keys that became ready (for metrics), and backoff re-adds after a failed pass.
+    adds: u64,
+    retries: u64,
+}
+
+/// What a queue has done and holds, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    pub ready: usize,
+    pub delayed: usize,
+    pub running: usize,
+    /// Keys that became ready, since the queue was created.
+    pub adds: u64,
+    /// Re-adds with backoff after a failed pass, since the queue was created.
+    pub retries: u64,
 }
 
 /// See the module documentation.
@@ -86,6 +101,8 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
                 failures: HashMap::new(),
                 last_take: Instant::now(),
                 shut_down: false,
+                adds: 0,
+                retries: 0,
             }),
             notify: Notify::new(),
             backoff,
@@ -134,6 +151,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         }
         if s.queued.insert(key.clone()) {
             s.ready.push_back(key);
+            s.adds += 1;
             return true;
         }
         false
@@ -168,6 +186,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     pub fn add_backoff(&self, key: K) -> Duration {
         let failures = {
             let mut s = self.lock();
+            s.retries += 1;
             let n = s.failures.entry(key.clone()).or_insert(0);
             *n = n.saturating_add(1);
             *n
@@ -251,6 +270,18 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     pub fn depth(&self) -> (usize, usize, usize) {
         let s = self.lock();
         (s.ready.len(), s.delayed.len(), s.running.len())
+    }
+
+    /// Depth and counts, for metrics.
+    pub fn stats(&self) -> QueueStats {
+        let s = self.lock();
+        QueueStats {
+            ready: s.ready.len(),
+            delayed: s.delayed.len(),
+            running: s.running.len(),
+            adds: s.adds,
+            retries: s.retries,
+        }
     }
 
     /// Workers start taking keys now (they could not before): what piled up meanwhile is not

@@ -108,6 +108,9 @@ pub struct Stats {
 
 pub struct Outcome {
     pub stats: Stats,
+    /// Claims `Lost` at the end (the workload never takes an address from a claim: each one
+    /// is a finding; the checker's lost-claim rule judges why).
+    pub lost_claims: Vec<String>,
     /// The association events the run produced, by reason (on the chaos namespaces'
     /// Services, and on addresses from the driver).
     pub association_events: std::collections::BTreeMap<String, usize>,
@@ -123,6 +126,7 @@ impl Outcome {
         self.report.ok()
             && self.unexpected_exits().is_empty()
             && self.reservation_failures().is_empty()
+            && self.lost_claims.is_empty()
     }
 
     pub fn reservation_failures(&self) -> Vec<String> {
@@ -191,6 +195,11 @@ impl Outcome {
             n(&s.reannotated),
             n(&s.thieves),
             self.association_events
+        ));
+        out.push_str(&format!(
+            "claims Lost at the end: {} {:?}\n",
+            self.lost_claims.len(),
+            self.lost_claims
         ));
         for e in self.unexpected_exits() {
             out.push_str(&format!("UNEXPECTED EXIT: {e}\n"));
@@ -346,6 +355,17 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
         ),
     };
     let report = invariants::check(&client, &scope, cfg.settle, &replicas).await?;
+    let lost_claims: Vec<String> = Api::<IPAddressClaim>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|c| {
+            ns_names.contains(&c.namespace().unwrap_or_default())
+                && c.phase() == Some(ClaimPhase::Lost)
+        })
+        .map(|c| c.key())
+        .collect();
     let association_events = association_events(&client, &ns_names, run_started).await?;
     check_reservations(&client, &reserved.into_inner().unwrap_or_default(), &stats).await?;
 
@@ -375,6 +395,7 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
     let stats = Arc::try_unwrap(stats).unwrap_or_default();
     Ok(Outcome {
         stats,
+        lost_claims,
         association_events,
         report,
         failovers,

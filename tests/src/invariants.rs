@@ -687,6 +687,28 @@ fn expected_gauges(s: &Snapshot) -> BTreeMap<String, i64> {
         ))
         .or_default() += 1;
     }
+    for a in &s.addresses {
+        let Some(r) = a.spec.claim_ref.as_ref() else {
+            continue;
+        };
+        let mut states = Vec::new();
+        if matches!(phase(a), Some(AddressPhase::Bound | AddressPhase::Conflict)) {
+            states.push("bound");
+        }
+        if a.status
+            .as_ref()
+            .is_some_and(|st| st.associated_to.is_some())
+        {
+            states.push("associated");
+        }
+        for state in states {
+            *m.entry(format!(
+                "address_controller_ipaddresses_held{{class=\"{}\",namespace=\"{}\",state=\"{state}\"}}",
+                a.spec.class_name, r.namespace
+            ))
+            .or_default() += 1;
+        }
+    }
     for c in &s.claims {
         let st = c.status.as_ref();
         let class = st.and_then(|st| st.class_name.clone()).unwrap_or_default();
@@ -705,6 +727,7 @@ pub fn parse_gauges(text: &str) -> BTreeMap<String, i64> {
     text.lines()
         .filter(|l| {
             l.starts_with("address_controller_ipaddresses{")
+                || l.starts_with("address_controller_ipaddresses_held{")
                 || l.starts_with("address_controller_ipaddressclaims{")
         })
         .filter_map(|l| {

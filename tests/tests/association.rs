@@ -13,7 +13,9 @@ use std::time::Duration;
 use address_controller_api::names::{AUTO_CLAIM_CLASS_ANNOTATION, SERVICE_CLAIM_ANNOTATION};
 use address_controller_api::{AddressPhase, ClaimPhase, IPAddress};
 use address_controller_tests::env::{Env, WAIT, aphase, env, phase, purge, range_class};
-use address_controller_tests::{ControllerProcess, TestNamespace, wait_for};
+use address_controller_tests::{
+    ControllerProcess, TestNamespace, free_port, https_get, metrics_token, wait_for,
+};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
@@ -416,7 +418,24 @@ async fn dual_claims_fill_dual_stack_services_and_auto_claims_need_no_human_step
 async fn a_thief_makes_the_address_conflict_and_a_shrunk_range_makes_it_lost() {
     let mut e = env("assoc-bad").await;
     purge(&e, &["198.18.22.", "198.18.23."]).await;
-    let _drv = driver(&e, "bad", &[]).await;
+    let metrics_at = format!("127.0.0.1:{}", free_port());
+    let _drv = driver(&e, "bad", &["--metrics-address", &metrics_at]).await;
+    let url = format!("https://{metrics_at}/metrics");
+    let token = metrics_token().unwrap();
+    // The kit's /metrics: delegated authn/authz as the core's.
+    assert_eq!(https_get(&url, None).unwrap().0, 403, "anonymous");
+    assert_eq!(https_get(&url, Some("not-a-token")).unwrap().0, 401);
+    let gauge = |state: &str| -> Option<i64> {
+        let (code, text) = https_get(&url, Some(&token)).ok()?;
+        assert_eq!(code, 200);
+        text.lines()
+            .find(|l| {
+                l.starts_with("address_controller_driver_addresses{")
+                    && l.contains(&format!("state=\"{state}\""))
+                    && l.contains("class=\"bad-")
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    };
     let class = range_class(&mut e, "bad", json!(["198.18.22.0/30"]), json!({})).await;
     let ns = e.ns.name.clone();
     e.claim("web", json!({"className": class})).await;
@@ -471,6 +490,21 @@ async fn a_thief_makes_the_address_conflict_and_a_shrunk_range_makes_it_lost() {
     let on_thief = e.wait_event(&other.name, "thief", "Conflict").await;
     assert!(on_thief.contains(&format!("{ns}/web")), "{on_thief}");
     e.wait_event("default", &name, "Conflict").await;
+    wait_for("the kit's conflict gauge at 1", WAIT, || async {
+        Ok((gauge("conflict") == Some(1)).then_some(()))
+    })
+    .await
+    .unwrap();
+    let (_, text) = https_get(&url, Some(&token)).unwrap();
+    for family in [
+        "address_controller_reconcile_total{",
+        "address_controller_workqueue_depth{",
+        "address_controller_workqueue_retries_total{",
+        "address_controller_cache_objects{",
+        "address_controller_leader",
+    ] {
+        assert!(text.contains(family), "{family} missing:\n{text}");
+    }
     // The rightful Service keeps X; the claim stays Bound.
     assert_eq!(
         ingress(&services(&e, &ns).get("web").await.unwrap()),
@@ -493,6 +527,11 @@ async fn a_thief_makes_the_address_conflict_and_a_shrunk_range_makes_it_lost() {
         aphase(a) == Some(AddressPhase::Bound)
     })
     .await;
+    wait_for("the kit's conflict gauge back to 0", WAIT, || async {
+        Ok((gauge("conflict") == Some(0)).then_some(()))
+    })
+    .await
+    .unwrap();
 
     // The range shrunk below X: Lost, the claim Lost, the ingress withdrawn, no other
     // address given; restored: all back.
@@ -519,6 +558,11 @@ async fn a_thief_makes_the_address_conflict_and_a_shrunk_range_makes_it_lost() {
     wait_ingress(&e, &ns, "web", &[]).await;
     wait_associated(&e, &name, None).await;
     e.wait_event("default", &name, "AddressLost").await;
+    wait_for("the kit's lost gauge at 1", WAIT, || async {
+        Ok((gauge("lost") == Some(1)).then_some(()))
+    })
+    .await
+    .unwrap();
     e.barrier().await;
     let c = e.claims().get("web").await.unwrap();
     assert!(

@@ -26,5 +26,13 @@ async fn the_ledger_survives_churn_leader_kills_and_an_apiserver_restart() {
         n(&s.leader_kills)
     );
     assert_eq!(n(&s.apiserver_restarts), 1);
+    assert!(
+        outcome
+            .association_events
+            .get("Service/Associated")
+            .is_some_and(|n| *n > 0),
+        "the driver put addresses on Services: {:?}",
+        outcome.association_events
+    );
     assert!(outcome.ok(), "{}", outcome.summary());
 }

@@ -433,6 +433,44 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
     .await
     .unwrap();
 
+    // A Service naming d1 (the range driver puts its address on it: associated), and a
+    // thief: another load balancer's Service showing d2's address — a real Conflict.
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(client.clone(), &ns.name);
+    let d2 = claims.get("d2").await.unwrap();
+    let d2_ip = d2.status.unwrap().addresses[0].address.clone();
+    for (name, spec) in [
+        (
+            "web",
+            json!({"metadata": {"name": "web", "annotations": {"local.sdn.cozystack.io/ip-address-claim": "d1"}},
+                "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}}),
+        ),
+        (
+            "thief",
+            json!({"metadata": {"name": "thief"},
+                "spec": {"type": "LoadBalancer", "loadBalancerClass": "monitoring.test/other", "ports": [{"port": 80}]}}),
+        ),
+    ] {
+        services
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(spec).unwrap(),
+            )
+            .await
+            .unwrap();
+        let _ = name;
+    }
+    services
+        .patch_status(
+            "thief",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"status": {"loadBalancer": {"ingress": [{"ip": d2_ip}]}}}),
+            ),
+        )
+        .await
+        .unwrap();
+
     // The ledger in Prometheus agrees with the objects.
     wait_for(
         "Prometheus's ledger equal to the objects",
@@ -452,6 +490,7 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
                 (&static_class, "Released"),
                 (&static_class, "Bound"),
                 (&driver_class, "Bound"),
+                (&driver_class, "Conflict"),
             ] {
                 let r = prometheus
                     .query(&format!(
@@ -478,6 +517,32 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
     )
     .await
     .unwrap();
+
+    // The chart's Conflict/Lost alert sees the real Conflict (pending: its `for` is minutes).
+    let alert = wait_for(
+        "IPAddressConflictOrLost active for the driver's class",
+        Duration::from_secs(90),
+        || async {
+            let a = prometheus.get("/api/v1/alerts");
+            let found = a["data"]["alerts"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .find(|x| {
+                    x["labels"]["alertname"] == "IPAddressConflictOrLost"
+                        && x["labels"]["class"] == driver_class.as_str()
+                        && x["labels"]["phase"] == "Conflict"
+                });
+            Ok(found)
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(alert["state"].as_str(), Some("pending" | "firing")),
+        "{alert}"
+    );
 
     // The rules load and evaluate without errors.
     let groups = prometheus.get("/api/v1/rules");
@@ -537,6 +602,29 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
         &[ns.name.as_str()],
         &[static_class.as_str(), driver_class.as_str()],
     );
+    // The thief gone, the address is Bound again; the Service is let go.
+    services
+        .delete("thief", &DeleteParams::default())
+        .await
+        .unwrap();
+    services
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("no Conflict left", Duration::from_secs(60), || async {
+        let left = addresses
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .any(|a| {
+                a.spec.class_name == driver_class
+                    && a.phase() == Some(address_controller_api::AddressPhase::Conflict)
+            });
+        Ok((!left).then_some(()))
+    })
+    .await
+    .unwrap();
     let replicas: Vec<_> = ctl.replica().into_iter().collect();
     assert_invariants(&client, &scope, &replicas).await;
     drop(prometheus);
