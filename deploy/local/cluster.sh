@@ -9,6 +9,9 @@
 #   cluster.sh restart DIR COMPONENT          kill etcd or kube-apiserver and start it again
 #                                             (same flags, same data), wait until ready
 #   cluster.sh pause|resume DIR COMPONENT     SIGSTOP / SIGCONT a component (a hung server)
+#   cluster.sh metallb DIR                    run the real MetalLB controller (v$METALLB_VERSION, the IPAM
+#                                             half of MetalLB) against the cluster: its CRDs, namespace
+#                                             metallb-system and the Pod object it reads; stopped by `down`
 #
 # DIR defaults to $AC_CACHE/clusters/dev (see versions.sh). Every cluster picks free ports
 # and keeps all its state in DIR, so several can run side by side. DIR/env holds
@@ -199,6 +202,7 @@ CLUSTER_DIR=$dir
 KUBE_BIN=$KUBE_BIN
 HELM=$HELM_BIN/helm
 PROMETHEUS_BIN=$PROMETHEUS_BIN
+METALLB_BIN=$METALLB_BIN
 ENV
   write_kubeconfig "$kas_port"
   # Audit every write to this project's resources (metadata only): tests count the
@@ -282,8 +286,42 @@ POLICY
   echo "$dir/admin.kubeconfig"
 }
 
+# The MetalLB controller, out of cluster (no kubelet here: its Pod object only exists to be
+# read; its two ports bind every interface, as MetalLB's flags allow no other).
+metallb() {
+  [ -f "$dir/env" ] || die "no cluster in $dir; run: cluster.sh up $dir"
+  [ -f "$METALLB_BIN/.complete" ] || "$here/build-binaries.sh" metallb
+  export KUBECONFIG="$dir/admin.kubeconfig"
+  if [ -f "$dir/pids/metallb-controller" ] && kill -0 "$(cat "$dir/pids/metallb-controller")" 2>/dev/null; then
+    log "metallb-controller already running"; return
+  fi
+  kubectl apply --server-side -f "$METALLB_BIN/crds/" >/dev/null
+  kubectl wait --for=condition=Established --timeout=60s -f "$METALLB_BIN/crds/" >/dev/null
+  kubectl apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Namespace
+metadata: {name: metallb-system}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: controller, namespace: metallb-system, labels: {app: metallb, component: controller}}
+spec: {containers: [{name: controller, image: "quay.io/metallb/controller:$METALLB_VERSION"}]}
+YAML
+  local health; health=$(free_port)
+  start metallb-controller "$METALLB_BIN/metallb-controller" --kubeconfig="$dir/admin.kubeconfig" \
+    --namespace=metallb-system --pod-name=controller --webhook-mode=disabled \
+    --port="$(free_port)" --health-probe-port="$health" --log-level=warn
+  for _ in $(seq 1 60); do
+    curl -fs "http://127.0.0.1:$health/readyz" >/dev/null 2>&1 && { log "metallb-controller $METALLB_VERSION ready"; return; }
+    kill -0 "$(cat "$dir/pids/metallb-controller")" 2>/dev/null || die "metallb-controller exited; log: $dir/logs/metallb-controller.log"
+    sleep 0.5
+  done
+  die "metallb-controller not ready; log: $dir/logs/metallb-controller.log"
+}
+
 case "$cmd" in
   up) up ;;
+  metallb) metallb ;;
   down)
     # Do not kill ourselves when the watcher runs `down`.
     if [ -f "$dir/pids/watcher" ] && [ "$(cat "$dir/pids/watcher")" = "$$" ]; then rm -f "$dir/pids/watcher"; fi

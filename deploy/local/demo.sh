@@ -6,6 +6,8 @@
 # ServiceAccount, with the chart's certificate, behind the chart's APIService) and the range
 # driver (as its ServiceAccount) as local processes, creates a class with a small range and a few tenants' claims,
 # prints the ledger and leaves everything running. Safe to re-run while it is up.
+# METALLB=1: the real MetalLB controller runs too, and the class is the MetalLB driver's —
+# MetalLB writes the Services' EXTERNAL-IP and holds every address in its own books.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -13,6 +15,8 @@ root="$(cd "$here/../.." && pwd)"
 . "$here/versions.sh"
 dir="${DEMO_DIR:-$AC_CACHE/clusters/demo}"
 target="${CARGO_TARGET_DIR:-$root/target}"
+metallb="${METALLB:-}"
+if [ -n "$metallb" ]; then driver=metallb-driver; else driver=range-driver; fi
 
 n=0
 step() { n=$((n+1)); printf '\n[demo %d] %s\n' "$n" "$*"; }
@@ -67,6 +71,10 @@ up() {
   step "start etcd, kube-apiserver and kube-controller-manager on 127.0.0.1"
   kubeconfig="$("$here/cluster.sh" up "$dir")" || fail "cluster up"
   export KUBECONFIG="$kubeconfig"
+  if [ -n "$metallb" ]; then
+    step "start the MetalLB controller ($METALLB_VERSION, built from Go modules)"
+    "$here/cluster.sh" metallb "$dir" || fail "MetalLB" "$dir/logs/metallb-controller.log"
+  fi
 
   # Ports of this demo's processes: free ones, picked once per demo directory (a re-run
   # keeps them, so the APIService keeps pointing at the right place; another demo gets
@@ -90,7 +98,9 @@ up() {
   "$HELM_BIN/helm" upgrade --install address-controller "$root/chart/address-controller" \
     --namespace address-controller-system --create-namespace \
     --set apiService.service.externalName=localhost --set apiService.service.port="$api" \
-    --set replicaCount=1 --set rangeDriver.enabled=true >"$dir/logs/helm.log" 2>&1 || fail "helm upgrade --install" "$dir/logs/helm.log"
+    --set replicaCount=1 --set rangeDriver.enabled="$([ -z "$metallb" ] && echo true || echo false)" \
+    --set metallbDriver.enabled="$([ -n "$metallb" ] && echo true || echo false)" \
+    >"$dir/logs/helm.log" 2>&1 || fail "helm upgrade --install" "$dir/logs/helm.log"
   local sa="$dir/address-controller-sa" ns=address-controller-system
   mkdir -p "$sa"
   for key in tls.crt tls.key; do
@@ -98,18 +108,20 @@ up() {
       > "$sa/$key" || fail "read the chart's certificate"
   done
   sa_kubeconfig address-controller "$sa/kubeconfig"
-  sa_kubeconfig address-controller-range-driver "$sa/range-driver.kubeconfig"
+  sa_kubeconfig "address-controller-$driver" "$sa/$driver.kubeconfig"
 
-  step "run the address-controller and the range driver (as the chart's ServiceAccounts)"
+  step "run the address-controller and the $driver (as the chart's ServiceAccounts)"
   run address-controller "$target/debug/address-controller" run --kubeconfig "$sa/kubeconfig" \
     --lease-namespace "$ns" --identity demo --probe-address "127.0.0.1:$probe" \
     --apiserver-address "127.0.0.1:$api" --metrics-address "127.0.0.1:$metrics" \
     --tls-cert-file "$sa/tls.crt" --tls-private-key-file "$sa/tls.key"
-  run range-driver "$target/debug/range-driver" --kubeconfig "$sa/range-driver.kubeconfig" \
-    --lease-namespace "$ns" --lease-name address-controller-range-driver --identity demo \
-    --probe-address "127.0.0.1:$driver_probe"
+  local driver_args=()
+  [ -n "$metallb" ] && driver_args=(--metallb-namespace metallb-system --hold-namespace "$ns")
+  run "$driver" "$target/debug/$driver" --kubeconfig "$sa/$driver.kubeconfig" \
+    --lease-namespace "$ns" --lease-name "address-controller-$driver" --identity demo \
+    --probe-address "127.0.0.1:$driver_probe" "${driver_args[@]}"
   wait_ready address-controller "$probe" || fail "address-controller ready" "$dir/logs/address-controller.log"
-  wait_ready range-driver "$driver_probe" || fail "range-driver ready" "$dir/logs/range-driver.log"
+  wait_ready "$driver" "$driver_probe" || fail "$driver ready" "$dir/logs/$driver.log"
   kubectl wait apiservice/v1alpha1.view.local.sdn.cozystack.io --for=condition=Available --timeout=60s >/dev/null \
     || fail "APIService Available" "$dir/logs/address-controller.log"
 
@@ -127,7 +139,7 @@ subjects: [{kind: ServiceAccount, name: demo-scraper, namespace: $ns}]
 YAML
 
   step "create a class with a small range, two tenants and their claims"
-  kubectl apply -f "$here/demo.yaml" >/dev/null || fail "kubectl apply demo.yaml"
+  apply_demo
   # One address Released under Retain: a claim that came and went (only once).
   if ! kubectl get ipaddresses.local.sdn.cozystack.io -o jsonpath='{range .items[*]}{.spec.claimRef.name}{"\n"}{end}' | grep -qx legacy; then
     kubectl apply -f - >/dev/null <<'YAML' || fail "create tenant-b/legacy"
@@ -156,7 +168,7 @@ YAML
   before="$(kubectl get svc -n tenant-a web -o jsonpath='{.status.loadBalancer.ingress[0].ip}')"
   echo; echo "\$ kubectl delete svc -n tenant-a web && kubectl apply -f demo.yaml   # the address belongs to the claim"
   kubectl delete svc -n tenant-a web --wait=true >/dev/null || fail "delete Service tenant-a/web"
-  kubectl apply -f "$here/demo.yaml" >/dev/null || fail "kubectl apply demo.yaml"
+  apply_demo
   kubectl wait -n tenant-a service/web --for=jsonpath='{.status.loadBalancer.ingress[0].ip}' --timeout=60s >/dev/null \
     || fail "the recreated Service tenant-a/web has its EXTERNAL-IP" "$dir/logs/"
   after="$(kubectl get svc -n tenant-a web -o jsonpath='{.status.loadBalancer.ingress[0].ip}')"
@@ -188,8 +200,34 @@ Logs: $dir/logs/    Stop everything with: make demo-down
 MSG
 }
 
+# The demo's objects: demo.yaml, whose class is the range driver's — or, with METALLB=1, the
+# same class as a MetalLB pool.
+apply_demo() {
+  if [ -z "$metallb" ]; then
+    kubectl apply -f "$here/demo.yaml" >/dev/null || fail "kubectl apply demo.yaml"
+    return
+  fi
+  kubectl apply -f - >/dev/null <<'YAML' || fail "the MetalLB class"
+apiVersion: local.sdn.cozystack.io/v1alpha1
+kind: IPAddressClass
+metadata:
+  name: public
+  annotations:
+    ipaddressclass.local.sdn.cozystack.io/is-default-class: "true"
+    ipaddressclass.local.sdn.cozystack.io/is-auto-claim-class: "true"
+spec:
+  provisioner: metallb.drivers.local.sdn.cozystack.io
+  reclaimPolicy: Retain
+  releaseDelay: 24h
+  parameters:
+    addresses: ["192.0.2.0/28", "2001:db8:100::/124"]
+YAML
+  # demo.yaml without its first document (the range driver's class).
+  awk 'f; /^---$/ && !f {f=1}' "$here/demo.yaml" | kubectl apply -f - >/dev/null || fail "kubectl apply demo.yaml"
+}
+
 down() {
-  for name in address-controller range-driver; do
+  for name in address-controller range-driver metallb-driver; do
     f="$dir/pids/demo-$name"
     [ -f "$f" ] || continue
     kill -TERM -- "-$(cat "$f")" 2>/dev/null || kill -TERM "$(cat "$f")" 2>/dev/null || true

@@ -6,6 +6,9 @@ HELM_VERSION=v3.22.0
 # Prometheus v3.16.0 (its Go module is tagged v0.316.0): prometheus and promtool, for the
 # scrape, alert-rule and dashboard tests.
 PROMETHEUS_VERSION=v0.316.0
+# The MetalLB controller (the IPAM half of MetalLB), for the MetalLB driver's tests. v0.16.2
+# needs frr-k8s v0.0.27, whose zip the module proxy refuses; v0.16.1 builds as is.
+METALLB_VERSION=v0.16.1
 
 # Built binaries live outside the repository, keyed by version, so CI runs and later
 # sessions on the same machine reuse them. Override with ADDRESS_CONTROLLER_CACHE.
@@ -14,3 +17,4 @@ KUBE_BIN="$AC_CACHE/bin/kubernetes-$KUBE_VERSION"
 ETCD_BIN="$AC_CACHE/bin/etcd-$ETCD_VERSION"
 HELM_BIN="$AC_CACHE/bin/helm-$HELM_VERSION"
 PROMETHEUS_BIN="$AC_CACHE/bin/prometheus-$PROMETHEUS_VERSION"
+METALLB_BIN="$AC_CACHE/bin/metallb-$METALLB_VERSION"

@@ -94,8 +94,37 @@ pub trait Driver: Send + Sync + 'static {
         None
     }
 
-    /// Tears down the backend of an address being deleted (only with a [`Driver::finalizer`]).
-    fn release(&self, _address: &IPAddress) -> impl Future<Output = Result<(), String>> + Send {
+    /// Makes the backend's configuration of a class of this driver what its parameters say
+    /// (a pool, an advertisement), on every pass over the class; idempotent, writing nothing
+    /// when it already is. Objects it makes should be owned by the class, so that they go
+    /// with it.
+    fn sync_class(
+        &self,
+        _client: &Client,
+        _class: &IPAddressClass,
+        _params: &Self::Params,
+    ) -> impl Future<Output = Result<(), String>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Makes the backend's state of an address of this driver's classes what the address
+    /// says (e.g. hold it in the backend's books), on every pass over it; idempotent.
+    fn sync_address(
+        &self,
+        _client: &Client,
+        _address: &IPAddress,
+        _params: &Self::Params,
+    ) -> impl Future<Output = Result<(), String>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Tears down the backend of an address being deleted (only with a [`Driver::finalizer`]);
+    /// the kit calls it once no Service shows the address any more.
+    fn release(
+        &self,
+        _client: &Client,
+        _address: &IPAddress,
+    ) -> impl Future<Output = Result<(), String>> + Send {
         async { Ok(()) }
     }
 
@@ -118,9 +147,16 @@ pub trait Driver: Send + Sync + 'static {
         _client: &Client,
         _service: &Service,
         _ours: &[IpAddr],
-        _want: &[IpAddr],
+        _want: &[Arc<IPAddress>],
     ) -> impl Future<Output = Result<(), String>> + Send {
         async { Ok(()) }
+    }
+
+    /// Whether a Service is the backend's own (e.g. a placeholder that holds an address in
+    /// the backend's books): the kit never associates it, nor counts it as using an
+    /// address it was not given.
+    fn internal(&self, _service: &Service) -> bool {
+        false
     }
 
     /// The addresses the backend shows on the Service: until an unpinned address is gone

@@ -10,6 +10,7 @@ pub mod association;
 pub mod driver;
 mod inventory;
 pub mod metrics;
+pub mod ranges;
 pub mod runner;
 mod services;
 

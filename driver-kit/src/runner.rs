@@ -443,6 +443,13 @@ pub(crate) async fn class_pass<D: Driver>(
     let mut status = class.status.clone().unwrap_or_default();
     match parsed {
         Ok(params) => {
+            ctx.driver
+                .sync_class(&ctx.client, &class, &params)
+                .await
+                .map_err(|message| Error::Backend {
+                    object: format!("class {name}"),
+                    message,
+                })?;
             let cap = ctx.driver.capacity(&params);
             status.capacity = Some(address_controller_api::Capacity {
                 ipv4: Some(cap.ipv4),
@@ -529,12 +536,44 @@ pub(crate) async fn address_pass<D: Driver>(
     });
     let Some(finalizer) = teardown else {
         if ctx.owns(&a) {
+            // The driver's finalizer guards its backend state of every address of its
+            // classes — an admin's static ones too, not only those it created.
+            if let Some(f) = ctx.driver.finalizer()
+                && a.metadata.deletion_timestamp.is_none()
+                && !a.finalizers().iter().any(|x| x == f)
+            {
+                let mut all = a.finalizers().to_vec();
+                all.push(f.to_string());
+                let body = json!({"metadata": {"resourceVersion": a.metadata.resource_version, "finalizers": all}});
+                Api::<IPAddress>::all(ctx.client.clone())
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(body))
+                    .await
+                    .map_err(|source| Error::Kube {
+                        action: "adding the finalizer of",
+                        object: name.clone(),
+                        source,
+                    })?;
+                return Ok(Outcome::Done);
+            }
             crate::association::pass::health_pass(&ctx, &a).await?;
         }
         return Ok(Outcome::Done);
     };
+    // Teardown waits until no Service shows the address any more (its association is
+    // withdrawn first): the backend's state is what withdraws it.
+    if let Some(ip) = crate::association::ip_of(&a) {
+        let shown = crate::association::pass::shown_by(&ctx, ip);
+        if let Some((svc, _)) = shown.first() {
+            return Err(Error::Backend {
+                object: name.clone(),
+                message: format!(
+                    "Service {svc} still shows {ip}; tearing down after it is withdrawn"
+                ),
+            });
+        }
+    }
     ctx.driver
-        .release(&a)
+        .release(&ctx.client, &a)
         .await
         .map_err(|message| Error::Allocate {
             claim: name.clone(),

@@ -76,10 +76,6 @@ pub const RULES: &[(&str, &str)] = &[
         "gauges-differ",
         "a replica's ledger gauges differ from the objects",
     ),
-    (
-        "gauges-differ",
-        "a replica's ledger gauges differ from the objects",
-    ),
 ];
 
 /// Which objects a check looks at (everything when unset).

@@ -443,6 +443,11 @@ impl ControllerProcess {
         Self::spawn("range-driver", &[], user, &["system:masters"], extra).await
     }
 
+    /// Starts the MetalLB driver (`metallb-driver`) as user `user` (group `system:masters`).
+    pub async fn metallb_driver(user: &str, extra: &[&str]) -> Result<ControllerProcess> {
+        Self::spawn("metallb-driver", &[], user, &["system:masters"], extra).await
+    }
+
     async fn spawn(
         bin: &str,
         pre: &[&str],
@@ -875,6 +880,7 @@ pub mod conformance;
 pub mod env;
 pub mod image;
 pub mod invariants;
+pub mod metallb;
 
 /// CPU time (user + system) a process has used, from `/proc/<pid>/stat`.
 pub fn cpu_time(pid: u32) -> Result<Duration> {

@@ -1477,6 +1477,17 @@ fn the_image_and_the_chart_agree() {
             .any(|l| l.starts_with("COPY ") && l.ends_with(" /usr/local/bin/range-driver")),
         "the image has no /usr/local/bin/range-driver"
     );
+    // And the MetalLB driver's.
+    let mlb = render(&json!({"metallbDriver": {"enabled": true}}), &[]).unwrap();
+    let c = &find(&mlb, "Deployment", "address-controller-metallb-driver")["spec"]["template"]["spec"]
+        ["containers"][0];
+    assert_eq!(c["command"], json!(["/usr/local/bin/metallb-driver"]));
+    assert!(
+        dockerfile
+            .lines()
+            .any(|l| l.starts_with("COPY ") && l.ends_with(" /usr/local/bin/metallb-driver")),
+        "the image has no /usr/local/bin/metallb-driver"
+    );
     // The image is built with the pinned toolchain (rust-toolchain.toml `channel = "1.95.0"`).
     let toolchain = std::fs::read_to_string(repo_root().join("rust-toolchain.toml")).unwrap();
     let channel = toolchain
@@ -1613,4 +1624,152 @@ fn every_schema_property_has_a_documented_default_and_vice_versa() {
     missing.retain(|m| !m.starts_with(".apiService.tls.certManager.issuerRef."));
     assert!(missing.is_empty(), "{missing:#?}");
     assert_eq!(schema["additionalProperties"], false);
+}
+
+/// The MetalLB driver's policy: only its ServiceAccount introduces, changes or removes
+/// MetalLB's pin annotations and spec.loadBalancerIP on Services of the selected namespaces;
+/// unchanged values always pass.
+#[tokio::test]
+async fn the_metallb_policy_reserves_metallb_pins_to_the_driver() {
+    let _one = INSTALL.lock().await;
+    let (cluster, client) = setup().await;
+    let release = Release::new(
+        free_port(),
+        &json!({"metallbDriver": {"enabled": true, "admissionPolicy": {"enabled": true,
+            "namespaceSelector": {"matchLabels": {"address-controller.test/metallb": "guarded"}}}}}),
+    )
+    .await;
+    let policy = "address-controller-metallb-pins";
+    let checked = wait_for("policy type-checked", WAIT, || async {
+        let p: Value = serde_json::from_str(&cluster.kubectl_ok(&[
+            "get",
+            "validatingadmissionpolicy",
+            policy,
+            "-o",
+            "json",
+        ])?)?;
+        Ok((p["status"]["observedGeneration"] == p["metadata"]["generation"]).then_some(p))
+    })
+    .await
+    .unwrap();
+    assert!(
+        checked["status"]["typeChecking"]
+            .get("expressionWarnings")
+            .is_none(),
+        "{:#}",
+        checked["status"]
+    );
+    let guarded = TestNamespace::create(&client, "chart-mlb").await.unwrap();
+    cluster
+        .kubectl_ok(&[
+            "label",
+            "namespace",
+            &guarded.name,
+            "address-controller.test/metallb=guarded",
+        ])
+        .unwrap();
+    let open = TestNamespace::create(&client, "chart-mlb-open")
+        .await
+        .unwrap();
+    let g = guarded.name.as_str();
+    let svc = |ns: &str, name: &str, ann: Value, spec: Value| {
+        let mut v = json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": ns, "annotations": ann},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}});
+        for (k, x) in spec.as_object().unwrap() {
+            v["spec"][k] = x.clone();
+        }
+        v.to_string()
+    };
+    let create = ["create", "-f", "-"];
+    let tenant =
+        |args: &[&str], stdin: &str| kubectl_as("tenant", &["system:masters"], args, stdin);
+    let driver_sa = format!(
+        "system:serviceaccount:{}:address-controller-metallb-driver",
+        release.ns
+    );
+    let pin = json!({"metallb.io/loadBalancerIPs": "198.18.90.1"});
+    // Becomes active within moments: each attempt a fresh name.
+    let attempt = std::sync::atomic::AtomicU32::new(0);
+    let denied = wait_for("the policy denies a tenant's pin", WAIT, || async {
+        let n = attempt.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        match tenant(
+            &create,
+            &svc(g, &format!("pinned-{n}"), pin.clone(), json!({})),
+        ) {
+            Ok(_) => Ok(None),
+            Err(e) if e.contains("ValidatingAdmissionPolicy") => Ok(Some(e)),
+            Err(e) => Err(anyhow::anyhow!(e)),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        denied.contains("may not set, change or remove MetalLB pin annotations"),
+        "{denied}"
+    );
+    // spec.loadBalancerIP and a sharing key are refused too; a plain Service is fine.
+    let err = tenant(
+        &create,
+        &svc(
+            g,
+            "byip",
+            json!({}),
+            json!({"loadBalancerIP": "198.18.90.2"}),
+        ),
+    )
+    .unwrap_err();
+    assert!(err.contains("MetalLB pin annotations"), "{err}");
+    let err = tenant(
+        &create,
+        &svc(
+            g,
+            "share",
+            json!({"metallb.io/allow-shared-ip": "k"}),
+            json!({}),
+        ),
+    )
+    .unwrap_err();
+    assert!(err.contains("MetalLB pin annotations"), "{err}");
+    tenant(&create, &svc(g, "plain", json!({}), json!({}))).unwrap();
+    // The driver's ServiceAccount pins; the tenant then edits the rest but not the pin.
+    kubectl_as(
+        &driver_sa,
+        &["system:serviceaccounts"],
+        &create,
+        &svc(g, "web", pin.clone(), json!({})),
+    )
+    .unwrap();
+    tenant(
+        &[
+            "patch",
+            "svc",
+            "web",
+            "-n",
+            g,
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"labels":{"tier":"web"}}}"#,
+        ],
+        "",
+    )
+    .unwrap();
+    let err = tenant(
+        &[
+            "patch",
+            "svc",
+            "web",
+            "-n",
+            g,
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"annotations":{"metallb.io/loadBalancerIPs":"198.18.90.9"}}}"#,
+        ],
+        "",
+    )
+    .unwrap_err();
+    assert!(err.contains("MetalLB pin annotations"), "{err}");
+    // Outside the selector the policy does not apply.
+    tenant(&create, &svc(&open.name, "pinned", pin, json!({}))).unwrap();
+    drop(release);
 }

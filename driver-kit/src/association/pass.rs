@@ -47,12 +47,16 @@ async fn patch_address_status(
 
 /// The Services that show `ip` (by the backend's word), with whether the kit pinned it
 /// there (its record on the Service).
-fn shown_by<D: Driver>(ctx: &Ctx<D>, ip: IpAddr) -> Vec<(String, bool)> {
+pub(crate) fn shown_by<D: Driver>(ctx: &Ctx<D>, ip: IpAddr) -> Vec<(String, bool)> {
     ctx.services
         .mentioning(ip)
         .into_iter()
         .filter_map(|k| {
             let s = ctx.world.services.as_ref()?.get(&k)?;
+            // The backend's own Services (a hold) are neither associated nor offenders.
+            if ctx.driver.internal(&s) {
+                return None;
+            }
             ctx.driver.shown(&s).contains(&ip).then(|| {
                 let pinned = parse_marker(s.annotations().get(&ctx.marker).map(String::as_str))
                     .contains(&ip);
@@ -71,6 +75,9 @@ pub(crate) async fn service_pass<D: Driver>(
         return Ok(Outcome::Done);
     };
     let svc = cache.get(&key);
+    if svc.as_ref().is_some_and(|s| ctx.driver.internal(s)) {
+        return Ok(Outcome::Done);
+    }
     let served = svc
         .as_ref()
         .is_some_and(|s| is_load_balancer(s) && ctx.driver.serves(s));
@@ -96,7 +103,7 @@ pub(crate) async fn service_pass<D: Driver>(
         .iter()
         .flat_map(|k| ctx.services.naming(k))
         .filter_map(|k| cache.get(&k))
-        .filter(|s| is_load_balancer(s) && ctx.driver.serves(s))
+        .filter(|s| is_load_balancer(s) && ctx.driver.serves(s) && !ctx.driver.internal(s))
         .collect();
     let associated_here: Vec<Arc<IPAddress>> = ctx
         .inventory
@@ -169,8 +176,18 @@ async fn apply_service<D: Driver>(
             .map_err(kube_error("recording the pins on Service", key.to_string()))?;
     }
     if let Some((ours, want)) = &plan.pin {
+        let want: Vec<Arc<IPAddress>> = want
+            .iter()
+            .filter_map(|ip| {
+                ctx.inventory
+                    .addresses_of(*ip)
+                    .iter()
+                    .filter_map(|n| ctx.world.addresses.get(n))
+                    .find(|a| ctx.owns(a))
+            })
+            .collect();
         ctx.driver
-            .pin(&ctx.client, &svc, ours, want)
+            .pin(&ctx.client, &svc, ours, &want)
             .await
             .map_err(|message| Error::Backend {
                 object: key.to_string(),
@@ -193,6 +210,17 @@ async fn apply_service<D: Driver>(
 /// One pass over an address of this driver's classes: Lost, Conflict, a dangling
 /// `associatedTo`.
 pub(crate) async fn health_pass<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Result<(), Error> {
+    if let Some(Ok(p)) = ctx.params(&a.spec.class_name)
+        && !a.is_deleting()
+    {
+        ctx.driver
+            .sync_address(&ctx.client, a, &p)
+            .await
+            .map_err(|message| Error::Backend {
+                object: format!("address {}", a.name_any()),
+                message,
+            })?;
+    }
     // Only what the driver provisioned is in the backend's books: an admin's static address
     // of the class is not the backend's to lose.
     let provisioned = a

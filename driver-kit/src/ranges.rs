@@ -1,29 +1,36 @@
-//! The range allocator: pure functions over the class parameters and the addresses in use.
-//! No I/O; the driver's reconciler feeds it a snapshot.
+//! Address ranges for drivers: CIDRs (`192.0.2.0/28`) and, where a driver allows them,
+//! inclusive ranges (`192.0.2.10-192.0.2.20`) of one family; parsing a class's list of them,
+//! overlaps between classes, capacity, and the first free address. Pure functions, no I/O —
+//! every driver that hands out addresses from ranges needs them.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use address_controller_api::Family;
 use address_controller_api::family::family_of_ip;
 
-/// One CIDR of a class's `spec.parameters.cidrs`.
+/// One block of a class's addresses: a CIDR, or (`range` set) the inclusive range from
+/// `network` to `range`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cidr {
     pub network: IpAddr,
     pub prefix: u8,
+    /// The last address of an `a-b` range (`prefix` is then the family's width).
+    pub range: Option<IpAddr>,
 }
 
 /// Why the parameters of a class cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParamError {
-    #[error("spec.parameters.cidrs is missing")]
-    Missing,
-    #[error("spec.parameters.cidrs must be a list of CIDR strings")]
-    NotAList,
-    #[error("spec.parameters.cidrs is empty")]
-    Empty,
+    #[error("spec.parameters.{0} is missing")]
+    Missing(&'static str),
+    #[error("spec.parameters.{0} must be a list of strings")]
+    NotAList(&'static str),
+    #[error("spec.parameters.{0} is empty")]
+    Empty(&'static str),
     #[error("{0:?} is not a CIDR such as 192.0.2.0/28 or 2001:db8::/120")]
     Invalid(String),
+    #[error("{0:?} is not a range such as 192.0.2.10-192.0.2.20 (one family, first before last)")]
+    InvalidRange(String),
     #[error("{0:?} has host bits set; did you mean {1}?")]
     HostBits(String, String),
     #[error("{0} overlaps {1}")]
@@ -32,7 +39,10 @@ pub enum ParamError {
 
 impl std::fmt::Display for Cidr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.network, self.prefix)
+        match self.range {
+            Some(last) => write!(f, "{}-{}", self.network, last),
+            None => write!(f, "{}/{}", self.network, self.prefix),
+        }
     }
 }
 
@@ -64,15 +74,45 @@ impl Cidr {
         if prefix > width(network) {
             return Err(invalid());
         }
-        let cidr = Cidr { network, prefix };
+        let cidr = Cidr {
+            network,
+            prefix,
+            range: None,
+        };
         if bits(network) != cidr.first_bits() {
             let fixed = Cidr {
                 network: from_bits(network.is_ipv4(), cidr.first_bits()),
                 prefix,
+                range: None,
             };
             return Err(ParamError::HostBits(s.to_string(), fixed.to_string()));
         }
         Ok(cidr)
+    }
+
+    /// Parses an inclusive range `a-b` of one family.
+    pub fn parse_range(s: &str) -> Result<Cidr, ParamError> {
+        let invalid = || ParamError::InvalidRange(s.to_string());
+        let (a, b) = s.split_once('-').ok_or_else(invalid)?;
+        let first: IpAddr = a.trim().parse().map_err(|_| invalid())?;
+        let last: IpAddr = b.trim().parse().map_err(|_| invalid())?;
+        if first.is_ipv4() != last.is_ipv4() || bits(first) > bits(last) {
+            return Err(invalid());
+        }
+        Ok(Cidr {
+            network: first,
+            prefix: width(first),
+            range: Some(last),
+        })
+    }
+
+    /// Parses a CIDR, or — with `ranges` — an `a-b` range too.
+    pub fn parse_block(s: &str, ranges: bool) -> Result<Cidr, ParamError> {
+        if ranges && s.contains('-') {
+            Cidr::parse_range(s)
+        } else {
+            Cidr::parse(s)
+        }
     }
 
     fn mask(&self) -> u128 {
@@ -91,10 +131,16 @@ impl Cidr {
     }
 
     fn first_bits(&self) -> u128 {
+        if self.range.is_some() {
+            return bits(self.network);
+        }
         bits(self.network) & self.mask()
     }
 
     fn last_bits(&self) -> u128 {
+        if let Some(last) = self.range {
+            return bits(last);
+        }
         let w = width(self.network);
         let all = if w == 32 {
             u128::from(u32::MAX)
@@ -108,11 +154,12 @@ impl Cidr {
         family_of_ip(self.network)
     }
 
-    /// The usable range: IPv4 network and broadcast addresses are skipped for prefixes
-    /// shorter than /31 (RFC 3021 makes both addresses of a /31 usable).
+    /// The usable range: IPv4 network and broadcast addresses of a CIDR are skipped for
+    /// prefixes shorter than /31 (RFC 3021 makes both addresses of a /31 usable); a range is
+    /// used whole.
     fn usable(&self) -> (u128, u128) {
         let (first, last) = (self.first_bits(), self.last_bits());
-        if self.network.is_ipv4() && self.prefix < 31 {
+        if self.network.is_ipv4() && self.prefix < 31 && self.range.is_none() {
             (first + 1, last - 1)
         } else {
             (first, last)
@@ -140,17 +187,27 @@ impl Cidr {
 
 /// Parses `spec.parameters` of a class: `{"cidrs": ["192.0.2.0/28", "2001:db8::/120"]}`.
 pub fn parse_parameters(parameters: Option<&serde_json::Value>) -> Result<Vec<Cidr>, ParamError> {
+    parse_blocks(parameters, "cidrs", false)
+}
+
+/// Parses the list under `key` of `spec.parameters`: CIDRs, and with `ranges` also `a-b`
+/// ranges; no two may overlap.
+pub fn parse_blocks(
+    parameters: Option<&serde_json::Value>,
+    key: &'static str,
+    ranges: bool,
+) -> Result<Vec<Cidr>, ParamError> {
     let list = parameters
-        .and_then(|p| p.get("cidrs"))
-        .ok_or(ParamError::Missing)?;
-    let items = list.as_array().ok_or(ParamError::NotAList)?;
+        .and_then(|p| p.get(key))
+        .ok_or(ParamError::Missing(key))?;
+    let items = list.as_array().ok_or(ParamError::NotAList(key))?;
     if items.is_empty() {
-        return Err(ParamError::Empty);
+        return Err(ParamError::Empty(key));
     }
     let mut cidrs = Vec::new();
     for item in items {
-        let s = item.as_str().ok_or(ParamError::NotAList)?;
-        let c = Cidr::parse(s)?;
+        let s = item.as_str().ok_or(ParamError::NotAList(key))?;
+        let c = Cidr::parse_block(s, ranges)?;
         if let Some(prev) = cidrs.iter().find(|p: &&Cidr| p.overlaps(&c)) {
             return Err(ParamError::Overlap(c.to_string(), prev.to_string()));
         }
@@ -204,6 +261,7 @@ pub fn first_free(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use serde_json::json;
 
@@ -220,11 +278,14 @@ mod tests {
             parse_parameters(Some(&json!({"cidrs": ["192.0.2.0/28", "2001:db8::/120"]}))).unwrap();
         assert_eq!(ok.len(), 2);
         let cases = [
-            (None, ParamError::Missing),
-            (Some(json!({})), ParamError::Missing),
-            (Some(json!({"cidrs": "192.0.2.0/28"})), ParamError::NotAList),
-            (Some(json!({"cidrs": [1]})), ParamError::NotAList),
-            (Some(json!({"cidrs": []})), ParamError::Empty),
+            (None, ParamError::Missing("cidrs")),
+            (Some(json!({})), ParamError::Missing("cidrs")),
+            (
+                Some(json!({"cidrs": "192.0.2.0/28"})),
+                ParamError::NotAList("cidrs"),
+            ),
+            (Some(json!({"cidrs": [1]})), ParamError::NotAList("cidrs")),
+            (Some(json!({"cidrs": []})), ParamError::Empty("cidrs")),
             (
                 Some(json!({"cidrs": ["192.0.2.0"]})),
                 ParamError::Invalid("192.0.2.0".into()),
@@ -299,6 +360,44 @@ mod tests {
             Some("192.0.2.7".parse().unwrap())
         );
         assert_eq!(first_free(&one, Family::IPv6, &ips(&[])), None);
+    }
+
+    #[test]
+    fn ranges_are_used_whole() {
+        let blocks = parse_blocks(
+            Some(&json!({"addresses": ["192.0.2.10-192.0.2.12", "192.0.2.0/30"]})),
+            "addresses",
+            true,
+        )
+        .unwrap();
+        assert_eq!(blocks[0].to_string(), "192.0.2.10-192.0.2.12");
+        assert_eq!(capacity(&blocks), (3 + 2, 0));
+        assert!(blocks[0].contains("192.0.2.12".parse().unwrap()));
+        assert!(!blocks[0].contains("192.0.2.13".parse().unwrap()));
+        assert_eq!(
+            first_free(&blocks, Family::IPv4, &ips(&["192.0.2.10"])),
+            Some("192.0.2.11".parse().unwrap())
+        );
+        for bad in ["192.0.2.12-192.0.2.10", "192.0.2.1-2001:db8::1", "a-b"] {
+            assert!(
+                matches!(
+                    parse_blocks(Some(&json!({"addresses": [bad]})), "addresses", true),
+                    Err(ParamError::InvalidRange(_))
+                ),
+                "{bad}"
+            );
+        }
+        // Overlap between a range and a CIDR.
+        assert!(
+            parse_blocks(
+                Some(&json!({"addresses": ["192.0.2.0/30", "192.0.2.2-192.0.2.5"]})),
+                "addresses",
+                true
+            )
+            .is_err()
+        );
+        // Without ranges, a dash is not a CIDR.
+        assert!(parse_parameters(Some(&json!({"cidrs": ["192.0.2.10-192.0.2.12"]}))).is_err());
     }
 
     #[test]

@@ -5,7 +5,6 @@
 //! of the Service that names it. Everything but the allocator and the ingress writes is the
 //! driver kit's.
 
-mod allocator;
 mod range;
 
 use address_controller_driver_kit::Info;
@@ -15,7 +14,7 @@ use address_controller_driver_kit::runtime_rbac::Rule;
 const INFO: Info = Info {
     name: "range-driver",
     cluster_role: "address-controller-range-driver",
-    source: "driver/src/main.rs (the driver kit's rules)",
+    source: "drivers/range/src/main.rs (the driver kit's rules)",
     extra_rules: &[Rule {
         group: "",
         resources: &["services/status"],
@@ -44,7 +43,7 @@ mod tests {
     #[test]
     fn committed_cluster_role_is_up_to_date() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../chart/address-controller/files/range-driver-role.yaml");
+            .join("../../chart/address-controller/files/range-driver-role.yaml");
         let got = std::fs::read_to_string(&path).unwrap_or_default();
         let want = address_controller_driver_kit::cluster_role_yaml(&super::INFO);
         assert!(

@@ -16,7 +16,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-use crate::allocator::{self, Cidr, ParamError};
+use address_controller_driver_kit::ranges::{self as allocator, Cidr, ParamError};
 
 /// The provisioner name this driver answers to.
 pub const PROVISIONER: &str = "range.drivers.local.sdn.cozystack.io";
@@ -131,9 +131,13 @@ impl Driver for Range {
         client: &Client,
         service: &Service,
         ours: &[IpAddr],
-        want: &[IpAddr],
+        want: &[Arc<IPAddress>],
     ) -> Result<(), String> {
-        let Some(ingress) = ingress_after(service, ours, want) else {
+        let want: Vec<IpAddr> = want
+            .iter()
+            .filter_map(|a| address_controller_api::family::parse_address(&a.spec.address).ok())
+            .collect();
+        let Some(ingress) = ingress_after(service, ours, &want) else {
             return Ok(());
         };
         let ns = service.namespace().unwrap_or_default();

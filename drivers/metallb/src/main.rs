@@ -1,0 +1,78 @@
+//! `metallb-driver`: the MetalLB driver (SPEC §8), a drop-in replacement for the Go driver
+//! of the platform: provisioner `metallb.drivers.local.sdn.cozystack.io`, class parameters
+//! `addresses` (MetalLB's ranges). MetalLB stays the allocator of record: every address of
+//! the driver's classes is held in MetalLB's books, and put on Services through MetalLB's own
+//! annotations, without a gap. Everything but the MetalLB objects is the driver kit's.
+
+mod metallb;
+
+use address_controller_driver_kit::Info;
+use address_controller_driver_kit::runtime_rbac::Rule;
+
+/// Who this driver is: the binary, its default Lease, its ClusterRole.
+const INFO: Info = Info {
+    name: "metallb-driver",
+    cluster_role: "address-controller-metallb-driver",
+    source: "drivers/metallb/src/main.rs (the driver kit's rules and MetalLB's)",
+    extra_rules: &[
+        Rule {
+            group: "metallb.io",
+            resources: &["ipaddresspools", "l2advertisements", "bgpadvertisements"],
+            verbs: &["get", "list", "watch", "create", "patch", "delete"],
+            why: "one pool and one advertisement per class, owned by the class",
+        },
+        Rule {
+            group: "",
+            resources: &["services"],
+            verbs: &["create", "delete"],
+            why: "the holds: placeholder Services that keep each address in MetalLB's books",
+        },
+    ],
+};
+
+/// The MetalLB driver's own flags.
+#[derive(clap::Args, Clone, Debug)]
+struct MetalLbArgs {
+    /// MetalLB's namespace (its `--namespace`): where the pools and advertisements go.
+    #[arg(
+        long,
+        env = "METALLB_DRIVER_METALLB_NAMESPACE",
+        default_value = "metallb-system"
+    )]
+    metallb_namespace: String,
+    /// Where the holds (placeholder Services) live: the driver's own namespace.
+    #[arg(
+        long,
+        env = "METALLB_DRIVER_HOLD_NAMESPACE",
+        default_value = "address-controller-system"
+    )]
+    hold_namespace: String,
+    /// The `spec.loadBalancerClass` MetalLB serves (its `--lb-class`); default: Services
+    /// without one.
+    #[arg(long, env = "METALLB_DRIVER_LB_CLASS")]
+    lb_class: Option<String>,
+}
+
+fn main() -> anyhow::Result<()> {
+    address_controller_driver_kit::main_with(INFO, |a: &MetalLbArgs| metallb::MetalLb {
+        metallb_namespace: a.metallb_namespace.clone(),
+        hold_namespace: a.hold_namespace.clone(),
+        lb_class: a.lb_class.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn committed_cluster_role_is_up_to_date() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../chart/address-controller/files/metallb-driver-role.yaml");
+        let got = std::fs::read_to_string(&path).unwrap_or_default();
+        let want = address_controller_driver_kit::cluster_role_yaml(&super::INFO);
+        assert!(
+            want.as_ref().is_ok_and(|w| *w == got),
+            "{} is stale; run `make manifests`",
+            path.display()
+        );
+    }
+}

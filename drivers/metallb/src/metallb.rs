@@ -1,0 +1,583 @@
+//! The MetalLB driver: a [`Driver`] whose classes are MetalLB pools and whose addresses
+//! MetalLB itself holds — MetalLB stays the allocator of record.
+//!
+//! * **Classes.** `spec.parameters.addresses` — CIDRs and `a-b` ranges, as MetalLB's
+//!   `IPAddressPool.spec.addresses` — and optionally `advertisement: L2 | BGP` (default L2).
+//!   Per class one `IPAddressPool` (`autoAssign: false`, `avoidBuggyIPs: true`) and one
+//!   `L2Advertisement` or `BGPAdvertisement`, named `ipaddressclass-<class>` in MetalLB's
+//!   namespace and owned by the class (they go with it).
+//! * **Holds.** Every address of the driver's classes is held in MetalLB's books by a
+//!   placeholder Service in the driver's namespace (`hold-<address>`: a LoadBalancer without
+//!   selector, pinned to the address with `metallb.io/loadBalancerIPs`, on port 65535, owned by
+//!   the IPAddress), so MetalLB refuses anyone else who pins it — also while it is `Released`
+//!   under `Retain`. Its sharing key (`metallb.io/allow-shared-ip`) is the claim's
+//!   (`ac-<claim uid>`): the claim's Service pins the address with the same key and shares it
+//!   with the hold. **No gap**: the address is held by the hold at every instant; handing it
+//!   to a Service adds a holder, withdrawing it removes one (removing the key from the
+//!   Service makes MetalLB clear it there, because the hold's key differs — observed with the
+//!   real controller). The hold goes, behind the driver's finalizer, once no Service shows
+//!   the address.
+//! * **Lost.** An address outside its class's current addresses is gone from the pool:
+//!   `Missing`.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use address_controller_api::family::{family_of_ip, parse_address};
+use address_controller_api::{Family, FromClass, IPAddress, IPAddressClass};
+use address_controller_driver_kit::ranges::{self, Cidr, ParamError};
+use address_controller_driver_kit::{
+    AllocateError, Allocation, Capacity, Driver, Presence, Request,
+};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::{Value, json};
+
+/// The provisioner name this driver answers to (the same as the Go driver's).
+pub const PROVISIONER: &str = "metallb.drivers.local.sdn.cozystack.io";
+/// The finalizer behind which the driver lets go of MetalLB's hold.
+pub const FINALIZER: &str = "metallb.drivers.local.sdn.cozystack.io/hold";
+
+/// MetalLB's annotations.
+pub const LOAD_BALANCER_IPS: &str = "metallb.io/loadBalancerIPs";
+pub const ALLOW_SHARED_IP: &str = "metallb.io/allow-shared-ip";
+/// Labels of the driver's own objects.
+const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+const MANAGER: &str = "address-controller-metallb-driver";
+const COMPONENT: &str = "app.kubernetes.io/component";
+/// The IPAddress a hold holds.
+const HOLDS: &str = "metallb.drivers.local.sdn.cozystack.io/address";
+/// The port of a hold (a tenant sharing the address must not use it).
+pub const HOLD_PORT: i32 = 65535;
+
+/// How a class's addresses are announced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Advertisement {
+    L2,
+    Bgp,
+}
+
+/// A class's parsed parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Params {
+    pub blocks: Vec<Cidr>,
+    pub advertisement: Advertisement,
+}
+
+pub struct MetalLb {
+    /// Where MetalLB reads its pools and advertisements (its `--namespace`).
+    pub metallb_namespace: String,
+    /// Where the holds live (the driver's own namespace).
+    pub hold_namespace: String,
+    /// The `spec.loadBalancerClass` MetalLB serves (its `--lb-class`; `None`: none set).
+    pub lb_class: Option<String>,
+}
+
+fn parse(parameters: Option<&Value>) -> Result<Params, String> {
+    let blocks = ranges::parse_blocks(parameters, "addresses", true)
+        .map_err(|e: ParamError| e.to_string())?;
+    let advertisement = match parameters
+        .and_then(|p| p.get("advertisement"))
+        .map(|v| v.as_str())
+    {
+        None | Some(Some("L2")) => Advertisement::L2,
+        Some(Some("BGP")) => Advertisement::Bgp,
+        Some(other) => {
+            return Err(format!(
+                "spec.parameters.advertisement must be L2 or BGP, not {}",
+                other.map_or("a non-string".to_string(), |s| format!("{s:?}"))
+            ));
+        }
+    };
+    Ok(Params {
+        blocks,
+        advertisement,
+    })
+}
+
+/// The name of the pool and advertisement of a class.
+pub fn pool_name(class: &str) -> String {
+    format!("ipaddressclass-{class}")
+}
+
+/// The name of the hold of an address (a DNS label: long names are shortened by a hash).
+pub fn hold_name(address: &str) -> String {
+    let name = format!("hold-{address}");
+    if name.len() <= 63 {
+        return name;
+    }
+    // FNV-1a: stable across runs and platforms.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in address.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let head: String = address.chars().take(40).collect();
+    format!("hold-{}-{h:016x}", head.trim_end_matches(['-', '.']))
+}
+
+/// The sharing key of an address: its claim's (so the claim's Service shares every one of
+/// its addresses with their holds), or its own while it has no claim.
+pub fn sharing_key(a: &IPAddress) -> String {
+    match a.spec.claim_ref.as_ref().and_then(|r| r.uid.as_deref()) {
+        Some(uid) => format!("ac-{uid}"),
+        None => format!("ac-{}", a.name_any()),
+    }
+}
+
+fn ip_of(a: &IPAddress) -> Option<IpAddr> {
+    parse_address(&a.spec.address).ok()
+}
+
+fn annotations(s: &Service) -> &BTreeMap<String, String> {
+    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+    s.metadata.annotations.as_ref().unwrap_or(&EMPTY)
+}
+
+fn owner<K: Resource<DynamicType = ()>>(o: &K) -> Value {
+    json!({"apiVersion": K::api_version(&()), "kind": K::kind(&()),
+        "name": o.meta().name, "uid": o.meta().uid})
+}
+
+fn metallb_api(client: &Client, ns: &str, kind: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("metallb.io", "v1beta1", kind);
+    Api::namespaced_with(client.clone(), ns, &ApiResource::from_gvk(&gvk))
+}
+
+/// Creates `body` or, when it exists and differs in what we own (`spec`, labels, owner),
+/// patches it — nothing when it already is so.
+async fn ensure(api: &Api<DynamicObject>, name: &str, body: Value) -> Result<(), String> {
+    match api.get_opt(name).await.map_err(|e| e.to_string())? {
+        None => {
+            let obj: DynamicObject = serde_json::from_value(body).map_err(|e| e.to_string())?;
+            match api.create(&PostParams::default(), &obj).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                Err(e) => Err(format!("creating {name}: {e}")),
+            }
+        }
+        Some(have) => {
+            let have = serde_json::to_value(&have).map_err(|e| e.to_string())?;
+            let same = have.get("spec") == body.get("spec")
+                && have["metadata"]["ownerReferences"] == body["metadata"]["ownerReferences"];
+            if same {
+                return Ok(());
+            }
+            let patch = json!({"metadata": {"resourceVersion": have["metadata"]["resourceVersion"],
+                "ownerReferences": body["metadata"]["ownerReferences"],
+                "labels": body["metadata"]["labels"]}, "spec": body["spec"]});
+            api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("updating {name}: {e}"))
+        }
+    }
+}
+
+impl MetalLb {
+    fn holds(&self, client: &Client) -> Api<Service> {
+        Api::namespaced(client.clone(), &self.hold_namespace)
+    }
+
+    /// The hold of `a` as it should be; `like` is a Service it shares with whose backend key
+    /// it must match (MetalLB shares an address only between Services of one
+    /// externalTrafficPolicy, and with `Local` of one selector).
+    fn hold_body(&self, a: &IPAddress, ip: IpAddr, like: Option<&Service>) -> Value {
+        let family = match family_of_ip(ip) {
+            Family::IPv4 => "IPv4",
+            Family::IPv6 => "IPv6",
+        };
+        let local = like
+            .and_then(|s| s.spec.as_ref())
+            .and_then(|s| s.external_traffic_policy.as_deref())
+            == Some("Local");
+        let mut spec = json!({"type": "LoadBalancer", "allocateLoadBalancerNodePorts": false,
+            "ports": [{"name": "hold", "port": HOLD_PORT, "protocol": "TCP"}],
+            "ipFamilies": [family], "ipFamilyPolicy": "SingleStack",
+            "externalTrafficPolicy": if local { "Local" } else { "Cluster" }});
+        if local
+            && let Some(sel) = like
+                .and_then(|s| s.spec.as_ref())
+                .and_then(|s| s.selector.clone())
+        {
+            spec["selector"] = json!(sel);
+        }
+        if let Some(lb) = &self.lb_class {
+            spec["loadBalancerClass"] = json!(lb);
+        }
+        json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": hold_name(&a.name_any()), "namespace": self.hold_namespace,
+                "labels": {MANAGED_BY: MANAGER, COMPONENT: "hold"},
+                "annotations": {LOAD_BALANCER_IPS: ip.to_string(), ALLOW_SHARED_IP: sharing_key(a),
+                    HOLDS: a.name_any()},
+                "ownerReferences": [owner(a)]},
+            "spec": spec})
+    }
+
+    /// Creates the hold of `a`, or brings its pin, key and backend key up to date.
+    async fn ensure_hold(
+        &self,
+        client: &Client,
+        a: &IPAddress,
+        like: Option<&Service>,
+    ) -> Result<(), String> {
+        let Some(ip) = ip_of(a) else { return Ok(()) };
+        let api = self.holds(client);
+        let body = self.hold_body(a, ip, like);
+        let name = hold_name(&a.name_any());
+        match api.get_opt(&name).await.map_err(|e| e.to_string())? {
+            None => {
+                let svc: Service = serde_json::from_value(body).map_err(|e| e.to_string())?;
+                match api.create(&PostParams::default(), &svc).await {
+                    Ok(_) => {
+                        tracing::info!(address = %a.name_any(), hold = %name, "held in MetalLB");
+                        Ok(())
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                    Err(e) => Err(format!("creating the hold {name}: {e}")),
+                }
+            }
+            Some(have) => {
+                let want_ann = &body["metadata"]["annotations"];
+                let ann = annotations(&have);
+                let spec = have.spec.as_ref();
+                let same = [LOAD_BALANCER_IPS, ALLOW_SHARED_IP]
+                    .iter()
+                    .all(|k| ann.get(*k).map(String::as_str) == want_ann[*k].as_str())
+                    && spec.and_then(|s| s.external_traffic_policy.as_deref())
+                        == body["spec"]["externalTrafficPolicy"].as_str()
+                    && (body["spec"]["externalTrafficPolicy"] != "Local"
+                        || spec.and_then(|s| s.selector.clone()).map(|s| json!(s))
+                            == body["spec"].get("selector").cloned());
+                if same {
+                    return Ok(());
+                }
+                let patch = json!({"metadata": {"resourceVersion": have.metadata.resource_version,
+                    "annotations": want_ann},
+                    "spec": {"externalTrafficPolicy": body["spec"]["externalTrafficPolicy"],
+                        "selector": body["spec"].get("selector").cloned().unwrap_or(Value::Null)}});
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| format!("updating the hold {name}: {e}"))
+            }
+        }
+    }
+}
+
+impl Driver for MetalLb {
+    type Params = Params;
+
+    fn provisioner(&self) -> &str {
+        PROVISIONER
+    }
+
+    /// Each class's addresses; one overlapping another class's is an error on both (MetalLB
+    /// would refuse the whole configuration).
+    fn parameters(&self, classes: &[Arc<IPAddressClass>]) -> Vec<Result<Params, String>> {
+        let parsed: Vec<Result<Params, String>> = classes
+            .iter()
+            .map(|c| parse(c.spec.parameters.as_ref()))
+            .collect();
+        classes
+            .iter()
+            .zip(&parsed)
+            .map(|(class, mine)| {
+                let mine = mine.clone()?;
+                for (other, theirs) in classes.iter().zip(&parsed) {
+                    if other.name_any() == class.name_any() {
+                        continue;
+                    }
+                    if let Ok(theirs) = theirs
+                        && let Some((a, b)) = ranges::overlap_between(&mine.blocks, &theirs.blocks)
+                    {
+                        return Err(format!("{a} overlaps {b} of class {}", other.name_any()));
+                    }
+                }
+                Ok(mine)
+            })
+            .collect()
+    }
+
+    fn capacity(&self, p: &Params) -> Capacity {
+        let (ipv4, ipv6) = ranges::capacity(&p.blocks);
+        Capacity { ipv4, ipv6 }
+    }
+
+    fn describe(&self, p: &Params) -> String {
+        let list: Vec<String> = p.blocks.iter().map(ToString::to_string).collect();
+        format!(
+            "a MetalLB pool with {} ({:?} advertisement)",
+            list.join(", "),
+            p.advertisement
+        )
+    }
+
+    async fn allocate(&self, req: Request<'_, Params>) -> Result<Allocation, AllocateError> {
+        let address = ranges::first_free(&req.params.blocks, req.family, req.in_use)
+            .ok_or(AllocateError::Exhausted)?;
+        Ok(Allocation {
+            address,
+            source: address_controller_api::AddressSource {
+                from_class: Some(FromClass {}),
+                provider_ref: None,
+            },
+            name: None,
+        })
+    }
+
+    fn finalizer(&self) -> Option<&'static str> {
+        Some(FINALIZER)
+    }
+
+    /// Lets go of MetalLB's hold (the kit calls it once no Service shows the address).
+    async fn release(&self, client: &Client, address: &IPAddress) -> Result<(), String> {
+        match self
+            .holds(client)
+            .delete(&hold_name(&address.name_any()), &DeleteParams::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(format!("deleting the hold: {e}")),
+        }
+    }
+
+    async fn sync_class(
+        &self,
+        client: &Client,
+        class: &IPAddressClass,
+        p: &Params,
+    ) -> Result<(), String> {
+        let name = pool_name(&class.name_any());
+        let meta = json!({"name": name, "namespace": self.metallb_namespace,
+            "labels": {MANAGED_BY: MANAGER, "local.sdn.cozystack.io/class": class.name_any()},
+            "ownerReferences": [owner(class)]});
+        let pool = json!({"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool", "metadata": meta,
+            "spec": {"addresses": p.blocks.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "autoAssign": false, "avoidBuggyIPs": true}});
+        ensure(
+            &metallb_api(client, &self.metallb_namespace, "IPAddressPool"),
+            &name,
+            pool,
+        )
+        .await?;
+        let (kind, other) = match p.advertisement {
+            Advertisement::L2 => ("L2Advertisement", "BGPAdvertisement"),
+            Advertisement::Bgp => ("BGPAdvertisement", "L2Advertisement"),
+        };
+        let adv = json!({"apiVersion": "metallb.io/v1beta1", "kind": kind, "metadata": meta,
+            "spec": {"ipAddressPools": [name]}});
+        ensure(
+            &metallb_api(client, &self.metallb_namespace, kind),
+            &name,
+            adv,
+        )
+        .await?;
+        // The other kind of advertisement, when the class switched.
+        match metallb_api(client, &self.metallb_namespace, other)
+            .delete(&name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) | Err(kube::Error::Api(_)) => Ok(()),
+            Err(e) => Err(format!("deleting the {other}: {e}")),
+        }
+    }
+
+    async fn sync_address(
+        &self,
+        client: &Client,
+        a: &IPAddress,
+        _p: &Params,
+    ) -> Result<(), String> {
+        self.ensure_hold(client, a, None).await
+    }
+
+    fn serves(&self, service: &Service) -> bool {
+        !self.internal(service)
+            && service
+                .spec
+                .as_ref()
+                .and_then(|s| s.load_balancer_class.as_ref())
+                == self.lb_class.as_ref()
+    }
+
+    fn internal(&self, service: &Service) -> bool {
+        service.namespace().as_deref() == Some(self.hold_namespace.as_str())
+            && service.labels().get(MANAGED_BY).map(String::as_str) == Some(MANAGER)
+    }
+
+    /// Pins `want` on the tenant Service with MetalLB's annotations (IPv4 first) and the
+    /// claim's sharing key, the holds made to match its backend key first; withdraws by
+    /// removing both — only when what the Service names is the kit's own.
+    async fn pin(
+        &self,
+        client: &Client,
+        service: &Service,
+        ours: &[IpAddr],
+        want: &[Arc<IPAddress>],
+    ) -> Result<(), String> {
+        let ann = annotations(service);
+        let pinned: Vec<IpAddr> = ann
+            .get(LOAD_BALANCER_IPS)
+            .map(|v| {
+                v.split(',')
+                    .filter_map(|s| parse_address(s.trim()).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut ips: Vec<IpAddr> = want.iter().filter_map(|a| ip_of(a)).collect();
+        ips.sort_by_key(|ip| (family_of_ip(*ip) != Family::IPv4, *ip));
+        let (lb_ips, key): (Option<String>, Option<String>) = if ips.is_empty() {
+            // Withdraw only what the kit pinned.
+            if pinned.is_empty() || !pinned.iter().all(|ip| ours.contains(ip)) {
+                return Ok(());
+            }
+            (None, None)
+        } else {
+            for a in want {
+                self.ensure_hold(client, a, Some(service)).await?;
+            }
+            (
+                Some(
+                    ips.iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(","),
+                ),
+                want.first().map(|a| sharing_key(a)),
+            )
+        };
+        if ann.get(LOAD_BALANCER_IPS) == lb_ips.as_ref() && ann.get(ALLOW_SHARED_IP) == key.as_ref()
+        {
+            return Ok(());
+        }
+        let body = json!({"metadata": {"resourceVersion": service.metadata.resource_version,
+            "annotations": {LOAD_BALANCER_IPS: lb_ips, ALLOW_SHARED_IP: key}}});
+        Api::<Service>::namespaced(client.clone(), &service.namespace().unwrap_or_default())
+            .patch(
+                &service.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(body),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("pinning through MetalLB's annotations: {e}"))
+    }
+
+    /// In the class's current addresses (its rendered pool), or gone from it.
+    fn presence(&self, p: &Params, address: &IPAddress) -> Presence {
+        let Some(ip) = ip_of(address) else {
+            return Presence::Unknown;
+        };
+        if p.blocks.iter().any(|b| b.contains(ip)) {
+            Presence::Present
+        } else {
+            let list: Vec<String> = p.blocks.iter().map(ToString::to_string).collect();
+            Presence::Missing(format!(
+                "{ip} is no longer in the class's MetalLB pool ({})",
+                list.join(", ")
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn class(name: &str, params: Value) -> Arc<IPAddressClass> {
+        Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": name},
+                "spec": {"provisioner": PROVISIONER, "parameters": params}}))
+            .unwrap(),
+        )
+    }
+
+    fn driver() -> MetalLb {
+        MetalLb {
+            metallb_namespace: "metallb-system".into(),
+            hold_namespace: "ac".into(),
+            lb_class: None,
+        }
+    }
+
+    #[test]
+    fn parameters_are_metallbs_addresses_and_overlaps_are_refused() {
+        let d = driver();
+        let classes = [
+            class(
+                "a",
+                json!({"addresses": ["192.0.2.0/28", "2001:db8::/124"]}),
+            ),
+            class("b", json!({"addresses": ["192.0.2.8-192.0.2.9"]})),
+            class(
+                "c",
+                json!({"addresses": ["198.51.100.10-198.51.100.19"], "advertisement": "BGP"}),
+            ),
+            class(
+                "d",
+                json!({"addresses": ["198.18.0.0/30"], "advertisement": "OSPF"}),
+            ),
+            class("e", json!({"cidrs": ["198.18.1.0/30"]})),
+        ];
+        let p = d.parameters(&classes);
+        assert!(
+            p[0].as_ref().unwrap_err().contains("of class b"),
+            "{:?}",
+            p[0]
+        );
+        assert!(
+            p[1].as_ref().unwrap_err().contains("of class a"),
+            "{:?}",
+            p[1]
+        );
+        let c = p[2].as_ref().unwrap();
+        assert_eq!(c.advertisement, Advertisement::Bgp);
+        assert_eq!(d.capacity(c), Capacity { ipv4: 10, ipv6: 0 });
+        assert!(p[3].as_ref().unwrap_err().contains("L2 or BGP"));
+        assert!(
+            p[4].as_ref()
+                .unwrap_err()
+                .contains("spec.parameters.addresses is missing")
+        );
+    }
+
+    #[test]
+    fn holds_are_named_keyed_by_the_claim_and_refuse_the_tenants_port() {
+        let a: IPAddress =
+            serde_json::from_value(json!({"metadata": {"name": "ipv4-192-0-2-1", "uid": "au"},
+            "spec": {"address": "192.0.2.1", "className": "a", "source": {"fromClass": {}},
+                "claimRef": {"namespace": "t", "name": "c", "uid": "cu"}}}))
+            .unwrap();
+        assert_eq!(hold_name("ipv4-192-0-2-1"), "hold-ipv4-192-0-2-1");
+        let long = "x".repeat(200);
+        assert!(hold_name(&long).len() <= 63);
+        assert_ne!(hold_name(&long), hold_name(&format!("{long}y")));
+        assert_eq!(sharing_key(&a), "ac-cu");
+        let d = driver();
+        let body = d.hold_body(&a, "192.0.2.1".parse().unwrap(), None);
+        assert_eq!(
+            body["metadata"]["annotations"][LOAD_BALANCER_IPS],
+            "192.0.2.1"
+        );
+        assert_eq!(body["metadata"]["annotations"][ALLOW_SHARED_IP], "ac-cu");
+        assert_eq!(body["metadata"]["ownerReferences"][0]["kind"], "IPAddress");
+        assert_eq!(body["spec"]["externalTrafficPolicy"], "Cluster");
+        let hold: Service = serde_json::from_value(body).unwrap();
+        assert!(d.internal(&hold) && !d.serves(&hold));
+        // A Local tenant: the hold matches its backend key.
+        let tenant: Service = serde_json::from_value(json!({"metadata": {"name": "t", "namespace": "t"},
+            "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local", "selector": {"app": "web"}}}))
+        .unwrap();
+        let body = d.hold_body(&a, "192.0.2.1".parse().unwrap(), Some(&tenant));
+        assert_eq!(body["spec"]["externalTrafficPolicy"], "Local");
+        assert_eq!(body["spec"]["selector"], json!({"app": "web"}));
+        assert!(d.serves(&tenant));
+    }
+}

@@ -1,0 +1,142 @@
+//! The real MetalLB controller (the IPAM half of MetalLB, which writes
+//! `status.loadBalancer.ingress`) against the test's control plane: built from Go modules by
+//! `deploy/local/build-binaries.sh` (v0.16.1), its CRDs installed, its namespace and the Pod
+//! object it insists on, and the process itself, on free ports, stopped on drop. Never two
+//! at once on one cluster (MetalLB has no leader election): tests that run one hold
+//! [`METALLB`].
+
+#![allow(clippy::unwrap_used)] // test support: a failed step fails loudly
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+use tokio::sync::{Mutex, MutexGuard};
+
+use crate::{Cluster, FIELD_MANAGER, TempDir, free_port, http_get, wait_for};
+
+/// One MetalLB controller per cluster at a time.
+pub static METALLB: Mutex<()> = Mutex::const_new(());
+
+/// MetalLB's namespace in the tests.
+pub const NAMESPACE: &str = "metallb-system";
+
+fn bin_dir() -> Result<PathBuf> {
+    Ok(PathBuf::from(Cluster::get().env_var("METALLB_BIN")?))
+}
+
+/// A running MetalLB controller.
+pub struct MetalLb {
+    child: Child,
+    pub health: String,
+    pub log: PathBuf,
+    _dir: TempDir,
+    _one: MutexGuard<'static, ()>,
+}
+
+impl MetalLb {
+    /// Installs MetalLB's CRDs, namespace and Pod object, starts the controller (serving
+    /// Services of `lb_class`, or those without a class) and waits until it is ready.
+    pub async fn start(lb_class: Option<&str>) -> Result<MetalLb> {
+        let one = METALLB.lock().await;
+        let cluster = Cluster::get();
+        let crds = bin_dir()?.join("crds");
+        cluster.kubectl_ok(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager",
+            FIELD_MANAGER,
+            "-f",
+            crds.to_str().unwrap_or_default(),
+        ])?;
+        cluster.kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "-f",
+            crds.to_str().unwrap_or_default(),
+        ])?;
+        let objects = [
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
+            // The controller reads its own Pod (the owner of its ConfigurationState). Without
+            // a kubelet it stays Pending; that is all it needs.
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "controller", "namespace": NAMESPACE,
+                "labels": {"app": "metallb", "component": "controller"}},
+                "spec": {"containers": [{"name": "controller", "image": "quay.io/metallb/controller:v0.16.1"}]}}),
+        ];
+        for o in objects {
+            let mut child = cluster
+                .kubectl()
+                .args([
+                    "apply",
+                    "--server-side",
+                    "--field-manager",
+                    FIELD_MANAGER,
+                    "-f",
+                    "-",
+                ])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .spawn()?;
+            {
+                use std::io::Write;
+                let mut stdin = child.stdin.take().context("stdin")?;
+                stdin.write_all(o.to_string().as_bytes())?;
+            }
+            if !child.wait()?.success() {
+                bail!("applying {o}");
+            }
+        }
+        let dir = TempDir::new("metallb");
+        let log = dir.join("metallb-controller.log");
+        let health = format!("127.0.0.1:{}", free_port());
+        let health_port = health.rsplit(':').next().unwrap_or_default().to_string();
+        let mut args = vec![
+            format!("--kubeconfig={}", cluster.kubeconfig.display()),
+            format!("--namespace={NAMESPACE}"),
+            "--pod-name=controller".to_string(),
+            "--webhook-mode=disabled".to_string(),
+            format!("--port={}", free_port()),
+            format!("--health-probe-port={health_port}"),
+            "--log-level=info".to_string(),
+        ];
+        if let Some(c) = lb_class {
+            args.push(format!("--lb-class={c}"));
+        }
+        let child = Command::new(bin_dir()?.join("metallb-controller"))
+            .args(&args)
+            .stdout(std::fs::File::create(&log)?)
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting metallb-controller")?;
+        let m = MetalLb {
+            child,
+            health: health.clone(),
+            log,
+            _dir: dir,
+            _one: one,
+        };
+        wait_for("MetalLB ready", Duration::from_secs(30), || async {
+            let (code, _) = http_get(&format!("http://{health}/readyz")).await?;
+            Ok((code == 200).then_some(()))
+        })
+        .await?;
+        Ok(m)
+    }
+
+    pub fn log_contains(&self, needle: &str) -> bool {
+        std::fs::read_to_string(&self.log).is_ok_and(|l| l.contains(needle))
+    }
+}
+
+impl Drop for MetalLb {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,876 @@
+//! The MetalLB driver against the real MetalLB controller (v0.16.1, built from Go modules)
+//! on the real control plane: MetalLB writes the ingress, holds every address of the
+//! driver's classes in its own books, refuses thieves, hands over without a gap.
+
+#![allow(clippy::unwrap_used)] // test helpers fail loudly by design
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use address_controller_api::names::SERVICE_CLAIM_ANNOTATION;
+use address_controller_api::{AddressPhase, ClaimPhase};
+use address_controller_tests::env::{Env, WAIT, aphase, env, phase, purge};
+use address_controller_tests::metallb::{MetalLb, NAMESPACE};
+use address_controller_tests::{ControllerProcess, TestNamespace, wait_for};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Service;
+use kube::ResourceExt;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
+    PostParams, WatchEvent, WatchParams,
+};
+use serde_json::{Value, json};
+
+const PROVISIONER: &str = "metallb.drivers.local.sdn.cozystack.io";
+
+struct Setup {
+    e: Env,
+    _metallb: MetalLb,
+    driver: ControllerProcess,
+    holds: TestNamespace,
+    class: String,
+}
+
+/// The core (the test env's), MetalLB, the MetalLB driver, and a class of it over `addresses`.
+async fn setup(prefix: &str, addresses: Value, class_extra: Value) -> Setup {
+    let mut e = env(prefix).await;
+    let metallb = MetalLb::start(None).await.unwrap();
+    let holds = TestNamespace::create(&e.client, &format!("{prefix}-holds"))
+        .await
+        .unwrap();
+    let driver = ControllerProcess::metallb_driver(
+        &format!("drv-{prefix}-{}", e.sfx),
+        &[
+            "--leader-elect=false",
+            "--metallb-namespace",
+            NAMESPACE,
+            "--hold-namespace",
+            &holds.name,
+        ],
+    )
+    .await
+    .unwrap();
+    let mut spec =
+        json!({"spec": {"provisioner": PROVISIONER, "parameters": {"addresses": addresses}}});
+    address_controller_tests::env::merge(&mut spec, class_extra);
+    let class = e.class(prefix, spec).await;
+    Setup {
+        e,
+        _metallb: metallb,
+        driver,
+        holds,
+        class,
+    }
+}
+
+fn services(e: &Env, ns: &str) -> Api<Service> {
+    Api::namespaced(e.client.clone(), ns)
+}
+
+fn ingress(s: &Service) -> Vec<String> {
+    s.status
+        .as_ref()
+        .and_then(|st| st.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|i| i.iter().filter_map(|x| x.ip.clone()).collect())
+        .unwrap_or_default()
+}
+
+async fn service(e: &Env, ns: &str, name: &str, annotations: Value, spec: Value) -> Service {
+    let mut v = json!({"metadata": {"name": name, "annotations": annotations},
+        "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}});
+    address_controller_tests::env::merge(&mut v, json!({"spec": spec}));
+    services(e, ns)
+        .create(&PostParams::default(), &serde_json::from_value(v).unwrap())
+        .await
+        .unwrap()
+}
+
+async fn wait_ingress(e: &Env, ns: &str, name: &str, want: &[&str]) -> Service {
+    let api = services(e, ns);
+    wait_for(
+        &format!("Service {ns}/{name} ingress {want:?}"),
+        WAIT,
+        || async {
+            let s = api.get(name).await?;
+            let mut got = ingress(&s);
+            got.sort();
+            let mut w: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+            w.sort();
+            if got == w {
+                Ok(Some(s))
+            } else {
+                Err(anyhow::anyhow!("ingress {got:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
+
+fn pools(e: &Env) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("metallb.io", "v1beta1", "IPAddressPool");
+    Api::namespaced_with(e.client.clone(), NAMESPACE, &ApiResource::from_gvk(&gvk))
+}
+
+fn listed(c: &address_controller_api::IPAddressClaim) -> Vec<(String, String)> {
+    c.status
+        .iter()
+        .flat_map(|s| &s.addresses)
+        .map(|a| (a.name.clone(), a.address.clone()))
+        .collect()
+}
+
+/// Events with `reason` on Service `ns/name`, from `component` (MetalLB's is
+/// `metallb-controller`).
+async fn core_events(e: &Env, ns: &str, name: &str) -> Vec<(String, String)> {
+    let api: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(e.client.clone(), ns);
+    api.list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|x| x.involved_object.name.as_deref() == Some(name))
+        .map(|x| (x.reason.unwrap_or_default(), x.message.unwrap_or_default()))
+        .collect()
+}
+
+#[tokio::test]
+async fn metallb_puts_the_claims_address_on_its_service_and_refuses_a_thief() {
+    let mut s = setup("mlb", json!(["198.18.40.0/28"]), json!({})).await;
+    purge(&s.e, &["198.18.40."]).await;
+    let e = &mut s.e;
+    let class = s.class.clone();
+    let ns = e.ns.name.clone();
+    // The class's pool, rendered for MetalLB: autoAssign off, owned by the class.
+    let pool = wait_for("the class's MetalLB pool", WAIT, || async {
+        Ok(pools(e).get_opt(&format!("ipaddressclass-{class}")).await?)
+    })
+    .await
+    .unwrap();
+    assert_eq!(pool.data["spec"]["autoAssign"], false);
+    assert_eq!(pool.data["spec"]["addresses"], json!(["198.18.40.0/28"]));
+    assert_eq!(
+        pool.metadata.owner_references.as_ref().unwrap()[0].name,
+        class
+    );
+
+    e.claim("web", json!({"className": class})).await;
+    let c = e
+        .wait_claim("web", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    let (name, x) = listed(&c).remove(0);
+    // Held in MetalLB's books: the hold shows X, written by MetalLB.
+    let hold = wait_ingress(e, &s.holds.name, &format!("hold-{name}"), &[&x]).await;
+    assert_eq!(
+        hold.annotations().get("metallb.io/ip-allocated-from-pool"),
+        Some(&format!("ipaddressclass-{class}"))
+    );
+
+    // The claim's Service gets X — from MetalLB.
+    service(
+        e,
+        &ns,
+        "web",
+        json!({SERVICE_CLAIM_ANNOTATION: "web"}),
+        json!({}),
+    )
+    .await;
+    let svc = wait_ingress(e, &ns, "web", &[&x]).await;
+    assert_eq!(
+        svc.annotations().get("metallb.io/ip-allocated-from-pool"),
+        Some(&format!("ipaddressclass-{class}"))
+    );
+    let writers: Vec<String> = svc
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| m.subresource.as_deref() == Some("status"))
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert_eq!(writers, ["metallb-controller"], "MetalLB wrote the ingress");
+    e.wait_address(&name, "associated", |a| {
+        a.and_then(|a| a.status.as_ref()?.associated_to.as_ref())
+            .is_some_and(|t| t.name == "web")
+    })
+    .await;
+
+    // A plain LoadBalancer Service stays pending (the pool does not auto-assign).
+    service(e, &ns, "plain", json!({}), json!({})).await;
+    // A thief pinned to X through MetalLB's own annotation: MetalLB refuses it.
+    service(
+        e,
+        &ns,
+        "thief",
+        json!({"metallb.io/loadBalancerIPs": x}),
+        json!({}),
+    )
+    .await;
+    let refused = wait_for("MetalLB refuses the thief", WAIT, || async {
+        Ok(core_events(e, &ns, "thief")
+            .await
+            .into_iter()
+            .find(|(r, _)| r == "AllocationFailed"))
+    })
+    .await
+    .unwrap();
+    assert!(refused.1.contains("address also in use"), "{refused:?}");
+    wait_for("MetalLB refuses the plain Service", WAIT, || async {
+        Ok(core_events(e, &ns, "plain")
+            .await
+            .into_iter()
+            .find(|(r, _)| r == "AllocationFailed"))
+    })
+    .await
+    .unwrap();
+    for n in ["plain", "thief"] {
+        assert!(
+            ingress(&services(e, &ns).get(n).await.unwrap()).is_empty(),
+            "{n}"
+        );
+    }
+    // Delete the Service, recreate it: the same X.
+    services(e, &ns)
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    e.wait_address(&name, "not associated", |a| {
+        a.and_then(|a| a.status.as_ref()?.associated_to.as_ref())
+            .is_none()
+    })
+    .await;
+    service(
+        e,
+        &ns,
+        "web",
+        json!({SERVICE_CLAIM_ANNOTATION: "web"}),
+        json!({}),
+    )
+    .await;
+    wait_ingress(e, &ns, "web", &[&x]).await;
+    for n in ["web", "plain", "thief"] {
+        services(e, &ns)
+            .delete(n, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    e.check().await;
+    let _ = &s.driver;
+}
+
+/// Every change of the Services of `namespaces`, in etcd revision order, until stopped.
+/// One change: (revision, `namespace/name`, the addresses it shows, deleted).
+type Change = (u64, String, Vec<String>, bool);
+
+struct Watcher {
+    task: tokio::task::JoinHandle<Vec<Change>>,
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Watcher {
+    async fn start(e: &Env, namespaces: &[&str]) -> Watcher {
+        let mut streams = Vec::new();
+        for ns in namespaces {
+            streams.push(
+                services(e, ns)
+                    .watch(&WatchParams::default(), "0")
+                    .await
+                    .unwrap()
+                    .boxed(),
+            );
+        }
+        let mut all = futures::stream::select_all(streams);
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut out = Vec::new();
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    Some(Ok(ev)) = all.next() => {
+                        let (s, deleted) = match ev {
+                            WatchEvent::Added(s) | WatchEvent::Modified(s) => (s, false),
+                            WatchEvent::Deleted(s) => (s, true),
+                            _ => continue,
+                        };
+                        let rv = s.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0);
+                        let key = format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any());
+                        out.push((rv, key, ingress(&s), deleted));
+                    }
+                }
+            }
+            out
+        });
+        Watcher { task, stop }
+    }
+
+    /// Replays the history in revision order: (who held `ip` at each revision where the
+    /// holders changed).
+    async fn holders(self, ip: &str) -> Vec<(u64, Vec<String>)> {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let _ = self.stop.send(());
+        let mut events = self.task.await.unwrap();
+        events.sort_by_key(|e| e.0);
+        let mut showing: BTreeMap<String, bool> = BTreeMap::new();
+        let mut out: Vec<(u64, Vec<String>)> = Vec::new();
+        for (rv, key, ips, deleted) in events {
+            showing.insert(key, !deleted && ips.iter().any(|x| x == ip));
+            let now: Vec<String> = showing
+                .iter()
+                .filter(|(_, v)| **v)
+                .map(|(k, _)| k.clone())
+                .collect();
+            if out.last().is_none_or(|(_, last)| *last != now) {
+                out.push((rv, now));
+            }
+        }
+        out
+    }
+}
+
+/// The handoff the Go driver leaves open (it deletes the hold before pinning the Service):
+/// here the address is held at every revision — by the hold, the Service, or both — and a
+/// thief pinned to it, racing every handoff, never gets it.
+#[tokio::test]
+async fn handoffs_leave_no_gap_and_a_thief_racing_them_never_wins() {
+    let mut s = setup("mlb-gap", json!(["198.18.41.0/29"]), json!({})).await;
+    let e = &mut s.e;
+    let class = s.class.clone();
+    let ns = e.ns.name.clone();
+    e.claim("web", json!({"className": class})).await;
+    let c = e
+        .wait_claim("web", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    let (name, x) = listed(&c).remove(0);
+    let hold = format!("{}/hold-{name}", s.holds.name);
+    wait_ingress(e, &s.holds.name, &format!("hold-{name}"), &[&x]).await;
+    let watcher = Watcher::start(e, &[&ns, &s.holds.name]).await;
+    const ROUNDS: usize = 6;
+    let mut attempts = 0usize;
+    for round in 0..ROUNDS {
+        let (a, b, thief) = (
+            format!("a{round}"),
+            format!("b{round}"),
+            format!("thief{round}"),
+        );
+        service(
+            e,
+            &ns,
+            &a,
+            json!({SERVICE_CLAIM_ANNOTATION: "web"}),
+            json!({}),
+        )
+        .await;
+        wait_ingress(e, &ns, &a, &[&x]).await;
+        // The thief pins X through MetalLB's annotation, then the claim moves from a to b
+        // (a's annotation goes, b names the claim): each step makes MetalLB reconsider it.
+        service(
+            e,
+            &ns,
+            &thief,
+            json!({"metallb.io/loadBalancerIPs": x}),
+            json!({}),
+        )
+        .await;
+        services(e, &ns)
+            .patch(
+                &a,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {SERVICE_CLAIM_ANNOTATION: null}}}),
+                ),
+            )
+            .await
+            .unwrap();
+        service(
+            e,
+            &ns,
+            &b,
+            json!({SERVICE_CLAIM_ANNOTATION: "web"}),
+            json!({}),
+        )
+        .await;
+        wait_ingress(e, &ns, &b, &[&x]).await;
+        wait_ingress(e, &ns, &a, &[]).await;
+        // And away again: b deleted (the address back to the hold alone).
+        services(e, &ns)
+            .delete(&b, &DeleteParams::default())
+            .await
+            .unwrap();
+        e.wait_address(&name, "not associated", |x| {
+            x.and_then(|x| x.status.as_ref()?.associated_to.as_ref())
+                .is_none()
+        })
+        .await;
+        attempts += core_events(e, &ns, &thief)
+            .await
+            .iter()
+            .filter(|(r, _)| r == "AllocationFailed")
+            .count()
+            .max(1);
+        for n in [&a, &thief] {
+            services(e, &ns)
+                .delete(n, &DeleteParams::default())
+                .await
+                .unwrap();
+        }
+    }
+    let history = watcher.holders(&x).await;
+    let unheld: Vec<_> = history
+        .iter()
+        .skip(1)
+        .filter(|(_, h)| h.is_empty())
+        .collect();
+    let won: Vec<_> = history
+        .iter()
+        .filter(|(_, h)| h.iter().any(|k| k.contains("/thief")))
+        .collect();
+    println!(
+        "handoff race: {ROUNDS} rounds, the thief refused {attempts} times (AllocationFailed), won {}; {} changes of holders, unheld at {} revisions",
+        won.len(),
+        history.len(),
+        unheld.len()
+    );
+    assert!(
+        history.len() >= ROUNDS * 2,
+        "positive control: the holders changed: {history:?}"
+    );
+    assert!(
+        history
+            .iter()
+            .all(|(_, h)| h.contains(&hold) || !h.is_empty())
+    );
+    assert!(unheld.is_empty(), "X was unheld: {unheld:?}");
+    assert!(won.is_empty(), "the thief won: {won:?}");
+    assert!(attempts >= ROUNDS);
+    e.check().await;
+}
+
+/// Retain keeps the address held while Released (MetalLB still refuses others); Delete
+/// frees it in MetalLB's books (the pool's status); Dual claims get one pinned address of
+/// each family on a dual-stack Service.
+#[tokio::test]
+async fn retain_keeps_the_hold_delete_frees_it_and_dual_pins_both_families() {
+    let mut s = setup(
+        "mlb-life",
+        json!(["198.18.42.0/29", "2001:db8:42::/125"]),
+        json!({"spec": {"reclaimPolicy": "Retain"}}),
+    )
+    .await;
+    let e = &mut s.e;
+    let class = s.class.clone();
+    let ns = e.ns.name.clone();
+    e.claim("keep", json!({"className": class})).await;
+    let c = e
+        .wait_claim("keep", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    let (name, x) = listed(&c).remove(0);
+    e.claims()
+        .delete("keep", &DeleteParams::default())
+        .await
+        .unwrap();
+    e.wait_address(&name, "Released", |a| {
+        aphase(a) == Some(AddressPhase::Released)
+    })
+    .await;
+    // Still held: a thief is refused.
+    service(
+        e,
+        &ns,
+        "thief",
+        json!({"metallb.io/loadBalancerIPs": x}),
+        json!({}),
+    )
+    .await;
+    wait_for(
+        "the thief refused while the address is Released",
+        WAIT,
+        || async {
+            Ok(core_events(e, &ns, "thief")
+                .await
+                .into_iter()
+                .find(|(r, m)| r == "AllocationFailed" && m.contains("address also in use")))
+        },
+    )
+    .await
+    .unwrap();
+    assert!(ingress(&services(e, &ns).get("thief").await.unwrap()).is_empty());
+    services(e, &ns)
+        .delete("thief", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // Delete: the address goes, and with it MetalLB's hold (the pool counts one less).
+    let pool = format!("ipaddressclass-{class}");
+    let assigned = || async {
+        let p = pools(e).get(&pool).await.ok()?;
+        p.data["status"]["assignedIPv4"].as_i64()
+    };
+    wait_for("the pool counts the held address", WAIT, || async {
+        Ok((assigned().await == Some(1)).then_some(()))
+    })
+    .await
+    .unwrap();
+    e.addresses()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    e.wait_address(&name, "gone", |a| a.is_none()).await;
+    wait_for("the hold gone, the pool free", WAIT, || async {
+        let hold = services(e, &s.holds.name)
+            .get_opt(&format!("hold-{name}"))
+            .await?;
+        Ok((hold.is_none() && assigned().await == Some(0)).then_some(()))
+    })
+    .await
+    .unwrap();
+
+    // Dual on a dual-stack Service: both families, pinned one each, through MetalLB.
+    e.claim("both", json!({"className": class, "family": "Dual"}))
+        .await;
+    let c = e
+        .wait_claim("both", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    let ips: Vec<String> = listed(&c).into_iter().map(|(_, a)| a).collect();
+    service(
+        e,
+        &ns,
+        "both",
+        json!({SERVICE_CLAIM_ANNOTATION: "both"}),
+        json!({"ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv4", "IPv6"]}),
+    )
+    .await;
+    let refs: Vec<&str> = ips.iter().map(String::as_str).collect();
+    let svc = wait_ingress(e, &ns, "both", &refs).await;
+    let pinned = svc
+        .annotations()
+        .get("metallb.io/loadBalancerIPs")
+        .cloned()
+        .unwrap_or_default();
+    assert!(pinned.starts_with("198.18.42."), "IPv4 first: {pinned}");
+    services(e, &ns)
+        .delete("both", &DeleteParams::default())
+        .await
+        .unwrap();
+    e.claims()
+        .delete("both", &DeleteParams::default())
+        .await
+        .unwrap();
+    e.wait_claim_gone("both").await;
+    e.check().await;
+}
+
+/// The class's addresses shrunk below X: MetalLB withdraws it, the driver reports Lost, the
+/// claim is Lost and nothing replaces it; grown back, all is back. The class deleted: its
+/// pool and advertisement go with it.
+#[tokio::test]
+async fn pool_edits_lose_and_restore_and_class_deletion_takes_the_pool() {
+    let mut s = setup("mlb-pool", json!(["198.18.43.0/30"]), json!({})).await;
+    let e = &mut s.e;
+    let class = s.class.clone();
+    let ns = e.ns.name.clone();
+    e.claim("web", json!({"className": class})).await;
+    let c = e
+        .wait_claim("web", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    let (name, x) = listed(&c).remove(0);
+    service(
+        e,
+        &ns,
+        "web",
+        json!({SERVICE_CLAIM_ANNOTATION: "web"}),
+        json!({}),
+    )
+    .await;
+    wait_ingress(e, &ns, "web", &[&x]).await;
+    let set = |addresses: Value| {
+        let classes = e.classes();
+        let class = class.clone();
+        async move {
+            classes
+                .patch(
+                    &class,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"parameters": {"addresses": addresses}}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    set(json!(["198.18.44.0/30"])).await;
+    e.wait_address(&name, "Lost", |a| aphase(a) == Some(AddressPhase::Lost))
+        .await;
+    e.wait_claim("web", "Lost", |c| phase(c) == Some(ClaimPhase::Lost))
+        .await;
+    wait_ingress(e, &ns, "web", &[]).await;
+    e.barrier().await;
+    assert_eq!(
+        listed(&e.claims().get("web").await.unwrap()),
+        [(name.clone(), x.clone())],
+        "no replacement"
+    );
+    set(json!(["198.18.43.0/30"])).await;
+    e.wait_address(&name, "Bound again", |a| {
+        aphase(a) == Some(AddressPhase::Bound)
+    })
+    .await;
+    e.wait_claim("web", "Bound again", |c| {
+        phase(c) == Some(ClaimPhase::Bound)
+    })
+    .await;
+    wait_ingress(e, &ns, "web", &[&x]).await;
+    services(e, &ns)
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    e.claims()
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    e.wait_claim_gone("web").await;
+    e.check().await;
+    // The class goes: the garbage collector takes its pool and advertisement.
+    e.classes()
+        .delete(&class, &DeleteParams::default())
+        .await
+        .unwrap();
+    let pool = format!("ipaddressclass-{class}");
+    wait_for(
+        "the pool gone with its class",
+        Duration::from_secs(60),
+        || async { Ok(pools(e).get_opt(&pool).await?.is_none().then_some(())) },
+    )
+    .await
+    .unwrap();
+}
+
+/// The driver conformance suite, every case, for a MetalLB class — with the real MetalLB
+/// writing the ingress.
+#[tokio::test]
+async fn the_metallb_driver_passes_the_driver_conformance_suite() {
+    use address_controller_tests::conformance::{Options, Restart, run};
+    use std::sync::Arc;
+    use tokio::sync::Mutex;
+    let mut e = env("mlb-conf").await;
+    purge(
+        &e,
+        &[
+            "198.18.45.",
+            "198.18.46.",
+            "198.18.47.",
+            "2001:db8:45::",
+            "2001:db8:47::",
+        ],
+    )
+    .await;
+    let _metallb = MetalLb::start(None).await.unwrap();
+    let holds = TestNamespace::create(&e.client, "mlb-conf-holds")
+        .await
+        .unwrap();
+    let class = e
+        .class(
+            "mlbconf",
+            json!({"spec": {"provisioner": PROVISIONER,
+                "parameters": {"addresses": ["198.18.45.0/29", "2001:db8:45::/125"]}}}),
+        )
+        .await;
+    let driver = Arc::new(Mutex::new(
+        ControllerProcess::metallb_driver(
+            &format!("drv-mlbconf-{}", e.sfx),
+            &[
+                "--lease-name",
+                &format!("drv-mlbconf-{}", e.sfx),
+                "--metallb-namespace",
+                NAMESPACE,
+                "--hold-namespace",
+                &holds.name,
+                "--testing-create-delay",
+                "1500ms",
+            ],
+        )
+        .await
+        .unwrap(),
+    ));
+    let restart: Restart = {
+        let driver = driver.clone();
+        Box::new(move || {
+            let driver = driver.clone();
+            Box::pin(async move {
+                tokio::time::sleep(Duration::from_millis(700)).await;
+                driver.lock().await.restart().await?;
+                Ok(())
+            })
+        })
+    };
+    let report = run(
+        &e.client,
+        &Options {
+            class: class.clone(),
+            invalid_parameters: Some(json!({"addresses": "not a list"})),
+            restart: Some(restart),
+            race_address: Some("198.18.46.1".into()),
+            timeout: Duration::from_secs(60),
+            lose_parameters: Some(json!({"addresses": ["198.18.47.0/29", "2001:db8:47::/125"]})),
+            associate: true,
+            service_class: None,
+        },
+    )
+    .await
+    .unwrap();
+    println!("{}", report.table());
+    assert!(report.ok(), "{}", report.table());
+    assert!(
+        report.cases.iter().all(|c| c.skipped.is_none()),
+        "{}",
+        report.table()
+    );
+    drop(driver);
+    e.check().await;
+}
+
+/// Two elected replicas of the MetalLB driver, the leader killed in the middle of
+/// provisioning and of a handoff: one address per claim, the handoff completes, no gap.
+#[tokio::test]
+async fn two_metallb_driver_replicas_survive_a_leader_kill_mid_provision_and_mid_handoff() {
+    let mut e = env("mlb-ha").await;
+    purge(&e, &["198.18.48."]).await;
+    let _metallb = MetalLb::start(None).await.unwrap();
+    let holds = TestNamespace::create(&e.client, "mlb-ha-holds")
+        .await
+        .unwrap();
+    let class = e
+        .class(
+            "mlbha",
+            json!({"spec": {"provisioner": PROVISIONER, "parameters": {"addresses": ["198.18.48.0/28"]}}}),
+        )
+        .await;
+    let lease = e.name("mlb-lease");
+    let mut args = address_controller_tests::env::fast_lease(&lease);
+    args.extend(
+        [
+            "--metallb-namespace",
+            NAMESPACE,
+            "--hold-namespace",
+            &holds.name,
+            "--testing-create-delay",
+            "1s",
+        ]
+        .map(str::to_string),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut replicas = [
+        ControllerProcess::metallb_driver(&format!("drv-mlb-a-{}", e.sfx), &args)
+            .await
+            .unwrap(),
+        ControllerProcess::metallb_driver(&format!("drv-mlb-b-{}", e.sfx), &args)
+            .await
+            .unwrap(),
+    ];
+    let leader = || async {
+        let h = address_controller_tests::env::lease_holder(&e.client, &lease)
+            .await
+            .unwrap();
+        h.unwrap_or_default()
+    };
+    wait_for("a driver leader", WAIT, || async {
+        Ok((!leader().await.is_empty()).then_some(()))
+    })
+    .await
+    .unwrap();
+    // Mid-provision: the claims are waiting for the driver (inside its create pause).
+    for i in 0..3 {
+        e.claim(&format!("c{i}"), json!({"className": class})).await;
+    }
+    e.wait_claim("c0", "waiting for provisioning", |c| {
+        address_controller_tests::env::condition(c, "Bound")
+            .is_some_and(|x| x.reason == "WaitingForProvisioning")
+    })
+    .await;
+    let holder = leader().await;
+    replicas
+        .iter_mut()
+        .find(|r| r.user == holder)
+        .unwrap()
+        .kill();
+    for i in 0..3 {
+        e.wait_claim(&format!("c{i}"), "Bound", |c| {
+            phase(c) == Some(ClaimPhase::Bound)
+        })
+        .await;
+    }
+    // Mid-handoff: a Service holds c0's address, the claim moves to another Service, and the
+    // leader dies right after the first Service lets go.
+    for r in replicas.iter_mut() {
+        if !r.running() {
+            r.restart().await.unwrap();
+        }
+    }
+    let ns = e.ns.name.clone();
+    let c0 = e.claims().get("c0").await.unwrap();
+    let (name, x) = listed(&c0).remove(0);
+    let watcher = Watcher::start(&e, &[&ns, &holds.name]).await;
+    service(
+        &e,
+        &ns,
+        "old",
+        json!({SERVICE_CLAIM_ANNOTATION: "c0"}),
+        json!({}),
+    )
+    .await;
+    wait_ingress(&e, &ns, "old", &[&x]).await;
+    service(
+        &e,
+        &ns,
+        "new",
+        json!({SERVICE_CLAIM_ANNOTATION: "c0"}),
+        json!({}),
+    )
+    .await;
+    services(&e, &ns)
+        .patch(
+            "old",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {SERVICE_CLAIM_ANNOTATION: null}}})),
+        )
+        .await
+        .unwrap();
+    wait_ingress(&e, &ns, "old", &[]).await;
+    let holder = leader().await;
+    replicas
+        .iter_mut()
+        .find(|r| r.user == holder)
+        .unwrap()
+        .kill();
+    wait_ingress(&e, &ns, "new", &[&x]).await;
+    e.wait_address(&name, "associated to new", |a| {
+        a.and_then(|a| a.status.as_ref()?.associated_to.as_ref())
+            .is_some_and(|t| t.name == "new")
+    })
+    .await;
+    let history = watcher.holders(&x).await;
+    assert!(
+        history.iter().skip(1).all(|(_, h)| !h.is_empty()),
+        "unheld: {history:?}"
+    );
+    // One address per claim, each held.
+    let all = e.addresses().list(&Default::default()).await.unwrap().items;
+    let mine: Vec<_> = all.iter().filter(|a| a.spec.class_name == class).collect();
+    assert_eq!(
+        mine.len(),
+        3,
+        "{:?}",
+        mine.iter().map(|a| a.name_any()).collect::<Vec<_>>()
+    );
+    for n in ["new", "old"] {
+        services(&e, &ns)
+            .delete(n, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    for r in replicas.iter_mut() {
+        if !r.running() {
+            r.restart().await.unwrap();
+        }
+    }
+    e.check().await;
+}
