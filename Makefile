@@ -64,10 +64,10 @@ lint: ## cargo fmt --check and clippy with warnings as errors
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 .PHONY: chaos
-chaos: ## The chaos suite on a fresh local control plane: churn, leader kills, kube-apiserver/etcd restarts, then the invariants (CHAOS_DURATION, default 10m)
+chaos: ## The chaos suite on a fresh local control plane: churn, leader kills, kube-apiserver/etcd restarts, then the invariants (CHAOS_DURATION, default 10m; CHAOS_DRIVER=metallb with the real MetalLB)
 	@deploy/local/build-binaries.sh
 	$(CARGO) build --bins --quiet
-	$(CARGO) run --quiet -p address-controller-tests --bin chaos -- --duration $(or $(CHAOS_DURATION),10m)
+	$(CARGO) run --quiet -p address-controller-tests --bin chaos -- --duration $(or $(CHAOS_DURATION),10m) --driver $(or $(CHAOS_DRIVER),range)
 
 .PHONY: invariants
 invariants: ## Check the ledger's invariants on the cluster in $KUBECONFIG (prints the table)

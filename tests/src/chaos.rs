@@ -42,6 +42,38 @@ pub struct Config {
     pub etcd_restarts: usize,
     /// Settle time of the invariant check.
     pub settle: Duration,
+    /// The driver of the run's classes: the range driver, or the MetalLB driver with the
+    /// real MetalLB controller beside it.
+    pub driver: Driver,
+}
+
+/// Which driver a chaos run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    Range,
+    MetalLb,
+}
+
+impl Driver {
+    fn kind(self) -> crate::chart::DriverKind {
+        match self {
+            Driver::Range => crate::chart::RANGE,
+            Driver::MetalLb => crate::chart::METALLB,
+        }
+    }
+    fn provisioner(self) -> &'static str {
+        match self {
+            Driver::Range => "range.drivers.local.sdn.cozystack.io",
+            Driver::MetalLb => "metallb.drivers.local.sdn.cozystack.io",
+        }
+    }
+    /// A class's parameters over `ranges`.
+    fn parameters(self, ranges: &[&str]) -> serde_json::Value {
+        match self {
+            Driver::Range => json!({"cidrs": ranges}),
+            Driver::MetalLb => json!({"addresses": ranges}),
+        }
+    }
 }
 
 impl Config {
@@ -55,6 +87,7 @@ impl Config {
             apiserver_restarts: 2,
             etcd_restarts: 1,
             settle: Duration::from_secs(30),
+            driver: Driver::Range,
         }
     }
 
@@ -71,6 +104,7 @@ impl Config {
             apiserver_restarts: 1,
             etcd_restarts: 0,
             settle: Duration::from_secs(10),
+            driver: Driver::Range,
         }
     }
 }
@@ -212,8 +246,6 @@ impl Outcome {
     }
 }
 
-const RANGE: &str = "range.drivers.local.sdn.cozystack.io";
-
 /// A replica that the harness restarts when it dies, as a kubelet would.
 struct Pod {
     process: ControllerProcess,
@@ -228,9 +260,19 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
     crate::install_crds(&client).await?;
     let sfx = random_suffix();
     let port = free_port();
-    let release = Release::new(port, &json!({"rangeDriver": {"enabled": true}})).await;
+    let kind = cfg.driver.kind();
+    let values = match cfg.driver {
+        Driver::Range => json!({"rangeDriver": {"enabled": true}}),
+        Driver::MetalLb => json!({"metallbDriver": {"enabled": true}}),
+    };
+    // With the MetalLB driver, the real MetalLB controller (one per cluster).
+    let _metallb = match cfg.driver {
+        Driver::MetalLb => Some(crate::metallb::MetalLb::start(None).await?),
+        Driver::Range => None,
+    };
+    let release = Release::new(port, &values).await;
     let ns = release.ns.clone();
-    let runner = Runner::new(&release, true);
+    let runner = Runner::with(&release, Some(kind));
     let stats = Arc::new(Stats::default());
 
     // The classes: a Retain class with a release delay (recycled addresses meet driver
@@ -241,10 +283,10 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
     let delete = format!("chaos-delete-{sfx}");
     let probe = format!("chaos-probe-{sfx}");
     let classes = json!([
-        {"metadata": {"name": retain}, "spec": {"provisioner": RANGE, "reclaimPolicy": "Retain", "releaseDelay": "20s",
-            "parameters": {"cidrs": ["10.201.0.0/22", "2001:db8:c1::/118"]}}},
+        {"metadata": {"name": retain}, "spec": {"provisioner": cfg.driver.provisioner(), "reclaimPolicy": "Retain", "releaseDelay": "20s",
+            "parameters": cfg.driver.parameters(&["10.201.0.0/22", "2001:db8:c1::/118"])}},
         {"metadata": {"name": delete, "annotations": {"ipaddressclass.local.sdn.cozystack.io/is-auto-claim-class": "true"}},
-            "spec": {"provisioner": RANGE, "reclaimPolicy": "Delete", "parameters": {"cidrs": ["10.202.0.0/22", "2001:db8:c2::/118"]}}},
+            "spec": {"provisioner": cfg.driver.provisioner(), "reclaimPolicy": "Delete", "parameters": cfg.driver.parameters(&["10.202.0.0/22", "2001:db8:c2::/118"])}},
         {"metadata": {"name": probe}, "spec": {"provisioner": "none.chaos.test"}},
     ]);
     let class_api: Api<address_controller_api::IPAddressClass> = Api::all(client.clone());
@@ -644,7 +686,11 @@ async fn association_events(
             .and_then(|x| x.kind.clone())
             .unwrap_or_default();
         let ours = (namespaces.contains(&ns) && kind == "Service")
-            || (kind == "IPAddress" && e.reporting_controller.as_deref() == Some("range-driver"));
+            || (kind == "IPAddress"
+                && matches!(
+                    e.reporting_controller.as_deref(),
+                    Some("range-driver" | "metallb-driver")
+                ));
         let recent = e.event_time.as_ref().is_some_and(|t| t.0 >= since);
         let reason = e.reason.clone().unwrap_or_default();
         if ours && recent && REASONS.contains(&reason.as_str()) {
@@ -918,11 +964,10 @@ async fn disruptions(
         }
         // And sometimes the drivers' leader.
         if round % 2 == 0
-            && let Some(holder) =
-                lease_holder_in(client, lease_ns, "address-controller-range-driver")
-                    .await
-                    .ok()
-                    .flatten()
+            && let Some(holder) = lease_holder_in(client, lease_ns, cfg.driver.kind().deployment)
+                .await
+                .ok()
+                .flatten()
         {
             let mut pods = drivers.lock().await;
             if let Some(p) = pods.iter_mut().find(|p| p.process.user == holder) {

@@ -233,6 +233,28 @@ pub fn host_args(container: &Value, replace: &[(&str, &str)]) -> Vec<String> {
         .collect()
 }
 
+/// A driver of the chart: its Deployment, binary and probe address in the pod.
+#[derive(Debug, Clone, Copy)]
+pub struct DriverKind {
+    pub deployment: &'static str,
+    pub binary: &'static str,
+    pub probe: &'static str,
+}
+
+/// The reference range driver (`rangeDriver.enabled`).
+pub const RANGE: DriverKind = DriverKind {
+    deployment: "address-controller-range-driver",
+    binary: "range-driver",
+    probe: "0.0.0.0:8082",
+};
+
+/// The MetalLB driver (`metallbDriver.enabled`).
+pub const METALLB: DriverKind = DriverKind {
+    deployment: "address-controller-metallb-driver",
+    binary: "metallb-driver",
+    probe: "0.0.0.0:8083",
+};
+
 /// The chart's binaries running on the host for a release: as its ServiceAccounts, with
 /// the Deployments' arguments, the chart's serving certificate, their own loopback ports.
 pub struct Runner {
@@ -241,11 +263,19 @@ pub struct Runner {
     dir: TempDir,
     controller_kubeconfig: PathBuf,
     driver_kubeconfig: Option<PathBuf>,
+    driver: DriverKind,
 }
 
 impl Runner {
     /// Token kubeconfigs for the release's ServiceAccounts and the serving certificate.
     pub fn new(release: &Release, with_driver: bool) -> Runner {
+        Runner::with(release, with_driver.then_some(RANGE))
+    }
+
+    /// A runner for the release with `driver` (its Deployment enabled in the release).
+    pub fn with(release: &Release, driver: Option<DriverKind>) -> Runner {
+        let with_driver = driver.is_some();
+        let driver = driver.unwrap_or(RANGE);
         let ns = release.ns.clone();
         let dir = tempdir();
         let controller_kubeconfig = dir.join("controller.kubeconfig");
@@ -255,7 +285,7 @@ impl Runner {
         );
         let driver_kubeconfig = with_driver.then(|| {
             let p = dir.join("driver.kubeconfig");
-            token_kubeconfig(&create_token("address-controller-range-driver", &ns), &p);
+            token_kubeconfig(&create_token(driver.deployment, &ns), &p);
             p
         });
         for key in ["tls.crt", "tls.key", "ca.crt"] {
@@ -267,6 +297,7 @@ impl Runner {
             dir,
             controller_kubeconfig,
             driver_kubeconfig,
+            driver,
         }
     }
 
@@ -308,7 +339,7 @@ impl Runner {
         .await
     }
 
-    /// A range-driver replica named `identity`.
+    /// A replica of the release's driver named `identity`.
     pub async fn driver(
         &self,
         identity: &str,
@@ -317,15 +348,15 @@ impl Runner {
         let kubeconfig = self
             .driver_kubeconfig
             .as_ref()
-            .ok_or_else(|| anyhow::anyhow!("the release has no range driver"))?;
+            .ok_or_else(|| anyhow::anyhow!("the release has no driver"))?;
         let probe = format!("127.0.0.1:{}", free_port());
         let mut argv = host_args(
-            &installed_container(&self.ns, "address-controller-range-driver"),
-            &[("0.0.0.0:8082", &probe)],
+            &installed_container(&self.ns, self.driver.deployment),
+            &[(self.driver.probe, &probe)],
         );
         argv.extend(["--lease-namespace", &self.ns, "--identity", identity].map(str::to_string));
         argv.extend(extra.iter().map(|s| s.to_string()));
-        ControllerProcess::launch("range-driver", identity, kubeconfig, &argv, &probe).await
+        ControllerProcess::launch(self.driver.binary, identity, kubeconfig, &argv, &probe).await
     }
 
     /// The directory with the serving certificate (`ca.crt`, `tls.crt`, `tls.key`).

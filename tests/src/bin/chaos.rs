@@ -1,6 +1,6 @@
 //! `make chaos`: the chaos suite on a fresh local control plane of its own.
 //!
-//!     chaos [--duration 10m]
+//!     chaos [--duration 10m] [--driver range|metallb]
 //!
 //! Prints what it did, the failover figures and the invariants table; exits 1 on any
 //! violation.
@@ -15,6 +15,7 @@ use anyhow::{Context, Result, bail};
 async fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let mut duration = Duration::from_secs(600);
+    let mut driver = address_controller_tests::chaos::Driver::Range;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--duration" => {
@@ -22,7 +23,16 @@ async fn main() -> Result<()> {
                 duration = address_controller_api::duration::parse(&v)
                     .map_err(|e| anyhow::anyhow!("{v}: {e}"))?;
             }
-            other => bail!("unknown argument {other} (expected --duration D)"),
+            "--driver" => {
+                driver = match args.next().as_deref() {
+                    Some("range") => address_controller_tests::chaos::Driver::Range,
+                    Some("metallb") => address_controller_tests::chaos::Driver::MetalLb,
+                    other => bail!("--driver range|metallb, not {other:?}"),
+                }
+            }
+            other => {
+                bail!("unknown argument {other} (expected --duration D, --driver range|metallb)")
+            }
         }
     }
     // A cluster of its own, stopped when this process ends (even when it is killed).
@@ -37,7 +47,9 @@ async fn main() -> Result<()> {
         bail!("starting the local control plane failed");
     }
     address_controller_tests::Cluster::use_dir(&dir)?;
-    let outcome = run(&Config::full(duration)).await;
+    let mut cfg = Config::full(duration);
+    cfg.driver = driver;
+    let outcome = run(&cfg).await;
     let _ = std::process::Command::new(&script)
         .args(["down", dir.to_str().unwrap_or_default()])
         .status();
