@@ -874,3 +874,110 @@ async fn two_metallb_driver_replicas_survive_a_leader_kill_mid_provision_and_mid
     }
     e.check().await;
 }
+
+/// Taking over from another driver of the same provisioner (the Go driver): its addresses
+/// and the claims bound to them are there when this driver starts in its place; nothing is
+/// re-allocated — each address is held in MetalLB's books and the claim's Service gets it.
+#[tokio::test]
+async fn a_takeover_from_another_driver_reallocates_nothing() {
+    let mut e = env("mlb-take").await;
+    purge(&e, &["198.18.49."]).await;
+    let _metallb = MetalLb::start(None).await.unwrap();
+    let holds = TestNamespace::create(&e.client, "mlb-take-holds")
+        .await
+        .unwrap();
+    let class = e
+        .class(
+            "mlbtake",
+            json!({"spec": {"provisioner": PROVISIONER, "parameters": {"addresses": ["198.18.49.0/29"]}}}),
+        )
+        .await;
+    // What the previous driver left: a claim waiting for provisioning, then its address
+    // created pre-bound as any driver creates it (with a finalizer of its own).
+    let claim = e.claim("web", json!({"className": class})).await;
+    e.wait_claim("web", "waiting for provisioning", |c| {
+        address_controller_tests::env::condition(c, "Bound")
+            .is_some_and(|x| x.reason == "WaitingForProvisioning")
+    })
+    .await;
+    let old = e
+        .address(
+            "old",
+            "198.18.49.3",
+            &class,
+            json!({"metadata": {"finalizers": ["metallb.cozystack.io/previous-driver"]},
+                "spec": {"claimRef": {"namespace": e.ns.name, "name": "web", "uid": claim.metadata.uid}}}),
+        )
+        .await;
+    e.wait_claim("web", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    let before: Vec<String> = e
+        .addresses()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|a| a.spec.class_name == class)
+        .map(|a| a.name_any())
+        .collect();
+    // This driver starts in its place.
+    let _driver = ControllerProcess::metallb_driver(
+        &format!("drv-mlbtake-{}", e.sfx),
+        &[
+            "--leader-elect=false",
+            "--metallb-namespace",
+            NAMESPACE,
+            "--hold-namespace",
+            &holds.name,
+        ],
+    )
+    .await
+    .unwrap();
+    wait_ingress(&e, &holds.name, &format!("hold-{old}"), &["198.18.49.3"]).await;
+    let ns = e.ns.name.clone();
+    service(
+        &e,
+        &ns,
+        "web",
+        json!({SERVICE_CLAIM_ANNOTATION: "web"}),
+        json!({}),
+    )
+    .await;
+    wait_ingress(&e, &ns, "web", &["198.18.49.3"]).await;
+    let after: Vec<String> = e
+        .addresses()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|a| a.spec.class_name == class)
+        .map(|a| a.name_any())
+        .collect();
+    assert_eq!(before, after, "nothing re-allocated");
+    let a = e.addresses().get(&old).await.unwrap();
+    assert!(
+        a.finalizers()
+            .iter()
+            .any(|f| f == "metallb.drivers.local.sdn.cozystack.io/hold")
+    );
+    assert_eq!(
+        listed(&e.claims().get("web").await.unwrap()),
+        [(old.clone(), "198.18.49.3".to_string())]
+    );
+    services(&e, &ns)
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    // The previous driver's finalizer is its own to remove; the test plays it.
+    e.addresses()
+        .patch(
+            &old,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["local.sdn.cozystack.io/address-protection", "metallb.drivers.local.sdn.cozystack.io/hold"]}})),
+        )
+        .await
+        .unwrap();
+    e.check().await;
+}
