@@ -393,7 +393,12 @@ def main():
             "digest": digest,
             "size": len(manifest_bytes),
             "platform": {"architecture": "amd64", "os": "linux"},
-            "annotations": {"org.opencontainers.image.ref.name": args.version},
+            # The tag (OCI), and the full reference containerd names the image by on a
+            # plain `ctr images import` (the chart's default image, no flags needed).
+            "annotations": {
+                "org.opencontainers.image.ref.name": args.version,
+                "io.containerd.image.name": f"{args.repository}:{args.version}",
+            },
         }],
     }
     archive = Layer(epoch)

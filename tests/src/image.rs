@@ -17,6 +17,60 @@ use crate::chart::{create_token, installed_container};
 use crate::env::{b64decode, tempdir};
 use crate::{Cluster, ControllerProcess, TempDir, repo_root};
 
+/// The chart's appVersion: the image's tag.
+pub fn app_version() -> String {
+    let chart =
+        std::fs::read_to_string(repo_root().join("chart/address-controller/Chart.yaml")).unwrap();
+    chart
+        .lines()
+        .find_map(|l| l.strip_prefix("appVersion:"))
+        .unwrap()
+        .trim()
+        .trim_matches('"')
+        .to_string()
+}
+
+/// What the kernel says about a process (`/proc/PID/status`), field by field.
+pub fn proc_status(pid: u32) -> std::collections::BTreeMap<String, String> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+        .collect()
+}
+
+/// A process's NUL-separated `/proc/PID/<file>` (`cmdline`, `environ`) as strings.
+pub fn proc_strings(pid: u32, file: &str) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/{file}"))
+        .unwrap()
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
+}
+
+/// The command line a container of `pod_spec` runs: its `command` (else the image's
+/// entrypoint, `entrypoint`) followed by its `args`.
+pub fn container_argv(container: &Value, entrypoint: &str) -> Vec<String> {
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut argv = match container.get("command") {
+        Some(c) if c.is_array() => strings(c),
+        _ => vec![entrypoint.to_string()],
+    };
+    argv.extend(strings(&container["args"]));
+    argv
+}
+
 /// What `deploy/image/build.sh --out DIR` made.
 pub struct Built {
     pub archive: PathBuf,

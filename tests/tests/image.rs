@@ -20,7 +20,10 @@ use address_controller_tests::env::{
     apiservice_available, assert_holdings_bound, lease_holder_in, phase, tempdir,
     wait_lease_holder_in,
 };
-use address_controller_tests::image::{Built, Container, build, container_pid, unpack, walk};
+use address_controller_tests::image::{
+    Built, Container, app_version, build, container_argv, container_pid, proc_status, proc_strings,
+    unpack, walk,
+};
 use address_controller_tests::invariants::{Scope, assert_invariants};
 use address_controller_tests::{
     Cleanup, TestNamespace, free_port, random_suffix, repo_root, setup, wait_for,
@@ -41,18 +44,6 @@ fn image() -> &'static Built {
         println!("{}", built.output);
         built
     })
-}
-
-fn app_version() -> String {
-    let chart =
-        std::fs::read_to_string(repo_root().join("chart/address-controller/Chart.yaml")).unwrap();
-    chart
-        .lines()
-        .find_map(|l| l.strip_prefix("appVersion:"))
-        .unwrap()
-        .trim()
-        .trim_matches('"')
-        .to_string()
 }
 
 fn git(args: &[&str]) -> String {
@@ -127,6 +118,11 @@ fn the_image_is_labelled_minimal_and_described_by_its_sbom() {
     assert_eq!(
         img.index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"],
         version.as_str()
+    );
+    // Self-naming: a plain `ctr images import` names it as the chart's default image.
+    assert_eq!(
+        img.index["manifests"][0]["annotations"]["io.containerd.image.name"],
+        format!("ghcr.io/cozystack/address-controller:{version}").as_str()
     );
     assert!(!version.starts_with('v'));
 
@@ -309,16 +305,6 @@ fn the_image_is_labelled_minimal_and_described_by_its_sbom() {
     );
 }
 
-/// What the kernel says about the binary running in a container.
-fn proc_status(pid: u32) -> BTreeMap<String, String> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
-        .collect()
-}
-
 #[tokio::test]
 async fn the_image_runs_the_controller_and_the_driver_as_the_chart_deploys_them() {
     let built = image();
@@ -358,12 +344,7 @@ async fn the_image_runs_the_controller_and_the_driver_as_the_chart_deploys_them(
     assert_eq!(status["Groups"], "65532");
     assert_eq!(status["NoNewPrivs"], "1");
     assert_eq!(status["CapEff"], "0000000000000000");
-    let cmdline: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .unwrap()
-        .split(|b| *b == 0)
-        .filter(|s| !s.is_empty())
-        .map(|s| String::from_utf8_lossy(s).into_owned())
-        .collect();
+    let cmdline = proc_strings(pid, "cmdline");
     assert_eq!(cmdline, controller.argv);
     let deploy = cluster
         .kubectl_ok(&[
@@ -378,21 +359,9 @@ async fn the_image_runs_the_controller_and_the_driver_as_the_chart_deploys_them(
         .unwrap();
     let deploy: Value = serde_json::from_str(&deploy).unwrap();
     let c = &deploy["spec"]["template"]["spec"]["containers"][0];
-    let mut want: Vec<String> = vec!["/usr/local/bin/address-controller".into()];
-    want.extend(
-        c["args"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| a.as_str().unwrap().to_string()),
-    );
+    let want = container_argv(c, "/usr/local/bin/address-controller");
     assert_eq!(cmdline, want, "the Deployment's args, unchanged");
-    let mut environ: Vec<String> = std::fs::read(format!("/proc/{pid}/environ"))
-        .unwrap()
-        .split(|b| *b == 0)
-        .filter(|s| !s.is_empty())
-        .map(|s| String::from_utf8_lossy(s).into_owned())
-        .collect();
+    let mut environ = proc_strings(pid, "environ");
     environ.sort();
     let mut given: Vec<String> = controller
         .env
@@ -535,7 +504,7 @@ fn the_dockerfile_builds_what_make_image_builds() {
     assert_eq!(cfg["Entrypoint"], json_line("ENTRYPOINT "));
     assert_eq!(cfg["Cmd"], json_line("CMD "));
     // The same binaries, in the same places.
-    let copied: Vec<String> = dockerfile
+    let mut copied: Vec<String> = dockerfile
         .lines()
         .filter(|l| l.starts_with("COPY --from=build "))
         .map(|l| {
@@ -551,7 +520,11 @@ fn the_dockerfile_builds_what_make_image_builds() {
         .filter(|(p, m)| p.starts_with("usr/local/bin/") && !m.is_dir())
         .map(|(p, _)| p)
         .collect();
-    assert_eq!(copied, in_image);
+    copied.sort();
+    assert_eq!(
+        copied, in_image,
+        "the Dockerfile's COPY lines (sorted) and the image's binaries"
+    );
     let cargo = line("RUN cargo build ");
     for flag in [
         "--release",
