@@ -15,9 +15,12 @@ log() { printf '[build-binaries] %s\n' "$*" >&2; }
 # against half-written outputs of an interrupted build.
 cached() { [ -f "$1/.complete" ]; }
 
-build_kube() {
-  local out="$KUBE_BIN" minor
-  if cached "$out"; then log "kubernetes $KUBE_VERSION: cached in $out"; return; fi
+# go_build_kube OUT WHAT PACKAGE...: Kubernetes commands from the module set in tools/kube,
+# with the version stamped as a release build stamps it (so /version, `kubectl version`
+# and helm's kubeVersion checks see $KUBE_VERSION). Cached in OUT.
+go_build_kube() {
+  local out="$1" what="$2" minor; shift 2
+  if cached "$out"; then log "$what $KUBE_VERSION: cached in $out"; return; fi
   minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
   local ldflags="-s -w \
  -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION \
@@ -28,12 +31,22 @@ build_kube() {
  -X k8s.io/client-go/pkg/version.gitVersion=$KUBE_VERSION \
  -X k8s.io/client-go/pkg/version.gitMajor=1 \
  -X k8s.io/client-go/pkg/version.gitMinor=$minor"
-  log "kubernetes $KUBE_VERSION: building kube-apiserver and kube-controller-manager (cold: ~20 min on 2 cores)"
+  log "$what $KUBE_VERSION: building $*"
   mkdir -p "$out.tmp"
   (cd "$here/tools/kube" && CGO_ENABLED=0 go build -mod=readonly -trimpath -tags=notest,selinux \
-     -ldflags "$ldflags" -o "$out.tmp/" \
-     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager)
+     -ldflags "$ldflags" -o "$out.tmp/" "$@")
   rm -rf "$out" && mv "$out.tmp" "$out" && touch "$out/.complete"
+}
+
+# kube-apiserver and kube-controller-manager (cold: ~20 min on 2 cores).
+build_kube() {
+  go_build_kube "$KUBE_BIN" kubernetes k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+}
+
+# kubelet and kube-scheduler for the node tier (cold, after build_kube: ~3 min on 2 cores;
+# they share most packages).
+build_node() {
+  go_build_kube "$NODE_BIN" kubelet/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler
 }
 
 build_etcd() {
@@ -92,12 +105,12 @@ components=()
 for arg in "$@"; do
   case "$arg" in
     --print-env) print_env=1 ;;
-    etcd|helm|kube|prometheus|metallb) components+=("$arg") ;;
-    *) log "unknown argument: $arg (expected --print-env, etcd, helm, kube, prometheus or metallb)"; exit 2 ;;
+    etcd|helm|kube|prometheus|metallb|node) components+=("$arg") ;;
+    *) log "unknown argument: $arg (expected --print-env, etcd, helm, kube, prometheus, metallb or node)"; exit 2 ;;
   esac
 done
 # Small ones first so a failure in the module graph shows up quickly.
-[ ${#components[@]} -gt 0 ] || components=(etcd helm metallb prometheus kube)
+[ ${#components[@]} -gt 0 ] || components=(etcd helm metallb prometheus kube node)
 for c in "${components[@]}"; do "build_$c"; done
 log "done in $(( $(date +%s) - start ))s"
 if [ -n "$print_env" ]; then

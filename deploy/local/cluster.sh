@@ -3,12 +3,19 @@
 # service-account tokens, aggregation layer) + kube-controller-manager (garbage collector,
 # namespace controller). No kubelet, no kube-proxy: nothing ever dials a ClusterIP.
 #
-#   cluster.sh up   [DIR] [--watch-pid PID]   start (or reuse, if already up) a cluster in DIR
+#   cluster.sh up   [DIR] [--watch-pid PID] [--node]
+#                                             start (or reuse, if already up) a cluster in DIR;
+#                                             --node (root only): with a real node — kubelet,
+#                                             kube-scheduler, containerd, pods — all of it inside
+#                                             a network namespace of its own (deploy/local/node.sh)
 #   cluster.sh down [DIR]                     stop it and remove DIR
 #   cluster.sh status [DIR]                   exit 0 when it answers /readyz
 #   cluster.sh restart DIR COMPONENT          kill etcd or kube-apiserver and start it again
 #                                             (same flags, same data), wait until ready
 #   cluster.sh pause|resume DIR COMPONENT     SIGSTOP / SIGCONT a component (a hung server)
+#   cluster.sh import DIR ARCHIVE             (--node) an OCI image archive into the node's containerd
+#   cluster.sh exec DIR CMD...                CMD with the cluster's KUBECONFIG, inside its network
+#                                             namespace with --node (e.g. exec DIR kubectl get pods -A)
 #   cluster.sh metallb DIR                    run the real MetalLB controller (v$METALLB_VERSION, the IPAM
 #                                             half of MetalLB) against the cluster: its CRDs, namespace
 #                                             metallb-system and the Pod object it reads; stopped by `down`
@@ -21,17 +28,20 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.sh
 . "$here/versions.sh"
+# shellcheck source=node.sh
+. "$here/node.sh"
 
 log() { printf '[cluster] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 cmd="${1:-}"; shift || true
-dir=""; watch_pid=""; component=""
+dir=""; watch_pid=""; component=""; node=""; rest=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --watch-pid) watch_pid="$2"; shift 2 ;;
-    -*) die "unknown flag $1" ;;
-    *) if [ -z "$dir" ]; then dir="$1"; else component="$1"; fi; shift ;;
+    --node) node=1; shift ;;
+    *) if [ -z "$dir" ]; then dir="$1"; shift; elif [ "$cmd" = exec ]; then rest=("$@"); break;
+       elif [ -z "$component" ] && [ "${1#-}" = "$1" ]; then component="$1"; shift; else die "unknown argument $1"; fi ;;
   esac
 done
 dir="${dir:-$AC_CACHE/clusters/dev}"
@@ -42,11 +52,22 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
 
-readyz() {
+# netns CMD...: CMD where the cluster's processes are (its network namespace with --node).
+netns() {
+  if [ -n "$node" ]; then in_netns "$@"; else "$@"; fi
+}
+
+# Loads DIR/env (and whether the cluster there has a node).
+load_env() {
   [ -f "$dir/env" ] || return 1
   # shellcheck disable=SC1091
   . "$dir/env"
-  curl -fsS --max-time 3 --cacert "$dir/pki/ca.crt" --cert "$dir/pki/admin.crt" --key "$dir/pki/admin.key" \
+  if [ -n "${NODE:-}" ]; then node=1; fi
+}
+
+readyz() {
+  load_env || return 1
+  netns curl -fsS --max-time 3 --cacert "$dir/pki/ca.crt" --cert "$dir/pki/admin.crt" --key "$dir/pki/admin.key" \
     "https://127.0.0.1:$KUBE_APISERVER_PORT/readyz" >/dev/null 2>&1
 }
 
@@ -78,10 +99,13 @@ keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth'
   # The cluster CA signs the API server's serving cert and ordinary client certs.
   cert ca self "/CN=address-controller-local-ca" "$ca_ext"
-  cert apiserver ca "/CN=kube-apiserver" 'basicConstraints=critical,CA:FALSE
+  # With a node, pods reach it at the `kubernetes` Service's ClusterIP, the kubelet at NODE_IP.
+  local node_sans=""
+  if [ -n "$node" ]; then node_sans=",IP:10.0.0.1,IP:$NODE_IP"; fi
+  cert apiserver ca "/CN=kube-apiserver" "basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc'
+subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc$node_sans"
   cert admin ca "/O=system:masters/CN=admin" "$client_ext"
   # The front proxy has its own CA: an ordinary client cert must never pass as the proxy.
   cert front-proxy-ca self "/CN=address-controller-local-front-proxy-ca" "$ca_ext"
@@ -96,6 +120,7 @@ subjectAltName=DNS:address-controller-api.address-controller-system.svc,DNS:loca
   # Service-account token signing key.
   openssl ecparam -name prime256v1 -genkey -noout -out "$pki/sa.key" 2>/dev/null
   openssl ec -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+  if [ -n "$node" ]; then node_pki; fi
 }
 
 write_kubeconfig() {
@@ -172,26 +197,52 @@ signal_component() {
 stop_all() {
   [ -d "$dir/pids" ] || return 0
   # Reverse start order: controller-manager, apiserver, etcd; watcher last.
-  for name in kube-controller-manager kube-apiserver etcd watcher; do
+  local name
+  node_down
+  for name in metallb-controller kube-controller-manager kube-apiserver etcd watcher; do
     stop_one "$name"
   done
 }
 
 up() {
+  local want_node="$node"
   if readyz; then
+    if [ -n "$want_node" ] && [ -z "${NODE:-}" ]; then die "$dir runs a cluster without a node; cluster.sh down $dir first"; fi
     log "already up; kubeconfig: $dir/admin.kubeconfig"
     echo "$dir/admin.kubeconfig"
     return 0
   fi
   stop_all
   "$here/build-binaries.sh"
-  rm -rf "$dir/etcd" "$dir/pki" "$dir/logs" "$dir/pids" "$dir/cmds" "$dir/env"
+  rm -rf "$dir/etcd" "$dir/pki" "$dir/logs" "$dir/pids" "$dir/cmds" "$dir/env" "$dir/node"
   mkdir -p "$dir/logs" "$dir/pids" "$dir/kas" "$dir/kcm"
+  if [ -n "$node" ]; then node_preflight; fi
   log "certificates"
   make_pki
 
   local etcd_port peer_port kas_port kcm_port
   etcd_port=$(free_port); peer_port=$(free_port); kas_port=$(free_port); kcm_port=$(free_port)
+  # kube-apiserver flags of the two modes. With a node: on every address of the namespace
+  # at :443 (pods dial the `kubernetes` Service's ClusterIP:443, which is on its loopback),
+  # the Node authorizer and NodeRestriction for the kubelet, ServiceAccount admission for
+  # real pods, real credentials towards the kubelet, and aggregated APIs reached at their
+  # Service's endpoints (there is no kube-proxy).
+  local -a kas_mode ns=()
+  if [ -n "$node" ]; then
+    node_netns_up
+    ns=(nsenter --net="/run/netns/$NODE_NETNS" --)
+    kas_port=443
+    kas_mode=(--bind-address=0.0.0.0 --advertise-address="$NODE_IP"
+      --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction
+      --kubelet-client-certificate="$dir/pki/apiserver-kubelet-client.crt"
+      --kubelet-client-key="$dir/pki/apiserver-kubelet-client.key"
+      --kubelet-certificate-authority="$dir/pki/ca.crt"
+      --kubelet-preferred-address-types=InternalIP
+      --enable-aggregator-routing=true)
+  else
+    kas_mode=(--bind-address=127.0.0.1 --advertise-address=127.0.0.1
+      --authorization-mode=RBAC --disable-admission-plugins=ServiceAccount)
+  fi
   cat > "$dir/env" <<ENV
 KUBECONFIG=$dir/admin.kubeconfig
 KUBE_APISERVER_PORT=$kas_port
@@ -203,6 +254,9 @@ KUBE_BIN=$KUBE_BIN
 HELM=$HELM_BIN/helm
 PROMETHEUS_BIN=$PROMETHEUS_BIN
 METALLB_BIN=$METALLB_BIN
+NODE=$node
+NODE_NETNS=${node:+$NODE_NETNS}
+NODE_IP=${node:+$NODE_IP}
 ENV
   write_kubeconfig "$kas_port"
   # Audit every write to this project's resources (metadata only): tests count the
@@ -220,25 +274,22 @@ rules:
 POLICY
 
   log "etcd $ETCD_VERSION on 127.0.0.1:$etcd_port"
-  start etcd "$ETCD_BIN/etcd" --name=local --data-dir="$dir/etcd" \
+  start etcd "${ns[@]}" "$ETCD_BIN/etcd" --name=local --data-dir="$dir/etcd" \
     --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port" \
     --listen-peer-urls="http://127.0.0.1:$peer_port" --initial-advertise-peer-urls="http://127.0.0.1:$peer_port" \
     --initial-cluster="local=http://127.0.0.1:$peer_port" --listen-metrics-urls="" \
     --unsafe-no-fsync --log-level=warn
 
   log "kube-apiserver $KUBE_VERSION on 127.0.0.1:$kas_port"
-  start kube-apiserver "$KUBE_BIN/kube-apiserver" \
+  start kube-apiserver "${ns[@]}" "$KUBE_BIN/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$etcd_port" \
-    --bind-address=127.0.0.1 --secure-port="$kas_port" \
-    --advertise-address=127.0.0.1 --endpoint-reconciler-type=none \
+    --secure-port="$kas_port" "${kas_mode[@]}" --endpoint-reconciler-type=none \
     --cert-dir="$dir/kas" \
     --tls-cert-file="$dir/pki/apiserver.crt" --tls-private-key-file="$dir/pki/apiserver.key" \
     --client-ca-file="$dir/pki/ca.crt" \
-    --authorization-mode=RBAC \
     --service-cluster-ip-range=10.0.0.0/24,fd00:10:96::/112 \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$dir/pki/sa.pub" --service-account-signing-key-file="$dir/pki/sa.key" \
-    --disable-admission-plugins=ServiceAccount \
     --allow-privileged=true --profiling=false \
     --audit-policy-file="$dir/audit-policy.yaml" --audit-log-path="$dir/logs/audit.log" \
     --audit-log-maxsize=500 --audit-log-maxbackup=1 --audit-log-mode=blocking \
@@ -260,44 +311,64 @@ POLICY
     sleep 0.5
   done
 
+  # With a node, also what pods need: Deployments and ReplicaSets, the node's lifecycle
+  # (its not-ready taint), EndpointSlices (the aggregator routes by them), PodDisruptionBudgets,
+  # ServiceAccounts and the kube-root-ca.crt ConfigMap every pod's token volume mounts.
+  local controllers=garbage-collector-controller,namespace-controller,clusterrole-aggregation-controller,validatingadmissionpolicy-status-controller
+  local -a kcm_mode=()
+  if [ -n "$node" ]; then
+    controllers+=,deployment-controller,replicaset-controller,node-lifecycle-controller,taint-eviction-controller
+    controllers+=,endpointslice-controller,endpoints-controller,disruption-controller,serviceaccount-controller
+    controllers+=,root-ca-certificate-publisher-controller,pod-garbage-collector-controller
+    kcm_mode=(--root-ca-file="$dir/pki/ca.crt")
+  fi
   log "kube-controller-manager on 127.0.0.1:$kcm_port"
-  start kube-controller-manager "$KUBE_BIN/kube-controller-manager" \
-    --kubeconfig="$dir/admin.kubeconfig" \
+  start kube-controller-manager "${ns[@]}" "$KUBE_BIN/kube-controller-manager" \
+    --kubeconfig="$dir/admin.kubeconfig" "${kcm_mode[@]}" \
     --authentication-kubeconfig="$dir/admin.kubeconfig" --authorization-kubeconfig="$dir/admin.kubeconfig" \
-    --controllers=garbage-collector-controller,namespace-controller,clusterrole-aggregation-controller,validatingadmissionpolicy-status-controller \
+    --controllers="$controllers" \
     --leader-elect=false --use-service-account-credentials=false \
     --bind-address=127.0.0.1 --secure-port="$kcm_port" --cert-dir="$dir/kcm"
 
   # Ready means: /readyz answers, the default namespace exists (as upstream's test server
   # waits for), and the controller-manager is healthy.
-  until KUBECONFIG="$dir/admin.kubeconfig" kubectl get namespace default >/dev/null 2>&1 \
-        && curl -ksf --max-time 3 "https://127.0.0.1:$kcm_port/healthz" >/dev/null 2>&1; do
+  until KUBECONFIG="$dir/admin.kubeconfig" netns kubectl get namespace default >/dev/null 2>&1 \
+        && netns curl -ksf --max-time 3 "https://127.0.0.1:$kcm_port/healthz" >/dev/null 2>&1; do
     kill -0 "$(cat "$dir/pids/kube-controller-manager")" 2>/dev/null || { tail -20 "$dir/logs/kube-controller-manager.log" >&2; stop_all; die "kube-controller-manager exited"; }
     [ "$(date +%s)" -lt "$deadline" ] || { stop_all; die "control plane not ready after 120s; logs: $dir/logs/"; }
     sleep 0.5
   done
+
+  if [ -n "$node" ]; then node_start || { stop_all; node_netns_down; die "the node did not start"; }; fi
 
   if [ -n "$watch_pid" ]; then
     # Stop the cluster when its owner goes away, so an aborted test run leaves nothing.
     start watcher bash -c "while kill -0 $watch_pid 2>/dev/null; do sleep 1; done; exec '$here/cluster.sh' down '$dir'"
   fi
   log "ready: kube-apiserver $KUBE_VERSION at https://127.0.0.1:$kas_port"
-  log "kubeconfig: $dir/admin.kubeconfig   (export KUBECONFIG=$dir/admin.kubeconfig)"
+  if [ -n "$node" ]; then
+    log "it listens inside the network namespace $NODE_NETNS: run clients there, e.g."
+    log "  deploy/local/cluster.sh exec $dir kubectl get pods -A"
+  else
+    log "kubeconfig: $dir/admin.kubeconfig   (export KUBECONFIG=$dir/admin.kubeconfig)"
+  fi
   echo "$dir/admin.kubeconfig"
 }
 
 # The MetalLB controller, out of cluster (no kubelet here: its Pod object only exists to be
 # read; its two ports bind every interface, as MetalLB's flags allow no other).
 metallb() {
-  [ -f "$dir/env" ] || die "no cluster in $dir; run: cluster.sh up $dir"
+  load_env || die "no cluster in $dir; run: cluster.sh up $dir"
   [ -f "$METALLB_BIN/.complete" ] || "$here/build-binaries.sh" metallb
   export KUBECONFIG="$dir/admin.kubeconfig"
+  local -a ns=()
+  if [ -n "$node" ]; then ns=(nsenter --net="/run/netns/$NODE_NETNS" --); fi
   if [ -f "$dir/pids/metallb-controller" ] && kill -0 "$(cat "$dir/pids/metallb-controller")" 2>/dev/null; then
     log "metallb-controller already running"; return
   fi
-  kubectl apply --server-side -f "$METALLB_BIN/crds/" >/dev/null
-  kubectl wait --for=condition=Established --timeout=60s -f "$METALLB_BIN/crds/" >/dev/null
-  kubectl apply -f - >/dev/null <<YAML
+  netns kubectl apply --server-side -f "$METALLB_BIN/crds/" >/dev/null
+  netns kubectl wait --for=condition=Established --timeout=60s -f "$METALLB_BIN/crds/" >/dev/null
+  netns kubectl apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: Namespace
 metadata: {name: metallb-system}
@@ -305,14 +376,16 @@ metadata: {name: metallb-system}
 apiVersion: v1
 kind: Pod
 metadata: {name: controller, namespace: metallb-system, labels: {app: metallb, component: controller}}
-spec: {containers: [{name: controller, image: "quay.io/metallb/controller:$METALLB_VERSION"}]}
+# Never scheduled (a node selector nothing matches): with --node, a kubelet would pull it.
+spec: {nodeSelector: {address-controller.local/metallb-runs-out-of-cluster: "true"},
+       containers: [{name: controller, image: "quay.io/metallb/controller:$METALLB_VERSION"}]}
 YAML
   local health; health=$(free_port)
-  start metallb-controller "$METALLB_BIN/metallb-controller" --kubeconfig="$dir/admin.kubeconfig" \
+  start metallb-controller "${ns[@]}" "$METALLB_BIN/metallb-controller" --kubeconfig="$dir/admin.kubeconfig" \
     --namespace=metallb-system --pod-name=controller --webhook-mode=disabled \
     --port="$(free_port)" --health-probe-port="$health" --log-level=warn
   for _ in $(seq 1 60); do
-    curl -fs "http://127.0.0.1:$health/readyz" >/dev/null 2>&1 && { log "metallb-controller $METALLB_VERSION ready"; return; }
+    netns curl -fs "http://127.0.0.1:$health/readyz" >/dev/null 2>&1 && { log "metallb-controller $METALLB_VERSION ready"; return; }
     kill -0 "$(cat "$dir/pids/metallb-controller")" 2>/dev/null || die "metallb-controller exited; log: $dir/logs/metallb-controller.log"
     sleep 0.5
   done
@@ -321,14 +394,19 @@ YAML
 
 case "$cmd" in
   up) up ;;
+  import) load_env || die "no cluster in $dir"; [ -n "$node" ] || die "$dir has no node (cluster.sh up DIR --node)"
+    node_import "$component" ;;
+  exec) load_env || die "no cluster in $dir"; [ ${#rest[@]} -gt 0 ] || die "exec DIR CMD..."
+    KUBECONFIG="$dir/admin.kubeconfig" netns "${rest[@]}" ;;
   metallb) metallb ;;
   down)
     # Do not kill ourselves when the watcher runs `down`.
     if [ -f "$dir/pids/watcher" ] && [ "$(cat "$dir/pids/watcher")" = "$$" ]; then rm -f "$dir/pids/watcher"; fi
-    stop_all; rm -rf "$dir"; log "stopped $dir" ;;
+    load_env || true
+    stop_all; node_netns_down; rm -rf "$dir"; log "stopped $dir" ;;
   status) if readyz; then log "up: $dir/admin.kubeconfig"; else log "down"; exit 1; fi ;;
   restart) restart "$component" ;;
   pause) signal_component STOP "$component"; log "paused $component" ;;
   resume) signal_component CONT "$component"; log "resumed $component" ;;
-  *) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

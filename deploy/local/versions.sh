@@ -18,3 +18,5 @@ ETCD_BIN="$AC_CACHE/bin/etcd-$ETCD_VERSION"
 HELM_BIN="$AC_CACHE/bin/helm-$HELM_VERSION"
 PROMETHEUS_BIN="$AC_CACHE/bin/prometheus-$PROMETHEUS_VERSION"
 METALLB_BIN="$AC_CACHE/bin/metallb-$METALLB_VERSION"
+# kubelet and kube-scheduler of the same Kubernetes version: the node tier (deploy/local/node.sh).
+NODE_BIN="$AC_CACHE/bin/kubernetes-node-$KUBE_VERSION"

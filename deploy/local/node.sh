@@ -1,0 +1,369 @@
+# shellcheck shell=bash
+# The node of `cluster.sh up DIR --node`: sourced by cluster.sh, not run by itself.
+#
+# A real node beside the local control plane: containerd (Debian's, with a config of its
+# own), kubelet and kube-scheduler (v$KUBE_VERSION, built from Go modules like the rest), a
+# CNI bridge. The whole cluster — etcd, kube-apiserver, controller-manager, scheduler,
+# kubelet, containerd, the pods — runs inside the network namespace $NODE_NETNS, whose
+# loopback also carries the node's address ($NODE_IP) and the `kubernetes` Service's
+# ClusterIP (10.0.0.1, where pods find kube-apiserver, listening on :443 there: the one
+# ClusterIP anything dials, so no kube-proxy is needed). Nothing outside that namespace
+# is dialled.
+#
+# Root only. One node per machine at a time (flock on $NODE_LOCK). containerd and the
+# kubelet share a private mount namespace (held by the process node-holder) in which
+#   - the host paths they use whatever their flags say (/var/lib/kubelet, /var/log/pods,
+#     /var/log/containers, /var/lib/cni, /run/containerd, /run/netns) are DIR/node/host/...
+#     bind mounts: the host's own directories are never written (missing mount points are
+#     created and removed again by `down`);
+#   - the host-wide sysctls the kubelet would set (vm.overcommit_memory, kernel.panic,
+#     kernel.panic_on_oops, ...) are read-only files holding the values it checks for
+#     (protectKernelDefaults), so the machine's own settings are never changed.
+# Pods run under the cgroup $NODE_CGROUP of every hierarchy, created here and removed by
+# `down` (after killing whatever still runs in it).
+# Machine-specific settings (see ../shared/research/kubelet-node.md): cgroup v1 host
+# (failCgroupV1: false, cgroupfs), no CAP_SYS_RESOURCE (restrict_oom_score_adj), the
+# kubelet's refusal of a loopback node IP (NODE_IP is a /32 on the namespace's lo).
+
+NODE_NETNS=address-controller-node
+NODE_NAME=address-controller-node
+NODE_IP=10.255.0.1
+NODE_POD_CIDR=10.244.0.0/24
+NODE_CGROUP=address-controller-node
+NODE_LOCK=/run/address-controller-node.lock
+NODE_PAUSE_IMAGE=localhost/address-controller/pause:1
+NODE_PACKAGES=(containerd runc containernetworking-plugins)
+NODE_CNI_BIN=/usr/lib/cni
+# Host paths containerd, the kubelet and CNI use regardless of their flags.
+NODE_HOST_PATHS=(/var/lib/kubelet /var/log/pods /var/log/containers /var/lib/cni /run/containerd /run/netns)
+# What the kubelet checks with protectKernelDefaults.
+NODE_SYSCTLS=(vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel/panic_on_oops=1
+  kernel/keys/root_maxkeys=1000000 kernel/keys/root_maxbytes=25000000)
+
+# in_netns CMD...: CMD in the cluster's network namespace.
+in_netns() { nsenter --net="/run/netns/$NODE_NETNS" -- "$@"; }
+# in_node CMD...: CMD in the namespaces of containerd and the kubelet (network + mounts).
+in_node() { nsenter --target "$(cat "$dir/pids/node-holder")" --net --mount -- "$@"; }
+
+node_cgroup_dirs() { # every hierarchy's directory of NODE_CGROUP
+  local h
+  for h in /sys/fs/cgroup/*/; do
+    if [ -e "$h/cgroup.procs" ]; then echo "${h%/}/$NODE_CGROUP"; fi
+  done
+}
+
+# Kills what still runs under NODE_CGROUP and removes its directories, deepest first.
+node_cgroups_remove() {
+  local d pid tries
+  for tries in 1 2 3 4 5 6 7 8 9 10; do
+    local left=0
+    for d in $(node_cgroup_dirs); do
+      [ -d "$d" ] || continue
+      while read -r pid; do
+        if [ -n "$pid" ]; then kill -KILL "$pid" 2>/dev/null || true; left=1; fi
+      done < <(find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null)
+    done
+    if [ "$left" = 0 ]; then break; fi
+    sleep 0.2
+  done
+  for d in $(node_cgroup_dirs); do
+    if [ -d "$d" ]; then find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true; fi
+    if [ -d "$d" ]; then log "warning: could not remove cgroup $d"; fi
+  done
+  return 0
+}
+
+node_cgroups_create() {
+  local d parent
+  for d in $(node_cgroup_dirs); do
+    mkdir -p "$d"
+    # A new cpuset starts empty: give it its parent's CPUs and memory nodes.
+    if [ -e "$d/cpuset.cpus" ]; then
+      parent="$(dirname "$d")"
+      cat "$parent/cpuset.cpus" > "$d/cpuset.cpus"
+      cat "$parent/cpuset.mems" > "$d/cpuset.mems"
+    fi
+  done
+}
+
+node_preflight() {
+  [ "$(id -u)" = 0 ] || die "--node needs root (network and mount namespaces, cgroups, containerd)"
+  local missing=() p
+  for p in "${NODE_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing the Debian packages ${missing[*]} (apt-get)"
+    # Installing must not start anything: there is no init system here, but be sure.
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null 2>&1 ||
+      { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; } ||
+      die "apt-get install ${missing[*]} failed"
+  fi
+  command -v gcc >/dev/null || die "gcc is needed to build the pod-sandbox (pause) binary"
+  [ -f "$NODE_BIN/.complete" ] || "$here/build-binaries.sh" node
+  # One node per machine: the lock is held by every process of the node (fd 9 is
+  # inherited), so it frees itself when the last one is gone.
+  exec 9>>"$NODE_LOCK"
+  if ! flock -n 9; then
+    die "another local node is running ($(cat "$NODE_LOCK" 2>/dev/null)); stop it first: deploy/local/cluster.sh down DIR"
+  fi
+  echo "$dir" > "$NODE_LOCK"
+  # Leftovers of a node that was killed without `down`: its namespace and cgroups.
+  if [ -e "/run/netns/$NODE_NETNS" ]; then
+    log "removing a stale network namespace $NODE_NETNS (a previous node not stopped)"
+    node_cgroups_remove
+    ip netns pids "$NODE_NETNS" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+    ip netns delete "$NODE_NETNS" || die "cannot delete the stale network namespace $NODE_NETNS"
+  fi
+}
+
+node_netns_up() {
+  if [ ! -d /run/netns ]; then touch "$dir/created-run-netns"; fi
+  ip netns add "$NODE_NETNS"
+  in_netns ip link set lo up
+  in_netns ip addr add "$NODE_IP/32" dev lo
+  in_netns ip addr add 10.0.0.1/32 dev lo
+}
+
+# Certificates of the node, from the cluster CA: the kubelet's client identity
+# (system:node:NAME in system:nodes, for the Node authorizer), its serving certificate
+# (kube-apiserver verifies it), and kube-apiserver's client certificate for the kubelet.
+node_pki() {
+  local client_ext='basicConstraints=critical,CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=clientAuth'
+  cert kubelet-client ca "/O=system:nodes/CN=system:node:$NODE_NAME" "$client_ext"
+  cert kubelet ca "/CN=$NODE_NAME" "basicConstraints=critical,CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:$NODE_IP,DNS:$NODE_NAME"
+  cert apiserver-kubelet-client ca "/CN=kube-apiserver-kubelet-client" "$client_ext"
+}
+
+node_pause_image() {
+  local nd="$dir/node"
+  gcc -static -Os -s -o "$nd/pause" "$here/node/pause.c"
+  python3 "$here/node/oci-archive.py" "$nd/pause" /pause "$NODE_PAUSE_IMAGE" "$nd/pause.oci.tar"
+}
+
+node_write_configs() {
+  local nd="$dir/node"
+  mkdir -p "$nd/containerd" "$nd/cni/net.d" "$nd/cni/ipam" "$nd/kubelet" "$nd/volume-plugins" "$nd/sysctl"
+  cat > "$nd/containerd.toml" <<TOML
+version = 2
+root = "$nd/containerd/root"
+state = "$nd/containerd/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.internal.v1.tracing"]
+[grpc]
+  address = "$nd/containerd/containerd.sock"
+[ttrpc]
+  address = "$nd/containerd/containerd.sock.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$nd/containerd/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$NODE_PAUSE_IMAGE"
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  # root here lacks CAP_SYS_RESOURCE: never lower a process's oom_score_adj.
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "$NODE_CNI_BIN"
+    conf_dir = "$nd/cni/net.d"
+TOML
+  cat > "$nd/cni/net.d/10-bridge.conflist" <<JSON
+{
+  "cniVersion": "1.0.0",
+  "name": "address-controller-node",
+  "plugins": [
+    {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+     "ipam": {"type": "host-local", "dataDir": "$nd/cni/ipam",
+              "ranges": [[{"subnet": "$NODE_POD_CIDR"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "loopback"}
+  ]
+}
+JSON
+  # Pods resolve nothing: there is no cluster DNS and nothing outside the namespace.
+  printf 'options ndots:1\n' > "$nd/resolv.conf"
+  cat > "$nd/kubelet.yaml" <<YAML
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# This machine kind: cgroup v1 hierarchies, no systemd.
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupRoot: /$NODE_CGROUP
+containerRuntimeEndpoint: unix://$nd/containerd/containerd.sock
+address: $NODE_IP
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+tlsCertFile: $dir/pki/kubelet.crt
+tlsPrivateKeyFile: $dir/pki/kubelet.key
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $dir/pki/ca.crt}
+authorization:
+  mode: Webhook
+# Check the host-wide sysctls, never write them (they are bind-mounted files here).
+protectKernelDefaults: true
+failSwapOn: false
+podLogsDir: /var/log/pods
+resolvConf: $nd/resolv.conf
+# A developer machine's disk and memory are not the node's to evict for.
+evictionHard: {memory.available: "50Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+nodeStatusUpdateFrequency: 5s
+# Secret volumes follow their Secret within ~10 s (the default, 1 m, makes a rotation test slow).
+syncFrequency: 10s
+serializeImagePulls: false
+YAML
+  cat > "$nd/kubelet.kubeconfig" <<KCFG
+apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster: {server: "https://$NODE_IP:443", certificate-authority: $dir/pki/ca.crt}
+users:
+- name: kubelet
+  user: {client-certificate: $dir/pki/kubelet-client.crt, client-key: $dir/pki/kubelet-client.key}
+contexts:
+- name: local
+  context: {cluster: local, user: kubelet}
+current-context: local
+KCFG
+  local kv
+  for kv in "${NODE_SYSCTLS[@]}"; do
+    printf '%s\n' "${kv#*=}" > "$nd/sysctl/$(echo "${kv%%=*}" | tr / .)"
+  done
+}
+
+node_start() {
+  local nd="$dir/node" p
+  mkdir -p "$nd"
+  node_write_configs
+  node_pause_image
+  # Mount points of the host paths: created if missing, recorded, removed by `down`.
+  : > "$nd/created-host-paths"
+  for p in "${NODE_HOST_PATHS[@]}"; do
+    mkdir -p "$nd/host$p"
+    if [ ! -d "$p" ]; then
+      local top="$p"
+      while [ ! -d "$(dirname "$top")" ]; do top="$(dirname "$top")"; done
+      mkdir -p "$p"
+      echo "$top" >> "$nd/created-host-paths"
+    fi
+  done
+  node_cgroups_create
+  # The holder: keeps the private mount namespace of containerd and the kubelet.
+  local setup="set -e"
+  for p in "${NODE_HOST_PATHS[@]}"; do setup+="; mount --bind '$nd/host$p' '$p'"; done
+  local kv
+  for kv in "${NODE_SYSCTLS[@]}"; do
+    local f="/proc/sys/${kv%%=*}"
+    if [ "$(cat "$f")" = "${kv#*=}" ]; then continue; fi
+    setup+="; mount --bind -o ro '$nd/sysctl/$(echo "${kv%%=*}" | tr / .)' '$f'"
+  done
+  setup+="; touch '$nd/holder-ready'; exec sleep infinity"
+  rm -f "$nd/holder-ready"
+  start node-holder nsenter --net="/run/netns/$NODE_NETNS" -- unshare --mount --propagation slave -- bash -c "$setup"
+  for _ in $(seq 1 50); do if [ -f "$nd/holder-ready" ]; then break; fi; sleep 0.1; done
+  [ -f "$nd/holder-ready" ] || die "the node's mount namespace did not come up; log: $dir/logs/node-holder.log"
+
+  log "containerd $(containerd --version | awk '{print $3}') (own config, state in $nd/containerd)"
+  start containerd nsenter --target "$(cat "$dir/pids/node-holder")" --net --mount -- containerd --config "$nd/containerd.toml"
+  local sock="$nd/containerd/containerd.sock"
+  for _ in $(seq 1 100); do if ctr --address "$sock" version >/dev/null 2>&1; then break; fi; sleep 0.1; done
+  ctr --address "$sock" version >/dev/null 2>&1 || die "containerd did not start; log: $dir/logs/containerd.log"
+  ctr --address "$sock" -n k8s.io images import "$nd/pause.oci.tar" >/dev/null
+
+  # kube-apiserver's calls to the kubelet (logs, exec, port-forward) as kubeadm grants them.
+  KUBECONFIG="$dir/admin.kubeconfig" in_netns kubectl create clusterrolebinding kube-apiserver-kubelet-client \
+    --clusterrole=system:kubelet-api-admin --user=kube-apiserver-kubelet-client >/dev/null
+
+  log "kube-scheduler $KUBE_VERSION"
+  start kube-scheduler nsenter --net="/run/netns/$NODE_NETNS" -- "$NODE_BIN/kube-scheduler" \
+    --kubeconfig="$dir/admin.kubeconfig" \
+    --authentication-kubeconfig="$dir/admin.kubeconfig" --authorization-kubeconfig="$dir/admin.kubeconfig" \
+    --leader-elect=false --bind-address=127.0.0.1 --secure-port=10259
+
+  log "kubelet $KUBE_VERSION: node $NODE_NAME at $NODE_IP"
+  start kubelet nsenter --target "$(cat "$dir/pids/node-holder")" --net --mount -- "$NODE_BIN/kubelet" \
+    --config="$nd/kubelet.yaml" --kubeconfig="$nd/kubelet.kubeconfig" \
+    --root-dir=/var/lib/kubelet --cert-dir="$nd/kubelet-pki" \
+    --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" \
+    --volume-plugin-dir="$nd/volume-plugins" --v=1
+  local deadline=$(( $(date +%s) + 120 ))
+  until [ "$(KUBECONFIG="$dir/admin.kubeconfig" in_netns kubectl get node "$NODE_NAME" \
+             -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]; do
+    for p in containerd kubelet kube-scheduler; do
+      kill -0 "$(cat "$dir/pids/$p")" 2>/dev/null || { tail -20 "$dir/logs/$p.log" >&2; die "$p exited; log: $dir/logs/$p.log"; }
+    done
+    [ "$(date +%s)" -lt "$deadline" ] || die "node $NODE_NAME not Ready after 120s; logs: $dir/logs/kubelet.log"
+    sleep 0.5
+  done
+  # Taints the node-lifecycle controller removes once it sees the node Ready.
+  until [ -z "$(KUBECONFIG="$dir/admin.kubeconfig" in_netns kubectl get node "$NODE_NAME" -o jsonpath='{.spec.taints}' 2>/dev/null)" ]; do
+    [ "$(date +%s)" -lt "$deadline" ] || die "node $NODE_NAME keeps its taints; log: $dir/logs/kube-controller-manager.log"
+    sleep 0.5
+  done
+  log "node $NODE_NAME Ready"
+}
+
+# node_import ARCHIVE: an OCI archive into the node's containerd (namespace k8s.io), under
+# the name its index gives (io.containerd.image.name).
+node_import() {
+  [ -f "$1" ] || die "no image archive $1"
+  ctr --address "$dir/node/containerd/containerd.sock" -n k8s.io images import "$1"
+}
+
+# Stops the node and removes everything it made outside DIR.
+node_down() {
+  [ -d "$dir/node" ] || [ -f "$dir/pids/node-holder" ] || return 0
+  local nd="$dir/node" p
+  stop_one kubelet
+  stop_one kube-scheduler
+  # The pods' processes, then the shims containerd started for them, then containerd.
+  node_cgroups_remove
+  pkill -KILL -f -- "containerd-shim-runc-v2 .*-address $nd/containerd/containerd.sock" 2>/dev/null || true
+  stop_one containerd
+  stop_one node-holder
+  node_cgroups_remove
+  if [ -f "$nd/created-host-paths" ]; then
+    # Only empty directories: nothing of the node was ever written to the host's side.
+    while read -r p; do
+      if [ -n "$p" ] && [ -d "$p" ]; then find "$p" -depth -type d -exec rmdir {} + 2>/dev/null || true; fi
+      if [ -n "$p" ] && [ -e "$p" ]; then log "warning: $p is not empty; left in place"; fi
+    done < "$nd/created-host-paths"
+    rm -f "$nd/created-host-paths"
+  fi
+}
+
+# After the control plane stopped: the namespace itself, and the lock.
+node_netns_down() {
+  [ -e "/run/netns/$NODE_NETNS" ] || return 0
+  [ "$(cat "$NODE_LOCK" 2>/dev/null)" = "$dir" ] || return 0
+  ip netns pids "$NODE_NETNS" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+  ip netns delete "$NODE_NETNS" 2>/dev/null || true
+  # `ip netns add` made /run/netns (a mount point of its own) if there was none.
+  if [ -f "$dir/created-run-netns" ] && [ -z "$(ls -A /run/netns 2>/dev/null)" ]; then
+    umount /run/netns 2>/dev/null || true
+    rmdir /run/netns 2>/dev/null || true
+  fi
+  rm -f "$NODE_LOCK"
+}
