@@ -40,7 +40,13 @@ cat "$out/build-binaries.log"
 step "start the local control plane in $cluster"
 "$here/cluster.sh" up "$cluster" --watch-pid $$ || fail "cluster up"
 
-step "cargo test (unit + integration)"
+step "cargo test (unit + integration; the node tier too when root)"
+if [ "$(id -u)" = 0 ]; then
+  printf 'the node tier (tests/tests/node.rs) runs: a real kubelet node, in the network namespace address-controller-node\n'
+else
+  printf 'the node tier (tests/tests/node.rs) is skipped: it needs root (its tests pass without running)\n'
+fi
+rm -f "$root/target/node-figures.txt"
 export ADDRESS_CONTROLLER_TEST_CLUSTER="$cluster"
 cargo test --workspace --no-fail-fast 2>&1 | tee "$out/cargo-test.log"
 status=${PIPESTATUS[0]}
@@ -48,6 +54,9 @@ status=${PIPESTATUS[0]}
 passed=$(grep -Eo 'test result: .* ([0-9]+) passed' "$out/cargo-test.log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$out/cargo-test.log" | awk '{s+=$1} END {print s+0}')
 ignored=$(grep -Eo '[0-9]+ ignored;' "$out/cargo-test.log" | awk '{s+=$1} END {print s+0}')
+if [ -s "$root/target/node-figures.txt" ]; then
+  printf '\nthe node tier'"'"'s figures:\n'; sed 's/^/  /' "$root/target/node-figures.txt"
+fi
 printf '\nmake test finished in %ss\n' "$(( $(date +%s) - t0 ))"
 printf '%s passed, %s failed, %s skipped\n' "$passed" "$failed" "$ignored"
 if [ "$status" -ne 0 ]; then

@@ -881,6 +881,7 @@ pub mod env;
 pub mod image;
 pub mod invariants;
 pub mod metallb;
+pub mod node;
 
 /// CPU time (user + system) a process has used, from `/proc/<pid>/stat`.
 pub fn cpu_time(pid: u32) -> Result<Duration> {
