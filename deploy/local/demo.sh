@@ -8,14 +8,23 @@
 # prints the ledger and leaves everything running. Safe to re-run while it is up.
 # METALLB=1: the real MetalLB controller runs too, and the class is the MetalLB driver's —
 # MetalLB writes the Services' EXTERNAL-IP and holds every address in its own books.
+# NODE=1 (root): the cluster gets a real node (kubelet, containerd; cluster.sh --node) and
+# the chart's own pods run there, from the image `make image` builds — nothing runs in
+# their place. Everything is inside the network namespace address-controller-node; use
+# `deploy/local/cluster.sh exec DIR kubectl ...` to look around.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 # shellcheck source=versions.sh
 . "$here/versions.sh"
-dir="${DEMO_DIR:-$AC_CACHE/clusters/demo}"
+node="${NODE:-}"
+if [ -n "$node" ]; then dir="${DEMO_DIR:-$AC_CACHE/clusters/demo-node}"; else dir="${DEMO_DIR:-$AC_CACHE/clusters/demo}"; fi
 target="${CARGO_TARGET_DIR:-$root/target}"
 metallb="${METALLB:-}"
+if [ -n "$node" ]; then
+  # The cluster answers inside its network namespace only: so do this script's clients.
+  kubectl() { nsenter --net=/run/netns/address-controller-node -- kubectl "$@"; }
+fi
 if [ -n "$metallb" ]; then driver=metallb-driver; else driver=range-driver; fi
 
 n=0
@@ -65,11 +74,18 @@ up() {
   local t0; t0=$(date +%s)
   step "build the control-plane binaries (cached by version; cold ~10 min on 2 cores)"
   "$here/build-binaries.sh" || fail "build-binaries" "the output above"
-  step "build address-controller and range-driver (cargo build --bins)"
-  (cd "$root" && cargo build --bins --quiet) || fail "cargo build" "the output above"
-
-  step "start etcd, kube-apiserver and kube-controller-manager on 127.0.0.1"
-  kubeconfig="$("$here/cluster.sh" up "$dir")" || fail "cluster up"
+  if [ -n "$node" ]; then
+    [ "$(id -u)" = 0 ] || fail "NODE=1 needs root (network and mount namespaces, containerd)"
+    step "build the container image (make image: release binaries; cold ~6 min)"
+    "$root/deploy/image/build.sh" --out "$root/dist" || fail "make image" "the output above"
+    step "start the control plane and a real node (kubelet, containerd) in the network namespace address-controller-node"
+    kubeconfig="$("$here/cluster.sh" up "$dir" --node)" || fail "cluster up --node"
+  else
+    step "build address-controller and range-driver (cargo build --bins)"
+    (cd "$root" && cargo build --bins --quiet) || fail "cargo build" "the output above"
+    step "start etcd, kube-apiserver and kube-controller-manager on 127.0.0.1"
+    kubeconfig="$("$here/cluster.sh" up "$dir")" || fail "cluster up"
+  fi
   export KUBECONFIG="$kubeconfig"
   if [ -n "$metallb" ]; then
     step "start the MetalLB controller ($METALLB_VERSION, built from Go modules)"
@@ -85,6 +101,90 @@ up() {
   # shellcheck disable=SC1091
   . "$dir/demo-ports"
 
+  if [ -n "$node" ]; then node_install; else local_install; fi
+
+  step "create a class with a small range, two tenants and their claims"
+  apply_demo
+  # One address Released under Retain: a claim that came and went (only once).
+  if ! kubectl get ipaddresses.local.sdn.cozystack.io -o jsonpath='{range .items[*]}{.spec.claimRef.name}{"\n"}{end}' | grep -qx legacy; then
+    kubectl apply -f - >/dev/null <<'YAML' || fail "create tenant-b/legacy"
+apiVersion: local.sdn.cozystack.io/v1alpha1
+kind: IPAddressClaim
+metadata: {name: legacy, namespace: tenant-b}
+spec: {}
+YAML
+    kubectl wait -n tenant-b ipaddressclaim/legacy --for=jsonpath='{.status.phase}'=Bound --timeout=60s >/dev/null \
+      || fail "tenant-b/legacy Bound" "$dir/logs/address-controller.log"
+    kubectl delete -n tenant-b ipaddressclaim/legacy --wait=true >/dev/null || fail "delete tenant-b/legacy"
+  fi
+  for c in tenant-a/web tenant-a/mail tenant-b/db tenant-b/shop; do
+    kubectl wait -n "${c%/*}" "ipaddressclaim/${c#*/}" --for=jsonpath='{.status.phase}'=Bound --timeout=60s >/dev/null \
+      || fail "claim $c Bound" "$dir/logs/"
+  done
+
+  for s in tenant-a/web tenant-b/shop; do
+    kubectl wait -n "${s%/*}" "service/${s#*/}" --for=jsonpath='{.status.loadBalancer.ingress[0].ip}' --timeout=60s >/dev/null \
+      || fail "Service $s has its EXTERNAL-IP" "$dir/logs/"
+  done
+
+  step "the tenants' Services: each shows its claim's address as EXTERNAL-IP"
+  echo "\$ kubectl get svc -n tenant-a web; kubectl get svc -n tenant-b shop"
+  kubectl get svc -n tenant-a web; kubectl get svc -n tenant-b shop | tail -n +2
+  before="$(kubectl get svc -n tenant-a web -o jsonpath='{.status.loadBalancer.ingress[0].ip}')"
+  echo; echo "\$ kubectl delete svc -n tenant-a web && kubectl apply -f demo.yaml   # the address belongs to the claim"
+  kubectl delete svc -n tenant-a web --wait=true >/dev/null || fail "delete Service tenant-a/web"
+  apply_demo
+  kubectl wait -n tenant-a service/web --for=jsonpath='{.status.loadBalancer.ingress[0].ip}' --timeout=60s >/dev/null \
+    || fail "the recreated Service tenant-a/web has its EXTERNAL-IP" "$dir/logs/"
+  after="$(kubectl get svc -n tenant-a web -o jsonpath='{.status.loadBalancer.ingress[0].ip}')"
+  kubectl get svc -n tenant-a web
+  [ "$before" = "$after" ] || fail "the recreated Service got $after, not $before"
+  echo "the same address came back: $after"
+
+  step "the ledger"
+  echo "\$ kubectl get ipaddressclaims -A"; kubectl get ipaddressclaims -A
+  echo; echo "\$ kubectl get ipaddresses.local.sdn.cozystack.io"; kubectl get ipaddresses.local.sdn.cozystack.io
+  echo; echo "\$ kubectl get ipaddressclasses"; kubectl get ipaddressclasses
+  echo; echo "\$ kubectl get namespaceaddresses -A"; kubectl get namespaceaddresses -A
+  echo; echo "\$ kubectl get poolavailabilities"; kubectl get poolavailabilities
+  if [ -n "$node" ]; then
+    cat <<MSG
+
+The quickstart is up on a real node ($(( $(date +%s) - t0 ))s). Its cluster answers inside the
+network namespace address-controller-node only; explore from there:
+
+  alias k='$here/cluster.sh exec $dir kubectl'
+  k get pods -n address-controller-system -o wide        # the chart's pods, run by the kubelet
+  k get lease -n address-controller-system               # which replica leads
+  k delete pod -n address-controller-system <the leader> # the other replica takes over at once
+  k describe svc -n tenant-a web                          # Associated (the driver's event)
+  k get namespaceaddresses -A -o wide                     # through the aggregator, from the pods
+  k logs -n address-controller-system deploy/address-controller
+
+Logs of the control plane and the node: $dir/logs/    Stop everything with: make demo-down NODE=1
+MSG
+    return
+  fi
+  cat <<MSG
+
+The quickstart is up ($(( $(date +%s) - t0 ))s). Explore:
+
+  export KUBECONFIG=$kubeconfig
+  kubectl describe ipaddressclaim -n tenant-a mail        # conditions and events
+  kubectl get svc -n tenant-b shop -o yaml                # the auto-claim annotation, the ingress
+  kubectl describe svc -n tenant-a web                    # Associated (the range driver's event)
+  kubectl get namespaceaddresses -A -o wide               # holdings, through the aggregator
+  kubectl get --raw /apis/view.local.sdn.cozystack.io/v1alpha1/namespaces/tenant-b/namespaceaddresses/tenant-b/addresses
+  curl -sk -H "Authorization: Bearer \$(kubectl create token demo-scraper -n address-controller-system)" \\
+    https://127.0.0.1:$metrics/metrics | grep ^address_controller_ip   # HTTPS, authorized
+  kubectl delete ipaddressclaim -n tenant-a web           # Retain: the address becomes Released
+
+Logs: $dir/logs/    Stop everything with: make demo-down
+MSG
+}
+
+# The chart installed, its binaries run as local processes in place of its pods.
+local_install() {
   step "install the chart (helm upgrade --install; its API Service points at localhost)"
   # No kubelet runs here, so the chart's pods cannot start: the binary runs below as a local
   # process in their place — as the chart's ServiceAccount, with the chart's certificate.
@@ -138,66 +238,27 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: address-
 subjects: [{kind: ServiceAccount, name: demo-scraper, namespace: $ns}]
 YAML
 
-  step "create a class with a small range, two tenants and their claims"
-  apply_demo
-  # One address Released under Retain: a claim that came and went (only once).
-  if ! kubectl get ipaddresses.local.sdn.cozystack.io -o jsonpath='{range .items[*]}{.spec.claimRef.name}{"\n"}{end}' | grep -qx legacy; then
-    kubectl apply -f - >/dev/null <<'YAML' || fail "create tenant-b/legacy"
-apiVersion: local.sdn.cozystack.io/v1alpha1
-kind: IPAddressClaim
-metadata: {name: legacy, namespace: tenant-b}
-spec: {}
-YAML
-    kubectl wait -n tenant-b ipaddressclaim/legacy --for=jsonpath='{.status.phase}'=Bound --timeout=60s >/dev/null \
-      || fail "tenant-b/legacy Bound" "$dir/logs/address-controller.log"
-    kubectl delete -n tenant-b ipaddressclaim/legacy --wait=true >/dev/null || fail "delete tenant-b/legacy"
-  fi
-  for c in tenant-a/web tenant-a/mail tenant-b/db tenant-b/shop; do
-    kubectl wait -n "${c%/*}" "ipaddressclaim/${c#*/}" --for=jsonpath='{.status.phase}'=Bound --timeout=60s >/dev/null \
-      || fail "claim $c Bound" "$dir/logs/"
-  done
+}
 
-  for s in tenant-a/web tenant-b/shop; do
-    kubectl wait -n "${s%/*}" "service/${s#*/}" --for=jsonpath='{.status.loadBalancer.ingress[0].ip}' --timeout=60s >/dev/null \
-      || fail "Service $s has its EXTERNAL-IP" "$dir/logs/"
-  done
-
-  step "the tenants' Services: each shows its claim's address as EXTERNAL-IP"
-  echo "\$ kubectl get svc -n tenant-a web; kubectl get svc -n tenant-b shop"
-  kubectl get svc -n tenant-a web; kubectl get svc -n tenant-b shop | tail -n +2
-  before="$(kubectl get svc -n tenant-a web -o jsonpath='{.status.loadBalancer.ingress[0].ip}')"
-  echo; echo "\$ kubectl delete svc -n tenant-a web && kubectl apply -f demo.yaml   # the address belongs to the claim"
-  kubectl delete svc -n tenant-a web --wait=true >/dev/null || fail "delete Service tenant-a/web"
-  apply_demo
-  kubectl wait -n tenant-a service/web --for=jsonpath='{.status.loadBalancer.ingress[0].ip}' --timeout=60s >/dev/null \
-    || fail "the recreated Service tenant-a/web has its EXTERNAL-IP" "$dir/logs/"
-  after="$(kubectl get svc -n tenant-a web -o jsonpath='{.status.loadBalancer.ingress[0].ip}')"
-  kubectl get svc -n tenant-a web
-  [ "$before" = "$after" ] || fail "the recreated Service got $after, not $before"
-  echo "the same address came back: $after"
-
-  step "the ledger"
-  echo "\$ kubectl get ipaddressclaims -A"; kubectl get ipaddressclaims -A
-  echo; echo "\$ kubectl get ipaddresses.local.sdn.cozystack.io"; kubectl get ipaddresses.local.sdn.cozystack.io
-  echo; echo "\$ kubectl get ipaddressclasses"; kubectl get ipaddressclasses
-  echo; echo "\$ kubectl get namespaceaddresses -A"; kubectl get namespaceaddresses -A
-  echo; echo "\$ kubectl get poolavailabilities"; kubectl get poolavailabilities
-  cat <<MSG
-
-The quickstart is up ($(( $(date +%s) - t0 ))s). Explore:
-
-  export KUBECONFIG=$kubeconfig
-  kubectl describe ipaddressclaim -n tenant-a mail        # conditions and events
-  kubectl get svc -n tenant-b shop -o yaml                # the auto-claim annotation, the ingress
-  kubectl describe svc -n tenant-a web                    # Associated (the range driver's event)
-  kubectl get namespaceaddresses -A -o wide               # holdings, through the aggregator
-  kubectl get --raw /apis/view.local.sdn.cozystack.io/v1alpha1/namespaces/tenant-b/namespaceaddresses/tenant-b/addresses
-  curl -sk -H "Authorization: Bearer \$(kubectl create token demo-scraper -n address-controller-system)" \\
-    https://127.0.0.1:$metrics/metrics | grep ^address_controller_ip   # HTTPS, authorized
-  kubectl delete ipaddressclaim -n tenant-a web           # Retain: the address becomes Released
-
-Logs: $dir/logs/    Stop everything with: make demo-down
-MSG
+# The chart installed as on any cluster: its pods run on the node, from the imported image.
+node_install() {
+  local ns=address-controller-system archive
+  archive="$(ls "$root"/dist/address-controller-*.oci.tar | head -1)"
+  step "import the image into the node's containerd ($(basename "$archive"), named by its index)"
+  "$here/cluster.sh" import "$dir" "$archive" >/dev/null || fail "image import"
+  step "install the chart (helm upgrade --install, the chart's defaults + the $driver)"
+  (cd "$root" && nsenter --net=/run/netns/address-controller-node -- make -s install-crds >/dev/null) || fail "install-crds"
+  nsenter --net=/run/netns/address-controller-node -- "$HELM_BIN/helm" upgrade --install address-controller "$root/chart/address-controller" \
+    --namespace "$ns" --create-namespace \
+    --set rangeDriver.enabled="$([ -z "$metallb" ] && echo true || echo false)" \
+    --set metallbDriver.enabled="$([ -n "$metallb" ] && echo true || echo false)" \
+    >"$dir/logs/helm.log" 2>&1 || fail "helm upgrade --install" "$dir/logs/helm.log"
+  kubectl rollout status -n "$ns" deployment/address-controller --timeout=180s || fail "rollout" "$dir/logs/kubelet.log"
+  kubectl rollout status -n "$ns" "deployment/address-controller-$driver" --timeout=180s || fail "rollout of the $driver" "$dir/logs/kubelet.log"
+  kubectl wait apiservice/v1alpha1.view.local.sdn.cozystack.io --for=condition=Available --timeout=60s >/dev/null \
+    || fail "APIService Available" "$dir/logs/"
+  echo "\$ kubectl get pods -n $ns -o wide"
+  kubectl get pods -n "$ns" -o wide
 }
 
 # The demo's objects: demo.yaml, whose class is the range driver's — or, with METALLB=1, the
