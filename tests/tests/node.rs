@@ -45,6 +45,13 @@ fn replicas(node: &Node) -> Vec<Replica> {
         .collect()
 }
 
+/// The invariant checker over the whole node cluster (its tests run one at a time, so
+/// everything on it is theirs), with every controller replica's gauges.
+async fn check_everything(node: &Node) {
+    let client = node.cluster.client().await.unwrap();
+    assert_invariants(&client, &Scope::everything(), &replicas(node)).await;
+}
+
 /// A tenant of one test: a namespace, a range class of its own, its claims.
 struct Tenant {
     client: Client,
@@ -174,6 +181,16 @@ impl Watcher {
             }
         });
         Watcher { stop, ok, task }
+    }
+
+    /// Waits until `n` more lists have been answered (the watcher has been asking before
+    /// and after what a test does).
+    async fn answered(&self, n: u64) {
+        let from = self.ok.load(Ordering::Relaxed);
+        until(&format!("{n} more answered lists"), WAIT, || {
+            Ok((self.ok.load(Ordering::Relaxed) >= from + n).then_some(()))
+        })
+        .await;
     }
 
     /// Stops; the errors seen, the polls that found the APIService unavailable, the 200s.
@@ -361,6 +378,7 @@ fn the_pods_run_with_the_charts_security_context() {
                 );
             }
         }
+        check_everything(node).await;
     });
 }
 
@@ -381,7 +399,10 @@ async fn lease_history(
     let api: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
     let wp = WatchParams::default().fields(&format!("metadata.name={LEASE}"));
     let mut stream = api.watch(&wp, "0").await.unwrap().boxed();
-    tokio::spawn(async move {
+    // Returns once the watch has delivered the lease as it is now (its first event).
+    let (first, first_seen) = tokio::sync::oneshot::channel::<()>();
+    let mut first = Some(first);
+    let task = tokio::spawn(async move {
         let mut seen: Vec<(Instant, String)> = Vec::new();
         while !stop.load(Ordering::Relaxed) {
             let Ok(Some(ev)) = tokio::time::timeout(Duration::from_millis(200), stream.next())
@@ -395,10 +416,18 @@ async fn lease_history(
                 if seen.last().map(|(_, x)| x) != Some(&h) {
                     seen.push((Instant::now(), h));
                 }
+                if let Some(tx) = first.take() {
+                    let _ = tx.send(());
+                }
             }
         }
         seen
-    })
+    });
+    tokio::time::timeout(Duration::from_secs(30), first_seen)
+        .await
+        .expect("the lease watch delivered nothing in 30s")
+        .unwrap();
+    task
 }
 
 #[test]
@@ -420,7 +449,6 @@ fn deleting_the_leader_pod_hands_over_at_once_and_a_crash_within_the_lease() {
         // replica takes it at its next retry.
         let stop = Arc::new(AtomicBool::new(false));
         let history = lease_history(&client, stop.clone()).await;
-        tokio::time::sleep(Duration::from_millis(300)).await; // the watch's first event
         let t0 = Instant::now();
         node.cluster
             .kubectl_ok(&["delete", "pod", &leader, "-n", NAMESPACE, "--wait=false"])
@@ -492,7 +520,7 @@ fn a_rolling_upgrade_keeps_the_views_answering() {
             .map(pod_name)
             .collect();
         let watcher = Watcher::start(node).await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        watcher.answered(10).await;
         // A changed value that restarts every pod: a pod annotation.
         let mut values = node::values();
         values["podAnnotations"] = json!({"rollout": random_suffix()});
@@ -514,7 +542,7 @@ fn a_rolling_upgrade_keeps_the_views_answering() {
         })
         .await;
         let settled = t0.elapsed();
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        watcher.answered(10).await;
         let (errors, unavailable, ok) = watcher.finish().await;
         let after: BTreeSet<String> = node
             .pods("controller")
@@ -535,6 +563,7 @@ fn a_rolling_upgrade_keeps_the_views_answering() {
         assert!(errors.is_empty(), "errors during the rollout: {errors:#?}");
         assert_eq!(unavailable, 0, "the APIService went unavailable");
         node.wait_rollout(DRIVER, WAIT).unwrap();
+        check_everything(node).await;
     });
 }
 
@@ -624,7 +653,7 @@ fn the_serving_certificate_rotated_in_place_is_served_without_a_restart() {
         }
         let served = t0.elapsed();
         patch_ca_bundle(&read("ca.crt"));
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        watcher.answered(10).await;
         let (errors, unavailable, ok) = watcher.finish().await;
         let restarts_after: Vec<i64> = node
             .pods("controller")
@@ -716,7 +745,7 @@ fn a_node_drain_is_held_back_by_the_disruption_budget_and_the_views_keep_answeri
     node::run(|node| async move {
         node.wait_rollout(CONTROLLER, WAIT).unwrap();
         let watcher = Watcher::start(node).await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        watcher.answered(10).await;
         // The node drained as for maintenance: the PodDisruptionBudget (maxUnavailable 1)
         // lets one replica go and holds the other, which has nowhere else to run.
         let t0 = Instant::now();
@@ -767,5 +796,6 @@ fn a_node_drain_is_held_back_by_the_disruption_budget_and_the_views_keep_answeri
         assert_eq!(ready_left, 1, "one replica kept: {remaining:#?}");
         assert!(errors.is_empty(), "{errors:#?}");
         assert_eq!(unavailable, 0);
+        check_everything(node).await;
     });
 }
