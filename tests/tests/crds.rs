@@ -516,54 +516,138 @@ async fn status_is_a_separate_subresource() {
     delete_ignore_missing(&api, &name).await.unwrap();
 }
 
+/// A table as kubectl prints it: one map per row, header → cell (empty cells are "").
+/// Columns start where their header starts (headers may hold single spaces).
+fn table(out: &str) -> (Vec<String>, Vec<std::collections::BTreeMap<String, String>>) {
+    let mut lines = out.lines();
+    let head = lines.next().unwrap_or_default();
+    let mut cols: Vec<(usize, String)> = Vec::new();
+    let bytes = head.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b' ' {
+            i += 1;
+            continue;
+        }
+        let from = i;
+        // A header ends at two spaces (or the end of the line).
+        while i < bytes.len() && !(bytes[i] == b' ' && bytes.get(i + 1).is_none_or(|b| *b == b' '))
+        {
+            i += 1;
+        }
+        cols.push((from, head[from..i].to_string()));
+    }
+    let headers = cols.iter().map(|(_, h)| h.clone()).collect();
+    let rows = lines
+        .map(|l| {
+            cols.iter()
+                .enumerate()
+                .map(|(n, (from, h))| {
+                    let to = cols.get(n + 1).map_or(l.len(), |(t, _)| *t).min(l.len());
+                    let cell = l.get((*from).min(l.len())..to).unwrap_or_default();
+                    (h.clone(), cell.trim().to_string())
+                })
+                .collect()
+        })
+        .collect();
+    (headers, rows)
+}
+
+/// The names `kubectl get ... -o name` prints.
+fn names(out: &str) -> Vec<String> {
+    out.lines().map(str::to_string).collect()
+}
+
 #[tokio::test]
 async fn kubectl_prints_the_printer_columns() {
     let (cluster, client) = setup().await;
     let ns = TestNamespace::create(&client, "crd-columns").await.unwrap();
     let sfx = random_suffix();
     let name = format!("columns-{sfx}");
+    // Not the default class ("false"): the DEFAULT column reads the annotation as is.
     dynamic::<IPAddressClass>(&client, None)
         .create(
             &PostParams::default(),
             &object::<IPAddressClass>(
                 &name,
-                json!({"spec": {"provisioner": "cols.example.com", "releaseDelay": "15m"}}),
+                json!({"metadata": {"name": name, "annotations": {
+                           "ipaddressclass.local.sdn.cozystack.io/is-default-class": "false"}},
+                       "spec": {"provisioner": "cols.example.com", "releaseDelay": "15m"}}),
             ),
         )
         .await
         .unwrap();
-    dynamic::<IPAddress>(&client, None)
-        .create(
-            &PostParams::default(),
-            &object::<IPAddress>(
-                &name,
-                json!({"spec": {"address": "192.0.2.77", "className": name,
-                "source": {"fromClass": {}}, "claimRef": {"namespace": ns.name, "name": "web"}}}),
+    Api::<IPAddressClass>::all(client.clone())
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"capacity": {"ipv4": 16},
+                "conditions": [{"type": "ParametersValid", "status": "True", "reason": "Valid",
+                                "message": "ok", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})),
+        )
+        .await
+        .unwrap();
+    let other = format!("{name}-x");
+    for (obj, address, claim_ref) in [
+        (
+            &name,
+            "192.0.2.77",
+            json!({"namespace": ns.name, "name": "web"}),
+        ),
+        (&other, "192.0.2.78", Value::Null),
+    ] {
+        let mut spec = json!({"address": address, "className": name, "source": {"fromClass": {}}});
+        if !claim_ref.is_null() {
+            spec["claimRef"] = claim_ref;
+        }
+        dynamic::<IPAddress>(&client, None)
+            .create(
+                &PostParams::default(),
+                &object::<IPAddress>(obj, json!({ "spec": spec })),
+            )
+            .await
+            .unwrap();
+    }
+    let released_at =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_mins(5);
+    Api::<IPAddress>::all(client.clone())
+        .patch_status(
+            &other,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"phase": "Released", "releasedAt": released_at.to_string()}}),
             ),
         )
         .await
         .unwrap();
     let claims: Api<IPAddressClaim> = Api::namespaced(client.clone(), &ns.name);
-    dynamic::<IPAddressClaim>(&client, Some(&ns.name))
-        .create(
-            &PostParams::default(),
-            &object::<IPAddressClaim>("web", json!({"spec": {"className": name}})),
-        )
-        .await
-        .unwrap();
+    for (claim, family) in [("web", "Dual"), ("db", "IPv4")] {
+        dynamic::<IPAddressClaim>(&client, Some(&ns.name))
+            .create(
+                &PostParams::default(),
+                &object::<IPAddressClaim>(
+                    claim,
+                    json!({"spec": {"className": name, "family": family}}),
+                ),
+            )
+            .await
+            .unwrap();
+    }
     claims
         .patch_status(
             "web",
             &PatchParams::default(),
             &Patch::Merge(json!({"status": {"phase": "Bound", "className": name,
-                "addresses": [{"name": name, "address": "192.0.2.77"}]}})),
+                "addresses": [{"name": name, "address": "192.0.2.77"},
+                              {"name": format!("{name}-v6"), "address": "2001:db8::77"}],
+                "conditions": [{"type": "Bound", "status": "True", "reason": "Bound",
+                                "message": "bound to both", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})),
         )
         .await
         .unwrap();
 
-    // Short names, and the columns with their values.
-    let out = cluster.kubectl_ok(&["get", "ipac", &name]).unwrap();
-    let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    // Short names, and the columns with their values (narrow, then -o wide).
+    let (header, rows) = table(&cluster.kubectl_ok(&["get", "ipac", &name]).unwrap());
     assert_eq!(
         header,
         [
@@ -571,44 +655,212 @@ async fn kubectl_prints_the_printer_columns() {
             "PROVISIONER",
             "RECLAIMPOLICY",
             "RELEASEDELAY",
+            "DEFAULT",
             "AGE"
-        ],
-        "{out}"
+        ]
     );
-    assert!(
-        out.contains("cols.example.com") && out.contains("Retain") && out.contains("15m"),
-        "{out}"
+    assert_eq!(
+        (
+            rows[0]["PROVISIONER"].as_str(),
+            rows[0]["RECLAIMPOLICY"].as_str(),
+            rows[0]["RELEASEDELAY"].as_str(),
+            rows[0]["DEFAULT"].as_str()
+        ),
+        ("cols.example.com", "Retain", "15m", "false")
+    );
+    let (header, rows) = table(
+        &cluster
+            .kubectl_ok(&["get", "ipac", &name, "-o", "wide"])
+            .unwrap(),
+    );
+    assert_eq!(
+        header[6..],
+        ["IPV4 CAPACITY", "IPV6 CAPACITY", "PARAMETERSVALID"]
+    );
+    assert_eq!(
+        (
+            rows[0]["IPV4 CAPACITY"].as_str(),
+            rows[0]["IPV6 CAPACITY"].as_str(),
+            rows[0]["PARAMETERSVALID"].as_str()
+        ),
+        ("16", "", "True")
     );
 
-    let out = cluster.kubectl_ok(&["get", "ipa", &name]).unwrap();
-    assert!(
-        out.starts_with("NAME")
-            && out.contains("ADDRESS")
-            && out.contains("CLASS")
-            && out.contains("PHASE")
-            && out.contains("CLAIM NAMESPACE")
-            && out.contains("ATTACHEDTO")
-            && out.contains("AGE"),
-        "{out}"
+    let (header, rows) = table(
+        &cluster
+            .kubectl_ok(&["get", "ipa", &name, &other, "-o", "wide"])
+            .unwrap(),
     );
-    assert!(
-        out.contains("192.0.2.77") && out.contains(&ns.name) && out.contains("web"),
-        "{out}"
-    );
-
-    let out = cluster.kubectl_ok(&["get", "ipc", "-n", &ns.name]).unwrap();
-    let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "PHASE", "CLASS", "ADDRESSES", "AGE"],
-        "{out}"
+        [
+            "NAME",
+            "ADDRESS",
+            "CLASS",
+            "PHASE",
+            "CLAIM NAMESPACE",
+            "CLAIM",
+            "ATTACHEDTO",
+            "RECLAIMPOLICY",
+            "AGE",
+            "RELEASED"
+        ]
     );
-    let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
+    let row = |n: &str| rows.iter().find(|r| r["NAME"] == n).unwrap().clone();
+    let (bound, released) = (row(&name), row(&other));
     assert_eq!(
-        &row[..4],
-        ["web", "Bound", name.as_str(), "192.0.2.77"],
-        "{out}"
+        (
+            bound["ADDRESS"].as_str(),
+            bound["CLAIM NAMESPACE"].as_str(),
+            bound["CLAIM"].as_str(),
+            bound["RECLAIMPOLICY"].as_str(),
+            bound["RELEASED"].as_str()
+        ),
+        ("192.0.2.77", ns.name.as_str(), "web", "Retain", "")
     );
+    assert_eq!(released["PHASE"], "Released");
+    assert!(released["RELEASED"].starts_with("5m"), "{released:?}");
+
+    let (header, rows) = table(&cluster.kubectl_ok(&["get", "ipc", "-n", &ns.name]).unwrap());
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "PHASE",
+            "CLASS",
+            "FAMILY",
+            "ADDRESS",
+            "SECOND ADDRESS",
+            "AGE"
+        ]
+    );
+    let web = rows.iter().find(|r| r["NAME"] == "web").unwrap();
+    assert_eq!(
+        (
+            web["PHASE"].as_str(),
+            web["CLASS"].as_str(),
+            web["FAMILY"].as_str(),
+            web["ADDRESS"].as_str(),
+            web["SECOND ADDRESS"].as_str()
+        ),
+        ("Bound", name.as_str(), "Dual", "192.0.2.77", "2001:db8::77")
+    );
+    let (header, rows) = table(
+        &cluster
+            .kubectl_ok(&["get", "ipc", "web", "-n", &ns.name, "-o", "wide"])
+            .unwrap(),
+    );
+    assert_eq!(header[7..], ["IPADDRESS", "MESSAGE"]);
+    assert_eq!(
+        (rows[0]["IPADDRESS"].as_str(), rows[0]["MESSAGE"].as_str()),
+        (name.as_str(), "bound to both")
+    );
+
+    // Field selectors, answered by kube-apiserver (selectableFields): who holds an address,
+    // what a namespace holds, what is Released, which claims are Dual.
+    let get = |args: &[&str]| names(&cluster.kubectl_ok(args).unwrap());
+    let ipa = |n: &str| format!("ipaddress.local.sdn.cozystack.io/{n}");
+    assert_eq!(
+        get(&[
+            "get",
+            "ipa",
+            "-o",
+            "name",
+            "--field-selector",
+            "spec.address=192.0.2.77"
+        ]),
+        [ipa(&name)]
+    );
+    assert_eq!(
+        get(&[
+            "get",
+            "ipa",
+            "-o",
+            "name",
+            "--field-selector",
+            &format!("spec.claimRef.namespace={},spec.claimRef.name=web", ns.name)
+        ]),
+        [ipa(&name)]
+    );
+    assert_eq!(
+        get(&[
+            "get",
+            "ipa",
+            "-o",
+            "name",
+            "--field-selector",
+            &format!("spec.className={name},status.phase=Released")
+        ]),
+        [ipa(&other)]
+    );
+    assert_eq!(
+        get(&[
+            "get",
+            "ipc",
+            "-n",
+            &ns.name,
+            "-o",
+            "name",
+            "--field-selector",
+            "spec.family=Dual"
+        ]),
+        ["ipaddressclaim.local.sdn.cozystack.io/web"]
+    );
+    assert_eq!(
+        get(&[
+            "get",
+            "ipc",
+            "-n",
+            &ns.name,
+            "-o",
+            "name",
+            "--field-selector",
+            &format!("status.phase!=Bound,spec.className={name}")
+        ]),
+        ["ipaddressclaim.local.sdn.cozystack.io/db"]
+    );
+    assert!(
+        get(&[
+            "get",
+            "ipac",
+            "-o",
+            "name",
+            "--field-selector",
+            "spec.provisioner=cols.example.com"
+        ])
+        .contains(&format!("ipaddressclass.local.sdn.cozystack.io/{name}"))
+    );
+    // A field that is not selectable: kube-apiserver's own refusal.
+    let out = cluster
+        .kubectl()
+        .args(["get", "ipa", "--field-selector", "spec.source=x"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("field label not supported: spec.source"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The category: `kubectl get addresses` lists the claims and the ledger (with the
+    // views, which declare it too). Asked of kube-apiserver's discovery for this group, so
+    // the answer does not depend on whether an aggregated server is up at the moment.
+    let discovery: Value = serde_json::from_str(
+        &cluster
+            .kubectl_ok(&["get", "--raw", "/apis/local.sdn.cozystack.io/v1alpha1"])
+            .unwrap(),
+    )
+    .unwrap();
+    for resource in ["ipaddressclaims", "ipaddresses", "ipaddressclasses"] {
+        let r = discovery["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == resource)
+            .unwrap();
+        assert_eq!(r["categories"], json!(["addresses"]), "{resource}");
+    }
 
     // The full resource names work too, and never collide with networking.k8s.io.
     let out = cluster
@@ -625,9 +877,11 @@ async fn kubectl_prints_the_printer_columns() {
         format!("ipaddress.local.sdn.cozystack.io/{name}")
     );
 
-    delete_ignore_missing(&Api::<IPAddress>::all(client.clone()), &name)
-        .await
-        .unwrap();
+    for n in [&name, &other] {
+        delete_ignore_missing(&Api::<IPAddress>::all(client.clone()), n)
+            .await
+            .unwrap();
+    }
     delete_ignore_missing(&Api::<IPAddressClass>::all(client.clone()), &name)
         .await
         .unwrap();

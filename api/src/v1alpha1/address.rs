@@ -22,7 +22,15 @@ use super::{ReclaimPolicy, conditions_schema};
     printcolumn = r#"{"name":"Claim Namespace","type":"string","jsonPath":".spec.claimRef.namespace"}"#,
     printcolumn = r#"{"name":"Claim","type":"string","jsonPath":".spec.claimRef.name"}"#,
     printcolumn = r#"{"name":"AttachedTo","type":"string","jsonPath":".status.associatedTo.name"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"ReclaimPolicy","type":"string","jsonPath":".spec.reclaimPolicy"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Released","type":"date","priority":1,"description":"Since when the address has been Released (it is kept for its class's releaseDelay).","jsonPath":".status.releasedAt"}"#,
+    category = "addresses",
+    selectable = ".spec.address",
+    selectable = ".spec.className",
+    selectable = ".spec.claimRef.namespace",
+    selectable = ".spec.claimRef.name",
+    selectable = ".status.phase"
 )]
 #[serde(rename_all = "camelCase")]
 pub struct IPAddressSpec {

@@ -19,8 +19,18 @@ use crate::Family;
     status = "IPAddressClaimStatus",
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Class","type":"string","jsonPath":".status.className"}"#,
-    printcolumn = r#"{"name":"Addresses","type":"string","jsonPath":".status.addresses[*].address"}"#,
+    printcolumn = r#"{"name":"Family","type":"string","jsonPath":".spec.family"}"#,
+    printcolumn = r#"{"name":"Address","type":"string","description":"The claim's (first) address.","jsonPath":".status.addresses[0].address"}"#,
+    printcolumn = r#"{"name":"Second Address","type":"string","description":"A Dual claim's address of the other family.","jsonPath":".status.addresses[1].address"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"IPAddress","type":"string","priority":1,"description":"The IPAddress object the claim is bound to (the first, for a Dual claim).","jsonPath":".status.addresses[0].name"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"description":"The Bound condition's message.","jsonPath":".status.conditions[?(@.type==\"Bound\")].message"}"#,
+    category = "addresses",
+    selectable = ".spec.className",
+    selectable = ".spec.family",
+    selectable = ".spec.addressName",
+    selectable = ".status.phase",
+    selectable = ".status.className",
     validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.phase) || !(oldSelf.status.phase in ['Bound', 'Lost']) || self.spec.family == oldSelf.spec.family")
         .message("spec.family cannot change once the claim is Bound (it would lose its addresses); create another claim for other families")
         .field_path(".spec.family")

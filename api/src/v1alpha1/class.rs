@@ -18,7 +18,14 @@ use super::{ReclaimPolicy, conditions_schema};
     printcolumn = r#"{"name":"Provisioner","type":"string","jsonPath":".spec.provisioner"}"#,
     printcolumn = r#"{"name":"ReclaimPolicy","type":"string","jsonPath":".spec.reclaimPolicy"}"#,
     printcolumn = r#"{"name":"ReleaseDelay","type":"string","jsonPath":".spec.releaseDelay"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Default","type":"string","description":"\"true\" on the default class (the annotation ipaddressclass.local.sdn.cozystack.io/is-default-class).","jsonPath":".metadata.annotations.ipaddressclass\\.local\\.sdn\\.cozystack\\.io/is-default-class"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"IPv4 Capacity","type":"integer","priority":1,"jsonPath":".status.capacity.ipv4"}"#,
+    printcolumn = r#"{"name":"IPv6 Capacity","type":"integer","priority":1,"jsonPath":".status.capacity.ipv6"}"#,
+    printcolumn = r#"{"name":"ParametersValid","type":"string","priority":1,"description":"Whether the driver accepted the class's parameters.","jsonPath":".status.conditions[?(@.type==\"ParametersValid\")].status"}"#,
+    category = "addresses",
+    selectable = ".spec.provisioner",
+    selectable = ".spec.reclaimPolicy"
 )]
 #[serde(rename_all = "camelCase")]
 pub struct IPAddressClassSpec {
