@@ -15,7 +15,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use schemars::JsonSchema;
 use serde::Serialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::{Column, Computed, ResourceInfo, View, meta};
 use crate::API_VERSION;
@@ -66,14 +66,43 @@ pub struct PoolAvailability {
 const COLUMNS: &[Column] = &[
     Column::new("Name", "string", "Class", 0),
     Column::new("Provisioner", "string", "Driver", 0),
-    Column::new("Capacity", "string", "IPv4/IPv6 the driver can hold", 0),
-    Column::new("Allocated", "string", "IPv4/IPv6 addresses that exist", 0),
-    Column::new("Free", "string", "IPv4/IPv6 capacity left", 0),
+    Column::new(
+        "IPv4",
+        "string",
+        "IPv4 addresses allocated / the class's IPv4 capacity (allocated alone when the driver reports no capacity)",
+        0,
+    ),
+    Column::new("IPv4 Free", "integer", "IPv4 capacity left", 0),
+    Column::new(
+        "IPv4 Used",
+        "string",
+        "Share of the IPv4 capacity allocated",
+        0,
+    ),
+    Column::new(
+        "IPv6",
+        "string",
+        "IPv6 addresses allocated / the class's IPv6 capacity (allocated alone when the driver reports no capacity)",
+        0,
+    ),
+    Column::new("IPv6 Free", "integer", "IPv6 capacity left", 0),
+    Column::new(
+        "IPv6 Used",
+        "string",
+        "Share of the IPv6 capacity allocated",
+        0,
+    ),
     Column::new("Pending", "integer", "Claims waiting for an address", 0),
     Column::new(
-        "Reserved",
-        "string",
-        "IPv4/IPv6 addresses reserved for a claim that does not exist yet",
+        "IPv4 Reserved",
+        "integer",
+        "IPv4 addresses reserved for a claim that does not exist yet",
+        1,
+    ),
+    Column::new(
+        "IPv6 Reserved",
+        "integer",
+        "IPv6 addresses reserved for a claim that does not exist yet",
         1,
     ),
     Column::new("Released", "integer", "Released addresses", 1),
@@ -159,9 +188,18 @@ fn count(n: &mut Numbers, a: &IPAddress, sign: i64) {
     }
 }
 
-fn pair(p: &PerFamily) -> String {
-    let f = |n: Option<i64>| n.map_or("-".to_string(), |n| n.to_string());
-    format!("{}/{}", f(p.ipv4), f(p.ipv6))
+/// The cells of one family: allocated (/ capacity), free, used share. Unknown capacity
+/// leaves free and used empty, as kube-apiserver prints a column whose path is absent.
+fn family_cells(allocated: Option<i64>, capacity: Option<i64>, free: Option<i64>) -> [Value; 3] {
+    let allocated = allocated.unwrap_or(0);
+    let used = capacity
+        .filter(|c| *c > 0)
+        .map(|c| format!("{}%", allocated.saturating_mul(100) / c));
+    [
+        json!(capacity.map_or(allocated.to_string(), |c| format!("{allocated}/{c}"))),
+        json!(free),
+        json!(used),
+    ]
 }
 
 impl View for Pools {
@@ -282,14 +320,16 @@ impl View for Pools {
             pending_claims,
             next_release,
         };
-        let cells = vec![
-            json!(key),
-            json!(v.provisioner),
-            json!(v.capacity.as_ref().map_or("-/-".into(), pair)),
-            json!(pair(&v.allocated)),
-            json!(v.free.as_ref().map_or("-/-".into(), pair)),
+        let capacity = |f: fn(&PerFamily) -> Option<i64>| v.capacity.as_ref().and_then(f);
+        let free = |f: fn(&PerFamily) -> Option<i64>| v.free.as_ref().and_then(f);
+        let mut cells = vec![json!(key), json!(v.provisioner)];
+        for f in [|p: &PerFamily| p.ipv4, |p: &PerFamily| p.ipv6] {
+            cells.extend(family_cells(f(&v.allocated), capacity(f), free(f)));
+        }
+        cells.extend([
             json!(v.pending_claims),
-            json!(pair(&v.reserved)),
+            json!(v.reserved.ipv4),
+            json!(v.reserved.ipv6),
             json!(v.phases["Released"]),
             json!(v.phases["Conflict"]),
             json!(v.phases["Lost"]),
@@ -298,7 +338,7 @@ impl View for Pools {
                     .as_ref()
                     .map_or("<none>".to_string(), |t| t.0.to_string())
             ),
-        ];
+        ]);
         Some(Computed {
             namespace: None,
             name: key.to_string(),
@@ -310,5 +350,34 @@ impl View for Pools {
 
     fn schemas(&self, g: &mut schemars::SchemaGenerator) -> Vec<(&'static str, schemars::Schema)> {
         vec![("PoolAvailability", g.subschema_for::<PoolAvailability>())]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::family_cells;
+    use serde_json::{Value, json};
+
+    #[test]
+    fn a_familys_cells_read_allocated_of_capacity_free_and_used() {
+        // 5 of a range of 14: 9 free, 35 % used (rounded down, as a fill alert compares).
+        assert_eq!(
+            family_cells(Some(5), Some(14), Some(9)),
+            [json!("5/14"), json!(9), json!("35%")]
+        );
+        assert_eq!(
+            family_cells(Some(14), Some(14), Some(0)),
+            [json!("14/14"), json!(0), json!("100%")]
+        );
+        // No capacity reported (a provider-backed class): allocated alone, the rest empty.
+        assert_eq!(
+            family_cells(Some(3), None, None),
+            [json!("3"), Value::Null, Value::Null]
+        );
+        // A family the class cannot hold at all: no share of nothing.
+        assert_eq!(
+            family_cells(None, Some(0), Some(0)),
+            [json!("0/0"), json!(0), Value::Null]
+        );
     }
 }
