@@ -5,7 +5,7 @@
 
 use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass};
 use address_controller_tests::{
-    TestNamespace, api_error_message, delete_ignore_missing, random_suffix, setup,
+    Cleanup, TestNamespace, api_error_message, delete_ignore_missing, random_suffix, setup,
 };
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
@@ -564,6 +564,12 @@ async fn kubectl_prints_the_printer_columns() {
     let ns = TestNamespace::create(&client, "crd-columns").await.unwrap();
     let sfx = random_suffix();
     let name = format!("columns-{sfx}");
+    let other = format!("{name}-x");
+    // Removed however the test ends (a failed run must not leave 192.0.2.77 to the next).
+    let mut cleanup = Cleanup::default();
+    cleanup.add("ipaddressclasses.local.sdn.cozystack.io", &name);
+    cleanup.add("ipaddresses.local.sdn.cozystack.io", &name);
+    cleanup.add("ipaddresses.local.sdn.cozystack.io", &other);
     // Not the default class ("false"): the DEFAULT column reads the annotation as is.
     dynamic::<IPAddressClass>(&client, None)
         .create(
@@ -587,7 +593,6 @@ async fn kubectl_prints_the_printer_columns() {
         )
         .await
         .unwrap();
-    let other = format!("{name}-x");
     for (obj, address, claim_ref) in [
         (
             &name,
@@ -767,7 +772,7 @@ async fn kubectl_prints_the_printer_columns() {
             "-o",
             "name",
             "--field-selector",
-            "spec.address=192.0.2.77"
+            &format!("spec.address=192.0.2.77,spec.className={name}")
         ]),
         [ipa(&name)]
     );
@@ -877,12 +882,5 @@ async fn kubectl_prints_the_printer_columns() {
         format!("ipaddress.local.sdn.cozystack.io/{name}")
     );
 
-    for n in [&name, &other] {
-        delete_ignore_missing(&Api::<IPAddress>::all(client.clone()), n)
-            .await
-            .unwrap();
-    }
-    delete_ignore_missing(&Api::<IPAddressClass>::all(client.clone()), &name)
-        .await
-        .unwrap();
+    drop(cleanup);
 }

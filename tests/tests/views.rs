@@ -164,10 +164,24 @@ async fn views_through_the_aggregator_with_kubectl() {
         (Some(10), Some(2), Some(8))
     );
     assert_eq!(v["pendingClaims"], 1);
+    // Per family, as kubectl prints it: allocated/capacity, free, used share.
     let (ok, out, err) = kubectl(&["get", "pool", &class]);
-    assert!(
-        ok && out.contains("10/4") && out.contains("2/1"),
-        "{out} {err}"
+    assert!(ok, "{err}");
+    let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        row[..9],
+        [
+            class.as_str(),
+            "pub.drivers.test",
+            "2/10",
+            "8",
+            "20%",
+            "1/4",
+            "3",
+            "25%",
+            "1"
+        ],
+        "{out}"
     );
 
     // Discovery: kubectl api-resources lists the views without errors.
