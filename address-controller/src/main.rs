@@ -26,7 +26,7 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "address-controller", version, about)]
+#[command(name = "address-controller", version = address_controller_runtime::metrics::VERSION, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -36,7 +36,10 @@ struct Cli {
 enum Command {
     /// Run the core controller and the aggregated API server.
     Run(Box<RunArgs>),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completion { shell: clap_complete::Shell },
     /// Write the generated manifests (CRDs, ClusterRole) into the chart. `make manifests` runs this.
+    #[command(hide = true)]
     Manifests {
         /// Directory the CRD YAML files are written to.
         #[arg(long, default_value = "chart/address-controller/crds")]
@@ -68,7 +71,7 @@ struct RunArgs {
     #[arg(long, env = "ADDRESS_CONTROLLER_CONCURRENCY", default_value_t = 16)]
     concurrency: u16,
     /// Create an IPAddressClaim for every LoadBalancer Service that names none (SPEC §7).
-    #[arg(long, env = "ADDRESS_CONTROLLER_AUTO_CLAIMS", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "ADDRESS_CONTROLLER_AUTO_CLAIMS", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     auto_claims: bool,
 }
 
@@ -76,10 +79,10 @@ struct RunArgs {
 #[command(next_help_heading = "Components and the aggregated API server")]
 struct ApiServerArgs {
     /// Serve the view.local.sdn.cozystack.io views (every replica serves them).
-    #[arg(long = "apiserver", env = "ADDRESS_CONTROLLER_APISERVER", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long = "apiserver", env = "ADDRESS_CONTROLLER_APISERVER", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     enabled: bool,
     /// Run the controllers (only the elected leader acts).
-    #[arg(long = "controller", env = "ADDRESS_CONTROLLER_CONTROLLER", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long = "controller", env = "ADDRESS_CONTROLLER_CONTROLLER", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     controller: bool,
     /// HTTPS address of the aggregated API server.
     #[arg(
@@ -132,6 +135,15 @@ struct ApiServerArgs {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
+        Command::Completion { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "address-controller", &mut script);
+            match std::io::Write::write_all(&mut std::io::stdout(), &script) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+                _ => Ok(()),
+            }
+        }
         Command::Manifests {
             crds_dir,
             role,

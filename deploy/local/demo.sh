@@ -212,13 +212,13 @@ local_install() {
 
   step "run the address-controller and the $driver (as the chart's ServiceAccounts)"
   run address-controller "$target/debug/address-controller" run --kubeconfig "$sa/kubeconfig" \
-    --lease-namespace "$ns" --identity demo --probe-address "127.0.0.1:$probe" \
+    --leader-elect-resource-namespace "$ns" --identity demo --probe-address "127.0.0.1:$probe" \
     --apiserver-address "127.0.0.1:$api" --metrics-address "127.0.0.1:$metrics" \
     --tls-cert-file "$sa/tls.crt" --tls-private-key-file "$sa/tls.key"
   local driver_args=()
   [ -n "$metallb" ] && driver_args=(--metallb-namespace metallb-system --hold-namespace "$ns")
   run "$driver" "$target/debug/$driver" --kubeconfig "$sa/$driver.kubeconfig" \
-    --lease-namespace "$ns" --lease-name "address-controller-$driver" --identity demo \
+    --leader-elect-resource-namespace "$ns" --leader-elect-resource-name "address-controller-$driver" --identity demo \
     --probe-address "127.0.0.1:$driver_probe" "${driver_args[@]}"
   wait_ready address-controller "$probe" || fail "address-controller ready" "$dir/logs/address-controller.log"
   wait_ready "$driver" "$driver_probe" || fail "$driver ready" "$dir/logs/$driver.log"

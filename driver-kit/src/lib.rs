@@ -27,7 +27,7 @@ use address_controller_runtime::rbac::{RUNTIME_RULES, Rule, render};
 use address_controller_runtime::supervise::{Shutdown, Tasks, signal};
 use address_controller_runtime::workers::{self, Gate};
 use address_controller_runtime::world::World;
-use clap::{Args, Parser};
+use clap::{Args, CommandFactory, FromArgMatches, Parser};
 use futures::StreamExt;
 use kube::ResourceExt;
 
@@ -64,7 +64,11 @@ pub struct DriverArgs {
     #[command(flatten)]
     pub liveness: LivenessArgs,
     /// Passes running at once.
-    #[arg(long, env = "DRIVER_CONCURRENCY", default_value_t = 4)]
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_DRIVER_CONCURRENCY",
+        default_value_t = 4
+    )]
     pub concurrency: u16,
     /// Print the ClusterRole this driver needs (YAML) and exit.
     #[arg(long)]
@@ -72,7 +76,7 @@ pub struct DriverArgs {
     #[command(flatten)]
     pub metrics: MetricsArgs,
     /// Testing only: wait this long between deciding to create an address and creating it.
-    #[arg(long, hide = true, value_parser = humantime::parse_duration)]
+    #[arg(long, hide = true, value_parser = address_controller_api::duration::parse)]
     pub testing_create_delay: Option<Duration>,
 }
 
@@ -82,15 +86,31 @@ pub struct DriverArgs {
 pub struct MetricsArgs {
     /// Serve /metrics over HTTPS here (e.g. 0.0.0.0:8443) to principals allowed to `get`
     /// the non-resource path /metrics (TokenReview + SubjectAccessReview); empty: off.
-    #[arg(long, env = "DRIVER_METRICS_ADDRESS", default_value = "")]
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_DRIVER_METRICS_ADDRESS",
+        default_value = ""
+    )]
     pub metrics_address: String,
     /// Serving certificate of /metrics (PEM); without it and the key, a self-signed one.
-    #[arg(long, env = "DRIVER_TLS_CERT_FILE", requires = "tls_private_key_file")]
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_DRIVER_TLS_CERT_FILE",
+        requires = "tls_private_key_file"
+    )]
     pub tls_cert_file: Option<std::path::PathBuf>,
-    #[arg(long, env = "DRIVER_TLS_PRIVATE_KEY_FILE", requires = "tls_cert_file")]
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_DRIVER_TLS_PRIVATE_KEY_FILE",
+        requires = "tls_cert_file"
+    )]
     pub tls_private_key_file: Option<std::path::PathBuf>,
     /// Entries kept in each of the TokenReview and SubjectAccessReview caches.
-    #[arg(long, env = "DRIVER_AUTH_CACHE_SIZE", default_value_t = 1000)]
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_DRIVER_AUTH_CACHE_SIZE",
+        default_value_t = 1000
+    )]
     pub auth_cache_size: u64,
 }
 
@@ -186,7 +206,13 @@ pub fn main<D: Driver>(driver: D, info: Info) -> anyhow::Result<()> {
 /// [`main`] for a driver with flags of its own (`A`, flattened next to the kit's): the
 /// driver is made from them.
 pub fn main_with<A: Args, D: Driver>(info: Info, make: impl FnOnce(&A) -> D) -> anyhow::Result<()> {
-    let cli = Cli::<A>::parse();
+    // The driver's own name and the project's version line in --help and --version.
+    let matches = Cli::<A>::command()
+        .name(info.name)
+        .bin_name(info.name)
+        .version(address_controller_runtime::metrics::VERSION)
+        .get_matches();
+    let cli = Cli::<A>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let args = cli.args;
     let driver = make(&cli.own);
     if args.print_cluster_role {

@@ -17,15 +17,17 @@ use kube::{Client, Config};
 #[derive(Args, Clone, Debug)]
 #[command(next_help_heading = "Kubernetes API")]
 pub struct ClientArgs {
-    /// Kubeconfig to use; without it the in-cluster config (or $KUBECONFIG) is used.
-    #[arg(long, env = "KUBECONFIG")]
+    /// Kubeconfig to use. Without it, $KUBECONFIG as kubectl reads it (a list of files, the
+    /// first to set a value wins, missing files are skipped), else ~/.kube/config, else the
+    /// in-cluster config.
+    #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
     /// Longest wait for the response to one API request (a watch: for its first byte).
-    #[arg(long, env = "API_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ADDRESS_CONTROLLER_API_TIMEOUT", default_value = "30s", value_parser = address_controller_api::duration::parse)]
     pub api_timeout: Duration,
     /// Longest pause between two reads on an API connection (must exceed the ~1 min between
     /// watch bookmarks).
-    #[arg(long, env = "API_READ_TIMEOUT", default_value = "150s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ADDRESS_CONTROLLER_API_READ_TIMEOUT", default_value = "150s", value_parser = address_controller_api::duration::parse)]
     pub api_read_timeout: Duration,
 }
 
@@ -52,6 +54,34 @@ pub enum ClientError {
     Build(#[from] kube::Error),
 }
 
+/// $KUBECONFIG merged as kubectl merges it: a path list, empty entries and files that do
+/// not exist skipped, the first file to set a value wins. `None` when it names no existing
+/// file (then kube's inference: ~/.kube/config, in-cluster).
+fn kubeconfig_from_env() -> Result<Option<(Vec<PathBuf>, kube::config::Kubeconfig)>, ClientError> {
+    let Some(value) = std::env::var_os("KUBECONFIG") else {
+        return Ok(None);
+    };
+    let paths: Vec<PathBuf> = std::env::split_paths(&value)
+        .filter(|p| !p.as_os_str().is_empty() && p.exists())
+        .collect();
+    if paths.is_empty() {
+        return Ok(None);
+    }
+    let mut merged = kube::config::Kubeconfig::default();
+    for p in &paths {
+        let kc =
+            kube::config::Kubeconfig::read_from(p).map_err(|source| ClientError::Kubeconfig {
+                path: p.clone(),
+                source,
+            })?;
+        merged = merged.merge(kc).map_err(|source| ClientError::Kubeconfig {
+            path: p.clone(),
+            source,
+        })?;
+    }
+    Ok(Some((paths, merged)))
+}
+
 impl ClientArgs {
     /// The client configuration, timeouts applied.
     pub async fn config(&self) -> Result<Config, ClientError> {
@@ -70,7 +100,18 @@ impl ClientArgs {
                         source,
                     })?
             }
-            None => Config::infer().await?,
+            None => match kubeconfig_from_env()? {
+                Some((paths, kc)) => {
+                    Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                        .await
+                        .map_err(|source| ClientError::Kubeconfig {
+                            path: std::env::join_paths(&paths)
+                                .map_or_else(|_| PathBuf::new(), PathBuf::from),
+                            source,
+                        })?
+                }
+                None => Config::infer().await?,
+            },
         };
         config.connect_timeout = Some(self.api_timeout.min(Duration::from_secs(10)));
         config.read_timeout = Some(self.api_read_timeout);

@@ -41,14 +41,14 @@ pub struct LivenessArgs {
     /// A watch that heard nothing (no event, no bookmark) for this long makes the process
     /// not ready (a leader stops acting) and is restarted. kube-apiserver sends every watch
     /// a bookmark about once a minute and before the watch's timeout.
-    #[arg(long, env = "WATCH_SILENCE_BOUND", default_value = "90s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ADDRESS_CONTROLLER_WATCH_SILENCE_BOUND", default_value = "90s", value_parser = address_controller_api::duration::parse)]
     pub watch_silence_bound: Duration,
     /// Server-side length of one watch request; the watch is renewed after it.
-    #[arg(long, env = "WATCH_TIMEOUT", default_value = "290s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ADDRESS_CONTROLLER_WATCH_TIMEOUT", default_value = "290s", value_parser = address_controller_api::duration::parse)]
     pub watch_timeout: Duration,
     /// A work queue with ready work that no worker took for this long makes the leader not
     /// ready.
-    #[arg(long, env = "QUEUE_STALL_BOUND", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ADDRESS_CONTROLLER_QUEUE_STALL_BOUND", default_value = "60s", value_parser = address_controller_api::duration::parse)]
     pub queue_stall_bound: Duration,
 }
 

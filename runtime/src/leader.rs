@@ -26,25 +26,44 @@ use tokio::time::Instant;
 #[command(next_help_heading = "Leader election")]
 pub struct ElectionArgs {
     /// Elect a leader among replicas on a coordination.k8s.io Lease; only the leader acts.
-    #[arg(long, env = "LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    /// A bare `--leader-elect` means true, as for the Kubernetes components.
+    #[arg(long, env = "ADDRESS_CONTROLLER_LEADER_ELECT", default_value_t = true,
+          action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_missing_value = "true")]
     pub leader_elect: bool,
     /// Name of the Lease [default: the binary's name].
-    #[arg(long, env = "LEASE_NAME")]
+    #[arg(
+        long = "leader-elect-resource-name",
+        alias = "lease-name",
+        env = "ADDRESS_CONTROLLER_LEADER_ELECT_RESOURCE_NAME"
+    )]
     pub lease_name: Option<String>,
-    /// Namespace of the Lease.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    /// Namespace of the Lease (the chart sets the pod's own).
+    #[arg(
+        long = "leader-elect-resource-namespace",
+        alias = "lease-namespace",
+        env = "ADDRESS_CONTROLLER_POD_NAMESPACE",
+        default_value = "default"
+    )]
     pub lease_namespace: String,
-    /// Identity of this replica in the Lease [default: host name and process id].
-    #[arg(long, env = "POD_NAME")]
+    /// Identity of this replica in the Lease [default: host name and process id; the
+    /// chart sets the pod's name].
+    #[arg(long, env = "ADDRESS_CONTROLLER_POD_NAME")]
     pub identity: Option<String>,
     /// How long a lease stays valid without renewal.
-    #[arg(long, env = "LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    #[arg(long = "leader-elect-lease-duration", alias = "lease-duration",
+          env = "ADDRESS_CONTROLLER_LEADER_ELECT_LEASE_DURATION", default_value = "15s",
+          value_parser = address_controller_api::duration::parse)]
     pub lease_duration: Duration,
     /// How long the leader tries to renew before it steps down (then the process exits).
-    #[arg(long, env = "RENEW_DEADLINE", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long = "leader-elect-renew-deadline", alias = "renew-deadline",
+          env = "ADDRESS_CONTROLLER_LEADER_ELECT_RENEW_DEADLINE", default_value = "10s",
+          value_parser = address_controller_api::duration::parse)]
     pub renew_deadline: Duration,
     /// Pause between election attempts.
-    #[arg(long, env = "RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(long = "leader-elect-retry-period", alias = "retry-period",
+          env = "ADDRESS_CONTROLLER_LEADER_ELECT_RETRY_PERIOD", default_value = "2s",
+          value_parser = address_controller_api::duration::parse)]
     pub retry_period: Duration,
 }
 
@@ -54,17 +73,17 @@ impl ElectionArgs {
         self.identity.clone().unwrap_or_else(default_identity)
     }
 
-    /// The Lease settings, with `default_name` when `--lease-name` is not given.
+    /// The Lease settings, with `default_name` when `--leader-elect-resource-name` is not given.
     pub fn config(&self, default_name: &str) -> Result<LeaseConfig, ElectionError> {
         if self.renew_deadline >= self.lease_duration {
             return Err(ElectionError::Settings(format!(
-                "--renew-deadline ({:?}) must be shorter than --lease-duration ({:?})",
+                "--leader-elect-renew-deadline ({:?}) must be shorter than --leader-elect-lease-duration ({:?})",
                 self.renew_deadline, self.lease_duration
             )));
         }
         if self.retry_period >= self.renew_deadline {
             return Err(ElectionError::Settings(format!(
-                "--retry-period ({:?}) must be shorter than --renew-deadline ({:?})",
+                "--leader-elect-retry-period ({:?}) must be shorter than --leader-elect-renew-deadline ({:?})",
                 self.retry_period, self.renew_deadline
             )));
         }

@@ -15,6 +15,14 @@ use crate::leader::Leadership;
 /// The revision the binary was built from (`git rev-parse --short=12 HEAD`).
 pub const REVISION: &str = env!("ADDRESS_CONTROLLER_REVISION");
 
+/// What `--version` prints after the binary's name: the version and the revision.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (revision ",
+    env!("ADDRESS_CONTROLLER_REVISION"),
+    ")"
+);
+
 struct Runtime {
     health: Arc<Health>,
     leadership: Option<Arc<Leadership>>,

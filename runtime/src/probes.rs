@@ -17,7 +17,11 @@ use crate::health::Health;
 #[command(next_help_heading = "Probes")]
 pub struct ProbeArgs {
     /// Plain-HTTP address of /healthz, /livez and /readyz (probes only).
-    #[arg(long, env = "PROBE_ADDRESS", default_value = "0.0.0.0:8081")]
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_PROBE_ADDRESS",
+        default_value = "0.0.0.0:8081"
+    )]
     pub probe_address: SocketAddr,
 }
 

@@ -207,9 +207,12 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
         .iter()
         .map(|e| e["name"].as_str().unwrap())
         .collect();
-    assert!(envs.contains(&"POD_NAMESPACE") && envs.contains(&"POD_NAME"));
     assert!(
-        !envs.contains(&"RUST_LOG"),
+        envs.contains(&"ADDRESS_CONTROLLER_POD_NAMESPACE")
+            && envs.contains(&"ADDRESS_CONTROLLER_POD_NAME")
+    );
+    assert!(
+        !envs.contains(&"ADDRESS_CONTROLLER_LOG_LEVEL"),
         "the binary's own log default applies"
     );
 
@@ -343,7 +346,7 @@ fn image_digest_wins_over_tag_and_knobs_reach_the_pod() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|e| e["name"] == "RUST_LOG")
+        .find(|e| e["name"] == "ADDRESS_CONTROLLER_LOG_LEVEL")
         .unwrap();
     assert_eq!(rust_log["value"], "debug");
 
@@ -452,7 +455,7 @@ fn the_range_driver_is_opt_in_with_its_generated_role_and_its_own_pods() {
             .as_array()
             .unwrap()
             .iter()
-            .any(|e| e["name"] == "RUST_LOG")
+            .any(|e| e["name"] == "ADDRESS_CONTROLLER_LOG_LEVEL")
     );
 
     // The controller's Services, PDB and Deployment select the controller's pods and never

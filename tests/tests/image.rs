@@ -370,7 +370,7 @@ async fn the_image_runs_the_controller_and_the_driver_as_the_chart_deploys_them(
         .collect();
     given.sort();
     assert_eq!(environ, given);
-    assert!(environ.contains(&format!("POD_NAME={pod}")));
+    assert!(environ.contains(&format!("ADDRESS_CONTROLLER_POD_NAME={pod}")));
     let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
     let root_mount = mountinfo
         .lines()

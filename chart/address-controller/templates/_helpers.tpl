@@ -74,18 +74,18 @@ tolerations:
 {{- end }}
 {{- end -}}
 
-{{/* Environment shared by both binaries: the Lease namespace and identity, the log filter. */}}
+{{/* Environment shared by both binaries: the Lease namespace and identity, the log level or filter (--log-level). */}}
 {{- define "address-controller.env" -}}
-- name: POD_NAMESPACE
+- name: ADDRESS_CONTROLLER_POD_NAMESPACE
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
-- name: POD_NAME
+- name: ADDRESS_CONTROLLER_POD_NAME
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
 {{- with .Values.logLevel }}
-- name: RUST_LOG
+- name: ADDRESS_CONTROLLER_LOG_LEVEL
   value: {{ . | quote }}
 {{- end }}
 {{- end -}}

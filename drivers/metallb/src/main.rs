@@ -36,20 +36,20 @@ struct MetalLbArgs {
     /// MetalLB's namespace (its `--namespace`): where the pools and advertisements go.
     #[arg(
         long,
-        env = "METALLB_DRIVER_METALLB_NAMESPACE",
+        env = "ADDRESS_CONTROLLER_METALLB_DRIVER_METALLB_NAMESPACE",
         default_value = "metallb-system"
     )]
     metallb_namespace: String,
     /// Where the holds (placeholder Services) live: the driver's own namespace.
     #[arg(
         long,
-        env = "METALLB_DRIVER_HOLD_NAMESPACE",
+        env = "ADDRESS_CONTROLLER_METALLB_DRIVER_HOLD_NAMESPACE",
         default_value = "address-controller-system"
     )]
     hold_namespace: String,
     /// The `spec.loadBalancerClass` MetalLB serves (its `--lb-class`); default: Services
     /// without one.
-    #[arg(long, env = "METALLB_DRIVER_LB_CLASS")]
+    #[arg(long, env = "ADDRESS_CONTROLLER_METALLB_DRIVER_LB_CLASS")]
     lb_class: Option<String>,
 }
 

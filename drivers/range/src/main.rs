@@ -28,7 +28,7 @@ const INFO: Info = Info {
 struct RangeArgs {
     /// Serve the LoadBalancer Services with this `spec.loadBalancerClass` (default: those
     /// without one), as MetalLB's --lb-class.
-    #[arg(long, env = "RANGE_DRIVER_LB_CLASS")]
+    #[arg(long, env = "ADDRESS_CONTROLLER_RANGE_DRIVER_LB_CLASS")]
     lb_class: Option<String>,
 }
 
