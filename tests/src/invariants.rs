@@ -734,11 +734,32 @@ pub fn parse_gauges(text: &str) -> BTreeMap<String, i64> {
         .collect()
 }
 
+/// Times a replica is asked for /metrics before it counts as not answering.
+const METRICS_ATTEMPTS: u32 = 3;
+
 fn gauge_violations(s: &Snapshot, replicas: &[Replica]) -> Vec<(Violation, String)> {
     let want = expected_gauges(s);
     let mut out = Vec::new();
     for r in replicas {
-        let got = match crate::https_get(&r.url, Some(&r.token)) {
+        // A replica must answer within curl's 10 s; one that does not is asked twice more,
+        // 5 s apart, its threads printed the first time (so a slow answer under a loaded
+        // machine is told from a stuck process, and a stuck one is diagnosed either way).
+        let mut answer = crate::https_get(&r.url, Some(&r.token));
+        for attempt in 2..=METRICS_ATTEMPTS {
+            let Err(e) = &answer else { break };
+            let state = r.pid.map(crate::process_state).unwrap_or_default();
+            println!(
+                "replica {} did not answer /metrics (attempt {} of {METRICS_ATTEMPTS}: {e:#}):\n{state}",
+                r.name,
+                attempt - 1
+            );
+            std::thread::sleep(Duration::from_secs(5));
+            answer = crate::https_get(&r.url, Some(&r.token));
+            if answer.is_ok() {
+                println!("replica {} answered /metrics at attempt {attempt}", r.name);
+            }
+        }
+        let got = match answer {
             Ok((200, text)) => parse_gauges(&text),
             Ok((code, body)) => {
                 out.push((
