@@ -25,6 +25,8 @@ use address_controller_runtime::world::World;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
+mod check;
+
 #[derive(Parser)]
 #[command(name = "address-controller", version = address_controller_runtime::metrics::VERSION, about)]
 struct Cli {
@@ -36,6 +38,10 @@ struct Cli {
 enum Command {
     /// Run the core controller and the aggregated API server.
     Run(Box<RunArgs>),
+    /// Check the installation: CRDs, the views' APIService, the Leases of the core and the
+    /// drivers, every class served by a live driver, the caller's permissions. Exit 1 when
+    /// a check fails.
+    Check(Box<check::CheckArgs>),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion { shell: clap_complete::Shell },
     /// Write the generated manifests (CRDs, ClusterRole) into the chart. `make manifests` runs this.
@@ -135,6 +141,16 @@ struct ApiServerArgs {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
+        Command::Check(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            if runtime.block_on(check::run(&args))? {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
+        }
         Command::Completion { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             let mut script = Vec::new();
@@ -299,7 +315,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             Ok(())
         });
         if args.election.leader_elect {
-            let cfg = args.election.config("address-controller")?;
+            let mut cfg = args.election.config("address-controller")?;
+            cfg.annotations = [(
+                address_controller_api::names::LEASE_COMPONENT_ANNOTATION.to_string(),
+                "controller".to_string(),
+            )]
+            .into();
             let stop = shutdown.wait();
             tasks.spawn("leader election", async move {
                 leader::run(client, cfg, leadership, stop).await?;

@@ -28,6 +28,12 @@ pub const PROVISIONED_BY_ANNOTATION: &str = "ipaddress.local.sdn.cozystack.io/pr
 /// Address annotation: a Released address that waits for an admin despite a release delay.
 pub const HELD_ANNOTATION: &str = "ipaddress.local.sdn.cozystack.io/held";
 
+/// On a Lease of this project: who holds it — `controller` (the core) or `driver`.
+pub const LEASE_COMPONENT_ANNOTATION: &str = "local.sdn.cozystack.io/component";
+/// On a driver's Lease: the provisioner it serves (`address-controller check` matches
+/// classes with it).
+pub const LEASE_PROVISIONER_ANNOTATION: &str = "local.sdn.cozystack.io/provisioner";
+
 /// Finalizer the core puts on claims.
 pub const CLAIM_FINALIZER: &str = "local.sdn.cozystack.io/claim-protection";
 /// Finalizer the core puts on addresses.

@@ -233,6 +233,7 @@ pub fn main_with<A: Args, D: Driver>(info: Info, make: impl FnOnce(&A) -> D) -> 
 
 /// Runs the driver until SIGTERM (Ok) or until a critical task stops (Err).
 pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow::Result<()> {
+    let provisioner = driver.provisioner().to_string();
     let client = args.client.client().await?;
     let shutdown = Shutdown::default();
     let mut tasks = Tasks::new(shutdown.clone());
@@ -407,7 +408,19 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
         });
     }
     if args.election.leader_elect {
-        let cfg = args.election.config(info.name)?;
+        let mut cfg = args.election.config(info.name)?;
+        cfg.annotations = [
+            (
+                address_controller_api::names::LEASE_COMPONENT_ANNOTATION,
+                "driver",
+            ),
+            (
+                address_controller_api::names::LEASE_PROVISIONER_ANNOTATION,
+                &provisioner,
+            ),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .into();
         let stop = shutdown.wait();
         tasks.spawn("leader election", async move {
             leader::run(client, cfg, leadership, stop).await?;

@@ -94,6 +94,7 @@ impl ElectionArgs {
                 .clone()
                 .unwrap_or_else(|| default_name.to_string()),
             identity: self.identity(),
+            annotations: std::collections::BTreeMap::new(),
             lease_duration: self.lease_duration,
             renew_deadline: self.renew_deadline,
             retry_period: self.retry_period,
@@ -165,6 +166,9 @@ pub struct LeaseConfig {
     pub namespace: String,
     pub name: String,
     pub identity: String,
+    /// Written on the Lease with every acquisition and renewal: what the holder is (the
+    /// core, or a driver and its provisioner) for `address-controller check`.
+    pub annotations: std::collections::BTreeMap<String, String>,
     /// How long a lease is valid without renewal.
     pub lease_duration: Duration,
     /// How long the leader keeps trying to renew before it gives up leadership.
@@ -286,6 +290,7 @@ async fn try_acquire_or_renew(
         let lease = Lease {
             metadata: ObjectMeta {
                 name: Some(cfg.name.clone()),
+                annotations: Some(cfg.annotations.clone()).filter(|a| !a.is_empty()),
                 ..Default::default()
             },
             spec: Some(mine(0, None)),
@@ -314,6 +319,13 @@ async fn try_acquire_or_renew(
     let transitions = spec.lease_transitions.unwrap_or(0) + i32::from(!held_by_me);
     let acquired = held_by_me.then(|| spec.acquire_time.clone()).flatten();
     lease.spec = Some(mine(transitions, acquired));
+    if !cfg.annotations.is_empty() {
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .extend(cfg.annotations.clone());
+    }
     // `replace` carries the resourceVersion read above: two replicas racing for an expired
     // lease cannot both win.
     match api.replace(&cfg.name, &PostParams::default(), &lease).await {
