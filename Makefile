@@ -1,5 +1,5 @@
 # The two commands of a fresh machine:
-#   make demo   bring up the local control plane with the CRDs installed (the quickstart)
+#   make demo   the quickstart: control plane, the chart, controller and range driver, tenants' claims and Services
 #   make test   run every test: lints, unit tests, integration tests on a real control plane
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -12,15 +12,15 @@ help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: demo
-demo: ## Quickstart: start the local control plane, install the CRDs, print how to use it
+demo: ## Quickstart: control plane + the chart + controller + range driver, tenants' claims and Services with their EXTERNAL-IP (METALLB=1: real MetalLB; NODE=1, root: a real kubelet node)
 	@deploy/local/demo.sh up
 
 .PHONY: demo-down
-demo-down: ## Stop the quickstart's control plane
+demo-down: ## Stop the quickstart (NODE=1 for the node quickstart)
 	@deploy/local/demo.sh down
 
 .PHONY: test
-test: ## Run all tests (fmt, clippy, unit, integration on a real local control plane)
+test: ## Run all tests (fmt, clippy, unit, integration on a real local control plane; as root also the node tier)
 	@deploy/local/test.sh
 
 .PHONY: manifests
