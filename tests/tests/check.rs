@@ -80,26 +80,12 @@ fn find<'a>(rows: &'a [(String, bool, String)], prefix: &str) -> Vec<&'a (String
     rows.iter().filter(|r| r.0.starts_with(prefix)).collect()
 }
 
-fn kubectl(kubeconfig: &Path, args: &[&str]) -> String {
-    let out = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[tokio::test]
 async fn check_fails_on_what_is_broken_and_passes_on_a_working_installation() {
     let private = Private::start();
     let cluster = Cluster::use_dir(&private.dir).unwrap();
     let kc = cluster.kubeconfig.clone();
+    let kubectl_ok = |args: &[&str]| cluster.kubectl_ok(args).unwrap();
     let skip = ["--skip", "apiservice"];
 
     // 1. Nothing installed: every CRD row fails, and so does the exit code.
@@ -115,48 +101,36 @@ async fn check_fails_on_what_is_broken_and_passes_on_a_working_installation() {
 
     // 2. The chart's CRDs: Established, as this binary expects.
     let crd_dir = repo_root().join("chart/address-controller/crds");
-    kubectl(
-        &kc,
-        &["apply", "--server-side", "-f", crd_dir.to_str().unwrap()],
-    );
-    kubectl(
-        &kc,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "crd",
-            "--all",
-            "--timeout=60s",
-        ],
-    );
+    kubectl_ok(&["apply", "--server-side", "-f", crd_dir.to_str().unwrap()]);
+    kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd",
+        "--all",
+        "--timeout=60s",
+    ]);
     let (_, rows) = check(&kc, &skip);
     assert!(find(&rows, "crd/").iter().all(|r| r.1), "{rows:?}");
     // CRDs of another chart version (a schema that differs): named.
-    kubectl(
-        &kc,
-        &[
-            "patch",
-            "crd",
-            "ipaddresses.local.sdn.cozystack.io",
-            "--type=json",
-            "-p",
-            r#"[{"op":"replace","path":"/spec/versions/0/schema/openAPIV3Schema/description","value":"an older chart's"}]"#,
-        ],
-    );
+    kubectl_ok(&[
+        "patch",
+        "crd",
+        "ipaddresses.local.sdn.cozystack.io",
+        "--type=json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/versions/0/schema/openAPIV3Schema/description","value":"an older chart's"}]"#,
+    ]);
     let (code, rows) = check(&kc, &skip);
     assert_eq!(code, 1);
     let row = find(&rows, "crd/ipaddresses.")[0];
     assert!(!row.1 && row.2.contains("schema differs"), "{row:?}");
-    kubectl(
-        &kc,
-        &[
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "-f",
-            crd_dir.to_str().unwrap(),
-        ],
-    );
+    kubectl_ok(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        crd_dir.to_str().unwrap(),
+    ]);
 
     // 3. A class nobody serves, and no core running.
     let class = r#"{"apiVersion":"local.sdn.cozystack.io/v1alpha1","kind":"IPAddressClass",
@@ -164,7 +138,7 @@ async fn check_fails_on_what_is_broken_and_passes_on_a_working_installation() {
         "spec":{"provisioner":"range.drivers.local.sdn.cozystack.io","parameters":{"cidrs":["192.0.2.0/28"]}}}"#;
     let file = private.dir.join("class.json");
     std::fs::write(&file, class).unwrap();
-    kubectl(&kc, &["create", "-f", file.to_str().unwrap()]);
+    kubectl_ok(&["create", "-f", file.to_str().unwrap()]);
     let (code, rows) = check(&kc, &skip);
     assert_eq!(code, 1);
     let row = find(&rows, "class/public")[0];
@@ -182,18 +156,15 @@ async fn check_fails_on_what_is_broken_and_passes_on_a_working_installation() {
     let mut driver = ControllerProcess::driver("check-driver", &[])
         .await
         .unwrap();
-    let lease: Value = serde_json::from_str(&kubectl(
-        &kc,
-        &[
-            "get",
-            "lease",
-            "-n",
-            "default",
-            "range-driver",
-            "-o",
-            "json",
-        ],
-    ))
+    let lease: Value = serde_json::from_str(&kubectl_ok(&[
+        "get",
+        "lease",
+        "-n",
+        "default",
+        "range-driver",
+        "-o",
+        "json",
+    ]))
     .unwrap();
     assert_eq!(
         lease["metadata"]["annotations"]["local.sdn.cozystack.io/component"],
