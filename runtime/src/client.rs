@@ -7,11 +7,13 @@
 //! (watches hear a bookmark about every minute, so this must stay above that).
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use kube::client::ClientBuilder;
 use kube::{Client, Config};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 
 /// How to reach the API server.
 #[derive(Args, Clone, Debug)]
@@ -29,6 +31,14 @@ pub struct ClientArgs {
     /// watch bookmarks).
     #[arg(long, env = "ADDRESS_CONTROLLER_API_READ_TIMEOUT", default_value = "150s", value_parser = address_controller_api::duration::parse)]
     pub api_read_timeout: Duration,
+    /// Requests per second to kube-apiserver, sustained (a token bucket as client-go's; 0:
+    /// no client-side limit, only the server's priority and fairness). The default allows
+    /// ~50 binds/s (4 writes each) with bursts of twice that.
+    #[arg(long, env = "ADDRESS_CONTROLLER_KUBE_API_QPS", default_value_t = 200.0)]
+    pub kube_api_qps: f32,
+    /// Requests the client may send at once above --kube-api-qps after a quiet spell.
+    #[arg(long, env = "ADDRESS_CONTROLLER_KUBE_API_BURST", default_value_t = 400)]
+    pub kube_api_burst: u32,
 }
 
 impl Default for ClientArgs {
@@ -37,6 +47,8 @@ impl Default for ClientArgs {
             kubeconfig: None,
             api_timeout: Duration::from_secs(30),
             api_read_timeout: Duration::from_secs(150),
+            kube_api_qps: 200.0,
+            kube_api_burst: 400,
         }
     }
 }
@@ -122,11 +134,244 @@ impl ClientArgs {
         Ok(config)
     }
 
-    /// A client whose every request is bounded (see the module documentation).
+    /// A client whose every request is bounded (see the module documentation), rate
+    /// limited and counted ([`ClientMetrics`]). The limiter is outside the timeout: waiting
+    /// for a token does not count against `--api-timeout`.
     pub async fn client(&self) -> Result<Client, ClientError> {
         let config = self.config().await?;
+        let instrument = Instrument {
+            bucket: Arc::new(Mutex::new(Bucket::new(
+                self.kube_api_qps,
+                self.kube_api_burst,
+                Instant::now(),
+            ))),
+        };
         Ok(ClientBuilder::try_from(config)?
             .with_layer(&tower::timeout::TimeoutLayer::new(self.api_timeout))
+            .with_layer(&instrument)
             .build())
+    }
+}
+
+/// A token bucket as client-go's: `qps` tokens a second, at most `burst` saved up; a request
+/// takes one, waiting (in its own future, never holding the client) when none is left.
+/// `qps` 0 turns it off.
+#[derive(Debug)]
+struct Bucket {
+    qps: f64,
+    burst: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl Bucket {
+    fn new(qps: f32, burst: u32, now: Instant) -> Self {
+        let burst = f64::from(burst.max(1));
+        Bucket {
+            qps: f64::from(qps),
+            burst,
+            tokens: burst,
+            last: now,
+        }
+    }
+
+    /// Takes a token; how long the caller must wait before using it (0 while tokens are
+    /// left). Tokens go negative under load, so waiting callers are spaced 1/qps apart.
+    fn reserve(&mut self, now: Instant) -> Duration {
+        if self.qps <= 0.0 {
+            return Duration::ZERO;
+        }
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + elapsed * self.qps).min(self.burst) - 1.0;
+        if self.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-self.tokens / self.qps)
+        }
+    }
+}
+
+/// What every process counts about its own calls to kube-apiserver, as client-go's
+/// `rest_client_*` metrics do: requests by method and status code, their latency (to the
+/// response headers: for a watch, its start), and the time spent waiting on the rate limiter.
+/// `method` is the HTTP method, `WATCH` for a GET with `watch=true`; `code` is the status,
+/// `<error>` when no response came (timeout, connection).
+pub struct ClientMetrics {
+    requests: IntCounterVec,
+    duration: HistogramVec,
+    limiter: Histogram,
+}
+
+impl ClientMetrics {
+    fn new() -> Result<Self, prometheus::Error> {
+        Ok(ClientMetrics {
+            requests: IntCounterVec::new(
+                Opts::new(
+                    "address_controller_client_requests_total",
+                    "Requests to kube-apiserver by HTTP method (WATCH for a watch) and status code (<error> for no response)",
+                ),
+                &["method", "code"],
+            )?,
+            duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "address_controller_client_request_duration_seconds",
+                    "Time from sending a request to kube-apiserver to its response headers, by method",
+                )
+                .buckets(vec![
+                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                ]),
+                &["method"],
+            )?,
+            limiter: Histogram::with_opts(
+                HistogramOpts::new(
+                    "address_controller_client_rate_limiter_duration_seconds",
+                    "Time a request waited for the client's rate limiter (--kube-api-qps, --kube-api-burst)",
+                )
+                .buckets(vec![0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0]),
+            )?,
+        })
+    }
+
+    /// Registers the client metrics on `registry` (once per process; every client of the
+    /// process counts into the same series).
+    pub fn register(registry: &Registry) -> Result<(), prometheus::Error> {
+        let m = client_metrics().ok_or_else(|| {
+            prometheus::Error::Msg("the client metrics could not be created".into())
+        })?;
+        registry.register(Box::new(m.requests.clone()))?;
+        registry.register(Box::new(m.duration.clone()))?;
+        registry.register(Box::new(m.limiter.clone()))
+    }
+}
+
+fn client_metrics() -> Option<&'static ClientMetrics> {
+    static METRICS: OnceLock<Option<ClientMetrics>> = OnceLock::new();
+    METRICS.get_or_init(|| ClientMetrics::new().ok()).as_ref()
+}
+
+/// The client's rate limiter and request metrics, outermost in the stack.
+#[derive(Clone)]
+struct Instrument {
+    bucket: Arc<Mutex<Bucket>>,
+}
+
+impl<S> tower::Layer<S> for Instrument {
+    type Service = Instrumented<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        Instrumented {
+            inner,
+            bucket: self.bucket.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Instrumented<S> {
+    inner: S,
+    bucket: Arc<Mutex<Bucket>>,
+}
+
+fn method_label(req: &http::Request<kube::client::Body>) -> &'static str {
+    let watch = req
+        .uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+    match *req.method() {
+        http::Method::GET if watch => "WATCH",
+        http::Method::GET => "GET",
+        http::Method::POST => "POST",
+        http::Method::PUT => "PUT",
+        http::Method::PATCH => "PATCH",
+        http::Method::DELETE => "DELETE",
+        _ => "OTHER",
+    }
+}
+
+impl<S, B> tower::Service<http::Request<kube::client::Body>> for Instrumented<S>
+where
+    S: tower::Service<http::Request<kube::client::Body>, Response = http::Response<B>>,
+    S::Future: Send + 'static,
+    S::Error: 'static,
+    B: 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, S::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<kube::client::Body>) -> Self::Future {
+        let method = method_label(&req);
+        let wait = self
+            .bucket
+            .lock()
+            .map_or(Duration::ZERO, |mut b| b.reserve(Instant::now()));
+        // The inner future does nothing until polled (hyper sends when polled), so the
+        // request leaves only after the wait.
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let metrics = client_metrics();
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
+            }
+            if let Some(m) = metrics {
+                m.limiter.observe(wait.as_secs_f64());
+            }
+            let start = Instant::now();
+            let res = fut.await;
+            if let Some(m) = metrics {
+                m.duration
+                    .with_label_values(&[method])
+                    .observe(start.elapsed().as_secs_f64());
+                let code = match &res {
+                    Ok(r) => r.status().as_str().to_owned(),
+                    Err(_) => "<error>".to_owned(),
+                };
+                m.requests.with_label_values(&[method, &code]).inc();
+            }
+            res
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_spends_the_burst_then_spaces_requests_by_one_over_qps() {
+        let t0 = Instant::now();
+        let mut b = Bucket::new(10.0, 3, t0);
+        for _ in 0..3 {
+            assert_eq!(b.reserve(t0), Duration::ZERO);
+        }
+        // No token left: the 4th waits 100 ms, the 5th 200 ms.
+        let w4 = b.reserve(t0);
+        let w5 = b.reserve(t0);
+        assert!((w4.as_secs_f64() - 0.1).abs() < 1e-9, "{w4:?}");
+        assert!((w5.as_secs_f64() - 0.2).abs() < 1e-9, "{w5:?}");
+        // A second later the debt (2) is repaid and 8 tokens grew, capped at the burst (3).
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(b.reserve(t1), Duration::ZERO);
+        assert_eq!(b.reserve(t1), Duration::ZERO);
+        assert_eq!(b.reserve(t1), Duration::ZERO);
+        assert!(b.reserve(t1) > Duration::ZERO);
+    }
+
+    #[test]
+    fn qps_zero_never_waits() {
+        let t0 = Instant::now();
+        let mut b = Bucket::new(0.0, 1, t0);
+        for _ in 0..100 {
+            assert_eq!(b.reserve(t0), Duration::ZERO);
+        }
     }
 }

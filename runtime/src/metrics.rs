@@ -1,6 +1,7 @@
 //! Metrics every process of the project exports, whatever else it counts: the process
-//! (CPU, memory, open files, start time), what was built, whether this replica leads, and
-//! how each watched cache is doing. Read at scrape time; labels bounded (the watched kinds).
+//! (CPU, memory, open files, start time), what was built, whether this replica leads, its
+//! calls to kube-apiserver ([`crate::client::ClientMetrics`]), and how each watched cache
+//! is doing. Read at scrape time; labels bounded (the watched kinds).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -47,6 +48,7 @@ pub fn register(
     registry.register(Box::new(
         prometheus::process_collector::ProcessCollector::for_self(),
     ))?;
+    crate::client::ClientMetrics::register(registry)?;
     let build = IntGaugeVec::new(
         Opts::new(
             "address_controller_build_info",

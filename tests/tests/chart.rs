@@ -317,7 +317,8 @@ fn image_digest_wins_over_tag_and_knobs_reach_the_pod() {
             "priorityClassName": "system-cluster-critical", "nodeSelector": {"role": "infra"},
             "tolerations": [{"key": "infra", "operator": "Exists"}],
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "role", "operator": "In", "values": ["infra"]}]}]}}},
-            "imagePullSecrets": [{"name": "ghcr"}], "controller": {"autoClaims": false},
+            "imagePullSecrets": [{"name": "ghcr"}],
+            "controller": {"autoClaims": false, "kubeApi": {"qps": 12345678, "burst": 7}},
             "podDisruptionBudget": {"enabled": false}, "logLevel": "debug",
             "extraArgs": ["--concurrency=4"]}),
         &[],
@@ -341,6 +342,14 @@ fn image_digest_wins_over_tag_and_knobs_reach_the_pod() {
     assert_eq!(pod["imagePullSecrets"], json!([{"name": "ghcr"}]));
     assert!(args(&objs).contains(&"--auto-claims=false".to_string()));
     assert_eq!(args(&objs).last().unwrap(), "--concurrency=4");
+    // Helm prints a large number from a values file as 1.2345678e+07: the flag's parser
+    // (Rust's f32) must read it back.
+    let qps = args(&objs)
+        .iter()
+        .find_map(|a| a.strip_prefix("--kube-api-qps=").map(str::to_owned))
+        .unwrap();
+    assert_eq!(qps.parse::<f32>(), Ok(12_345_678.0), "{qps}");
+    assert!(args(&objs).contains(&"--kube-api-burst=7".to_string()));
     assert!(!has(&objs, "PodDisruptionBudget"));
     let rust_log = container(&objs)["env"]
         .as_array()

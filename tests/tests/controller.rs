@@ -1267,3 +1267,85 @@ async fn ledger_gauges_follow_objects_and_drop_series_of_gone_ones() {
     );
     e.check().await;
 }
+
+/// The value of the first sample whose line starts with `series` (name and labels as
+/// printed), 0 when absent.
+fn sample(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Five addresses and five claims of `class`, waited on until every claim is Bound.
+async fn bind_five(e: &mut Env, class: &str, round: &str, first: u8) {
+    for i in 0..5u8 {
+        let ip = format!("192.0.2.{}", first + i);
+        e.address(&format!("{round}{i}"), &ip, class, json!({}))
+            .await;
+    }
+    for i in 0..5u8 {
+        e.claim(&format!("{round}-{i}"), json!({"className": class}))
+            .await;
+    }
+    for i in 0..5u8 {
+        e.wait_claim(&format!("{round}-{i}"), "Bound", |c| {
+            phase(c) == Some(ClaimPhase::Bound)
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn the_client_rate_limiter_spaces_requests_and_every_call_is_counted() {
+    let mut e = env("qps").await;
+    let class = e.class("pub", json!({})).await;
+    // Control: the defaults (200/s, burst 400) never make five binds wait.
+    bind_five(&mut e, &class, "a", 10).await;
+    let m = e.ctl.metrics().await.unwrap();
+    let waited = sample(
+        &m,
+        "address_controller_client_rate_limiter_duration_seconds_sum",
+    );
+    assert!(waited < 0.05, "the default limiter waited {waited} s");
+    for series in [
+        "address_controller_client_requests_total{code=\"200\",method=\"PATCH\"}",
+        "address_controller_client_requests_total{code=\"200\",method=\"WATCH\"}",
+        "address_controller_client_requests_total{code=\"200\",method=\"GET\"}",
+        "address_controller_client_request_duration_seconds_count{method=\"PATCH\"}",
+    ] {
+        assert!(sample(&m, series) >= 1.0, "{series} missing:\n{m}");
+    }
+
+    // 5 requests/s, no burst: the same work waits on the limiter — and still binds.
+    e.ctl.stop();
+    e.ctl = ControllerProcess::start(
+        &format!("ctl-qps2-{}", e.sfx),
+        &[
+            "--leader-elect=false",
+            "--kube-api-qps=5",
+            "--kube-api-burst=1",
+        ],
+    )
+    .await
+    .unwrap();
+    bind_five(&mut e, &class, "b", 20).await;
+    let m = e.ctl.metrics().await.unwrap();
+    let waited = sample(
+        &m,
+        "address_controller_client_rate_limiter_duration_seconds_sum",
+    );
+    let requests: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("address_controller_client_requests_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    // 5 binds are 20 writes; at 5/s with a burst of 1, the queue alone waits seconds.
+    assert!(requests >= 20.0, "{requests} requests:\n{m}");
+    assert!(
+        waited >= 2.0,
+        "waited only {waited} s for {requests} requests"
+    );
+    println!("qps=5: {requests} requests, {waited:.1} s waited on the limiter");
+    e.check().await;
+}

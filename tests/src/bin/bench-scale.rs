@@ -268,6 +268,8 @@ async fn controller(name: &str, port: u16) -> Result<ControllerProcess> {
         name,
         &[
             "--leader-elect=false",
+            // The bench measures the API server's floor: no client-side limit.
+            "--kube-api-qps=0",
             "--apiserver-address",
             &address,
             "--tls-cert-file",
@@ -389,9 +391,10 @@ async fn measure(mode: Mode, n: usize) -> Result<Value> {
     let started = Instant::now();
     let mut ctl = controller("ctl-scale", free_port()).await?;
     let mut driver = match mode {
-        Mode::Driver => {
-            Some(ControllerProcess::driver("drv-scale", &["--leader-elect=false"]).await?)
-        }
+        Mode::Driver => Some(
+            ControllerProcess::driver("drv-scale", &["--leader-elect=false", "--kube-api-qps=0"])
+                .await?,
+        ),
         Mode::Static => None,
     };
     tokio::time::timeout(Duration::from_secs(3600), bound.wait_for(|b| *b >= n))
