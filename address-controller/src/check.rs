@@ -7,8 +7,9 @@
 use std::collections::BTreeMap;
 
 use address_controller_api::IPAddressClass;
-use address_controller_api::names::{LEASE_COMPONENT_ANNOTATION, LEASE_PROVISIONER_ANNOTATION};
+use address_controller_api::names::LEASE_COMPONENT_ANNOTATION;
 use address_controller_runtime::client::ClientArgs;
+use address_controller_runtime::leader::{lease_liveness, live_driver_lease};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
@@ -20,9 +21,6 @@ use kube::{Client, ResourceExt};
 
 /// The APIService of the views.
 const APISERVICE: &str = "v1alpha1.view.local.sdn.cozystack.io";
-/// What a lease's holder may be late by (clock skew between machines) before it counts as
-/// not renewing.
-const SKEW_SECONDS: i64 = 5;
 
 #[derive(clap::Args)]
 pub struct CheckArgs {
@@ -251,27 +249,6 @@ async fn apiservice(client: &Client) -> Row {
     }
 }
 
-/// Whether a Lease is held and was renewed within its duration; the holder, or why not.
-pub fn lease_liveness(l: &Lease, now: Timestamp) -> Result<String, String> {
-    let spec = l.spec.clone().unwrap_or_default();
-    let holder = spec.holder_identity.filter(|h| !h.is_empty());
-    let Some(holder) = holder else {
-        return Err("not held (no replica running, or all stepped down)".into());
-    };
-    let Some(renewed) = spec.renew_time.map(|t| t.0) else {
-        return Err(format!("held by {holder}, never renewed"));
-    };
-    let ago = now.as_second() - renewed.as_second();
-    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
-    if ago > duration + SKEW_SECONDS {
-        Err(format!(
-            "held by {holder} but not renewed for {ago}s (lease duration {duration}s): the holder is gone or hung"
-        ))
-    } else {
-        Ok(format!("held by {holder}, renewed {}s ago", ago.max(0)))
-    }
-}
-
 fn lease_rows(leases: &[Lease], now: Timestamp) -> Vec<Row> {
     let ours: Vec<&Lease> = leases
         .iter()
@@ -312,18 +289,15 @@ pub fn class_rows(classes: &[IPAddressClass], leases: &[Lease], now: Timestamp) 
         .map(|c| {
             let p = &c.spec.provisioner;
             let check = format!("class/{}", c.name_any());
-            let live = leases
-                .iter()
-                .filter(|l| l.annotations().get(LEASE_PROVISIONER_ANNOTATION) == Some(p))
-                .find_map(|l| {
-                    lease_liveness(l, now).ok().map(|held| {
-                        format!(
-                            "{p}: served by lease {}/{} ({held})",
-                            l.namespace().unwrap_or_default(),
-                            l.name_any()
-                        )
-                    })
-                });
+            let live = live_driver_lease(leases, p, now).and_then(|l| {
+                lease_liveness(l, now).ok().map(|held| {
+                    format!(
+                        "{p}: served by lease {}/{} ({held})",
+                        l.namespace().unwrap_or_default(),
+                        l.name_any()
+                    )
+                })
+            });
             match live {
                 Some(d) => row(check, true, d),
                 None => row(
@@ -387,6 +361,8 @@ async fn access(client: &Client) -> Vec<Row> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use address_controller_api::names::LEASE_PROVISIONER_ANNOTATION;
+    use address_controller_runtime::leader::SKEW_SECONDS;
     use k8s_openapi::api::coordination::v1::LeaseSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 

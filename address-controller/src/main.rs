@@ -193,6 +193,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let health = Health::new(args.liveness.bounds());
     let controller = args.apiserver.controller;
     let world = World::new(controller && args.auto_claims, health.clone());
+    let world = if controller {
+        world.with_driver_leases()
+    } else {
+        world
+    };
     let metrics = Arc::new(Metrics::new(world.clone())?);
     let leadership = if args.election.leader_elect && controller {
         Leadership::follower()
@@ -318,6 +323,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             let mut cfg = args.election.config("address-controller")?;
             cfg.annotations = [(
                 address_controller_api::names::LEASE_COMPONENT_ANNOTATION.to_string(),
+                "controller".to_string(),
+            )]
+            .into();
+            cfg.labels = [(
+                address_controller_api::names::LEASE_COMPONENT_LABEL.to_string(),
                 "controller".to_string(),
             )]
             .into();

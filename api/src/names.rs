@@ -30,6 +30,9 @@ pub const HELD_ANNOTATION: &str = "ipaddress.local.sdn.cozystack.io/held";
 
 /// On a Lease of this project: who holds it — `controller` (the core) or `driver`.
 pub const LEASE_COMPONENT_ANNOTATION: &str = "local.sdn.cozystack.io/component";
+/// The same, as a label: the core watches the drivers' Leases by it
+/// (`local.sdn.cozystack.io/component=driver`) to tell whether a class is served.
+pub const LEASE_COMPONENT_LABEL: &str = "local.sdn.cozystack.io/component";
 /// On a driver's Lease: the provisioner it serves (`address-controller check` matches
 /// classes with it).
 pub const LEASE_PROVISIONER_ANNOTATION: &str = "local.sdn.cozystack.io/provisioner";
@@ -54,6 +57,9 @@ pub fn annotation_is_true(
 pub mod condition {
     pub const CLASS_RESOLVED: &str = "ClassResolved";
     pub const BOUND: &str = "Bound";
+    /// Class condition the core keeps on classes served by a driver: whether a driver
+    /// holding a live Lease for the class's provisioner runs.
+    pub const DRIVER_AVAILABLE: &str = "DriverAvailable";
 }
 
 /// Claim condition reasons.
@@ -66,6 +72,10 @@ pub mod reason {
     pub const WAITING_FOR_PROVISIONING: &str = "WaitingForProvisioning";
     pub const WAITING_FOR_ADDRESS: &str = "WaitingForAddress";
     pub const ADDRESS_LOST: &str = "AddressLost";
+    /// `DriverAvailable` True: a Lease of the provisioner is held and renewed.
+    pub const DRIVER_RUNNING: &str = "DriverRunning";
+    /// `DriverAvailable` False: no Lease of the provisioner is held and renewed.
+    pub const NO_LIVE_DRIVER: &str = "NoLiveDriver";
 }
 
 /// Event reasons.

@@ -21,6 +21,8 @@ pub struct Queues {
     pub claims: Arc<Queue<String>>,
     pub addresses: Arc<Queue<String>>,
     pub services: Arc<Queue<String>>,
+    /// Class names: the `DriverAvailable` condition.
+    pub classes: Arc<Queue<String>>,
 }
 
 impl Queues {
@@ -35,6 +37,7 @@ impl Queues {
             ("claims", &self.claims),
             ("addresses", &self.addresses),
             ("services", &self.services),
+            ("classes", &self.classes),
         ]
         .into_iter()
         .map(|(name, q)| {
@@ -53,6 +56,7 @@ impl Default for Queues {
             claims: Arc::new(Queue::new(Backoff::default())),
             addresses: Arc::new(Queue::new(Backoff::default())),
             services: Arc::new(Queue::new(Backoff::default())),
+            classes: Arc::new(Queue::new(Backoff::default())),
         }
     }
 }

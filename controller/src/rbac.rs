@@ -39,6 +39,12 @@ const RULES: &[Rule] = &[
         why: "class resolution",
     },
     Rule {
+        group: "local.sdn.cozystack.io",
+        resources: &["ipaddressclasses/status"],
+        verbs: &["patch"],
+        why: "the classes' DriverAvailable condition",
+    },
+    Rule {
         group: "",
         resources: &["services"],
         verbs: &["get", "list", "watch", "patch"],
@@ -49,6 +55,12 @@ const RULES: &[Rule] = &[
         resources: &["leases"],
         verbs: &["get", "create", "update"],
         why: "leader election",
+    },
+    Rule {
+        group: "coordination.k8s.io",
+        resources: &["leases"],
+        verbs: &["list", "watch"],
+        why: "DriverAvailable: the drivers' Leases (label local.sdn.cozystack.io/component=driver)",
     },
     Rule {
         group: "events.k8s.io",

@@ -10,6 +10,7 @@
 //! | claim | the claim; the addresses naming it when its existence, uid, deletion or listed addresses changed; the Service named after it; the pump's picks when it starts or stops waiting |
 //! | class | the claims waiting in its pools and the unresolved claims; its Released addresses (release delay); LoadBalancer Services without a claim |
 //! | Service | the Service |
+//! | driver Lease | the classes of its provisioner, when it appears, goes, or changes holder (the class pass re-checks at the Lease's expiry) |
 //! | leadership acquired | everything |
 
 use std::sync::Arc;
@@ -73,6 +74,7 @@ pub fn register(ctx: &Arc<Context>) {
     ctx.world.classes.on_change(move |ch| {
         let Some(obj) = ch.object() else { return };
         let name = obj.name_any();
+        c.queues.classes.add(name.clone());
         c.queues.claims.add_all(c.index.claims_for_class(&name));
         c.queues.addresses.add_all(c.index.released_in(&name));
         if let Some(services) = &c.world.services {
@@ -90,6 +92,39 @@ pub fn register(ctx: &Arc<Context>) {
             );
         }
     });
+    if let Some(leases) = &ctx.world.driver_leases {
+        let c = ctx.clone();
+        leases.on_change(move |ch| {
+            // Renewals (every few seconds) change only renewTime: the class pass already
+            // waits for the Lease's expiry. Appearing, going and a new holder wake it.
+            let holder = |l: Option<&k8s_openapi::api::coordination::v1::Lease>| {
+                l.and_then(|l| l.spec.as_ref())
+                    .and_then(|s| s.holder_identity.clone())
+            };
+            if ch.old.is_some()
+                && ch.new.is_some()
+                && holder(ch.old.as_deref()) == holder(ch.new.as_deref())
+            {
+                return;
+            }
+            let provisioners: Vec<String> = [ch.old.as_deref(), ch.new.as_deref()]
+                .into_iter()
+                .flatten()
+                .filter_map(|l| {
+                    l.annotations()
+                        .get(address_controller_api::names::LEASE_PROVISIONER_ANNOTATION)
+                        .cloned()
+                })
+                .collect();
+            c.queues.classes.add_all(
+                c.world
+                    .classes()
+                    .iter()
+                    .filter(|k| provisioners.contains(&k.spec.provisioner))
+                    .map(|k| k.name_any()),
+            );
+        });
+    }
     if let Some(services) = &ctx.world.services {
         let c = ctx.clone();
         services.on_change(move |ch| {
@@ -103,6 +138,7 @@ pub fn register(ctx: &Arc<Context>) {
         ("claim queue", ctx.queues.claims.clone()),
         ("address queue", ctx.queues.addresses.clone()),
         ("service queue", ctx.queues.services.clone()),
+        ("class queue", ctx.queues.classes.clone()),
     ] {
         let leader = leader.clone();
         ctx.world.health.queue(name, q, move || leader.is_leader());
@@ -127,6 +163,7 @@ pub async fn run(ctx: Arc<Context>, settings: Settings) {
                     .addresses
                     .add_all(ctx.world.addresses.store.keys());
                 ctx.queues.claims.add_all(ctx.world.claims.store.keys());
+                ctx.queues.classes.add_all(ctx.world.classes.store.keys());
                 if let Some(s) = &ctx.world.services {
                     ctx.queues.services.add_all(s.store.keys());
                 }
@@ -155,6 +192,25 @@ pub async fn run(ctx: Arc<Context>, settings: Settings) {
             observe.clone(),
         )
     };
+    let classes = {
+        let ctx2 = ctx.clone();
+        let enabled = ctx.world.driver_leases.is_some();
+        let observe = observe.clone();
+        async move {
+            if enabled {
+                let ctx3 = ctx2.clone();
+                workers::run(
+                    "class",
+                    ctx2.queues.classes.clone(),
+                    1,
+                    ctx2.gate.clone(),
+                    move |k| reconcile::class::reconcile(ctx3.clone(), k),
+                    observe,
+                )
+                .await;
+            }
+        }
+    };
     let services = {
         let ctx2 = ctx.clone();
         let enabled = settings.auto_claims && ctx.world.services.is_some();
@@ -176,7 +232,7 @@ pub async fn run(ctx: Arc<Context>, settings: Settings) {
         }
     };
     tokio::select! {
-        () = async { futures::join!(claims, addresses, services); } => {}
+        () = async { futures::join!(claims, addresses, services, classes); } => {}
         () = everything => {}
     }
 }
@@ -186,4 +242,5 @@ pub fn shut_down(ctx: &Context) {
     ctx.queues.claims.shut_down();
     ctx.queues.addresses.shut_down();
     ctx.queues.services.shut_down();
+    ctx.queues.classes.shut_down();
 }

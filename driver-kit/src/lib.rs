@@ -421,6 +421,12 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .into();
+        // The core watches driver Leases by this label (the class's DriverAvailable).
+        cfg.labels = [(
+            address_controller_api::names::LEASE_COMPONENT_LABEL.to_string(),
+            "driver".to_string(),
+        )]
+        .into();
         let stop = shutdown.wait();
         tasks.spawn("leader election", async move {
             leader::run(client, cfg, leadership, stop).await?;

@@ -244,6 +244,8 @@ pub struct WatchConfig {
     pub page_size: u32,
     /// Field selector, if any.
     pub fields: Option<String>,
+    /// Label selector, if any.
+    pub labels: Option<String>,
 }
 
 impl Default for WatchConfig {
@@ -252,6 +254,7 @@ impl Default for WatchConfig {
             timeout: Duration::from_secs(290),
             page_size: 500,
             fields: None,
+            labels: None,
         }
     }
 }
@@ -320,6 +323,9 @@ impl<K: Object> Cache<K> {
         let mut params = ListParams::default().limit(cfg.page_size);
         if let Some(f) = &cfg.fields {
             params = params.fields(f);
+        }
+        if let Some(l) = &cfg.labels {
+            params = params.labels(l);
         }
         let mut seen: HashMap<String, Arc<K>> = HashMap::new();
         let mut version = String::new();
@@ -405,6 +411,9 @@ impl<K: Object> Cache<K> {
             params.bookmarks = true;
             if let Some(f) = &cfg.fields {
                 params = params.fields(f);
+            }
+            if let Some(l) = &cfg.labels {
+                params = params.labels(l);
             }
             let stream = match api.watch(&params, &rv).await {
                 Ok(s) => s,

@@ -95,6 +95,7 @@ impl ElectionArgs {
                 .unwrap_or_else(|| default_name.to_string()),
             identity: self.identity(),
             annotations: std::collections::BTreeMap::new(),
+            labels: std::collections::BTreeMap::new(),
             lease_duration: self.lease_duration,
             renew_deadline: self.renew_deadline,
             retry_period: self.retry_period,
@@ -169,6 +170,9 @@ pub struct LeaseConfig {
     /// Written on the Lease with every acquisition and renewal: what the holder is (the
     /// core, or a driver and its provisioner) for `address-controller check`.
     pub annotations: std::collections::BTreeMap<String, String>,
+    /// Written the same way: the labels others select the Lease by (the core watches the
+    /// drivers' Leases).
+    pub labels: std::collections::BTreeMap<String, String>,
     /// How long a lease is valid without renewal.
     pub lease_duration: Duration,
     /// How long the leader keeps trying to renew before it gives up leadership.
@@ -291,6 +295,7 @@ async fn try_acquire_or_renew(
             metadata: ObjectMeta {
                 name: Some(cfg.name.clone()),
                 annotations: Some(cfg.annotations.clone()).filter(|a| !a.is_empty()),
+                labels: Some(cfg.labels.clone()).filter(|a| !a.is_empty()),
                 ..Default::default()
             },
             spec: Some(mine(0, None)),
@@ -325,6 +330,13 @@ async fn try_acquire_or_renew(
             .annotations
             .get_or_insert_default()
             .extend(cfg.annotations.clone());
+    }
+    if !cfg.labels.is_empty() {
+        lease
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .extend(cfg.labels.clone());
     }
     // `replace` carries the resourceVersion read above: two replicas racing for an expired
     // lease cannot both win.
@@ -361,4 +373,61 @@ pub fn default_identity() -> String {
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "unknown-host".into());
     format!("{host}-{}", std::process::id())
+}
+
+/// Allowed clock difference between the holder of a Lease and its reader, in seconds.
+pub const SKEW_SECONDS: i64 = 5;
+
+/// Whether a Lease, read by another process, is held and was renewed within its duration
+/// (plus [`SKEW_SECONDS`]): `Ok` with the holder, `Err` with why not. The one rule for "is
+/// this component running", used by `address-controller check` and the core's
+/// `DriverAvailable` class condition.
+pub fn lease_liveness(
+    l: &k8s_openapi::api::coordination::v1::Lease,
+    now: Timestamp,
+) -> Result<String, String> {
+    let spec = l.spec.clone().unwrap_or_default();
+    let holder = spec.holder_identity.filter(|h| !h.is_empty());
+    let Some(holder) = holder else {
+        return Err("not held (no replica running, or all stepped down)".into());
+    };
+    let Some(renewed) = spec.renew_time.map(|t| t.0) else {
+        return Err(format!("held by {holder}, never renewed"));
+    };
+    let ago = now.as_second() - renewed.as_second();
+    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
+    if ago > duration + SKEW_SECONDS {
+        Err(format!(
+            "held by {holder} but not renewed for {ago}s (lease duration {duration}s): the holder is gone or hung"
+        ))
+    } else {
+        Ok(format!("held by {holder}, renewed {}s ago", ago.max(0)))
+    }
+}
+
+/// When a live Lease stops being live unless renewed again (its renewal + duration + skew).
+pub fn lease_expiry(l: &k8s_openapi::api::coordination::v1::Lease) -> Option<Timestamp> {
+    let spec = l.spec.as_ref()?;
+    let renewed = spec.renew_time.as_ref()?.0;
+    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
+    renewed
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(
+            duration + SKEW_SECONDS,
+        ))
+        .ok()
+}
+
+/// The driver Lease (annotated with `provisioner`) that serves it now, if any.
+pub fn live_driver_lease<'a>(
+    leases: impl IntoIterator<Item = &'a k8s_openapi::api::coordination::v1::Lease>,
+    provisioner: &str,
+    now: Timestamp,
+) -> Option<&'a k8s_openapi::api::coordination::v1::Lease> {
+    use kube::ResourceExt;
+    leases.into_iter().find(|l| {
+        l.annotations()
+            .get(address_controller_api::names::LEASE_PROVISIONER_ANNOTATION)
+            .is_some_and(|p| p == provisioner)
+            && lease_liveness(l, now).is_ok()
+    })
 }

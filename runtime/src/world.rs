@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
 use kube::{Api, Client};
 
@@ -20,6 +21,10 @@ pub struct World {
     pub classes: Arc<Cache<IPAddressClass>>,
     /// Only where Services are needed (auto-claims).
     pub services: Option<Arc<Cache<Service>>>,
+    /// Only in the core: the drivers' Leases (labelled
+    /// `local.sdn.cozystack.io/component=driver`, every namespace), for the classes'
+    /// `DriverAvailable`. Their renewals every few seconds do not move [`World::revision`].
+    pub driver_leases: Option<Arc<Cache<Lease>>>,
     /// The highest resourceVersion any of the watches has seen.
     pub revision: Arc<AtomicU64>,
     pub health: Arc<Health>,
@@ -34,6 +39,7 @@ impl World {
             addresses: Cache::new("IPAddress", revision.clone()),
             classes: Cache::new("IPAddressClass", revision.clone()),
             services: with_services.then(|| Cache::new("Service", revision.clone())),
+            driver_leases: None,
             revision,
             health,
         };
@@ -44,6 +50,15 @@ impl World {
             w.health.watch(s.health.clone());
         }
         w
+    }
+
+    /// Adds the cache of the drivers' Leases (the core's).
+    #[must_use]
+    pub fn with_driver_leases(mut self) -> World {
+        let leases = Cache::new("Lease", Arc::new(AtomicU64::new(0)));
+        self.health.watch(leases.health.clone());
+        self.driver_leases = Some(leases);
+        self
     }
 
     /// Runs every watch, and the watchdog that restarts silent ones, as supervised tasks.
@@ -69,7 +84,20 @@ impl World {
         if let Some(s) = &self.services {
             tasks.spawn_forever(
                 "watch Services",
-                s.clone().run(Api::all(client.clone()), cfg),
+                s.clone().run(Api::all(client.clone()), cfg.clone()),
+            );
+        }
+        if let Some(l) = &self.driver_leases {
+            let cfg = WatchConfig {
+                labels: Some(format!(
+                    "{}=driver",
+                    address_controller_api::names::LEASE_COMPONENT_LABEL
+                )),
+                ..cfg
+            };
+            tasks.spawn_forever(
+                "watch driver Leases",
+                l.clone().run(Api::all(client.clone()), cfg),
             );
         }
         tasks.spawn_forever("cache watchdog", self.health.clone().watchdog());

@@ -82,6 +82,25 @@ impl Env {
         self.cleanup
             .add("ipaddressclasses.local.sdn.cozystack.io", &name);
         self.classes.push(name.clone());
+        if self.ctl.running() {
+            // The core's one write to a new class (DriverAvailable) lands before the test
+            // goes on, so tests counting the writes of what follows do not see it.
+            let api = self.classes();
+            wait_for(&format!("class {name}: DriverAvailable"), WAIT, || {
+                let api = api.clone();
+                let name = name.clone();
+                async move {
+                    let c = api.get(&name).await?;
+                    Ok(c.status
+                        .iter()
+                        .flat_map(|s| &s.conditions)
+                        .any(|c| c.type_ == "DriverAvailable")
+                        .then_some(()))
+                }
+            })
+            .await
+            .unwrap();
+        }
         name
     }
 

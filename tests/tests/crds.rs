@@ -589,7 +589,9 @@ async fn kubectl_prints_the_printer_columns() {
             &PatchParams::default(),
             &Patch::Merge(json!({"status": {"capacity": {"ipv4": 16},
                 "conditions": [{"type": "ParametersValid", "status": "True", "reason": "Valid",
-                                "message": "ok", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})),
+                                "message": "ok", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                               {"type": "DriverAvailable", "status": "False", "reason": "NoLiveDriver",
+                                "message": "none", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})),
         )
         .await
         .unwrap();
@@ -680,15 +682,21 @@ async fn kubectl_prints_the_printer_columns() {
     );
     assert_eq!(
         header[6..],
-        ["IPV4 CAPACITY", "IPV6 CAPACITY", "PARAMETERSVALID"]
+        [
+            "IPV4 CAPACITY",
+            "IPV6 CAPACITY",
+            "PARAMETERSVALID",
+            "DRIVERAVAILABLE"
+        ]
     );
     assert_eq!(
         (
             rows[0]["IPV4 CAPACITY"].as_str(),
             rows[0]["IPV6 CAPACITY"].as_str(),
-            rows[0]["PARAMETERSVALID"].as_str()
+            rows[0]["PARAMETERSVALID"].as_str(),
+            rows[0]["DRIVERAVAILABLE"].as_str()
         ),
-        ("16", "", "True")
+        ("16", "", "True", "False")
     );
 
     let (header, rows) = table(

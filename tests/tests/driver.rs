@@ -11,7 +11,7 @@ use address_controller_tests::env::{
 };
 use address_controller_tests::{ControllerProcess, wait_for};
 use kube::ResourceExt;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 async fn driver(e: &Env, name: &str) -> ControllerProcess {
@@ -360,5 +360,91 @@ async fn two_replicas_with_one_leader_never_double_allocate() {
             .await
             .is_err()
     );
+    e.check().await;
+}
+
+#[tokio::test]
+async fn a_class_says_whether_a_driver_with_a_live_lease_serves_it() {
+    let mut e = env("drv-avail").await;
+    let class = range_class(&mut e, "avail", json!(["198.18.41.0/28"]), json!({})).await;
+    let available = |c: &IPAddressClass| {
+        class_condition(c, "DriverAvailable").map(|x| (x.status.clone(), x.reason.clone()))
+    };
+    let none = (String::from("False"), String::from("NoLiveDriver"));
+    let running = (String::from("True"), String::from("DriverRunning"));
+    // No driver runs: the class says so.
+    let c = wait_class(&e, &class, "DriverAvailable=False", |c| {
+        available(c) == Some(none.clone())
+    })
+    .await;
+    let msg = &class_condition(&c, "DriverAvailable").unwrap().message;
+    assert!(msg.contains(RANGE_PROVISIONER), "{msg}");
+
+    // A driver with leader election: True, naming its Lease; the kit's own condition
+    // (ParametersValid) sits next to the core's.
+    let lease = e.name("avail-lease");
+    let args = address_controller_tests::env::fast_lease(&lease);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut drv = ControllerProcess::driver(&format!("drv-avail-{}", e.sfx), &args)
+        .await
+        .unwrap();
+    let c = wait_class(
+        &e,
+        &class,
+        "DriverAvailable=True, ParametersValid=True",
+        |c| {
+            available(c) == Some(running.clone())
+                && class_condition(c, "ParametersValid").is_some_and(|x| x.status == "True")
+        },
+    )
+    .await;
+    let msg = &class_condition(&c, "DriverAvailable").unwrap().message;
+    assert!(msg.contains(&format!("Lease default/{lease}")), "{msg}");
+
+    // At rest the core writes nothing to the class, although the Lease is renewed twice a
+    // second: two more class passes (expiry checks) go by without a write.
+    let settled = e.writes(&e.ctl.user).len();
+    let passes = || async {
+        let m = e.ctl.metrics().await?;
+        Ok::<f64, anyhow::Error>(
+            m.lines()
+                .filter(|l| {
+                    l.starts_with("address_controller_reconcile_total{controller=\"class\"")
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum(),
+        )
+    };
+    let before = passes().await.unwrap();
+    wait_for("two class passes at rest", WAIT, || async {
+        Ok((passes().await? >= before + 2.0).then_some(()))
+    })
+    .await
+    .unwrap();
+    e.barrier().await;
+    let since: Vec<_> = e.writes(&e.ctl.user)[settled..].to_vec();
+    assert!(since.is_empty(), "writes at rest: {since:?}");
+
+    // SIGKILL: the Lease stays held (nobody releases it) and stops being renewed; the core
+    // notices at its expiry, with no watch event to tell it.
+    drv.kill();
+    wait_class(
+        &e,
+        &class,
+        "DriverAvailable=False after the Lease expired",
+        |c| available(c) == Some(none.clone()),
+    )
+    .await;
+    let holder = address_controller_tests::env::lease_holder(&e.client, &lease)
+        .await
+        .unwrap();
+    assert!(
+        holder.is_some_and(|h| !h.is_empty()),
+        "the Lease still names its dead holder: the flip came from the expiry"
+    );
+    let _ =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(e.client.clone(), "default")
+            .delete(&lease, &DeleteParams::default())
+            .await;
     e.check().await;
 }

@@ -23,6 +23,7 @@ use super::{ReclaimPolicy, conditions_schema};
     printcolumn = r#"{"name":"IPv4 Capacity","type":"integer","priority":1,"jsonPath":".status.capacity.ipv4"}"#,
     printcolumn = r#"{"name":"IPv6 Capacity","type":"integer","priority":1,"jsonPath":".status.capacity.ipv6"}"#,
     printcolumn = r#"{"name":"ParametersValid","type":"string","priority":1,"description":"Whether the driver accepted the class's parameters.","jsonPath":".status.conditions[?(@.type==\"ParametersValid\")].status"}"#,
+    printcolumn = r#"{"name":"DriverAvailable","type":"string","priority":1,"description":"Whether a driver holding a live Lease for the provisioner runs (the core's condition).","jsonPath":".status.conditions[?(@.type==\"DriverAvailable\")].status"}"#,
     category = "addresses",
     selectable = ".spec.provisioner",
     selectable = ".spec.reclaimPolicy"

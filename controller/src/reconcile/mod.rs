@@ -4,6 +4,7 @@
 
 pub mod address;
 pub mod claim;
+pub mod class;
 pub mod service;
 
 use serde_json::{Value, json};
