@@ -6,6 +6,8 @@
 # Usage: deploy/local/build-binaries.sh [--print-env] [etcd|helm|kube ...]   (default: all)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=build-times.sh
+. "$here/build-times.sh"
 # shellcheck source=versions.sh
 . "$here/versions.sh"
 
@@ -38,12 +40,12 @@ go_build_kube() {
   rm -rf "$out" && mv "$out.tmp" "$out" && touch "$out/.complete"
 }
 
-# kube-apiserver and kube-controller-manager (cold: ~20 min on 2 cores).
+# kube-apiserver and kube-controller-manager (cold: see build-times.sh).
 build_kube() {
   go_build_kube "$KUBE_BIN" kubernetes k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
 }
 
-# kubelet and kube-scheduler for the node tier (cold, after build_kube: ~3 min on 2 cores;
+# kubelet and kube-scheduler for the node tier (cold, after build_kube: see build-times.sh;
 # they share most packages).
 build_node() {
   go_build_kube "$NODE_BIN" kubelet/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler
@@ -75,7 +77,7 @@ build_helm() {
 build_prometheus() {
   local out="$PROMETHEUS_BIN"
   if cached "$out"; then log "prometheus $PROMETHEUS_VERSION: cached in $out"; return; fi
-  log "prometheus $PROMETHEUS_VERSION: building prometheus and promtool (cold: ~5 min on 2 cores)"
+  log "prometheus $PROMETHEUS_VERSION: building prometheus and promtool (cold: ~$COLD_PROMETHEUS_MIN min on 2 cores)"
   mkdir -p "$out.tmp"
   # Without the builtinassets tag the web UI is left out: the tests use the HTTP API only.
   (cd "$here/tools/prometheus" && CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "-s -w" \
@@ -86,7 +88,7 @@ build_prometheus() {
 build_metallb() {
   local out="$METALLB_BIN"
   if cached "$out"; then log "metallb $METALLB_VERSION: cached in $out"; return; fi
-  log "metallb $METALLB_VERSION: building the MetalLB controller (cold: ~2 min on 2 cores)"
+  log "metallb $METALLB_VERSION: building the MetalLB controller (cold: ~$COLD_METALLB_MIN min on 2 cores)"
   mkdir -p "$out.tmp"
   (cd "$here/tools/metallb" && CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "-s -w" \
      -o "$out.tmp/metallb-controller" go.universe.tf/metallb/controller)

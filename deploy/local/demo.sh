@@ -15,6 +15,8 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
+# shellcheck source=build-times.sh
+. "$here/build-times.sh"
 # shellcheck source=versions.sh
 . "$here/versions.sh"
 node="${NODE:-}"
@@ -72,11 +74,11 @@ wait_ready() { # NAME PORT
 
 up() {
   local t0; t0=$(date +%s)
-  step "build the control-plane binaries (cached by version; cold ~10 min on 2 cores)"
+  step "build the control-plane binaries (cached by version; cold ~$COLD_GO_BINARIES_MIN min on 2 cores)"
   "$here/build-binaries.sh" || fail "build-binaries" "the output above"
   if [ -n "$node" ]; then
     [ "$(id -u)" = 0 ] || fail "NODE=1 needs root (network and mount namespaces, containerd)"
-    step "build the container image (make image: release binaries; cold ~6 min)"
+    step "build the container image (make image: release binaries; cold ~$COLD_IMAGE_MIN min)"
     "$root/deploy/image/build.sh" --out "$root/dist" || fail "make image" "the output above"
     step "start the control plane and a real node (kubelet, containerd) in the network namespace address-controller-node"
     kubeconfig="$("$here/cluster.sh" up "$dir" --node)" || fail "cluster up --node"

@@ -6,6 +6,8 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
 here="$root/deploy/local"
+# shellcheck source=build-times.sh
+. "$here/build-times.sh"
 
 step() { printf '\n==> %s\n' "$*"; }
 t0=$(date +%s)
@@ -19,7 +21,7 @@ fail() { printf '\nmake test: FAILED at step "%s"\n' "$1"; exit 1; }
 step "rustfmt"
 cargo fmt --all -- --check || fail "rustfmt (run cargo fmt)"
 
-step "control-plane binaries (cached by version; cold build ~25 min)"
+step "control-plane binaries (cached by version; cold build ~$COLD_GO_BINARIES_MIN min)"
 # Started in the background: the Rust build and the Go build share the two cores.
 "$here/build-binaries.sh" >"$out/build-binaries.log" 2>&1 &
 build_pid=$!

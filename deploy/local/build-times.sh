@@ -1,0 +1,9 @@
+# Cold build times measured on the 2-core / 24 GiB build machine, in minutes: the one place
+# the scripts' messages and the README's table take them from (tests/tests/docs.rs checks
+# the README against this file). Re-measure and change them here.
+COLD_GO_BINARIES_MIN=14    # make build-binaries, nothing cached (all Go binaries below)
+COLD_KUBE_MIN=10           # kube-apiserver and kube-controller-manager, part of the above
+COLD_PROMETHEUS_MIN=4      # prometheus and promtool, part of the above
+COLD_METALLB_MIN=2         # the MetalLB controller, part of the above
+COLD_NODE_MIN=4.5          # kubelet and kube-scheduler (the node tier), after the above
+COLD_IMAGE_MIN=6           # make image: the release build of the binaries
