@@ -157,10 +157,41 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
         "Service/address-controller-api",
         "Service/address-controller-metrics",
         "ServiceAccount/address-controller",
+        // `helm test`: `check` in a Pod, as a read-only ServiceAccount of its own.
+        "ServiceAccount/address-controller-test",
+        "ClusterRole/address-controller-test-address-controller-system",
+        "ClusterRoleBinding/address-controller-test-address-controller-system",
+        "Pod/address-controller-test",
     ]
     .map(str::to_string)
     .into();
     assert_eq!(kind_names(&objs), expected);
+    let test = find(&objs, "Pod", "address-controller-test");
+    assert_eq!(test["metadata"]["annotations"]["helm.sh/hook"], "test");
+    assert_eq!(
+        test["spec"]["containers"][0]["args"],
+        json!(["check", "--skip=classes"])
+    );
+    assert_eq!(test["spec"]["restartPolicy"], "Never");
+    let role = find(
+        &objs,
+        "ClusterRole",
+        "address-controller-test-address-controller-system",
+    );
+    for rule in role["rules"].as_array().unwrap() {
+        for verb in rule["verbs"].as_array().unwrap() {
+            assert!(
+                verb == "get" || verb == "list",
+                "the test role writes: {rule}"
+            );
+        }
+    }
+    assert!(
+        !kind_names(&render(&json!({"helmTest": {"enabled": false}}), &[]).unwrap())
+            .iter()
+            .any(|k| k.contains("-test")),
+        "helmTest.enabled=false still renders the hook"
+    );
 
     // The Deployment: two replicas, the appVersion image, hardened, probed.
     let deploy = find(&objs, "Deployment", "address-controller");

@@ -799,3 +799,82 @@ fn a_node_drain_is_held_back_by_the_disruption_budget_and_the_views_keep_answeri
         check_everything(node).await;
     });
 }
+
+/// `helm test` of the release: the output and whether it passed.
+fn helm_test() -> (bool, String) {
+    let out = address_controller_tests::chart::helm()
+        .args([
+            "test",
+            node::RELEASE,
+            "-n",
+            NAMESPACE,
+            "--logs",
+            "--timeout",
+            "120s",
+        ])
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn helm_test_runs_check_in_a_pod_and_fails_when_a_check_fails() {
+    node::run(|node| async move {
+        let client = node.cluster.client().await.unwrap();
+        // The chart's hook: `address-controller check` in a Pod on the node, as its own
+        // read-only ServiceAccount — every row passes on a working installation.
+        let (ok, out) = helm_test();
+        assert!(ok, "helm test failed:\n{out}");
+        for row in [
+            "crd/ipaddressclaims.local.sdn.cozystack.io",
+            "apiservice/v1alpha1.view.local.sdn.cozystack.io",
+            "(controller)",
+            "(driver)",
+            "access/list namespaceaddresses.view.local.sdn.cozystack.io",
+        ] {
+            let line = out.lines().find(|l| l.starts_with(row) || l.contains(row));
+            assert!(
+                line.is_some_and(|l| l.contains(" ok ")),
+                "{row} not ok:\n{out}"
+            );
+        }
+        assert!(
+            !out.contains("class/"),
+            "classes are skipped by default:\n{out}"
+        );
+
+        // Control: with classes checked and a class nobody serves, the hook's Pod exits 1
+        // and `helm test` fails, naming the class.
+        let classes: Api<IPAddressClass> = Api::all(client.clone());
+        let name = format!("unserved-{}", random_suffix());
+        classes
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": name},
+                    "spec": {"provisioner": "nobody.drivers.test"}}))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+        let mut values = node::values();
+        values["helmTest"] = json!({"skip": []});
+        node.helm_upgrade(&values, &[]).unwrap();
+        let (ok, out) = helm_test();
+        let _ = classes.delete(&name, &Default::default()).await;
+        node.helm_upgrade(&node::values(), &[]).unwrap();
+        assert!(!ok, "helm test passed with an unserved class:\n{out}");
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(&format!("class/{name}")) && l.contains("FAIL")),
+            "{out}"
+        );
+        check_everything(node).await;
+    });
+}
