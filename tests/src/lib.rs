@@ -341,11 +341,25 @@ pub fn api_error_message(err: &kube::Error) -> Option<(u16, String)> {
 // ---- the address-controller binary under test -------------------------------------------
 
 /// A free TCP port on 127.0.0.1.
+/// A loopback port free now and never handed out before by this process: the kernel may
+/// give a port it just released again, and two flags of one controller once got the same
+/// one (`Address already in use` at start-up, seen in CI).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(0)
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for _ in 0..1000 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or(0);
+        if port != 0 && given.insert(port) {
+            return port;
+        }
+    }
+    0
 }
 
 /// The path of a workspace binary; `make test` builds them before the tests run.
@@ -982,6 +996,41 @@ pub fn peak_rss_bytes(pid: u32) -> Result<u64> {
         .ok_or_else(|| anyhow!("no VmHWM for {pid}"))?
         .parse()?;
     Ok(kb * 1024)
+}
+
+/// A control plane of a test's own (for what the shared one's other users must not see,
+/// such as CRDs taken away), stopped and removed when dropped. [`Cluster::use_dir`] makes
+/// it the one the process's helpers talk to.
+pub struct PrivateCluster {
+    pub dir: PathBuf,
+}
+
+impl PrivateCluster {
+    pub fn start(prefix: &str) -> PrivateCluster {
+        let dir = std::env::temp_dir().join(format!("{prefix}-{}", random_suffix()));
+        let out = Command::new(repo_root().join("deploy/local/cluster.sh"))
+            .arg("up")
+            .arg(&dir)
+            .args(["--watch-pid", &std::process::id().to_string()])
+            .output()
+            .expect("cluster.sh up");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PrivateCluster { dir }
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        let _ = Command::new(repo_root().join("deploy/local/cluster.sh"))
+            .arg("down")
+            .arg(&self.dir)
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 #[cfg(test)]

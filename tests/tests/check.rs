@@ -5,49 +5,15 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use address_controller_tests::invariants::{Scope, assert_invariants};
-use address_controller_tests::{Cluster, ControllerProcess, binary, repo_root, wait_for};
+use address_controller_tests::{
+    Cluster, ControllerProcess, PrivateCluster, binary, repo_root, wait_for,
+};
 use serde_json::Value;
-
-/// A private control plane, stopped when dropped.
-struct Private {
-    dir: PathBuf,
-}
-
-impl Private {
-    fn start() -> Private {
-        let dir = std::env::temp_dir().join(format!(
-            "ac-check-{}",
-            address_controller_tests::random_suffix()
-        ));
-        let out = Command::new(repo_root().join("deploy/local/cluster.sh"))
-            .arg("up")
-            .arg(&dir)
-            .args(["--watch-pid", &std::process::id().to_string()])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Private { dir }
-    }
-}
-
-impl Drop for Private {
-    fn drop(&mut self) {
-        let _ = Command::new(repo_root().join("deploy/local/cluster.sh"))
-            .arg("down")
-            .arg(&self.dir)
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 /// `check` with `args`: (exit code, CHECK → (ok, detail)).
 fn check(kubeconfig: &Path, args: &[&str]) -> (i32, Vec<(String, bool, String)>) {
@@ -82,7 +48,7 @@ fn find<'a>(rows: &'a [(String, bool, String)], prefix: &str) -> Vec<&'a (String
 
 #[tokio::test]
 async fn check_fails_on_what_is_broken_and_passes_on_a_working_installation() {
-    let private = Private::start();
+    let private = PrivateCluster::start("ac-check");
     let cluster = Cluster::use_dir(&private.dir).unwrap();
     let kc = cluster.kubeconfig.clone();
     let kubectl_ok = |args: &[&str]| cluster.kubectl_ok(args).unwrap();
