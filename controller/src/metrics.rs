@@ -129,8 +129,10 @@ impl Metrics {
 /// `address_controller_ipaddresses_held{namespace,class,state}` (the billing unit: addresses
 /// by the namespace of the claim they are bound to — `bound`, and `associated` when a
 /// driver put them on a Service),
-/// `address_controller_ipaddressclaims{namespace,class,phase}` and
-/// `address_controller_ipaddressclass_capacity{class,family}`.
+/// `address_controller_ipaddressclaims{namespace,class,phase}`,
+/// `address_controller_ipaddressclass_capacity{class,family}` and
+/// `address_controller_ipaddressclass_allocated{class,family}` (every IPAddress of the class
+/// by family, as `poolavailabilities` counts it: what fills the capacity).
 ///
 /// The counts are kept by the caches' change handlers (registered before the watches start,
 /// so every object the store ever holds passes through them, relists included): a scrape
@@ -146,6 +148,7 @@ struct Ledger {
 #[derive(Default)]
 struct Counts {
     addresses: HashMap<(String, &'static str), i64>,
+    allocated: HashMap<(String, &'static str), i64>,
     held: HashMap<(String, String, &'static str), i64>,
     claims: HashMap<(String, String, &'static str), i64>,
 }
@@ -218,6 +221,12 @@ const ADDRESSES: &str = "address_controller_ipaddresses";
 const HELD: &str = "address_controller_ipaddresses_held";
 const CLAIMS: &str = "address_controller_ipaddressclaims";
 const CAPACITY: &str = "address_controller_ipaddressclass_capacity";
+const ALLOCATED: &str = "address_controller_ipaddressclass_allocated";
+
+/// The `allocated` series an address counts in: (class, family).
+fn allocated_key(a: &IPAddress) -> Option<(String, &'static str)> {
+    Some((a.spec.class_name.clone(), a.family()?.as_str()))
+}
 
 impl Ledger {
     fn new(world: World) -> Result<Self, prometheus::Error> {
@@ -232,9 +241,14 @@ impl Ledger {
                 ch.old.as_deref().map(held_keys).unwrap_or_default(),
                 ch.new.as_deref().map(held_keys).unwrap_or_default(),
             );
-            if old != new || old_held != new_held {
+            let (old_alloc, new_alloc) = (
+                ch.old.as_deref().and_then(allocated_key),
+                ch.new.as_deref().and_then(allocated_key),
+            );
+            if old != new || old_held != new_held || old_alloc != new_alloc {
                 let mut counts = c.lock().unwrap_or_else(PoisonError::into_inner);
                 shift(&mut counts.addresses, old, new);
+                shift(&mut counts.allocated, old_alloc, new_alloc);
                 for k in old_held {
                     tally(&mut counts.held, k, -1);
                 }
@@ -262,6 +276,7 @@ impl Ledger {
             Self::held_vec()?,
             Self::claims_vec()?,
             Self::capacity_vec()?,
+            Self::allocated_vec()?,
         ]
         .iter()
         .flat_map(|v| v.desc().into_iter().cloned())
@@ -300,6 +315,16 @@ impl Ledger {
         )
     }
 
+    fn allocated_vec() -> Result<IntGaugeVec, prometheus::Error> {
+        IntGaugeVec::new(
+            Opts::new(
+                ALLOCATED,
+                "IPAddresses of a class by family, every phase: what fills its capacity (as poolavailabilities counts)",
+            ),
+            &["class", "family"],
+        )
+    }
+
     fn claims_vec() -> Result<IntGaugeVec, prometheus::Error> {
         IntGaugeVec::new(
             Opts::new(
@@ -317,11 +342,12 @@ impl Collector for Ledger {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let (Ok(addresses), Ok(held), Ok(claims), Ok(capacity)) = (
+        let (Ok(addresses), Ok(held), Ok(claims), Ok(capacity), Ok(allocated)) = (
             Self::addresses_vec(),
             Self::held_vec(),
             Self::claims_vec(),
             Self::capacity_vec(),
+            Self::allocated_vec(),
         ) else {
             return Vec::new();
         };
@@ -341,11 +367,19 @@ impl Collector for Ledger {
                     .with_label_values(&[name.as_str(), phase.as_str()])
                     .set(0);
             }
+            for family in ["IPv4", "IPv6"] {
+                allocated.with_label_values(&[name.as_str(), family]).set(0);
+            }
         }
         let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         for ((class, phase), n) in &counts.addresses {
             addresses
                 .with_label_values(&[class.as_str(), phase])
+                .set(*n);
+        }
+        for ((class, family), n) in &counts.allocated {
+            allocated
+                .with_label_values(&[class.as_str(), family])
                 .set(*n);
         }
         for ((ns, class, state), n) in &counts.held {
@@ -364,6 +398,7 @@ impl Collector for Ledger {
             .chain(held.collect())
             .chain(claims.collect())
             .chain(capacity.collect())
+            .chain(allocated.collect())
             .collect()
     }
 }
@@ -447,6 +482,12 @@ mod tests {
             ),
             "{s:#?}"
         );
+        for want in [
+            r#"address_controller_ipaddressclass_allocated{class="gold",family="IPv4"} 2"#,
+            r#"address_controller_ipaddressclass_allocated{class="gold",family="IPv6"} 0"#,
+        ] {
+            assert!(s.contains(&want.to_string()), "{want}: {s:#?}");
+        }
 
         // A bind moves one address and the claim; a deletion takes its series away.
         world
@@ -470,6 +511,14 @@ mod tests {
             "{s:#?}"
         );
         assert!(s.contains(&r#"address_controller_ipaddressclaims{class="gold",namespace="t",phase="Bound"} 1"#.to_string()), "{s:#?}");
+        // A phase change keeps the address allocated; the deletion frees one.
+        assert!(
+            s.contains(
+                &r#"address_controller_ipaddressclass_allocated{class="gold",family="IPv4"} 1"#
+                    .to_string()
+            ),
+            "{s:#?}"
+        );
         assert!(
             !s.iter()
                 .any(|l| l.starts_with("address_controller_ipaddressclaims")

@@ -106,6 +106,8 @@ impl ElectionArgs {
 /// Whether this replica leads, observable by workers and metrics.
 pub struct Leadership {
     tx: watch::Sender<bool>,
+    /// `namespace/name` of the Lease once the election runs (the leader gauge's label).
+    lease: std::sync::OnceLock<String>,
 }
 
 impl Leadership {
@@ -113,6 +115,7 @@ impl Leadership {
     pub fn follower() -> Arc<Self> {
         Arc::new(Self {
             tx: watch::Sender::new(false),
+            lease: std::sync::OnceLock::new(),
         })
     }
 
@@ -120,11 +123,17 @@ impl Leadership {
     pub fn always() -> Arc<Self> {
         Arc::new(Self {
             tx: watch::Sender::new(true),
+            lease: std::sync::OnceLock::new(),
         })
     }
 
     pub fn is_leader(&self) -> bool {
         *self.tx.borrow()
+    }
+
+    /// The Lease elected on (`namespace/name`); empty without an election.
+    pub fn lease(&self) -> &str {
+        self.lease.get().map_or("", String::as_str)
     }
 
     pub(crate) fn set(&self, leader: bool) {
@@ -199,6 +208,9 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ElectionError> {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
+    let _ = leadership
+        .lease
+        .set(format!("{}/{}", cfg.namespace, cfg.name));
     let mut observed: Option<(LeaseSpec, Instant)> = None;
     let mut last_renew: Option<Instant> = None;
     tokio::pin!(shutdown);

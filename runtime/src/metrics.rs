@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{GaugeVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use crate::health::Health;
 use crate::leader::Leadership;
@@ -28,7 +28,7 @@ struct Runtime {
     health: Arc<Health>,
     leadership: Option<Arc<Leadership>>,
     build: IntGaugeVec,
-    leader: IntGauge,
+    leader: IntGaugeVec,
     age: GaugeVec,
     objects: IntGaugeVec,
     synced: IntGaugeVec,
@@ -57,10 +57,13 @@ pub fn register(
         &["version", "revision"],
     )?;
     build.with_label_values(&[version, REVISION]).set(1);
-    let leader = IntGauge::with_opts(Opts::new(
-        "address_controller_leader",
-        "1 while this replica holds the lease and acts, 0 otherwise",
-    ))?;
+    let leader = IntGaugeVec::new(
+        Opts::new(
+            "address_controller_leader",
+            "1 while this replica holds the lease (namespace/name; empty without an election) and acts, 0 otherwise",
+        ),
+        &["lease"],
+    )?;
     let age = GaugeVec::new(
         Opts::new(
             "address_controller_cache_last_activity_age_seconds",
@@ -127,7 +130,11 @@ impl Collector for Runtime {
 
     fn collect(&self) -> Vec<MetricFamily> {
         if let Some(l) = &self.leadership {
-            self.leader.set(i64::from(l.is_leader()));
+            // One series: the label is empty until the election names its Lease.
+            self.leader.reset();
+            self.leader
+                .with_label_values(&[l.lease()])
+                .set(i64::from(l.is_leader()));
         }
         for w in self.health.watches() {
             let kind = [w.kind];
@@ -177,14 +184,56 @@ struct Queues {
     depth: IntGaugeVec,
     adds: IntCounterVec,
     retries: IntCounterVec,
+    longest: GaugeVec,
+    unfinished: GaugeVec,
     descs: Vec<Desc>,
+}
+
+const QUEUE_WAIT: &str = "address_controller_workqueue_queue_duration_seconds";
+const QUEUE_WAIT_HELP: &str =
+    "How long keys waited in a work queue, ready, before a worker took them";
+
+/// The queue-wait histograms, built from the queues' own counts.
+fn wait_family(series: &[(&'static str, crate::queue::WaitHistogram)]) -> MetricFamily {
+    use prometheus::proto::{Bucket, Histogram, LabelPair, Metric, MetricType};
+    let mut mf = MetricFamily::default();
+    mf.set_name(QUEUE_WAIT.to_string());
+    mf.set_help(QUEUE_WAIT_HELP.to_string());
+    mf.set_field_type(MetricType::HISTOGRAM);
+    for (name, w) in series {
+        let mut label = LabelPair::default();
+        label.set_name("queue".to_string());
+        label.set_value((*name).to_string());
+        let mut h = Histogram::default();
+        let mut buckets = Vec::with_capacity(crate::queue::WAIT_BUCKETS.len());
+        let mut cumulative = 0;
+        for (upper, n) in crate::queue::WAIT_BUCKETS.iter().zip(w.buckets) {
+            cumulative += n;
+            let mut b = Bucket::default();
+            b.set_upper_bound(*upper);
+            b.set_cumulative_count(cumulative);
+            buckets.push(b);
+        }
+        h.set_bucket(buckets);
+        h.set_sample_count(w.count);
+        // Microseconds to seconds: exact below 2^53 µs (285 years of waiting).
+        #[allow(clippy::cast_precision_loss)]
+        h.set_sample_sum(w.sum_micros as f64 / 1e6);
+        let mut m = Metric::from_label(vec![label]);
+        m.set_histogram(h);
+        mf.mut_metric().push(m);
+    }
+    mf
 }
 
 /// Registers the work-queue metrics of `queues` (by name) on `registry`:
 /// `address_controller_workqueue_depth{queue,state}` (ready, delayed, running),
 /// `address_controller_workqueue_adds_total{queue}` and
 /// `address_controller_workqueue_retries_total{queue}` (re-adds with backoff after a failed
-/// pass) — as client-go's workqueue metrics, labels bounded by the queue names.
+/// pass), `address_controller_workqueue_queue_duration_seconds{queue}` (time ready before a
+/// worker took the key), `_longest_running_processor_seconds{queue}` and
+/// `_unfinished_work_seconds{queue}` — as client-go's workqueue metrics, labels bounded by
+/// the queue names.
 pub fn register_queues(
     registry: &Registry,
     queues: Vec<(&'static str, QueueReader)>,
@@ -210,16 +259,44 @@ pub fn register_queues(
         ),
         &["queue"],
     )?;
-    let descs = [depth.desc(), adds.desc(), retries.desc()]
-        .into_iter()
-        .flatten()
-        .cloned()
-        .collect();
+    let longest = GaugeVec::new(
+        Opts::new(
+            "address_controller_workqueue_longest_running_processor_seconds",
+            "How long the longest-running pass of a work queue has been running",
+        ),
+        &["queue"],
+    )?;
+    let unfinished = GaugeVec::new(
+        Opts::new(
+            "address_controller_workqueue_unfinished_work_seconds",
+            "Seconds of work in hand, not yet finished, summed over the running passes of a work queue",
+        ),
+        &["queue"],
+    )?;
+    let mut descs: Vec<Desc> = [
+        depth.desc(),
+        adds.desc(),
+        retries.desc(),
+        longest.desc(),
+        unfinished.desc(),
+    ]
+    .into_iter()
+    .flatten()
+    .cloned()
+    .collect();
+    descs.push(Desc::new(
+        QUEUE_WAIT.to_string(),
+        QUEUE_WAIT_HELP.to_string(),
+        vec!["queue".to_string()],
+        std::collections::HashMap::new(),
+    )?);
     registry.register(Box::new(Queues {
         queues,
         depth,
         adds,
         retries,
+        longest,
+        unfinished,
         descs,
     }))
 }
@@ -230,8 +307,16 @@ impl Collector for Queues {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
+        let mut waits = Vec::new();
         for (name, read) in &self.queues {
             let s = read();
+            waits.push((*name, s.wait));
+            self.longest
+                .with_label_values(&[name])
+                .set(s.longest_running.as_secs_f64());
+            self.unfinished
+                .with_label_values(&[name])
+                .set(s.unfinished.as_secs_f64());
             for (state, n) in [
                 ("ready", s.ready),
                 ("delayed", s.delayed),
@@ -252,6 +337,9 @@ impl Collector for Queues {
         let mut out = self.depth.collect();
         out.extend(self.adds.collect());
         out.extend(self.retries.collect());
+        out.extend(self.longest.collect());
+        out.extend(self.unfinished.collect());
+        out.push(wait_family(&waits));
         out
     }
 }

@@ -66,6 +66,36 @@ struct State<K> {
     /// Keys that became ready (for metrics), and backoff re-adds after a failed pass.
     adds: u64,
     retries: u64,
+    /// When each ready key became ready, and each running key started (for metrics).
+    ready_at: HashMap<K, Instant>,
+    started: HashMap<K, Instant>,
+    /// How long keys waited in `ready` before a worker took them.
+    wait: WaitHistogram,
+}
+
+/// Upper bounds (seconds) of the queue-wait histogram's buckets.
+pub const WAIT_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0];
+
+/// How long keys waited to be taken: counts per bucket of [`WAIT_BUCKETS`] (not
+/// cumulative), the sum in microseconds, the count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WaitHistogram {
+    pub buckets: [u64; WAIT_BUCKETS.len()],
+    pub sum_micros: u64,
+    pub count: u64,
+}
+
+impl WaitHistogram {
+    fn observe(&mut self, d: Duration) {
+        let secs = d.as_secs_f64();
+        if let Some(i) = WAIT_BUCKETS.iter().position(|b| secs <= *b) {
+            self.buckets[i] += 1;
+        }
+        self.sum_micros = self
+            .sum_micros
+            .saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        self.count += 1;
+    }
 }
 
 /// What a queue has done and holds, for metrics.
@@ -78,6 +108,12 @@ pub struct QueueStats {
     pub adds: u64,
     /// Re-adds with backoff after a failed pass, since the queue was created.
     pub retries: u64,
+    /// How long keys waited between becoming ready and a worker taking them.
+    pub wait: WaitHistogram,
+    /// How long the longest-running pass in hand has run, and all of them together
+    /// (client-go's longest_running_processor_seconds and unfinished_work_seconds).
+    pub longest_running: Duration,
+    pub unfinished: Duration,
 }
 
 /// See the module documentation.
@@ -103,6 +139,9 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
                 shut_down: false,
                 adds: 0,
                 retries: 0,
+                ready_at: HashMap::new(),
+                started: HashMap::new(),
+                wait: WaitHistogram::default(),
             }),
             notify: Notify::new(),
             backoff,
@@ -150,6 +189,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
             return false;
         }
         if s.queued.insert(key.clone()) {
+            s.ready_at.insert(key.clone(), Instant::now());
             s.ready.push_back(key);
             s.adds += 1;
             return true;
@@ -231,6 +271,10 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
                 }
                 if let Some(key) = s.ready.pop_front() {
                     s.queued.remove(&key);
+                    if let Some(at) = s.ready_at.remove(&key) {
+                        s.wait.observe(now.saturating_duration_since(at));
+                    }
+                    s.started.insert(key.clone(), now);
                     s.running.insert(key.clone());
                     s.last_take = now;
                     // Let another worker look at what is left.
@@ -254,6 +298,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     pub fn done(&self, key: &K) {
         let mut s = self.lock();
         s.running.remove(key);
+        s.started.remove(key);
         if s.dirty.remove(key) && Self::enqueue(&mut s, key.clone()) {
             drop(s);
             self.notify.notify_one();
@@ -275,12 +320,24 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     /// Depth and counts, for metrics.
     pub fn stats(&self) -> QueueStats {
         let s = self.lock();
+        let now = Instant::now();
+        let running = s
+            .started
+            .values()
+            .map(|t| now.saturating_duration_since(*t));
+        let (longest_running, unfinished) = running
+            .fold((Duration::ZERO, Duration::ZERO), |(l, u), d| {
+                (l.max(d), u + d)
+            });
         QueueStats {
             ready: s.ready.len(),
             delayed: s.delayed.len(),
             running: s.running.len(),
             adds: s.adds,
             retries: s.retries,
+            wait: s.wait,
+            longest_running,
+            unfinished,
         }
     }
 
@@ -323,6 +380,34 @@ mod tests {
         // ...but queued again once the first worker is done.
         q.done(&a);
         assert_eq!(q.next().await.unwrap(), "a");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waits_and_running_passes_are_measured() {
+        let q = q();
+        q.add("a".into());
+        q.add("b".into());
+        tokio::time::advance(Duration::from_millis(30)).await;
+        let a = q.next().await.unwrap();
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let b = q.next().await.unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let s = q.stats();
+        // a waited 30 ms (bucket ≤ 0.05), b 2.03 s (bucket ≤ 5).
+        assert_eq!(s.wait.count, 2);
+        assert_eq!(s.wait.sum_micros, 30_000 + 2_030_000);
+        assert_eq!(s.wait.buckets[3], 1, "{:?}", s.wait);
+        assert_eq!(s.wait.buckets[7], 1, "{:?}", s.wait);
+        // a has run 3 s, b 1 s.
+        assert_eq!(s.longest_running, Duration::from_secs(3));
+        assert_eq!(s.unfinished, Duration::from_secs(4));
+        q.done(&a);
+        q.done(&b);
+        let s = q.stats();
+        assert_eq!(
+            (s.longest_running, s.unfinished),
+            (Duration::ZERO, Duration::ZERO)
+        );
     }
 
     #[tokio::test(start_paused = true)]

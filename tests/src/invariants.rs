@@ -684,6 +684,16 @@ fn expected_gauges(s: &Snapshot) -> BTreeMap<String, i64> {
         .or_default() += 1;
     }
     for a in &s.addresses {
+        if let Some(f) = a.family() {
+            *m.entry(format!(
+                "address_controller_ipaddressclass_allocated{{class=\"{}\",family=\"{}\"}}",
+                a.spec.class_name,
+                f.as_str()
+            ))
+            .or_default() += 1;
+        }
+    }
+    for a in &s.addresses {
         let Some(r) = a.spec.claim_ref.as_ref() else {
             continue;
         };
@@ -725,6 +735,7 @@ pub fn parse_gauges(text: &str) -> BTreeMap<String, i64> {
             l.starts_with("address_controller_ipaddresses{")
                 || l.starts_with("address_controller_ipaddresses_held{")
                 || l.starts_with("address_controller_ipaddressclaims{")
+                || l.starts_with("address_controller_ipaddressclass_allocated{")
         })
         .filter_map(|l| {
             let (series, value) = l.rsplit_once(' ')?;

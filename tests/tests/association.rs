@@ -500,6 +500,11 @@ async fn a_thief_makes_the_address_conflict_and_a_shrunk_range_makes_it_lost() {
         "address_controller_reconcile_total{",
         "address_controller_workqueue_depth{",
         "address_controller_workqueue_retries_total{",
+        "address_controller_workqueue_queue_duration_seconds_bucket{",
+        "address_controller_workqueue_longest_running_processor_seconds{",
+        "address_controller_workqueue_unfinished_work_seconds{",
+        "address_controller_client_requests_total{",
+        "address_controller_client_rate_limiter_duration_seconds_bucket",
         "address_controller_cache_objects{",
         "address_controller_leader",
     ] {
