@@ -19,8 +19,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
-/// The APIService of the views.
-const APISERVICE: &str = "v1alpha1.view.local.sdn.cozystack.io";
+use address_controller_api::names::VIEWS_APISERVICE as APISERVICE;
 
 #[derive(clap::Args)]
 pub struct CheckArgs {

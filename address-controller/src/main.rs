@@ -25,7 +25,9 @@ use address_controller_runtime::world::World;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
+mod chart_docs;
 mod check;
+mod teardown;
 
 #[derive(Parser)]
 #[command(name = "address-controller", version = address_controller_runtime::metrics::VERSION, about)]
@@ -42,6 +44,11 @@ enum Command {
     /// drivers, every class served by a live driver, the caller's permissions. Exit 1 when
     /// a check fails.
     Check(Box<check::CheckArgs>),
+    /// After `helm uninstall`, remove the product for good: refuse while a component
+    /// still runs, remove this project's finalizers from every claim and address (so tenant
+    /// namespaces and the CRDs can be deleted), delete the views' APIService, and with
+    /// --delete-crds the CRDs (the ledger). Prints what it would do unless --yes.
+    Teardown(Box<teardown::TeardownArgs>),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion { shell: clap_complete::Shell },
     /// Write the generated manifests (CRDs, ClusterRole) into the chart. `make manifests` runs this.
@@ -150,6 +157,16 @@ fn main() -> anyhow::Result<()> {
             } else {
                 std::process::exit(1)
             }
+        }
+        Command::Teardown(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            if let Err(e) = runtime.block_on(teardown::run(&args)) {
+                eprintln!("address-controller teardown: {e:#}");
+                std::process::exit(if e.is::<teardown::Refusal>() { 2 } else { 1 });
+            }
+            Ok(())
         }
         Command::Completion { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
@@ -374,6 +391,16 @@ fn write_manifests(crds_dir: &Path, role: &Path, openapi_dir: &Path) -> anyhow::
     for (name, yaml) in address_controller_api::manifests::crd_files()? {
         let path = crds_dir.join(name);
         std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    // The chart's README: its values table from values.yaml (next to the CRDs' chart).
+    if let Some(chart) = crds_dir.parent() {
+        let values = std::fs::read_to_string(chart.join("values.yaml"))
+            .with_context(|| format!("reading {}", chart.join("values.yaml").display()))?;
+        let path = chart.join("README.md");
+        let current = std::fs::read_to_string(&path).unwrap_or_default();
+        std::fs::write(&path, chart_docs::readme(&current, &values)?)
+            .with_context(|| format!("writing {}", path.display()))?;
         println!("wrote {}", path.display());
     }
     Ok(())

@@ -37,6 +37,18 @@ pub const LEASE_COMPONENT_LABEL: &str = "local.sdn.cozystack.io/component";
 /// classes with it).
 pub const LEASE_PROVISIONER_ANNOTATION: &str = "local.sdn.cozystack.io/provisioner";
 
+/// The APIService of the aggregated views.
+pub const VIEWS_APISERVICE: &str = "v1alpha1.view.local.sdn.cozystack.io";
+
+/// Whether a finalizer is this project's: the core's (`local.sdn.cozystack.io/…`) or a
+/// driver's (`<driver>.drivers.local.sdn.cozystack.io/…`, e.g. MetalLB's hold) — what
+/// `address-controller teardown` removes once nothing runs to remove them.
+pub fn is_project_finalizer(f: &str) -> bool {
+    f.split_once('/').is_some_and(|(domain, _)| {
+        domain == "local.sdn.cozystack.io" || domain.ends_with(".local.sdn.cozystack.io")
+    })
+}
+
 /// Finalizer the core puts on claims.
 pub const CLAIM_FINALIZER: &str = "local.sdn.cozystack.io/claim-protection";
 /// Finalizer the core puts on addresses.
@@ -147,6 +159,25 @@ pub mod driver {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn the_projects_finalizers_are_told_from_others() {
+        for f in [
+            CLAIM_FINALIZER,
+            ADDRESS_FINALIZER,
+            "metallb.drivers.local.sdn.cozystack.io/hold",
+        ] {
+            assert!(is_project_finalizer(f), "{f}");
+        }
+        for f in [
+            "kubernetes.io/pvc-protection",
+            "evil-local.sdn.cozystack.io/x",
+            "local.sdn.cozystack.io",
+            "foregroundDeletion",
+        ] {
+            assert!(!is_project_finalizer(f), "{f}");
+        }
+    }
 
     #[test]
     fn only_exact_true_counts() {
