@@ -159,40 +159,53 @@ pub fn judge_crd(
             format!("not Established {why}").trim().to_string(),
         );
     }
-    let schemas =
-        |c: &CustomResourceDefinition| -> BTreeMap<String, (bool, Option<serde_json::Value>)> {
-            c.spec
-                .versions
-                .iter()
-                .map(|v| {
+    // Per version: served, the schema, and what kubectl shows and selects by (printer
+    // columns, selectable fields) — CRDs of another chart version differ in any of them.
+    type Shape = (bool, Option<serde_json::Value>, Option<serde_json::Value>);
+    let schemas = |c: &CustomResourceDefinition| -> BTreeMap<String, Shape> {
+        c.spec
+            .versions
+            .iter()
+            .map(|v| {
+                (
+                    v.name.clone(),
                     (
-                        v.name.clone(),
-                        (
-                            v.served,
-                            v.schema
-                                .as_ref()
-                                .and_then(|s| serde_json::to_value(&s.open_api_v3_schema).ok()),
-                        ),
-                    )
-                })
-                .collect()
-        };
+                        v.served,
+                        v.schema
+                            .as_ref()
+                            .and_then(|s| serde_json::to_value(&s.open_api_v3_schema).ok()),
+                        serde_json::to_value((&v.additional_printer_columns, &v.selectable_fields))
+                            .ok(),
+                    ),
+                )
+            })
+            .collect()
+    };
     let (want_v, have_v) = (schemas(want), schemas(have));
-    for (version, (_, schema)) in &want_v {
+    for (version, (_, schema, columns)) in &want_v {
         match have_v.get(version) {
-            None | Some((false, _)) => {
+            None | Some((false, _, _)) => {
                 return row(
                     check,
                     false,
                     format!("{version} is not served: upgrade the CRDs"),
                 );
             }
-            Some((true, s)) if s != schema => {
+            Some((true, s, _)) if s != schema => {
                 return row(
                     check,
                     false,
                     format!(
                         "{version}'s schema differs from this binary's (CRDs of another chart version): upgrade the CRDs"
+                    ),
+                );
+            }
+            Some((true, _, c)) if c != columns => {
+                return row(
+                    check,
+                    false,
+                    format!(
+                        "{version}'s printer columns or selectable fields differ from this binary's (CRDs of another chart version): upgrade the CRDs"
                     ),
                 );
             }

@@ -25,9 +25,12 @@ pub fn crd_files() -> Result<Vec<(String, String)>, serde_yaml::Error> {
         .into_iter()
         .map(|crd| {
             let name = format!("{}.yaml", crd.metadata.name.as_deref().unwrap_or_default());
+            // Each file starts a YAML document: `helm show crds` joins the files as they
+            // are, and without the marker `kubectl apply -f -` reads one document with
+            // the keys of all three (the last CRD wins).
             Ok((
                 name,
-                format!("{GENERATED_HEADER}{}", serde_yaml::to_string(&crd)?),
+                format!("---\n{GENERATED_HEADER}{}", serde_yaml::to_string(&crd)?),
             ))
         })
         .collect()

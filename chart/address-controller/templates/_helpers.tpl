@@ -24,7 +24,24 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: controller
 {{- end -}}
 
+{{- /*
+  `helm upgrade --reuse-values` takes the previous release's values only: keys this chart
+  version added are missing, and the templates would fail with a nil pointer deep inside.
+  Say so at once instead: every template includes the labels, so the first one rendered
+  refuses. Keep the list at the keys the newest chart versions added.
+*/ -}}
+{{- define "address-controller.valuesCheck" -}}
+{{- $missing := list -}}
+{{- if not (hasKey .Values "helmTest") }}{{ $missing = append $missing "helmTest" }}{{ end -}}
+{{- if not (hasKey (.Values.controller | default dict) "kubeApi") }}{{ $missing = append $missing "controller.kubeApi" }}{{ end -}}
+{{- if not (hasKey ((.Values.metrics | default dict).prometheusRule | default dict) "poolUsage") }}{{ $missing = append $missing "metrics.prometheusRule.poolUsage" }}{{ end -}}
+{{- if $missing -}}
+{{- fail (printf "values lack %s, which this chart version added: the values come from an older chart (helm upgrade --reuse-values keeps only the previous release's). Upgrade with --reset-then-reuse-values (Helm >= 3.14) or pass your values file again." (join ", " $missing)) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "address-controller.labels" -}}
+{{- include "address-controller.valuesCheck" . -}}
 {{ include "address-controller.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
