@@ -314,13 +314,15 @@ POLICY
   # With a node, also what pods need: Deployments and ReplicaSets, the node's lifecycle
   # (its not-ready taint), EndpointSlices (the aggregator routes by them), PodDisruptionBudgets,
   # ServiceAccounts and the kube-root-ca.crt ConfigMap every pod's token volume mounts.
-  local controllers=garbage-collector-controller,namespace-controller,clusterrole-aggregation-controller,validatingadmissionpolicy-status-controller
-  local -a kcm_mode=()
+  # The token controller fills kubernetes.io/service-account-token Secrets (the chart's
+  # Prometheus scraper token), signed with the key kube-apiserver verifies.
+  local controllers=garbage-collector-controller,namespace-controller,clusterrole-aggregation-controller,validatingadmissionpolicy-status-controller,serviceaccount-token-controller
+  local -a kcm_mode=(--service-account-private-key-file="$dir/pki/sa.key")
   if [ -n "$node" ]; then
     controllers+=,deployment-controller,replicaset-controller,node-lifecycle-controller,taint-eviction-controller
     controllers+=,endpointslice-controller,endpoints-controller,disruption-controller,serviceaccount-controller
     controllers+=,root-ca-certificate-publisher-controller,pod-garbage-collector-controller
-    kcm_mode=(--root-ca-file="$dir/pki/ca.crt")
+    kcm_mode+=(--root-ca-file="$dir/pki/ca.crt")
   fi
   log "kube-controller-manager on 127.0.0.1:$kcm_port"
   start kube-controller-manager "${ns[@]}" "$KUBE_BIN/kube-controller-manager" \

@@ -100,6 +100,12 @@ impl Release {
     }
 
     pub async fn new(port: u16, values: &Value) -> Release {
+        Self::new_in(&format!("acs-{}", random_suffix()), port, values).await
+    }
+
+    /// [`Release::new`] into the namespace `ns` (made by helm unless it exists, e.g.
+    /// labelled for Pod Security admission by the test).
+    pub async fn new_in(ns: &str, port: u16, values: &Value) -> Release {
         let cluster = Cluster::get();
         // Cluster-scoped objects left by another test file (the views' APIService) or by an
         // aborted run would make the install fail on ownership.
@@ -134,7 +140,7 @@ impl Release {
             ])
             .unwrap();
         let mut release = Release {
-            ns: format!("acs-{}", random_suffix()),
+            ns: ns.to_string(),
             notes: String::new(),
         };
         // The guard exists before the install: a failed install is uninstalled too.

@@ -318,6 +318,17 @@ where
     }
 }
 
+/// Creates the object `value` (JSON, as a manifest) through `api`; panics on failure.
+pub async fn create_object<K>(api: &Api<K>, value: serde_json::Value) -> K
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let obj: K = serde_json::from_value(value).expect("a valid object");
+    api.create(&kube::api::PostParams::default(), &obj)
+        .await
+        .expect("create")
+}
+
 /// Deletes a cluster-scoped object and ignores "not found".
 pub async fn delete_ignore_missing<K>(api: &Api<K>, name: &str) -> Result<()>
 where

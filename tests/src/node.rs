@@ -187,6 +187,20 @@ impl Node {
             Ok(())
         })?;
         enter_netns()?;
+        // The release's namespace enforces the restricted Pod Security Standard, as a
+        // hardened cluster's would: every pod of every node test is admitted under it.
+        cluster
+            .kubectl()
+            .args(["create", "namespace", NAMESPACE])
+            .output()?;
+        cluster.kubectl_ok(&[
+            "label",
+            "--overwrite",
+            "namespace",
+            NAMESPACE,
+            "pod-security.kubernetes.io/enforce=restricted",
+            "pod-security.kubernetes.io/enforce-version=latest",
+        ])?;
         let version = crate::image::app_version();
         let image = format!("ghcr.io/cozystack/address-controller:{version}");
         let node = Node { cluster, image };

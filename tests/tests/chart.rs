@@ -231,7 +231,12 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
     assert!(args(&objs).contains(&"--probe-address=0.0.0.0:8081".to_string()));
     assert!(args(&objs).contains(&"--metrics-address=0.0.0.0:8443".to_string()));
     assert!(args(&objs).contains(&"--leader-elect=true".to_string()));
-    assert!(c["resources"]["requests"]["memory"].is_string());
+    // Defaults that survive the documented scale: the limit above the 275 MiB measured at
+    // 20,000 claims + 20,000 addresses; critical, as the aggregated API is in
+    // kube-apiserver's path.
+    assert_eq!(c["resources"]["limits"]["memory"], "512Mi");
+    assert_eq!(c["resources"]["requests"]["memory"], "128Mi");
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
     let envs: Vec<&str> = c["env"]
         .as_array()
         .unwrap()
@@ -588,6 +593,132 @@ fn monitoring_objects_follow_values_and_capabilities() {
             .as_str()
             .unwrap()
             .contains("{{ $labels.class }}")
+    );
+
+    // Every alert links its runbook; the default scraper is a chart-made token bound to the
+    // reader role (no deprecated bearerTokenFile).
+    for r in rules {
+        let url = r["annotations"]["runbook_url"].as_str().unwrap();
+        assert!(
+            url.ends_with(&format!(
+                "/docs/runbooks/{}.md",
+                r["alert"]
+                    .as_str()
+                    .unwrap()
+                    .trim_end_matches(char::is_numeric)
+            )) || url.ends_with("/docs/runbooks/IPAddressPoolUsage.md"),
+            "{url}"
+        );
+        assert!(r["annotations"].get("runbook").is_none());
+    }
+    assert_eq!(
+        ep["authorization"],
+        json!({"type": "Bearer", "credentials": {"name": "address-controller-metrics-scraper-token", "key": "token"}})
+    );
+    assert!(ep.get("bearerTokenFile").is_none());
+    let token = find(&objs, "Secret", "address-controller-metrics-scraper-token");
+    assert_eq!(token["type"], "kubernetes.io/service-account-token");
+    let scraper = find(
+        &objs,
+        "ClusterRoleBinding",
+        "address-controller-metrics-scraper",
+    );
+    assert_eq!(
+        scraper["roleRef"]["name"],
+        "address-controller-metrics-reader"
+    );
+    // Pool usage: one alert per threshold, with its severity.
+    for (name, severity) in [
+        ("IPAddressPoolUsage75Percent", "info"),
+        ("IPAddressPoolUsage85Percent", "warning"),
+        ("IPAddressPoolUsage95Percent", "critical"),
+    ] {
+        assert_eq!(alert(name)["labels"]["severity"], severity, "{name}");
+    }
+
+    // Alerts one by one: off, or with their own severity and duration; thresholds of
+    // their own; the legacy token mode binds the named Prometheus account; relabelings,
+    // a tlsConfig of one's own, and the caBundle's CA as a ConfigMap.
+    let tuned = json!({"apiService": {"tls": {"mode": "secret", "existingSecret": "mine",
+            "caBundle": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCi0tLS0tRU5EIENFUlRJRklDQVRFLS0tLS0K"}},
+        "metrics": {
+        "serviceMonitor": {"enabled": true, "authorization": "bearerTokenFile",
+            "prometheusServiceAccount": {"name": "prometheus-k8s", "namespace": "monitoring"},
+            "relabelings": [{"action": "replace", "targetLabel": "team", "replacement": "net"}],
+            "metricRelabelings": [{"action": "drop", "sourceLabels": ["__name__"], "regex": "process_.*"}]},
+        "prometheusRule": {"enabled": true,
+            "conflictOrLost": {"enabled": false},
+            "severalLeaders": {"for": "7m", "severity": "page"},
+            "poolUsage": {"thresholds": [{"percent": 90, "severity": "warning"}]},
+            "bindLatencySLO": {"enabled": false},
+            "job": "ipam"}}});
+    let objs = render(&tuned, &["--api-versions", "monitoring.coreos.com/v1"]).unwrap();
+    let rules = find(&objs, "PrometheusRule", "address-controller")["spec"]["groups"][0]["rules"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let names: Vec<&str> = rules.iter().map(|r| r["alert"].as_str().unwrap()).collect();
+    assert!(!names.contains(&"IPAddressConflictOrLost"), "{names:?}");
+    assert!(
+        !names.iter().any(|n| n.contains("BindLatency")),
+        "{names:?}"
+    );
+    assert!(names.contains(&"IPAddressPoolUsage90Percent"), "{names:?}");
+    assert!(!names.contains(&"IPAddressPoolUsage75Percent"), "{names:?}");
+    let several = rules
+        .iter()
+        .find(|r| r["alert"] == "AddressControllerSeveralLeaders")
+        .unwrap();
+    assert_eq!(
+        (
+            several["for"].as_str(),
+            several["labels"]["severity"].as_str()
+        ),
+        (Some("7m"), Some("page"))
+    );
+    let down = rules
+        .iter()
+        .find(|r| r["alert"] == "AddressControllerDown")
+        .unwrap();
+    assert!(
+        down["expr"].as_str().unwrap().contains("job=\"ipam\""),
+        "{down}"
+    );
+    let ep = &find(&objs, "ServiceMonitor", "address-controller")["spec"]["endpoints"][0];
+    assert_eq!(
+        ep["bearerTokenFile"],
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    );
+    assert!(ep.get("authorization").is_none());
+    assert_eq!(ep["relabelings"][0]["targetLabel"], "team");
+    assert_eq!(ep["metricRelabelings"][0]["action"], "drop");
+    assert_eq!(
+        ep["tlsConfig"]["ca"]["configMap"],
+        json!({"name": "address-controller-metrics-ca", "key": "ca.crt"})
+    );
+    let ca = find(&objs, "ConfigMap", "address-controller-metrics-ca");
+    assert!(
+        ca["data"]["ca.crt"]
+            .as_str()
+            .unwrap()
+            .starts_with("-----BEGIN CERTIFICATE-----")
+    );
+    let prom = find(
+        &objs,
+        "ClusterRoleBinding",
+        "address-controller-metrics-prometheus",
+    );
+    assert_eq!(
+        prom["subjects"][0],
+        json!({"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"})
+    );
+    assert!(!kind_names(&objs).contains("Secret/address-controller-metrics-scraper-token"));
+    let own = json!({"metrics": {"serviceMonitor": {"enabled": true,
+        "tlsConfig": {"insecureSkipVerify": false, "serverName": "metrics.example"}}}});
+    let objs = render(&own, &["--api-versions", "monitoring.coreos.com/v1"]).unwrap();
+    assert_eq!(
+        find(&objs, "ServiceMonitor", "address-controller")["spec"]["endpoints"][0]["tlsConfig"],
+        json!({"insecureSkipVerify": false, "serverName": "metrics.example"})
     );
 
     // Metrics off: no Service, no role, no scrape config, the binary's endpoint disabled.
@@ -1815,4 +1946,39 @@ async fn the_metallb_policy_reserves_metallb_pins_to_the_driver() {
     // Outside the selector the policy does not apply.
     tenant(&create, &svc(&open.name, "pinned", pin, json!({}))).unwrap();
     drop(release);
+}
+
+#[test]
+fn three_replicas_spread_and_keep_a_disruption_budget_as_documented() {
+    let spread = json!([{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+        "whenUnsatisfiable": "ScheduleAnyway",
+        "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "controller"}}}]);
+    let objs = render(
+        &json!({"replicaCount": 3, "topologySpreadConstraints": spread}),
+        &[],
+    )
+    .unwrap();
+    let deploy = find(&objs, "Deployment", "address-controller");
+    assert_eq!(deploy["spec"]["replicas"], 3);
+    let pod = &deploy["spec"]["template"]["spec"];
+    assert_eq!(pod["topologySpreadConstraints"], spread);
+    // The soft anti-affinity stays next to the spread, matched by the pods' own labels.
+    let term = &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        [0]["podAffinityTerm"];
+    assert_eq!(term["topologyKey"], "kubernetes.io/hostname");
+    let labels = &deploy["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in term["labelSelector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(&labels[k], v, "{k}");
+    }
+    // One replica at a time may be taken down, whatever the count; the PDB selects the
+    // controller's pods only.
+    let pdb = find(&objs, "PodDisruptionBudget", "address-controller");
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    for (k, v) in pdb["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(&labels[k], v, "{k}");
+    }
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"],
+        "controller"
+    );
 }

@@ -800,8 +800,10 @@ fn a_node_drain_is_held_back_by_the_disruption_budget_and_the_views_keep_answeri
     });
 }
 
-/// `helm test` of the release: the output and whether it passed.
-fn helm_test() -> (bool, String) {
+/// `helm test` of the release: the output and whether it passed. The hook's Pod stays
+/// (Completed or Failed, so that its log can be read) until the next `helm test`; it is
+/// deleted here, as other tests count the release's pods.
+fn helm_test(node: &Node) -> (bool, String) {
     let out = address_controller_tests::chart::helm()
         .args([
             "test",
@@ -813,6 +815,17 @@ fn helm_test() -> (bool, String) {
             "120s",
         ])
         .output()
+        .unwrap();
+    node.cluster
+        .kubectl_ok(&[
+            "delete",
+            "pod",
+            "address-controller-test",
+            "-n",
+            NAMESPACE,
+            "--ignore-not-found",
+            "--wait",
+        ])
         .unwrap();
     (
         out.status.success(),
@@ -830,7 +843,7 @@ fn helm_test_runs_check_in_a_pod_and_fails_when_a_check_fails() {
         let client = node.cluster.client().await.unwrap();
         // The chart's hook: `address-controller check` in a Pod on the node, as its own
         // read-only ServiceAccount — every row passes on a working installation.
-        let (ok, out) = helm_test();
+        let (ok, out) = helm_test(node);
         assert!(ok, "helm test failed:\n{out}");
         for row in [
             "crd/ipaddressclaims.local.sdn.cozystack.io",
@@ -866,7 +879,7 @@ fn helm_test_runs_check_in_a_pod_and_fails_when_a_check_fails() {
         let mut values = node::values();
         values["helmTest"] = json!({"skip": []});
         node.helm_upgrade(&values, &[]).unwrap();
-        let (ok, out) = helm_test();
+        let (ok, out) = helm_test(node);
         let _ = classes.delete(&name, &Default::default()).await;
         node.helm_upgrade(&node::values(), &[]).unwrap();
         assert!(!ok, "helm test passed with an unserved class:\n{out}");
@@ -874,6 +887,56 @@ fn helm_test_runs_check_in_a_pod_and_fails_when_a_check_fails() {
             out.lines()
                 .any(|l| l.starts_with(&format!("class/{name}")) && l.contains("FAIL")),
             "{out}"
+        );
+        check_everything(node).await;
+    });
+}
+
+/// Guard (held before: the chart was hardened from the start) — the chart's pods as a
+/// hardened cluster admits them: the release namespace enforces the `restricted` Pod
+/// Security Standard (`node::install` labels it), the ReplicaSets' pods were admitted and
+/// run, with the chart's default priority class outside kube-system (the helm-test Pod is
+/// admitted there too: `helm_test_runs_check_in_a_pod_and_fails_when_a_check_fails`). The
+/// control: a pod that breaks `restricted` is refused in that namespace.
+#[test]
+fn the_pods_are_admitted_under_the_restricted_pod_security_standard() {
+    node::run(|node| async move {
+        let ns = node.json(&["get", "namespace", NAMESPACE]).unwrap();
+        assert_eq!(
+            ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+            "restricted"
+        );
+        for component in ["controller", "range-driver"] {
+            let pods = node.pods(component).unwrap();
+            assert!(!pods.is_empty(), "no {component} pod");
+            for p in &pods {
+                assert_eq!(p["spec"]["priorityClassName"], "system-cluster-critical");
+                assert!(
+                    p["spec"]["priority"].as_i64().unwrap() >= 2_000_000_000,
+                    "{}",
+                    p["spec"]["priority"]
+                );
+                assert_eq!(p["status"]["phase"], "Running", "{}", pod_name(p));
+            }
+        }
+        let bad = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "escalates", "namespace": NAMESPACE},
+            "spec": {"containers": [{"name": "c", "image": node.image,
+                "securityContext": {"allowPrivilegeEscalation": true}}]}});
+        let dir = tempdir();
+        let file = dir.join("pod.json");
+        std::fs::write(&file, bad.to_string()).unwrap();
+        let out = node
+            .cluster
+            .kubectl()
+            .args(["create", "--dry-run=server", "-f"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("violates PodSecurity"),
+            "{err}"
         );
         check_everything(node).await;
     });

@@ -1,0 +1,210 @@
+//! `helm uninstall` leaves claims and addresses with finalizers only the controller removes:
+//! deleting a tenant namespace, or the CRDs, would then wait forever. `address-controller
+//! teardown` is the way out, on a control plane of its own (it deletes the CRDs).
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use address_controller_api::names::is_project_finalizer;
+use address_controller_api::{ClaimPhase, IPAddress, IPAddressClaim};
+use address_controller_tests::{
+    Cluster, ControllerProcess, PrivateCluster, binary, create_object, install_crds, wait_for,
+};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// `teardown ARGS`: (exit code, stdout + stderr).
+fn teardown(kubeconfig: &Path, args: &[&str]) -> (i32, String) {
+    let out = Command::new(binary("address-controller"))
+        .arg("teardown")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("teardown {args:?}:\n{text}");
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[tokio::test]
+async fn after_uninstall_teardown_lets_namespaces_and_crds_be_deleted() {
+    let private = PrivateCluster::start("ac-teardown");
+    let cluster = Cluster::use_dir(&private.dir).unwrap();
+    let kc = cluster.kubeconfig.clone();
+    let client = cluster.client().await.unwrap();
+    install_crds(&client).await.unwrap();
+    let mut core = ControllerProcess::start("td-core", &["--apiserver=false"])
+        .await
+        .unwrap();
+
+    // A tenant holding two addresses of a static pool.
+    cluster
+        .kubectl_ok(&["create", "namespace", "tenant"])
+        .unwrap();
+    let objects = r#"
+apiVersion: local.sdn.cozystack.io/v1alpha1
+kind: IPAddressClass
+metadata: {name: public}
+spec: {provisioner: static.example}
+---
+apiVersion: local.sdn.cozystack.io/v1alpha1
+kind: IPAddress
+metadata: {name: a1}
+spec: {address: 192.0.2.1, className: public, source: {fromClass: {}}}
+---
+apiVersion: local.sdn.cozystack.io/v1alpha1
+kind: IPAddress
+metadata: {name: a2}
+spec: {address: 192.0.2.2, className: public, source: {fromClass: {}}}
+---
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata: {name: v1alpha1.view.local.sdn.cozystack.io}
+spec:
+  group: view.local.sdn.cozystack.io
+  version: v1alpha1
+  service: {name: address-controller-api, namespace: default, port: 443}
+  insecureSkipTLSVerify: true
+  groupPriorityMinimum: 1000
+  versionPriority: 15
+"#;
+    let file = private.dir.join("objects.yaml");
+    std::fs::write(&file, objects).unwrap();
+    cluster
+        .kubectl_ok(&["apply", "-f", file.to_str().unwrap()])
+        .unwrap();
+    let claims: Api<IPAddressClaim> = Api::namespaced(client.clone(), "tenant");
+    for name in ["web", "db"] {
+        create_object(
+            &claims,
+            json!({"metadata": {"name": name},
+                    "spec": {"className": "public"}}),
+        )
+        .await;
+    }
+    wait_for("both claims Bound", WAIT, || async {
+        let items = claims.list(&ListParams::default()).await?.items;
+        Ok(items
+            .iter()
+            .all(|c| c.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Bound))
+            .then_some(()))
+    })
+    .await
+    .unwrap();
+
+    // 1. While the core runs, teardown refuses and changes nothing.
+    let (code, out) = teardown(&kc, &["--yes"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("Lease default/address-controller"), "{out}");
+    for c in claims.list(&ListParams::default()).await.unwrap().items {
+        assert!(c.finalizers().iter().any(|f| is_project_finalizer(f)));
+    }
+
+    // 2. The controller gone, as after `helm uninstall`: deleting the tenant's namespace
+    // hangs on the claims' finalizer (the trap).
+    core.stop();
+    Api::<Namespace>::all(client.clone())
+        .delete("tenant", &DeleteParams::default())
+        .await
+        .unwrap();
+    let stuck = wait_for("the namespace stuck on finalizers", WAIT, || async {
+        let ns = Api::<Namespace>::all(client.clone()).get("tenant").await?;
+        Ok(ns
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "NamespaceFinalizersRemaining" && c.status == "True")
+            .and_then(|c| c.message))
+    })
+    .await
+    .unwrap();
+    assert!(
+        stuck.contains("local.sdn.cozystack.io/claim-protection"),
+        "{stuck}"
+    );
+
+    // 3. A dry run says what it would do and does nothing.
+    let (code, out) = teardown(&kc, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("would remove the finalizers from 2 claim(s) and 2 address(es)")
+            && out.contains("would delete the APIService")
+            && out.contains("dry run"),
+        "{out}"
+    );
+    assert_eq!(
+        claims
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        2
+    );
+
+    // 4. Teardown: the namespace goes, the addresses are free of finalizers, the
+    // APIService nothing serves is gone.
+    let (code, out) = teardown(&kc, &["--yes"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("removed the finalizers from 2 claim(s) and 2 address(es)"),
+        "{out}"
+    );
+    wait_for("the namespace deleted", WAIT, || async {
+        Ok(Api::<Namespace>::all(client.clone())
+            .get_opt("tenant")
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await
+    .unwrap();
+    for a in Api::<IPAddress>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+    {
+        assert!(
+            !a.finalizers().iter().any(|f| is_project_finalizer(f)),
+            "{}",
+            a.name_any()
+        );
+    }
+    let apiservice = cluster.kubectl_ok(&[
+        "get",
+        "apiservice",
+        "v1alpha1.view.local.sdn.cozystack.io",
+        "--ignore-not-found",
+    ]);
+    assert_eq!(apiservice.unwrap().trim(), "");
+
+    // 5. And the CRDs, with the ledger.
+    let (code, out) = teardown(&kc, &["--yes", "--delete-crds"]);
+    assert_eq!(code, 0, "{out}");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    wait_for("the CRDs deleted", WAIT, || async {
+        for crd in address_controller_api::manifests::crds() {
+            if crds.get_opt(&crd.name_any()).await?.is_some() {
+                return Ok(None);
+            }
+        }
+        Ok(Some(()))
+    })
+    .await
+    .unwrap();
+}
