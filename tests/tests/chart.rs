@@ -1982,3 +1982,95 @@ fn three_replicas_spread_and_keep_a_disruption_budget_as_documented() {
         "controller"
     );
 }
+
+/// A container as started: its binary, arguments and environment values.
+type Started = (String, Vec<String>, Vec<(String, String)>);
+
+/// Every container of `objs` (kind Deployment) as it would be started.
+fn containers(objs: &[Value]) -> Vec<Started> {
+    objs.iter()
+        .filter(|o| o["kind"] == "Deployment")
+        .flat_map(|d| {
+            d["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|c| {
+            let bin = c["command"][0]
+                .as_str()
+                .map_or("address-controller", |p| p.rsplit('/').next().unwrap_or(p))
+                .to_string();
+            let strings = |v: &Value| -> Vec<String> {
+                v.as_array()
+                    .map(|a| a.iter().map(|x| x.as_str().unwrap().to_string()).collect())
+                    .unwrap_or_default()
+            };
+            let env = c["env"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|e| {
+                    Some((
+                        e["name"].as_str()?.to_string(),
+                        e["value"].as_str()?.to_string(),
+                    ))
+                })
+                .collect();
+            (bin, strings(&c["args"]), env)
+        })
+        .collect()
+}
+
+/// Schema-valid values in every form the schema allows start the binaries: the rendered
+/// arguments and environment parse (the binaries then stop at the missing kubeconfig —
+/// past argument parsing, which exits 2 with clap's `error:`).
+#[test]
+fn every_schema_valid_value_form_starts_the_binaries() {
+    let forms = [
+        json!({}),
+        json!({"controller": {"leaderElection": {"leaseDuration": "1m30s", "renewDeadline": "45.5s", "retryPeriod": "500ms"},
+            "kubeApi": {"qps": 0, "burst": 1}, "concurrency": 1, "autoClaims": false},
+            "logLevel": "debug", "logFormat": "plain"}),
+        json!({"controller": {"leaderElection": {"leaseDuration": "1h", "renewDeadline": "30m", "retryPeriod": "1500000us"},
+            "kubeApi": {"qps": 0.5, "burst": 400}, "concurrency": 1024},
+            "logLevel": "info,address_controller_controller=trace"}),
+        json!({"controller": {"kubeApi": {"qps": 12345678}}, "metrics": {"enabled": false},
+            "containerPorts": {"apiserver": 10443, "metrics": 10444, "probes": 10081}}),
+        json!({"rangeDriver": {"enabled": true, "probePort": 9099},
+            "metallbDriver": {"enabled": true, "lbClass": "metallb.example/lb", "metallbNamespace": "lb-system"}}),
+    ];
+    let kubeconfig = tempdir();
+    let missing = kubeconfig.join("absent.kubeconfig");
+    let parses = |bin: &str, args: &[String], env: &[(String, String)]| {
+        let out = Command::new(address_controller_tests::binary(bin))
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(&missing)
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env_remove("KUBECONFIG")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (
+            out.status.code() != Some(2) && !err.contains("error: "),
+            err,
+        )
+    };
+    // The control: a value the binary refuses is seen as such.
+    let bad = render(&json!({"extraArgs": ["--concurrency=zero"]}), &[]).unwrap();
+    let (bin, args, env) = containers(&bad).remove(0);
+    assert!(!parses(&bin, &args, &env).0, "a bad flag went unnoticed");
+    for values in forms {
+        let objs = render(&values, &[]).unwrap_or_else(|e| panic!("{values}: {e}"));
+        for (bin, args, env) in containers(&objs) {
+            let (ok, err) = parses(&bin, &args, &env);
+            assert!(ok, "{bin} {args:?} with {values}: {err}");
+            assert!(
+                err.contains("kubeconfig") || err.contains("absent.kubeconfig"),
+                "{bin} {args:?}: stopped before reading the kubeconfig? {err}"
+            );
+        }
+    }
+}
