@@ -223,7 +223,8 @@ pub fn judge_crd(
     )
 }
 
-async fn apiservice(client: &Client) -> Row {
+/// The APIServices (apiregistration.k8s.io/v1), read as dynamic objects.
+pub fn apiservices(client: &Client) -> Api<DynamicObject> {
     let ar = ApiResource {
         group: "apiregistration.k8s.io".into(),
         version: "v1".into(),
@@ -231,7 +232,11 @@ async fn apiservice(client: &Client) -> Row {
         kind: "APIService".into(),
         plural: "apiservices".into(),
     };
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    Api::all_with(client.clone(), &ar)
+}
+
+async fn apiservice(client: &Client) -> Row {
+    let api = apiservices(client);
     let check = format!("apiservice/{APISERVICE}");
     match api.get_opt(APISERVICE).await {
         Ok(None) => row(check, false, "not registered (the chart's apiservice.yaml)"),

@@ -17,7 +17,7 @@ use address_controller_runtime::leader::lease_liveness;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
@@ -153,14 +153,7 @@ pub async fn run(args: &TeardownArgs) -> anyhow::Result<()> {
     } else {
         println!("no CRDs: nothing carries a finalizer of this project");
     }
-    let ar = ApiResource {
-        group: "apiregistration.k8s.io".into(),
-        version: "v1".into(),
-        api_version: "apiregistration.k8s.io/v1".into(),
-        kind: "APIService".into(),
-        plural: "apiservices".into(),
-    };
-    let apiservices: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    let apiservices = crate::check::apiservices(&client);
     if apiservices.get_opt(VIEWS_APISERVICE).await?.is_some() {
         if args.yes {
             apiservices
