@@ -209,7 +209,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut tasks = Tasks::new(shutdown.clone());
     let health = Health::new(args.liveness.bounds());
     let controller = args.apiserver.controller;
-    let world = World::new(controller && args.auto_claims, health.clone());
+    // Entitlements (namespaces, quotas) are read by the binder and shown by the views.
+    let world = World::new(controller && args.auto_claims, health.clone()).with_entitlements();
     let world = if controller {
         world.with_driver_leases()
     } else {

@@ -3,6 +3,7 @@
 
 pub mod conditions;
 pub mod duration;
+pub mod entitlement;
 pub mod family;
 pub mod manifests;
 pub mod names;

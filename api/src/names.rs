@@ -84,6 +84,11 @@ pub mod reason {
     pub const WAITING_FOR_PROVISIONING: &str = "WaitingForProvisioning";
     pub const WAITING_FOR_ADDRESS: &str = "WaitingForAddress";
     pub const ADDRESS_LOST: &str = "AddressLost";
+    /// `Bound` False: the resolved class's namespaceSelector does not admit the claim's
+    /// namespace (SPEC §13).
+    pub const NAMESPACE_NOT_ADMITTED: &str = "NamespaceNotAdmitted";
+    /// `Bound` False: binding would take the namespace over an IPAddressQuota (SPEC §13).
+    pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
     /// `DriverAvailable` True: a Lease of the provisioner is held and renewed.
     pub const DRIVER_RUNNING: &str = "DriverRunning";
     /// `DriverAvailable` False: no Lease of the provisioner is held and renewed.

@@ -11,6 +11,7 @@ use kube::Client;
 
 use crate::index::Index;
 use crate::metrics::Metrics;
+use crate::quota::QuotaBook;
 use crate::recent::RecentWrites;
 
 /// The name the controller reports events under.
@@ -65,6 +66,8 @@ pub struct Context {
     pub client: Client,
     pub world: World,
     pub index: Arc<Index>,
+    /// Usage per namespace and class, and the takes in flight (SPEC §13).
+    pub quota: Arc<QuotaBook>,
     /// Leadership and liveness: whether this process may act.
     pub gate: Gate,
     pub events: Events,
@@ -87,6 +90,7 @@ impl Context {
             client,
             world,
             index: Arc::new(Index::default()),
+            quota: Arc::new(QuotaBook::default()),
             gate,
             metrics,
             recent_claims: RecentWrites::default(),

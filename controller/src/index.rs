@@ -84,7 +84,13 @@ fn waiting_pools(c: &IPAddressClaim) -> Vec<Pool> {
     let Some(class) = status.class_name.as_deref().filter(|n| !n.is_empty()) else {
         return Vec::new();
     };
-    if c.is_deleting() || pin_of(c).is_some() || status.phase != Some(ClaimPhase::Pending) {
+    if c.is_deleting()
+        || pin_of(c).is_some()
+        || status.phase != Some(ClaimPhase::Pending)
+        || c.is_refused_entitlement()
+    {
+        // A claim refused for an entitlement waits for its namespace, class, quota or
+        // usage to change (the quota book wakes it), not for free addresses.
         return Vec::new();
     }
     let have: Vec<Family> = status

@@ -9,6 +9,7 @@ pub mod decide;
 pub mod error;
 pub mod index;
 pub mod metrics;
+pub mod quota;
 pub mod rbac;
 pub mod recent;
 pub mod reconcile;

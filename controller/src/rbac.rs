@@ -45,6 +45,18 @@ const RULES: &[Rule] = &[
         why: "the classes' DriverAvailable condition",
     },
     Rule {
+        group: "local.sdn.cozystack.io",
+        resources: &["ipaddressquotas"],
+        verbs: &["get", "list", "watch"],
+        why: "entitlements: the namespaces' quotas (never written: they are the admin's)",
+    },
+    Rule {
+        group: "",
+        resources: &["namespaces"],
+        verbs: &["get", "list", "watch"],
+        why: "entitlements: the namespace labels a class's namespaceSelector admits",
+    },
+    Rule {
         group: "",
         resources: &["services"],
         verbs: &["get", "list", "watch", "patch"],

@@ -8,8 +8,11 @@
 //! |---|---|
 //! | address | the address; the claims it names (before and after) and the claims pinned to it; when it became free, the waiting claims the pump picks (one per free address) |
 //! | claim | the claim; the addresses naming it when its existence, uid, deletion or listed addresses changed; the Service named after it; the pump's picks when it starts or stops waiting |
-//! | class | the claims waiting in its pools and the unresolved claims; its Released addresses (release delay); LoadBalancer Services without a claim |
+//! | class | the claims waiting in its pools, the unresolved claims and those refused for an entitlement; its Released addresses (release delay); LoadBalancer Services without a claim |
 //! | Service | the Service |
+//! | IPAddressQuota | the Pending claims of its namespace |
+//! | namespace labels | the Pending claims of the namespace; its Services without a claim |
+//! | usage drop (an address counted, an invitation or a take ends) | the claims of that namespace and class refused with `QuotaExceeded` |
 //! | driver Lease | the classes of its provisioner, when it appears, goes, or changes holder (the class pass re-checks at the Lease's expiry) |
 //! | leadership acquired | everything |
 
@@ -45,6 +48,10 @@ pub fn register(ctx: &Arc<Context>) {
             .address_changed(ch.old.as_deref(), ch.new.as_deref());
         c.queues.addresses.add(key);
         c.queues.claims.add_all(wake.claims);
+        c.queues.claims.add_all(
+            c.quota
+                .address_changed(ch.old.as_deref(), ch.new.as_deref()),
+        );
         if ch.new.is_none()
             && let Some(uid) = obj.uid()
         {
@@ -59,6 +66,9 @@ pub fn register(ctx: &Arc<Context>) {
         let wake = c.index.claim_changed(ch.old.as_deref(), ch.new.as_deref());
         c.queues.claims.add(key.clone());
         c.queues.claims.add_all(wake.claims);
+        c.queues
+            .claims
+            .add_all(c.quota.claim_changed(ch.old.as_deref(), ch.new.as_deref()));
         c.queues.addresses.add_all(wake.addresses);
         if c.world.services.is_some() {
             // The same-named claim decides what its Service gets (SPEC §7).
@@ -76,6 +86,7 @@ pub fn register(ctx: &Arc<Context>) {
         let name = obj.name_any();
         c.queues.classes.add(name.clone());
         c.queues.claims.add_all(c.index.claims_for_class(&name));
+        c.queues.claims.add_all(c.quota.refused_of_class(&name));
         c.queues.addresses.add_all(c.index.released_in(&name));
         if let Some(services) = &c.world.services {
             // A class appearing or changing may settle Services waiting for it.
@@ -92,6 +103,40 @@ pub fn register(ctx: &Arc<Context>) {
             );
         }
     });
+    if let Some(e) = &ctx.world.entitlements {
+        let c = ctx.clone();
+        e.quotas.on_change(move |ch| {
+            c.queues
+                .claims
+                .add_all(c.quota.quota_changed(ch.old.as_deref(), ch.new.as_deref()));
+        });
+        let c = ctx.clone();
+        e.namespaces.on_change(move |ch| {
+            // Only labels decide admission (a namespace's status changes are not news).
+            let labels = |n: Option<&k8s_openapi::api::core::v1::Namespace>| {
+                n.and_then(|n| n.metadata.labels.clone())
+            };
+            if ch.old.is_some() && labels(ch.old.as_deref()) == labels(ch.new.as_deref()) {
+                return;
+            }
+            let Some(ns) = ch.object().map(|n| n.name_any()) else {
+                return;
+            };
+            c.queues.claims.add_all(c.quota.pending_in(&ns));
+            if let Some(services) = &c.world.services {
+                // Services refused an auto-claim there may be admitted now.
+                c.queues.services.add_all(
+                    services
+                        .store
+                        .all()
+                        .iter()
+                        .filter(|s| s.namespace().as_deref() == Some(ns.as_str()))
+                        .filter(|s| !s.annotations().contains_key(SERVICE_CLAIM_ANNOTATION))
+                        .map(|s| key_of(s.as_ref())),
+                );
+            }
+        });
+    }
     if let Some(leases) = &ctx.world.driver_leases {
         let c = ctx.clone();
         leases.on_change(move |ch| {

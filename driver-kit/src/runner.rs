@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 
 use address_controller_api::conditions::set_condition;
 use address_controller_api::family::family_of;
-use address_controller_api::names::{PROVISIONER_ANNOTATION, condition, reason};
+use address_controller_api::names::PROVISIONER_ANNOTATION;
 use address_controller_api::{
-    ClaimPhase, ClaimRef, Family, IPAddress, IPAddressClaim, IPAddressClass, IPAddressSpec,
+    ClaimRef, Family, IPAddress, IPAddressClaim, IPAddressClass, IPAddressSpec,
 };
 use address_controller_runtime::events::{Events, PlannedEvent};
 use address_controller_runtime::queue::{Backoff, Queue};
@@ -232,25 +232,13 @@ pub(crate) fn wanted<D: Driver>(
     claim: &IPAddressClaim,
     key: &str,
 ) -> Option<(Arc<IPAddressClass>, Vec<Family>)> {
-    if !ctx.stamped(claim)
-        || claim.metadata.deletion_timestamp.is_some()
-        || claim.spec.address_name.is_some()
-    {
+    // Only a claim the core invited: Pending and waiting for provisioning — not before its
+    // first pass, not Bound, never Lost, never refused for an entitlement (SPEC §13: the
+    // core counts the invitation against the namespace's quota).
+    if !ctx.stamped(claim) || !claim.waits_for_provisioning() {
         return None;
     }
     let status = claim.status.as_ref()?;
-    // Only a claim the core left Pending, waiting for provisioning: not before its first
-    // pass, not Bound, never Lost.
-    if status.phase != Some(ClaimPhase::Pending) {
-        return None;
-    }
-    let waiting = status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == condition::BOUND && c.reason == reason::WAITING_FOR_PROVISIONING);
-    if !waiting {
-        return None;
-    }
     let class = ctx.world.classes.get(status.class_name.as_deref()?)?;
     if !ctx.ours(&class) {
         return None;

@@ -5,14 +5,21 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass};
+use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::{Api, Client};
 
 use crate::cache::{Cache, WatchConfig};
 use crate::health::Health;
 use crate::supervise::Tasks;
+
+/// The caches entitlements are decided from.
+#[derive(Clone)]
+pub struct Entitlements {
+    pub namespaces: Arc<Cache<Namespace>>,
+    pub quotas: Arc<Cache<IPAddressQuota>>,
+}
 
 #[derive(Clone)]
 pub struct World {
@@ -25,6 +32,9 @@ pub struct World {
     /// `local.sdn.cozystack.io/component=driver`, every namespace), for the classes'
     /// `DriverAvailable`. Their renewals every few seconds do not move [`World::revision`].
     pub driver_leases: Option<Arc<Cache<Lease>>>,
+    /// Only in the core's process (the binder and the views): what entitlements are decided
+    /// from (SPEC §13) — the namespaces (their labels) and the IPAddressQuotas.
+    pub entitlements: Option<Entitlements>,
     /// The highest resourceVersion any of the watches has seen.
     pub revision: Arc<AtomicU64>,
     pub health: Arc<Health>,
@@ -40,6 +50,7 @@ impl World {
             classes: Cache::new("IPAddressClass", revision.clone()),
             services: with_services.then(|| Cache::new("Service", revision.clone())),
             driver_leases: None,
+            entitlements: None,
             revision,
             health,
         };
@@ -59,6 +70,26 @@ impl World {
         self.health.watch(leases.health.clone());
         self.driver_leases = Some(leases);
         self
+    }
+
+    /// Adds the caches of namespaces and IPAddressQuotas (the core's process). Their
+    /// changes move [`World::revision`]: the views show what they decide.
+    #[must_use]
+    pub fn with_entitlements(mut self) -> World {
+        let e = Entitlements {
+            namespaces: Cache::new("Namespace", self.revision.clone()),
+            quotas: Cache::new("IPAddressQuota", self.revision.clone()),
+        };
+        self.health.watch(e.namespaces.health.clone());
+        self.health.watch(e.quotas.health.clone());
+        self.entitlements = Some(e);
+        self
+    }
+
+    /// The labels of namespace `ns`, when the namespaces are cached and it is known.
+    pub fn namespace_labels(&self, ns: &str) -> Option<std::collections::BTreeMap<String, String>> {
+        let n = self.entitlements.as_ref()?.namespaces.get(ns)?;
+        Some(n.metadata.labels.clone().unwrap_or_default())
     }
 
     /// Runs every watch, and the watchdog that restarts silent ones, as supervised tasks.
@@ -85,6 +116,18 @@ impl World {
             tasks.spawn_forever(
                 "watch Services",
                 s.clone().run(Api::all(client.clone()), cfg.clone()),
+            );
+        }
+        if let Some(e) = &self.entitlements {
+            tasks.spawn_forever(
+                "watch Namespaces",
+                e.namespaces
+                    .clone()
+                    .run(Api::all(client.clone()), cfg.clone()),
+            );
+            tasks.spawn_forever(
+                "watch IPAddressQuotas",
+                e.quotas.clone().run(Api::all(client.clone()), cfg.clone()),
             );
         }
         if let Some(l) = &self.driver_leases {

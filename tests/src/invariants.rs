@@ -14,13 +14,15 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use address_controller_api::duration;
+use address_controller_api::entitlement::{Limits, usage_by_class};
 use address_controller_api::family::{Family, family_of};
 use address_controller_api::names::HELD_ANNOTATION;
 use address_controller_api::{
-    AddressPhase, ClaimPhase, IPAddress, IPAddressClaim, IPAddressClass, ReclaimPolicy,
+    AddressPhase, ClaimPhase, IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota,
+    ReclaimPolicy,
 };
 use anyhow::Result;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
@@ -71,6 +73,14 @@ pub const RULES: &[(&str, &str)] = &[
     (
         "service-holds-unassociated",
         "a Service showing a claimed address whose associatedTo does not name it (and it is not Conflict)",
+    ),
+    (
+        "namespace-over-quota",
+        "a namespace holding more addresses of a class than an IPAddressQuota allows",
+    ),
+    (
+        "refusal-stale",
+        "a claim refused NamespaceNotAdmitted or QuotaExceeded that its class and quota admit now",
     ),
     (
         "gauges-differ",
@@ -176,6 +186,9 @@ struct Snapshot {
     addresses: Vec<IPAddress>,
     classes: Vec<IPAddressClass>,
     services: Vec<Service>,
+    quotas: Vec<IPAddressQuota>,
+    /// Namespace name → labels.
+    namespaces: HashMap<String, BTreeMap<String, String>>,
     at: Timestamp,
 }
 
@@ -196,11 +209,27 @@ async fn snapshot(client: &Client) -> Result<Snapshot> {
         .list(&ListParams::default())
         .await?
         .items;
+    let quotas = Api::<IPAddressQuota>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let namespaces = Api::<Namespace>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|n| {
+            let labels = n.metadata.labels.clone().unwrap_or_default();
+            (n.name_any(), labels)
+        })
+        .collect();
     Ok(Snapshot {
         claims,
         addresses,
         classes,
         services,
+        quotas,
+        namespaces,
         at: Timestamp::now(),
     })
 }
@@ -413,6 +442,7 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
         let st = c.status.as_ref();
         if c.spec.address_name.is_none()
             && c.metadata.deletion_timestamp.is_none()
+            && !c.is_refused_entitlement()
             && st.and_then(|st| st.phase) == Some(ClaimPhase::Pending)
             && let Some(class) = st.and_then(|st| st.class_name.as_deref())
         {
@@ -669,7 +699,103 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
             }
         }
     }
+    entitlement_violations(s, scope, &mut add);
     out
+}
+
+/// §13: no namespace over its quota; no refusal that its class and quota would lift.
+fn entitlement_violations(
+    s: &Snapshot,
+    scope: &Scope,
+    add: &mut impl FnMut(&'static str, String, String, String),
+) {
+    let mut quotas: BTreeMap<&str, Vec<&IPAddressQuota>> = BTreeMap::new();
+    for q in &s.quotas {
+        if let Some(ns) = q.metadata.namespace.as_deref() {
+            quotas.entry(ns).or_default().push(q);
+        }
+    }
+    let usage_of = |ns: &str| {
+        usage_by_class(
+            ns,
+            s.claims.iter().filter(|c| scope.claim(c)),
+            s.addresses.iter(),
+        )
+    };
+    let versions = |ns: &str| {
+        let mut v: Vec<String> = quotas
+            .get(ns)
+            .into_iter()
+            .flatten()
+            .map(|q| version(*q))
+            .collect();
+        v.extend(
+            s.addresses
+                .iter()
+                .filter(|a| a.quota_slot().is_some_and(|(n, _)| n == ns))
+                .map(version),
+        );
+        v.sort();
+        v.join(",")
+    };
+    for (ns, qs) in &quotas {
+        if !scope.namespace(ns) {
+            continue;
+        }
+        for (class, used) in usage_of(ns) {
+            if let Some(limits) = Limits::of_class(qs.iter().copied(), &class)
+                && limits.exceeded_by(&used)
+            {
+                add(
+                    "namespace-over-quota",
+                    format!("namespace {ns}"),
+                    format!(
+                        "holds {} IPv4 and {} IPv6 addresses of class {class:?}; limits {limits:?}",
+                        used.ipv4, used.ipv6
+                    ),
+                    versions(ns),
+                );
+            }
+        }
+    }
+    let classes: HashMap<String, &IPAddressClass> =
+        s.classes.iter().map(|c| (c.name_any(), c)).collect();
+    for c in s.claims.iter().filter(|c| scope.claim(c)) {
+        if !c.is_refused_entitlement() {
+            continue;
+        }
+        let ns = c.namespace().unwrap_or_default();
+        let Some(class) = c
+            .status
+            .as_ref()
+            .and_then(|st| st.class_name.as_deref())
+            .and_then(|n| classes.get(n))
+        else {
+            continue;
+        };
+        let admitted = class.admits(s.namespaces.get(&ns));
+        let fits = match Limits::of_class(
+            quotas.get(ns.as_str()).into_iter().flatten().copied(),
+            &class.name_any(),
+        ) {
+            None => true,
+            Some(limits) => {
+                // Its own invitation is not counted against it (it has none: refused).
+                let used = usage_of(&ns).remove(&class.name_any()).unwrap_or_default();
+                limits
+                    .admit(&class.name_any(), &used, &c.unlisted_families())
+                    .is_ok()
+            }
+        };
+        if admitted && fits {
+            add(
+                "refusal-stale",
+                format!("claim {}", claim_key(c)),
+                "refused for an entitlement that its namespace, class and quota grant now".into(),
+                format!("{},{},{}", version(c), version(*class), versions(&ns)),
+            );
+        }
+    }
 }
 
 /// The ledger gauges an exact replica reports for `s`, zeros dropped.
@@ -923,6 +1049,60 @@ mod tests {
     }
 
     #[test]
+    fn quota_rules_catch_a_namespace_over_its_limit_and_a_refusal_that_no_longer_holds() {
+        let at = Timestamp::now();
+        let quota = |n: i64| -> IPAddressQuota {
+            serde_json::from_value(
+                json!({"metadata": {"name": "q", "namespace": "t", "resourceVersion": "1"},
+                "spec": {"limits": [{"className": "pub", "addresses": n}]}}),
+            )
+            .unwrap()
+        };
+        let class: IPAddressClass = serde_json::from_value(
+            json!({"metadata": {"name": "pub", "resourceVersion": "1"}, "spec": {"provisioner": "p"}}),
+        )
+        .unwrap();
+        let refused = {
+            let mut c = claim("w", "u2", "Pending", &[]);
+            c.status.as_mut().unwrap().conditions = vec![
+                serde_json::from_value(json!({"type": "Bound", "status": "False",
+                    "reason": "QuotaExceeded", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}))
+                .unwrap(),
+            ];
+            c
+        };
+        let snap = |limit: i64, addresses: Vec<IPAddress>| Snapshot {
+            claims: vec![
+                claim("a", "u1", "Bound", &[("x", "192.0.2.1")]),
+                refused.clone(),
+            ],
+            addresses,
+            classes: vec![class.clone()],
+            services: vec![],
+            quotas: vec![quota(limit)],
+            namespaces: [("t".to_string(), BTreeMap::new())].into(),
+            at,
+        };
+        let held = || vec![addr("x", "192.0.2.1", Some(("a", "u1")), "Bound")];
+        // At its limit with a claim waiting: healthy.
+        assert!(
+            rules(&snap(1, held())).is_empty(),
+            "{:?}",
+            rules(&snap(1, held()))
+        );
+        // Over it (the limit lowered, or a double count).
+        assert_eq!(rules(&snap(0, held())), ["namespace-over-quota"]);
+        // A released and retained address still counts.
+        let released = vec![
+            addr("x", "192.0.2.1", Some(("a", "u1")), "Bound"),
+            addr("r", "192.0.2.7", Some(("gone", "u0")), "Released"),
+        ];
+        assert_eq!(rules(&snap(1, released)), ["namespace-over-quota"]);
+        // Room again but the claim still says QuotaExceeded (a missed wake-up).
+        assert_eq!(rules(&snap(2, held())), ["refusal-stale"]);
+    }
+
+    #[test]
     fn each_rule_catches_its_violation_and_a_healthy_ledger_passes() {
         let at = Timestamp::now();
         let healthy = Snapshot {
@@ -933,6 +1113,8 @@ mod tests {
             ],
             classes: vec![],
             services: vec![],
+            quotas: vec![],
+            namespaces: Default::default(),
             at,
         };
         assert!(rules(&healthy).is_empty(), "{:?}", rules(&healthy));
@@ -950,6 +1132,8 @@ mod tests {
             ],
             classes: vec![],
             services: vec![],
+            quotas: vec![],
+            namespaces: Default::default(),
             at,
         };
         assert_eq!(
@@ -965,6 +1149,8 @@ mod tests {
             ],
             classes: vec![],
             services: vec![],
+            quotas: vec![],
+            namespaces: Default::default(),
             at,
         };
         assert_eq!(
@@ -981,6 +1167,8 @@ mod tests {
             addresses: vec![addr("y", "192.0.2.2", None, "Available")],
             classes: vec![],
             services: vec![],
+            quotas: vec![],
+            namespaces: Default::default(),
             at,
         };
         assert_eq!(rules(&pending), ["pending-with-free-address"]);
@@ -1006,6 +1194,8 @@ mod tests {
                 addresses: vec![undone],
                 classes: vec![],
                 services: vec![],
+                quotas: vec![],
+                namespaces: Default::default(),
                 at,
             };
             assert!(
@@ -1020,6 +1210,8 @@ mod tests {
             addresses: vec![addr("x", "192.0.2.1", Some(("p", "u2")), "Lost")],
             classes: vec![],
             services: vec![],
+            quotas: vec![],
+            namespaces: Default::default(),
             at,
         };
         assert!(rules(&really).is_empty(), "{:?}", rules(&really));
@@ -1028,6 +1220,8 @@ mod tests {
             addresses: vec![],
             classes: vec![],
             services: vec![],
+            quotas: vec![],
+            namespaces: Default::default(),
             at,
         };
         assert!(rules(&gone).is_empty(), "{:?}", rules(&gone));
@@ -1047,6 +1241,8 @@ mod tests {
             addresses: vec![reserved("Available")],
             classes: vec![],
             services: vec![],
+            quotas: vec![],
+            namespaces: Default::default(),
             at,
         };
         assert!(rules(&ok).is_empty(), "{:?}", rules(&ok));
@@ -1061,6 +1257,8 @@ mod tests {
             addresses: vec![wrong],
             classes: vec![],
             services: vec![],
+            quotas: vec![],
+            namespaces: Default::default(),
             at,
         };
         assert_eq!(rules(&bad), ["reservation-not-kept"]);
@@ -1091,6 +1289,8 @@ mod tests {
             addresses,
             classes: vec![],
             services,
+            quotas: vec![],
+            namespaces: Default::default(),
             at,
         };
         assert!(

@@ -1,4 +1,4 @@
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +20,7 @@ use super::{ReclaimPolicy, conditions_schema};
     printcolumn = r#"{"name":"ReleaseDelay","type":"string","jsonPath":".spec.releaseDelay"}"#,
     printcolumn = r#"{"name":"Default","type":"string","description":"\"true\" on the default class (the annotation ipaddressclass.local.sdn.cozystack.io/is-default-class).","jsonPath":".metadata.annotations.ipaddressclass\\.local\\.sdn\\.cozystack\\.io/is-default-class"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Namespaces","type":"string","priority":1,"description":"The namespaceSelector's labels (empty: every namespace may claim).","jsonPath":".spec.namespaceSelector.matchLabels"}"#,
     printcolumn = r#"{"name":"IPv4 Capacity","type":"integer","priority":1,"jsonPath":".status.capacity.ipv4"}"#,
     printcolumn = r#"{"name":"IPv6 Capacity","type":"integer","priority":1,"jsonPath":".status.capacity.ipv6"}"#,
     printcolumn = r#"{"name":"ParametersValid","type":"string","priority":1,"description":"Whether the driver accepted the class's parameters.","jsonPath":".status.conditions[?(@.type==\"ParametersValid\")].status"}"#,
@@ -52,6 +53,12 @@ pub struct IPAddressClassSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "parameters_schema")]
     pub parameters: Option<serde_json::Value>,
+
+    /// Which namespaces may claim from this class, by their labels. Absent: every
+    /// namespace. Narrowing it never takes back an address a namespace already holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "namespace_selector_schema")]
+    pub namespace_selector: Option<LabelSelector>,
 }
 
 /// Driver-owned status of a class.
@@ -83,4 +90,25 @@ fn parameters_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         "description": "Driver parameters; opaque to the core.",
         "x-kubernetes-preserve-unknown-fields": true
     })
+}
+
+/// A `metav1.LabelSelector` whose operators and values are checked by the schema, so that a
+/// selector the core could not evaluate is refused when it is written.
+fn namespace_selector_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = <LabelSelector as schemars::JsonSchema>::json_schema(generator);
+    schema.insert(
+        "description".into(),
+        "Which namespaces may claim from this class, by their labels (a metav1.LabelSelector). Absent: every namespace; empty ({}): every namespace too.".into(),
+    );
+    schema.insert(
+        "x-kubernetes-validations".into(),
+        serde_json::json!([{
+            "rule": "!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])",
+            "message": "matchExpressions operator must be In, NotIn, Exists or DoesNotExist"
+        }, {
+            "rule": "!has(self.matchExpressions) || self.matchExpressions.all(e, (e.operator in ['In', 'NotIn']) == (has(e.values) && size(e.values) > 0))",
+            "message": "matchExpressions with In or NotIn need values; Exists and DoesNotExist take none"
+        }]),
+    );
+    schema
 }

@@ -4,10 +4,12 @@
 mod address;
 mod claim;
 mod class;
+mod quota;
 
 pub use address::*;
 pub use claim::*;
 pub use class::*;
+pub use quota::*;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use schemars::JsonSchema;

@@ -33,6 +33,8 @@ pub mod reason {
     pub const FAMILY_UNSUPPORTED: &str = "AutoClaimFamilyUnsupported";
     pub const CLAIM_NAME_TAKEN: &str = "AutoClaimNameTaken";
     pub const NO_LONGER_LOAD_BALANCER: &str = "NoLongerLoadBalancer";
+    /// The auto-claim class does not admit the Service's namespace (SPEC §13).
+    pub const NAMESPACE_NOT_ADMITTED: &str = "AutoClaimNamespaceNotAdmitted";
 }
 
 /// What the auto-claim pass sees.
@@ -41,6 +43,8 @@ pub struct ServiceSnapshot<'a> {
     pub classes: &'a [Arc<IPAddressClass>],
     /// The claim named after the Service in its namespace, if any.
     pub claim: Option<&'a IPAddressClaim>,
+    /// The labels of the Service's namespace (`None`: not known).
+    pub namespace_labels: Option<&'a std::collections::BTreeMap<String, String>>,
 }
 
 /// Why a Service gets no auto-claim (no write, no event).
@@ -249,6 +253,14 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
             }
         }
     };
+    // §13: a namespace the class does not admit gets an event, not a claim (an address).
+    let ns = svc.namespace().unwrap_or_default();
+    if let Some(why) = class.refuses_namespace(&ns, s.namespace_labels) {
+        return ServicePlan::Refuse(PlannedEvent::warning(
+            reason::NAMESPACE_NOT_ADMITTED,
+            format!("{why}; no claim created"),
+        ));
+    }
     let family = match service_family(svc) {
         Ok(f) => f,
         Err(why) => {

@@ -2,15 +2,16 @@
 
 #![allow(clippy::type_complexity)] // the case tables read better inline
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
+use address_controller_api::entitlement::{Limits, usage_by_class};
 use address_controller_api::names::{
     ADDRESS_FINALIZER, CLAIM_FINALIZER, DEFAULT_CLASS_ANNOTATION, HELD_ANNOTATION,
     PROVISIONER_ANNOTATION, event, reason,
 };
 use address_controller_api::{
-    AddressPhase, ClaimPhase, ClaimRef, IPAddress, IPAddressClaim, IPAddressClass,
+    AddressPhase, ClaimPhase, ClaimRef, IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -93,6 +94,19 @@ fn plan_taken(
     classes: &[Arc<IPAddressClass>],
     taken: &HashSet<String>,
 ) -> ClaimPlan {
+    plan_entitled(c, addresses, classes, taken, &BTreeMap::new(), &[])
+}
+
+/// With the namespace's labels and quotas; the usage is computed from `addresses` by the
+/// API's rule (the quota book keeps the same count incrementally).
+fn plan_entitled(
+    c: &IPAddressClaim,
+    addresses: &[Arc<IPAddress>],
+    classes: &[Arc<IPAddressClass>],
+    taken: &HashSet<String>,
+    labels: &BTreeMap<String, String>,
+    quotas: &[IPAddressQuota],
+) -> ClaimPlan {
     // The snapshot the reconciler builds from its indexes, built here by scanning.
     let named: Vec<Arc<IPAddress>> = addresses.iter().filter(|a| a.names(c)).cloned().collect();
     let pinned = pin_of(c).and_then(|p| addresses.iter().find(|a| a.name_any() == p));
@@ -111,6 +125,14 @@ fn plan_taken(
         candidate: &candidate,
         address: &|name: &str| addresses.iter().find(|a| a.name_any() == name).cloned(),
         classes,
+        namespace_labels: Some(labels),
+        quota: &|class: &str| {
+            let limits = Limits::of_class(quotas.iter(), class)?;
+            let used = usage_by_class("t", [], addresses.iter().map(Arc::as_ref))
+                .remove(class)
+                .unwrap_or_default();
+            Some((limits, used))
+        },
         now: now(),
     })
 }
@@ -159,6 +181,186 @@ fn applied(c: &IPAddressClaim, p: &ClaimPlan) -> IPAddressClaim {
         }
     }
     c
+}
+
+// ---- §13 entitlements ---------------------------------------------------------------------
+
+fn gold_class() -> Arc<IPAddressClass> {
+    class(
+        "pub",
+        json!({"metadata": {"annotations": {DEFAULT_CLASS_ANNOTATION: "true"}},
+            "spec": {"namespaceSelector": {"matchLabels": {"tier": "gold"}}}}),
+    )
+}
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn quota(limits: Value) -> IPAddressQuota {
+    serde_json::from_value(
+        json!({"metadata": {"name": "q", "namespace": "t"}, "spec": {"limits": limits}}),
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_namespace_the_class_does_not_admit_waits_without_binding_or_inviting_a_driver() {
+    let c = claim(json!({"status": {"phase": "Pending"}}));
+    let classes = [gold_class()];
+    let free = [addr("a", "192.0.2.1", "pub", json!({}))];
+    let none = HashSet::new();
+    let p = plan_entitled(
+        &c,
+        &free,
+        &classes,
+        &none,
+        &labels(&[("tier", "silver")]),
+        &[],
+    );
+    assert!(binds(&p).is_empty(), "never bound");
+    assert!(
+        p.metadata.is_none(),
+        "no stamp: no driver provisions for it"
+    );
+    assert_eq!(phase(&p), ClaimPhase::Pending);
+    let (st, r, m) = condition(&p, "Bound");
+    assert_eq!((st, r), ("False", reason::NAMESPACE_NOT_ADMITTED));
+    assert!(
+        m.contains("\"pub\"") && m.contains("\"t\"") && m.contains("tier=gold"),
+        "{m}"
+    );
+    assert_eq!(p.events.len(), 1, "one event: {:?}", p.events);
+    assert_eq!(p.events[0].reason, reason::NAMESPACE_NOT_ADMITTED);
+    // The next pass says nothing new.
+    let again = plan_entitled(&applied(&c, &p), &free, &classes, &none, &labels(&[]), &[]);
+    assert!(
+        again.events.is_empty() && again.status.is_none(),
+        "{again:?}"
+    );
+    // Labelled: it binds, as any claim.
+    let p = plan_entitled(
+        &applied(&c, &p),
+        &free,
+        &classes,
+        &none,
+        &labels(&[("tier", "gold")]),
+        &[],
+    );
+    assert_eq!(binds(&p), ["a"]);
+    assert_eq!(
+        p.quota_take, None,
+        "no quota in the namespace: nothing to take"
+    );
+}
+
+#[test]
+fn a_bound_claim_keeps_its_address_when_the_namespace_is_no_longer_admitted_or_over_quota() {
+    let c = claim(json!({"status": {"phase": "Bound", "className": "pub",
+        "addresses": [{"name": "a", "address": "192.0.2.1"}]}}));
+    let held = [addr("a", "192.0.2.1", "pub", bound_to(Some("claim-uid")))];
+    let q = [quota(json!([{"className": "pub", "addresses": 0}]))];
+    let p = plan_entitled(
+        &c,
+        &held,
+        &[gold_class()],
+        &HashSet::new(),
+        &labels(&[]),
+        &q,
+    );
+    assert!(p.address_writes.is_empty(), "{p:?}");
+    assert_eq!(phase(&p), ClaimPhase::Bound);
+    assert_eq!(condition(&p, "Bound").1, reason::BOUND);
+    assert!(p.events.iter().all(|e| e.reason != reason::QUOTA_EXCEEDED));
+}
+
+#[test]
+fn a_dual_claim_counts_twice_and_the_next_claim_waits_with_quota_exceeded() {
+    // Quota 2: the namespace's Dual claim holds two addresses; an IPv4 claim would be a third.
+    let dual = |name: &str, ip: &str| {
+        addr(
+            name,
+            ip,
+            "pub",
+            json!({"spec": {"claimRef": {"namespace": "t", "name": "d", "uid": "d-uid"}},
+            "status": {"phase": "Bound"}}),
+        )
+    };
+    let addresses = [
+        dual("d4", "192.0.2.1"),
+        dual("d6", "2001:db8::1"),
+        addr("free", "192.0.2.9", "pub", json!({})),
+    ];
+    let classes = [default_class("pub")];
+    let q = [quota(json!([{"className": "pub", "addresses": 2}]))];
+    let c = claim(json!({"status": {"phase": "Pending"}}));
+    let p = plan_entitled(&c, &addresses, &classes, &HashSet::new(), &labels(&[]), &q);
+    assert!(binds(&p).is_empty());
+    assert!(p.metadata.is_none(), "no stamp");
+    let (_, r, m) = condition(&p, "Bound");
+    assert_eq!(r, reason::QUOTA_EXCEEDED);
+    assert!(
+        m.contains("IPAddressQuota t/q allows 2 address(es) of class \"pub\"")
+            && m.contains("holds 2 and the claim needs 1"),
+        "{m}"
+    );
+    assert_eq!(p.events.len(), 1);
+    // A limit of 3 admits it: it binds and takes its family from the quota.
+    let q3 = [quota(json!([{"className": "pub", "addresses": 3}]))];
+    let p = plan_entitled(
+        &applied(&c, &p),
+        &addresses,
+        &classes,
+        &HashSet::new(),
+        &labels(&[]),
+        &q3,
+    );
+    assert_eq!(binds(&p), ["free"]);
+    let take = p.quota_take.as_ref().unwrap();
+    assert_eq!(
+        (take.class.as_str(), take.families.as_slice()),
+        ("pub", &[Family::IPv4][..])
+    );
+    // A per-family limit: IPv6 full, IPv4 open.
+    let q6 = [quota(json!([{"className": "pub", "ipv6": 1}]))];
+    let v6 = claim(json!({"spec": {"family": "IPv6"}, "status": {"phase": "Pending"}}));
+    let p = plan_entitled(
+        &v6,
+        &addresses,
+        &classes,
+        &HashSet::new(),
+        &labels(&[]),
+        &q6,
+    );
+    assert_eq!(condition(&p, "Bound").1, reason::QUOTA_EXCEEDED);
+    let p = plan_entitled(&c, &addresses, &classes, &HashSet::new(), &labels(&[]), &q6);
+    assert_eq!(binds(&p), ["free"]);
+}
+
+#[test]
+fn a_claim_invited_to_provision_takes_its_families_from_the_quota() {
+    let c = claim(json!({"spec": {"family": "Dual"}, "status": {"phase": "Pending"}}));
+    let q = [quota(json!([{"className": "pub", "addresses": 2}]))];
+    let p = plan_entitled(
+        &c,
+        &[],
+        &[default_class("pub")],
+        &HashSet::new(),
+        &labels(&[]),
+        &q,
+    );
+    assert_eq!(condition(&p, "Bound").1, reason::WAITING_FOR_PROVISIONING);
+    assert!(
+        p.metadata.as_ref().unwrap().provisioner.is_some(),
+        "stamped"
+    );
+    assert_eq!(
+        p.quota_take.as_ref().unwrap().families,
+        [Family::IPv4, Family::IPv6]
+    );
 }
 
 // ---- §4.2 finalizer and stamp -------------------------------------------------------------
@@ -1071,6 +1273,7 @@ mod autoclaim {
             service: s,
             classes,
             claim: c,
+            namespace_labels: Some(&BTreeMap::new()),
         })
     }
 

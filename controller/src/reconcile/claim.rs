@@ -61,6 +61,9 @@ async fn pass(ctx: &Context, key: &str) -> Result<Outcome> {
             .candidate(&pool, |n| latest(n).is_none_or(|a| !is_free(&a, class, f)))?;
         latest(&name)
     };
+    let ns = claim.namespace().unwrap_or_default();
+    let labels = ctx.world.namespace_labels(&ns);
+    let quota = |class: &str| ctx.quota.standing(&ns, class, key);
     for _ in 0..MAX_CANDIDATE_RETRIES {
         let plan = plan_claim(&ClaimSnapshot {
             claim: &claim,
@@ -70,6 +73,8 @@ async fn pass(ctx: &Context, key: &str) -> Result<Outcome> {
             candidate: &candidate,
             address: &latest,
             classes: &classes,
+            namespace_labels: labels.as_ref(),
+            quota: &quota,
             now: Time(Timestamp::now()),
         });
         if plan.is_empty() {
@@ -89,7 +94,13 @@ async fn pass(ctx: &Context, key: &str) -> Result<Outcome> {
                 }
             }
         }
-        if !all {
+        // Then the quota (§13): another worker may have taken the last slot since the
+        // plan read the usage; then replan, and the plan says QuotaExceeded.
+        let took = plan
+            .quota_take
+            .as_ref()
+            .map(|t| all && ctx.quota.take(key, &t.class, &t.families, &t.limits));
+        if !all || took == Some(false) {
             for r in &reserved {
                 ctx.queues.claims.add_all(ctx.index.unreserve(r));
             }
@@ -101,6 +112,9 @@ async fn pass(ctx: &Context, key: &str) -> Result<Outcome> {
             // successful bind the reservation ends when the cache shows the address taken.)
             for r in &reserved {
                 ctx.queues.claims.add_all(ctx.index.unreserve(r));
+            }
+            if took == Some(true) {
+                ctx.queues.claims.add_all(ctx.quota.release(key));
             }
         }
         return result.map(|()| Outcome::Done);

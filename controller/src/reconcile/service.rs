@@ -31,10 +31,12 @@ pub async fn reconcile(ctx: Arc<Context>, key: String) -> Result<Outcome> {
         .get(&key)
         .map(|c| ctx.recent_claims.latest(c));
     let classes = ctx.world.classes();
+    let labels = ctx.world.namespace_labels(&ns);
     let plan = plan_service(&ServiceSnapshot {
         service: &svc,
         classes: &classes,
         claim: claim.as_deref(),
+        namespace_labels: labels.as_ref(),
     });
     match plan {
         ServicePlan::Skip(_) => ctx.events.publish_once(svc.as_ref(), None).await,

@@ -65,6 +65,8 @@ pub struct Matches {
     pub waiting: Vec<(&'static str, String)>,
     /// Some family waits for the driver: no candidate exists at all.
     pub needs_provisioning: bool,
+    /// The families that wait for the driver.
+    pub provision: Vec<Family>,
 }
 
 /// Matches every missing family of `claim` in `class`.
@@ -92,6 +94,7 @@ pub fn match_families(
                 Some(a) => m.bind.push(a.as_ref().clone()),
                 None => {
                     m.needs_provisioning = true;
+                    m.provision.push(*f);
                     m.waiting.push((
                         reason::WAITING_FOR_PROVISIONING,
                         format!(

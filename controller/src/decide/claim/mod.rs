@@ -8,8 +8,10 @@ pub mod reclaim;
 pub mod resolve;
 pub mod status;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use address_controller_api::entitlement::{Limits, Usage};
 use address_controller_api::family::{Family, family_of};
 use address_controller_api::names::{
     CLAIM_FINALIZER, PROVISIONER_ANNOTATION, condition, event, reason,
@@ -44,7 +46,21 @@ pub struct ClaimSnapshot<'a> {
     pub address: &'a dyn Fn(&str) -> Option<Arc<IPAddress>>,
     /// Every class.
     pub classes: &'a [Arc<IPAddressClass>],
+    /// The labels of the claim's namespace (`None`: not known).
+    pub namespace_labels: Option<&'a BTreeMap<String, String>>,
+    /// The limits on a class in the claim's namespace, with the usage there not counting
+    /// what this claim is invited to or taking; `None`: no quota limits the class.
+    pub quota: &'a dyn Fn(&str) -> Option<(Limits, Usage)>,
     pub now: Now,
+}
+
+/// The quota a plan takes before its writes (SPEC §13): the families it binds or invites
+/// a driver to provision, checked again against the limits it was planned with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuotaTake {
+    pub class: String,
+    pub families: Vec<Family>,
+    pub limits: Limits,
 }
 
 /// One write to an address, guarded by the resourceVersion the plan was computed from.
@@ -104,6 +120,8 @@ pub struct ClaimPlan {
     /// Reclaim done: the finalizer list without ours, written last (SPEC §6).
     pub finalize: Option<Vec<String>>,
     pub events: Vec<PlannedEvent>,
+    /// Taken from the namespace's quota before any write.
+    pub quota_take: Option<QuotaTake>,
 }
 
 impl ClaimPlan {
@@ -113,6 +131,7 @@ impl ClaimPlan {
             && self.status.is_none()
             && self.finalize.is_none()
             && self.events.is_empty()
+            && self.quota_take.is_none()
     }
 
     /// The free addresses this plan binds.
@@ -171,7 +190,22 @@ pub fn plan_claim(s: &ClaimSnapshot<'_>) -> ClaimPlan {
         // §4.7
         let r = resolve_class(claim, s.classes);
         match &r {
-            Resolution::Resolved(class) => {
+            Resolution::Resolved(class) => 'resolved: {
+                // §13: entitlements come before matching — a refused claim neither binds
+                // nor invites a driver.
+                let ns = claim.namespace().unwrap_or_default();
+                if let Some(why) = class.refuses_namespace(&ns, s.namespace_labels) {
+                    waiting = Some((reason::NAMESPACE_NOT_ADMITTED, why));
+                    break 'resolved;
+                }
+                let class_name = class.name_any();
+                let standing = (s.quota)(&class_name);
+                if let Some((limits, used)) = &standing
+                    && let Err(why) = limits.admit(&class_name, used, &missing)
+                {
+                    waiting = Some((reason::QUOTA_EXCEEDED, why));
+                    break 'resolved;
+                }
                 let m = matching::match_families(
                     claim,
                     class,
@@ -198,6 +232,18 @@ pub fn plan_claim(s: &ClaimSnapshot<'_>) -> ClaimPlan {
                         .collect::<Vec<_>>()
                         .join("; ");
                     waiting = Some((*reason, message));
+                }
+                if let Some((limits, _)) = standing {
+                    let mut families: Vec<Family> =
+                        m.bind.iter().filter_map(IPAddress::family).collect();
+                    families.extend(m.provision.iter().copied());
+                    if !families.is_empty() {
+                        plan.quota_take = Some(QuotaTake {
+                            class: class_name,
+                            families,
+                            limits,
+                        });
+                    }
                 }
                 bind = m.bind;
             }

@@ -108,6 +108,19 @@ pub fn status_and_events(
             events.push(PlannedEvent::warning(reason, message.clone()));
         }
     }
+    // §13: a refusal for an entitlement is said once, when it starts or changes reason.
+    let old_bound_reason = old
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::BOUND)
+        .map(|c| c.reason.as_str());
+    if !found.all_satisfied
+        && (bound_reason == reason::QUOTA_EXCEEDED
+            || bound_reason == reason::NAMESPACE_NOT_ADMITTED)
+        && old_bound_reason != Some(bound_reason)
+    {
+        events.push(PlannedEvent::warning(bound_reason, bound_message.clone()));
+    }
     if old.phase != Some(phase) {
         match phase {
             // A pass that matched free addresses already said so (`Matched`): one event
