@@ -243,6 +243,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     if controller {
         // Handlers first: they must see the initial lists.
         run::register(&ctx);
+        metrics.register_quota(ctx.quota.clone())?;
         address_controller_runtime::metrics::register_queues(
             &metrics.registry,
             ctx.queues.readers(),

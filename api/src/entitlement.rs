@@ -153,14 +153,20 @@ impl IPAddressClaim {
     /// `Pending` with one of those reasons. Such a claim waits for a change of the
     /// namespace, the class, the quota or the usage — not for free addresses.
     pub fn is_refused_entitlement(&self) -> bool {
-        self.status.as_ref().is_some_and(|s| {
-            s.phase == Some(ClaimPhase::Pending)
-                && s.conditions.iter().any(|c| {
-                    c.type_ == condition::BOUND
-                        && (c.reason == reason::QUOTA_EXCEEDED
-                            || c.reason == reason::NAMESPACE_NOT_ADMITTED)
-                })
-        })
+        self.entitlement_refusal().is_some()
+    }
+
+    /// The entitlement reason refusing the claim (`QuotaExceeded` or
+    /// `NamespaceNotAdmitted`), when it is `Pending` with one.
+    pub fn entitlement_refusal(&self) -> Option<&'static str> {
+        let s = self.status.as_ref()?;
+        if s.phase != Some(ClaimPhase::Pending) {
+            return None;
+        }
+        let bound = s.conditions.iter().find(|c| c.type_ == condition::BOUND)?;
+        [reason::QUOTA_EXCEEDED, reason::NAMESPACE_NOT_ADMITTED]
+            .into_iter()
+            .find(|r| *r == bound.reason)
     }
 }
 

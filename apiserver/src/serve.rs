@@ -401,7 +401,7 @@ fn get(
     let (revision, entry) = state.store.get(view, &key);
     let entry = match entry {
         Some(e) => e,
-        None => match v.absent(ns.as_deref(), name) {
+        None => match v.absent(ns.as_deref(), name, &state.store.world) {
             Some(c) => Arc::new(crate::store::entry(key, c, revision)),
             None => return Err(ApiError::not_found(info.plural, name).into_response()),
         },

@@ -168,6 +168,24 @@ impl ViewStore {
                 s.mark(i, dirty);
             }
         });
+        if let Some(e) = &self.world.entitlements {
+            let s = self.clone();
+            e.quotas.on_change(move |ch| {
+                for (i, v) in s.views.iter().enumerate() {
+                    let mut dirty = Vec::new();
+                    v.quota_changed(ch.old.as_deref(), ch.new.as_deref(), &mut dirty);
+                    s.mark(i, dirty);
+                }
+            });
+            let s = self.clone();
+            e.namespaces.on_change(move |ch| {
+                for (i, v) in s.views.iter().enumerate() {
+                    let mut dirty = Vec::new();
+                    v.namespace_changed(ch.old.as_deref(), ch.new.as_deref(), &mut dirty);
+                    s.mark(i, dirty);
+                }
+            });
+        }
     }
 
     /// The view store has its first complete build (after every cache listed).

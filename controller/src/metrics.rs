@@ -15,6 +15,8 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, 
 
 use address_controller_runtime::world::World;
 
+use crate::quota::QuotaBook;
+
 /// The metrics of one process.
 pub struct Metrics {
     pub registry: Registry,
@@ -78,6 +80,11 @@ impl Metrics {
             bind,
             provision,
         })
+    }
+
+    /// Adds the quota gauges, read from the quota book (the core's process).
+    pub fn register_quota(&self, book: Arc<QuotaBook>) -> Result<(), prometheus::Error> {
+        self.registry.register(Box::new(QuotaGauges::new(book)?))
     }
 
     /// A claim's first Bound: how long since its creation, and — when it waited for a
@@ -333,6 +340,94 @@ impl Ledger {
             ),
             &["namespace", "class", "phase"],
         )
+    }
+}
+
+const QUOTA_LIMIT: &str = "address_controller_quota_limit";
+const QUOTA_USED: &str = "address_controller_quota_used";
+const QUOTA_WAITING: &str = "address_controller_quota_waiting_claims";
+
+/// `address_controller_quota_limit{namespace,class,family}` (the strictest limit of the
+/// namespace's IPAddressQuotas; `family="all"` for the every-family limit),
+/// `address_controller_quota_used{namespace,class,family}` (what counts toward it: the
+/// addresses naming the namespace's claims, Released and retained ones included, and the
+/// invitations to provision) and `address_controller_quota_waiting_claims{namespace,class}`
+/// (claims refused `QuotaExceeded`) — for every namespace and class an IPAddressQuota
+/// limits. Read from the quota book the binder decides with: a scrape costs the number of
+/// limited (namespace, class) pairs.
+struct QuotaGauges {
+    book: Arc<QuotaBook>,
+    descs: Vec<Desc>,
+}
+
+impl QuotaGauges {
+    fn new(book: Arc<QuotaBook>) -> Result<Self, prometheus::Error> {
+        let (l, u, w) = Self::vecs()?;
+        let descs = [l, u, w]
+            .iter()
+            .flat_map(|v| v.desc().into_iter().cloned())
+            .collect();
+        Ok(Self { book, descs })
+    }
+
+    fn vecs() -> Result<(IntGaugeVec, IntGaugeVec, IntGaugeVec), prometheus::Error> {
+        Ok((
+            IntGaugeVec::new(
+                Opts::new(
+                    QUOTA_LIMIT,
+                    "The strictest IPAddressQuota limit of a namespace on a class, by family (all: every family together)",
+                ),
+                &["namespace", "class", "family"],
+            )?,
+            IntGaugeVec::new(
+                Opts::new(
+                    QUOTA_USED,
+                    "Addresses counted toward a namespace's quota on a class, by family (all: every family together)",
+                ),
+                &["namespace", "class", "family"],
+            )?,
+            IntGaugeVec::new(
+                Opts::new(
+                    QUOTA_WAITING,
+                    "Claims of a namespace and class waiting with reason QuotaExceeded",
+                ),
+                &["namespace", "class"],
+            )?,
+        ))
+    }
+}
+
+impl Collector for QuotaGauges {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let Ok((limit, used, waiting)) = Self::vecs() else {
+            return Vec::new();
+        };
+        for s in self.book.standings() {
+            let (ns, class) = (s.namespace.as_str(), s.class.as_str());
+            for (family, l, u) in [
+                ("all", s.limits.addresses.as_ref(), s.used.total()),
+                ("IPv4", s.limits.ipv4.as_ref(), s.used.ipv4),
+                ("IPv6", s.limits.ipv6.as_ref(), s.used.ipv6),
+            ] {
+                if let Some(l) = l {
+                    limit.with_label_values(&[ns, class, family]).set(l.value);
+                }
+                used.with_label_values(&[ns, class, family]).set(u);
+            }
+            waiting
+                .with_label_values(&[ns, class])
+                .set(s.waiting as i64);
+        }
+        limit
+            .collect()
+            .into_iter()
+            .chain(used.collect())
+            .chain(waiting.collect())
+            .collect()
     }
 }
 

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use address_controller_api::entitlement::{Limits, Usage};
-use address_controller_api::names::{condition, reason};
+use address_controller_api::names::reason;
 use address_controller_api::{ClaimPhase, Family, IPAddress, IPAddressClaim, IPAddressQuota};
 use kube::ResourceExt;
 
@@ -75,18 +75,6 @@ fn key_ns(key: &str) -> &str {
     key.split_once('/').map_or("", |(ns, _)| ns)
 }
 
-fn refusal(c: &IPAddressClaim) -> Option<&'static str> {
-    let bound = c
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|x| x.type_ == condition::BOUND)?;
-    [reason::QUOTA_EXCEEDED, reason::NAMESPACE_NOT_ADMITTED]
-        .into_iter()
-        .find(|r| *r == bound.reason)
-}
-
 fn pending_entry(c: &IPAddressClaim) -> Option<(String, Option<&'static str>)> {
     if c.is_deleting() || c.phase().is_some_and(|p| p != ClaimPhase::Pending) {
         return None;
@@ -97,7 +85,7 @@ fn pending_entry(c: &IPAddressClaim) -> Option<(String, Option<&'static str>)> {
         .and_then(|s| s.class_name.clone())
         .or_else(|| c.spec.class_name.clone())
         .unwrap_or_default();
-    Some((class, refusal(c)))
+    Some((class, c.entitlement_refusal()))
 }
 
 impl Inner {

@@ -841,6 +841,53 @@ fn expected_gauges(s: &Snapshot) -> BTreeMap<String, i64> {
             .or_default() += 1;
         }
     }
+    // The quota gauges, for every namespace and class a quota limits.
+    let mut quotas: BTreeMap<&str, Vec<&IPAddressQuota>> = BTreeMap::new();
+    for q in &s.quotas {
+        if let Some(ns) = q.metadata.namespace.as_deref() {
+            quotas.entry(ns).or_default().push(q);
+        }
+    }
+    for (ns, qs) in &quotas {
+        let mut usage = usage_by_class(ns, s.claims.iter(), s.addresses.iter());
+        let classes: BTreeSet<&str> = qs
+            .iter()
+            .flat_map(|q| q.spec.limits.iter().map(|l| l.class_name.as_str()))
+            .collect();
+        for class in classes {
+            let Some(limits) = Limits::of_class(qs.iter().copied(), class) else {
+                continue;
+            };
+            let used = usage.remove(class).unwrap_or_default();
+            for (family, l, u) in [
+                ("all", limits.addresses.as_ref(), used.total()),
+                ("IPv4", limits.ipv4.as_ref(), used.ipv4),
+                ("IPv6", limits.ipv6.as_ref(), used.ipv6),
+            ] {
+                let labels =
+                    format!("{{class=\"{class}\",family=\"{family}\",namespace=\"{ns}\"}}");
+                if let Some(l) = l {
+                    m.insert(format!("address_controller_quota_limit{labels}"), l.value);
+                }
+                m.insert(format!("address_controller_quota_used{labels}"), u);
+            }
+            let waiting = s
+                .claims
+                .iter()
+                .filter(|c| c.namespace().as_deref() == Some(*ns))
+                .filter(|c| {
+                    c.status.as_ref().and_then(|st| st.class_name.as_deref()) == Some(class)
+                        && c.entitlement_refusal()
+                            == Some(address_controller_api::names::reason::QUOTA_EXCEEDED)
+                })
+                .count();
+            m.insert(
+                format!("address_controller_quota_waiting_claims{{class=\"{class}\",namespace=\"{ns}\"}}"),
+                waiting as i64,
+            );
+        }
+    }
+    m.retain(|_, v| *v != 0);
     for c in &s.claims {
         let st = c.status.as_ref();
         let class = st.and_then(|st| st.class_name.clone()).unwrap_or_default();
@@ -862,6 +909,7 @@ pub fn parse_gauges(text: &str) -> BTreeMap<String, i64> {
                 || l.starts_with("address_controller_ipaddresses_held{")
                 || l.starts_with("address_controller_ipaddressclaims{")
                 || l.starts_with("address_controller_ipaddressclass_allocated{")
+                || l.starts_with("address_controller_quota_")
         })
         .filter_map(|l| {
             let (series, value) = l.rsplit_once(' ')?;

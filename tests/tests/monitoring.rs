@@ -460,6 +460,20 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
         .await
         .unwrap();
     }
+    // The driver's class is at the namespace's quota: d3 waits for room (the near-quota
+    // panel and the quota gauges).
+    let quotas: Api<address_controller_api::IPAddressQuota> =
+        Api::namespaced(client.clone(), &ns.name);
+    quotas
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "q"},
+                "spec": {"limits": [{"className": driver_class, "addresses": 2}]}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    create("d3", driver_class.clone()).await;
     // The static pool is used up: s3 waits.
     create("s3", static_class.clone()).await;
     // s1's address is kept for it (Retain, no release delay on the class): Released.

@@ -6,11 +6,13 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, PoisonError};
 
+use address_controller_api::entitlement::{Limits, usage_by_class};
 use address_controller_api::family::family_of;
 use address_controller_api::{
-    AddressPhase, ClaimPhase, Family, IPAddress, IPAddressClaim, IPAddressClass,
+    AddressPhase, ClaimPhase, Family, IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota,
 };
 use address_controller_runtime::world::World;
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::ResourceExt;
 use schemars::JsonSchema;
@@ -85,6 +87,48 @@ pub struct ClaimHolding {
     pub addresses: Vec<String>,
 }
 
+/// Numbers of a quota: every family together, and per family (absent: not limited).
+#[derive(Serialize, JsonSchema, Default, Debug, Clone, PartialEq)]
+pub struct QuotaNumbers {
+    /// Addresses of every family.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub addresses: Option<i64>,
+    /// IPv4 addresses.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ipv4: Option<i64>,
+    /// IPv6 addresses.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<i64>,
+}
+
+/// The namespace's quota on one class.
+#[derive(Serialize, JsonSchema, Default, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaStanding {
+    /// The strictest limits of the namespace's IPAddressQuotas.
+    pub hard: QuotaNumbers,
+    /// What counts: addresses naming the namespace's claims (Released and retained ones
+    /// included) and addresses a driver is invited to provision for them.
+    pub used: QuotaNumbers,
+    /// hard − used, never below zero, for the limits that are set.
+    pub remaining: QuotaNumbers,
+    /// Claims waiting with reason QuotaExceeded.
+    pub waiting_claims: i64,
+}
+
+/// What the namespace may draw from one class (SPEC §13).
+#[derive(Serialize, JsonSchema, Default, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassEntitlement {
+    /// The class.
+    pub class_name: String,
+    /// Whether the class's namespaceSelector admits the namespace (no selector: true).
+    pub admitted: bool,
+    /// The namespace's quota on the class, when an IPAddressQuota limits it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quota: Option<QuotaStanding>,
+}
+
 /// The holdings of one namespace: what it holds and retained.
 #[derive(Serialize, JsonSchema, Debug, Clone, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -101,6 +145,8 @@ pub struct NamespaceAddresses {
     pub classes: Vec<ClassHoldings>,
     /// Every claim of the namespace with its addresses.
     pub claims: Vec<ClaimHolding>,
+    /// Per class: whether the namespace may claim from it, and its quota there.
+    pub entitlements: Vec<ClassEntitlement>,
 }
 
 /// The full record of one address a namespace holds or retained.
@@ -168,6 +214,12 @@ const COLUMNS: &[Column] = &[
         1,
     ),
     Column::new("Classes", "string", "Classes the namespace draws from", 1),
+    Column::new(
+        "Quota",
+        "string",
+        "Per limited class: addresses used/hard (or per family), and claims waiting for room",
+        1,
+    ),
 ];
 
 pub static INFO: ResourceInfo = ResourceInfo {
@@ -198,6 +250,8 @@ struct Index {
     claims: HashMap<String, BTreeSet<String>>,
     /// By the namespace of the claim an address names.
     addresses: HashMap<String, BTreeSet<String>>,
+    /// IPAddressQuotas by namespace.
+    quotas: HashMap<String, BTreeSet<String>>,
 }
 
 fn add(m: &mut HashMap<String, BTreeSet<String>>, k: &str, v: String) {
@@ -252,6 +306,97 @@ impl Holdings {
             .unwrap_or_default();
         (claims, addresses)
     }
+
+    /// What decides the namespace's entitlements, from the caches.
+    fn entitled(&self, ns: &str, world: &World) -> Entitled {
+        let quotas = match &world.entitlements {
+            Some(e) => self
+                .lock()
+                .quotas
+                .get(ns)
+                .map(|s| {
+                    s.iter()
+                        .filter_map(|n| e.quotas.get(&format!("{ns}/{n}")))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            None => Vec::new(),
+        };
+        Entitled {
+            classes: world.classes(),
+            labels: world.namespace_labels(ns),
+            quotas,
+        }
+    }
+}
+
+/// The inputs of a namespace's entitlements.
+#[derive(Default)]
+pub struct Entitled {
+    pub classes: Vec<std::sync::Arc<IPAddressClass>>,
+    /// The namespace's labels (`None`: not known).
+    pub labels: Option<BTreeMap<String, String>>,
+    pub quotas: Vec<std::sync::Arc<IPAddressQuota>>,
+}
+
+/// Per class: admitted, and the quota standing where a quota limits it.
+pub fn entitlements(
+    ns: &str,
+    claims: &[std::sync::Arc<IPAddressClaim>],
+    addresses: &[std::sync::Arc<IPAddress>],
+    e: &Entitled,
+) -> Vec<ClassEntitlement> {
+    let mut usage = usage_by_class(
+        ns,
+        claims.iter().map(std::sync::Arc::as_ref),
+        addresses.iter().map(std::sync::Arc::as_ref),
+    );
+    let mut classes: Vec<&IPAddressClass> = e.classes.iter().map(std::sync::Arc::as_ref).collect();
+    classes.sort_by_key(|c| c.name_any());
+    classes
+        .into_iter()
+        .map(|class| {
+            let name = class.name_any();
+            let quota = Limits::of_class(e.quotas.iter().map(std::sync::Arc::as_ref), &name).map(
+                |limits| {
+                    let used = usage.remove(&name).unwrap_or_default();
+                    let (addresses, ipv4, ipv6) = limits.remaining(&used);
+                    let waiting = claims
+                        .iter()
+                        .filter(|c| {
+                            c.status.as_ref().and_then(|s| s.class_name.as_deref())
+                                == Some(name.as_str())
+                                && c.entitlement_refusal()
+                                    == Some(address_controller_api::names::reason::QUOTA_EXCEEDED)
+                        })
+                        .count();
+                    QuotaStanding {
+                        hard: QuotaNumbers {
+                            addresses: limits.addresses.as_ref().map(|l| l.value),
+                            ipv4: limits.ipv4.as_ref().map(|l| l.value),
+                            ipv6: limits.ipv6.as_ref().map(|l| l.value),
+                        },
+                        used: QuotaNumbers {
+                            addresses: Some(used.total()),
+                            ipv4: Some(used.ipv4),
+                            ipv6: Some(used.ipv6),
+                        },
+                        remaining: QuotaNumbers {
+                            addresses,
+                            ipv4,
+                            ipv6,
+                        },
+                        waiting_claims: waiting as i64,
+                    }
+                },
+            );
+            ClassEntitlement {
+                admitted: class.admits(e.labels.as_ref()),
+                class_name: name,
+                quota,
+            }
+        })
+        .collect()
 }
 
 /// The holdings of `ns` from its claims and the addresses naming claims in it.
@@ -259,6 +404,7 @@ pub fn namespace_addresses(
     ns: &str,
     claims: &[std::sync::Arc<IPAddressClaim>],
     addresses: &[std::sync::Arc<IPAddress>],
+    entitled: &Entitled,
 ) -> NamespaceAddresses {
     let mut summary = HoldingsSummary::default();
     let mut classes: BTreeMap<String, ClassHoldings> = BTreeMap::new();
@@ -334,6 +480,36 @@ pub fn namespace_addresses(
         summary,
         classes: classes.into_values().collect(),
         claims: holdings,
+        entitlements: entitlements(ns, claims, addresses, entitled),
+    }
+}
+
+/// `pub 2/2 (1 waiting),priv ipv4 1/4`: per limited class, used/hard of each set limit.
+fn quota_cell(entitlements: &[ClassEntitlement]) -> String {
+    let mut parts = Vec::new();
+    for e in entitlements {
+        let Some(q) = &e.quota else { continue };
+        let mut limits = Vec::new();
+        for (label, hard, used) in [
+            ("", q.hard.addresses, q.used.addresses),
+            ("ipv4 ", q.hard.ipv4, q.used.ipv4),
+            ("ipv6 ", q.hard.ipv6, q.used.ipv6),
+        ] {
+            if let Some(h) = hard {
+                limits.push(format!("{label}{}/{h}", used.unwrap_or(0)));
+            }
+        }
+        let waiting = if q.waiting_claims > 0 {
+            format!(" ({} waiting)", q.waiting_claims)
+        } else {
+            String::new()
+        };
+        parts.push(format!("{} {}{waiting}", e.class_name, limits.join(" ")));
+    }
+    if parts.is_empty() {
+        "<none>".into()
+    } else {
+        parts.join(",")
     }
 }
 
@@ -359,6 +535,7 @@ fn computed(v: NamespaceAddresses) -> Computed {
                 .collect::<Vec<_>>()
                 .join(",")
         ),
+        json!(quota_cell(&v.entitlements)),
     ];
     Computed {
         namespace: Some(ns.clone()),
@@ -462,24 +639,82 @@ impl View for Holdings {
 
     fn class_changed(
         &self,
-        _old: Option<&IPAddressClass>,
-        _new: Option<&IPAddressClass>,
-        _dirty: &mut Vec<String>,
+        old: Option<&IPAddressClass>,
+        new: Option<&IPAddressClass>,
+        dirty: &mut Vec<String>,
     ) {
+        // Every namespace shows its entitlement on every class (classes are few, and their
+        // selectors rarely change).
+        let spec = |c: Option<&IPAddressClass>| c.map(|c| c.spec.namespace_selector.clone());
+        if old.is_some() && new.is_some() && spec(old) == spec(new) {
+            return;
+        }
+        let ix = self.lock();
+        let all: BTreeSet<&String> = ix
+            .claims
+            .keys()
+            .chain(ix.addresses.keys())
+            .chain(ix.quotas.keys())
+            .collect();
+        dirty.extend(all.into_iter().map(|ns| key(ns)));
+    }
+
+    fn quota_changed(
+        &self,
+        old: Option<&IPAddressQuota>,
+        new: Option<&IPAddressQuota>,
+        dirty: &mut Vec<String>,
+    ) {
+        let mut ix = self.lock();
+        if let Some(q) = old
+            && let Some(ns) = q.namespace()
+        {
+            remove(&mut ix.quotas, &ns, &q.name_any());
+            dirty.push(key(&ns));
+        }
+        if let Some(q) = new
+            && let Some(ns) = q.namespace()
+        {
+            add(&mut ix.quotas, &ns, q.name_any());
+            dirty.push(key(&ns));
+        }
+    }
+
+    fn namespace_changed(
+        &self,
+        old: Option<&Namespace>,
+        new: Option<&Namespace>,
+        dirty: &mut Vec<String>,
+    ) {
+        let labels = |n: Option<&Namespace>| n.and_then(|n| n.metadata.labels.clone());
+        if old.is_some() && labels(old) == labels(new) {
+            return;
+        }
+        dirty.extend(new.or(old).map(|n| key(&n.name_any())));
     }
 
     fn compute(&self, key: &str, world: &World) -> Option<Computed> {
         let ns = key.split_once('/').map_or(key, |(ns, _)| ns);
         let (claims, addresses) = self.gather(ns, world);
-        if claims.is_empty() && addresses.is_empty() {
+        let entitled = self.entitled(ns, world);
+        if claims.is_empty() && addresses.is_empty() && entitled.quotas.is_empty() {
             return None;
         }
-        Some(computed(namespace_addresses(ns, &claims, &addresses)))
+        Some(computed(namespace_addresses(
+            ns, &claims, &addresses, &entitled,
+        )))
     }
 
-    fn absent(&self, namespace: Option<&str>, name: &str) -> Option<Computed> {
+    fn absent(&self, namespace: Option<&str>, name: &str, world: &World) -> Option<Computed> {
         // Every namespace has holdings, zeros when it holds nothing.
-        (namespace == Some(name)).then(|| computed(namespace_addresses(name, &[], &[])))
+        (namespace == Some(name)).then(|| {
+            computed(namespace_addresses(
+                name,
+                &[],
+                &[],
+                &self.entitled(name, world),
+            ))
+        })
     }
 
     fn subresource(

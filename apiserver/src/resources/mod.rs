@@ -10,8 +10,9 @@ pub mod pools;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass};
+use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota};
 use address_controller_runtime::world::World;
+use k8s_openapi::api::core::v1::Namespace;
 use serde_json::{Value, json};
 
 use crate::request::Query;
@@ -106,12 +107,29 @@ pub trait View: Send + Sync + 'static {
         dirty: &mut Vec<String>,
     );
 
+    /// An IPAddressQuota changed (SPEC §13).
+    fn quota_changed(
+        &self,
+        _old: Option<&IPAddressQuota>,
+        _new: Option<&IPAddressQuota>,
+        _dirty: &mut Vec<String>,
+    ) {
+    }
+    /// A namespace changed (its labels decide which classes admit it).
+    fn namespace_changed(
+        &self,
+        _old: Option<&Namespace>,
+        _new: Option<&Namespace>,
+        _dirty: &mut Vec<String>,
+    ) {
+    }
+
     /// The object of `key`, or `None` when it does not exist (lists leave it out).
     fn compute(&self, key: &str, world: &World) -> Option<Computed>;
 
     /// A GET of a name with no object: some views answer anyway (the holdings of a
     /// namespace holding nothing are zeros). `None`: 404.
-    fn absent(&self, _namespace: Option<&str>, _name: &str) -> Option<Computed> {
+    fn absent(&self, _namespace: Option<&str>, _name: &str, _world: &World) -> Option<Computed> {
         None
     }
 

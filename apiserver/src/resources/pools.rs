@@ -10,6 +10,8 @@ use address_controller_api::{
     AddressPhase, ClaimPhase, Family, IPAddress, IPAddressClaim, IPAddressClass,
 };
 use address_controller_runtime::world::World;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -61,6 +63,8 @@ pub struct PoolAvailability {
     /// When the next Released address of the class becomes Available (release delay).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_release: Option<Time>,
+    /// Namespaces the class's namespaceSelector admits (every namespace without one).
+    pub admitted_namespaces: i64,
 }
 
 const COLUMNS: &[Column] = &[
@@ -114,6 +118,12 @@ const COLUMNS: &[Column] = &[
         "When the next Released address becomes Available",
         1,
     ),
+    Column::new(
+        "Namespaces",
+        "integer",
+        "Namespaces the class admits (its namespaceSelector)",
+        1,
+    ),
 ];
 
 pub static INFO: ResourceInfo = ResourceInfo {
@@ -145,6 +155,23 @@ struct Numbers {
 #[derive(Default)]
 pub struct Pools {
     numbers: Mutex<HashMap<String, Numbers>>,
+    admission: Mutex<Admission>,
+}
+
+/// Which namespaces each class admits, counted as namespaces and selectors change (a
+/// namespace change costs one selector match per class; a selector change, one per
+/// namespace).
+#[derive(Default)]
+struct Admission {
+    labels: HashMap<String, BTreeMap<String, String>>,
+    selectors: HashMap<String, Option<LabelSelector>>,
+    admitted: HashMap<String, i64>,
+}
+
+fn admits(selector: &Option<LabelSelector>, labels: &BTreeMap<String, String>) -> bool {
+    selector
+        .as_ref()
+        .is_none_or(|s| address_controller_api::entitlement::selector_matches(s, labels))
 }
 
 fn phase_name(a: &IPAddress) -> &'static str {
@@ -252,6 +279,69 @@ impl View for Pools {
         dirty: &mut Vec<String>,
     ) {
         dirty.extend(old.or(new).map(|c| c.name_any()));
+        let Some(name) = old.or(new).map(|c| c.name_any()) else {
+            return;
+        };
+        let mut a = self
+            .admission
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match new {
+            None => {
+                a.selectors.remove(&name);
+                a.admitted.remove(&name);
+            }
+            Some(c) => {
+                let selector = c.spec.namespace_selector.clone();
+                if a.selectors.get(&name) != Some(&selector) {
+                    let n = a.labels.values().filter(|l| admits(&selector, l)).count();
+                    a.admitted.insert(name.clone(), n as i64);
+                    a.selectors.insert(name, selector);
+                }
+            }
+        }
+    }
+
+    fn namespace_changed(
+        &self,
+        old: Option<&Namespace>,
+        new: Option<&Namespace>,
+        dirty: &mut Vec<String>,
+    ) {
+        let Some(ns) = new.or(old).map(|n| n.name_any()) else {
+            return;
+        };
+        let labels =
+            |n: Option<&Namespace>| n.map(|n| n.metadata.labels.clone().unwrap_or_default());
+        let (before, after) = (labels(old), labels(new));
+        if before == after {
+            return;
+        }
+        let mut a = self
+            .admission
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Admission {
+            labels: all,
+            selectors,
+            admitted,
+        } = &mut *a;
+        for (class, selector) in selectors.iter() {
+            let was = before.as_ref().is_some_and(|l| admits(selector, l));
+            let is = after.as_ref().is_some_and(|l| admits(selector, l));
+            if was != is {
+                *admitted.entry(class.clone()).or_default() += if is { 1 } else { -1 };
+                dirty.push(class.clone());
+            }
+        }
+        match after {
+            Some(l) => {
+                all.insert(ns, l);
+            }
+            None => {
+                all.remove(&ns);
+            }
+        }
     }
 
     fn compute(&self, key: &str, world: &World) -> Option<Computed> {
@@ -303,6 +393,14 @@ impl View for Pools {
             .map(Time);
         let pending_claims = n.pending_claims;
         drop(m);
+        let admitted_namespaces = self
+            .admission
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .admitted
+            .get(key)
+            .copied()
+            .unwrap_or(0);
         // The class's labels: `kubectl get pool -l tier=public` selects as for the classes.
         let labels = class.metadata.labels.clone().unwrap_or_default();
         let mut metadata = meta(key, None);
@@ -319,6 +417,7 @@ impl View for Pools {
             phases,
             pending_claims,
             next_release,
+            admitted_namespaces,
         };
         let capacity = |f: fn(&PerFamily) -> Option<i64>| v.capacity.as_ref().and_then(f);
         let free = |f: fn(&PerFamily) -> Option<i64>| v.free.as_ref().and_then(f);
@@ -338,6 +437,7 @@ impl View for Pools {
                     .as_ref()
                     .map_or("<none>".to_string(), |t| t.0.to_string())
             ),
+            json!(v.admitted_namespaces),
         ]);
         Some(Computed {
             namespace: None,
