@@ -143,6 +143,21 @@ YAML
   [ "$before" = "$after" ] || fail "the recreated Service got $after, not $before"
   echo "the same address came back: $after"
 
+  step "a tenant at its quota: tenant-b may hold 3 addresses of class public"
+  echo "\$ kubectl create -n tenant-b ipaddressclaim extra   # db, shop and the Released legacy hold 3"
+  kubectl apply -f - >/dev/null <<'YAML' || fail "create tenant-b/extra"
+apiVersion: local.sdn.cozystack.io/v1alpha1
+kind: IPAddressClaim
+metadata: {name: extra, namespace: tenant-b}
+spec: {}
+YAML
+  kubectl wait -n tenant-b ipaddressclaim/extra --for=jsonpath='{.status.conditions[?(@.type=="Bound")].reason}'=QuotaExceeded --timeout=60s >/dev/null \
+    || fail "tenant-b/extra waits with QuotaExceeded" "$dir/logs/"
+  echo "\$ kubectl get ipaddressclaims -n tenant-b extra -o wide"
+  kubectl get ipaddressclaims -n tenant-b extra -o wide
+  echo; echo "\$ kubectl get namespaceaddresses -n tenant-b -o wide   # QUOTA: used/hard, claims waiting"
+  kubectl get namespaceaddresses -n tenant-b -o wide
+
   step "the ledger"
   echo "\$ kubectl get ipaddressclaims -A"; kubectl get ipaddressclaims -A
   echo; echo "\$ kubectl get ipaddresses.local.sdn.cozystack.io"; kubectl get ipaddresses.local.sdn.cozystack.io

@@ -145,6 +145,10 @@ pub struct Outcome {
     /// Claims `Lost` at the end (the workload never takes an address from a claim: each one
     /// is a finding; the checker's lost-claim rule judges why).
     pub lost_claims: Vec<String>,
+    /// Namespaces held to an IPAddressQuota, and claims waiting with QuotaExceeded at the
+    /// end.
+    pub quota_namespaces: usize,
+    pub quota_waiting: usize,
     /// The association events the run produced, by reason (on the chaos namespaces'
     /// Services, and on addresses from the driver).
     pub association_events: std::collections::BTreeMap<String, usize>,
@@ -231,6 +235,10 @@ impl Outcome {
             self.association_events
         ));
         out.push_str(&format!(
+            "quotas: {} namespaces held to an IPAddressQuota; claims waiting with QuotaExceeded at the end {}\n",
+            self.quota_namespaces, self.quota_waiting
+        ));
+        out.push_str(&format!(
             "claims Lost at the end: {} {:?}\n",
             self.lost_claims.len(),
             self.lost_claims
@@ -314,6 +322,25 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
         namespaces.push(TestNamespace::create(&client, &format!("chaos{i}")).await?);
     }
     let ns_names: Vec<String> = namespaces.iter().map(|n| n.name.clone()).collect();
+    // Entitlements (SPEC §13): every other namespace is held to a quota small enough for
+    // the workload to hit — on the Retain class (whose Released addresses count until the
+    // release delay frees them) every family together, on the auto-claim class IPv4.
+    let quotas_in: Vec<&String> = ns_names
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| held_to_quota(*i))
+        .map(|(_, n)| n)
+        .collect();
+    for ns in &quotas_in {
+        let quotas: Api<address_controller_api::IPAddressQuota> =
+            Api::namespaced(client.clone(), ns);
+        let q = json!({"metadata": {"name": "chaos"}, "spec": {"limits": [
+            {"className": retain, "addresses": 3},
+            {"className": delete, "ipv4": 2}]}});
+        quotas
+            .create(&PostParams::default(), &serde_json::from_value(q)?)
+            .await?;
+    }
 
     // The replicas. The first controller serves the port the chart's APIService names.
     let controllers = Arc::new(Mutex::new(vec![
@@ -409,6 +436,20 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
         .map(|c| c.key())
         .collect();
     let association_events = association_events(&client, &ns_names, run_started).await?;
+    // Claims still waiting for room in their namespace's quota: expected where the
+    // workload left more claims than the quota allows (the checker's refusal-stale rule
+    // says none of them could bind).
+    let quota_waiting = Api::<IPAddressClaim>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|c| {
+            ns_names.contains(&c.namespace().unwrap_or_default())
+                && c.entitlement_refusal()
+                    == Some(address_controller_api::names::reason::QUOTA_EXCEEDED)
+        })
+        .count();
     check_reservations(&client, &reserved.into_inner().unwrap_or_default(), &stats).await?;
 
     // Leave nothing behind: claims and Services go with their namespaces while the
@@ -438,11 +479,18 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
     Ok(Outcome {
         stats,
         lost_claims,
+        quota_namespaces: quotas_in.len(),
+        quota_waiting,
         association_events,
         report,
         failovers,
         took: started.elapsed(),
     })
+}
+
+/// Whether the run's `i`-th namespace is held to an IPAddressQuota (every other one).
+fn held_to_quota(i: usize) -> bool {
+    i.is_multiple_of(2)
 }
 
 /// Restarts every replica that is not running: killed by us (a signal), or ended by a lost
@@ -497,7 +545,8 @@ async fn workload(
         while Instant::now() < stop_at {
             i += 1;
             tokio::time::sleep(pause).await;
-            let ns = &namespaces[rng.below(namespaces.len())];
+            let ns_index = rng.below(namespaces.len());
+            let ns = &namespaces[ns_index];
             let roll = rng.below(100);
             let due = waiting.iter().position(|(_, at)| *at <= i);
             let result: Result<(), kube::Error> = if let Some(k) = due {
@@ -523,7 +572,9 @@ async fn workload(
                     }
                     claims.push((cns.clone(), name.clone()));
                 })
-            } else if roll < 3 {
+            } else if roll < 3 && !held_to_quota(ns_index) {
+                // (Not into a namespace held to a quota: an admin's reservation is the
+                // admin's decision, and may take a namespace past its limit.)
                 // The admin: a Released static address, re-pointed (guarded by the version
                 // it was read at, as a careful tool does) at a claim that does not exist yet.
                 match reserve(client, retain, ns, &format!("r{w}-{i}"), &mut rng).await {

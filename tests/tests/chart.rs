@@ -2074,3 +2074,152 @@ fn every_schema_valid_value_form_starts_the_binaries() {
         }
     }
 }
+
+/// A claim manifest naming `class` (empty: the default class).
+fn class_claim_json(ns: &str, name: &str, class: &str) -> String {
+    let mut spec = json!({});
+    if !class.is_empty() {
+        spec["className"] = json!(class);
+    }
+    json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddressClaim",
+        "metadata": {"name": name, "namespace": ns}, "spec": spec})
+    .to_string()
+}
+
+#[tokio::test]
+async fn the_entitlement_policy_refuses_claims_of_a_class_that_does_not_admit_the_namespace() {
+    let _one = INSTALL.lock().await;
+    let (cluster, client) = setup().await;
+    // On by default.
+    let _release = Release::new(free_port(), &json!({})).await;
+    let policy = "address-controller-class-namespaces";
+    let checked = wait_for("entitlement policy type-checked", WAIT, || async {
+        let p: Value = serde_json::from_str(&cluster.kubectl_ok(&[
+            "get",
+            "validatingadmissionpolicy",
+            policy,
+            "-o",
+            "json",
+        ])?)?;
+        Ok((p["status"]["observedGeneration"] == p["metadata"]["generation"]).then_some(p))
+    })
+    .await
+    .unwrap();
+    assert!(
+        checked["status"]["typeChecking"]
+            .get("expressionWarnings")
+            .is_none(),
+        "{:#}",
+        checked["status"]
+    );
+    let sfx = random_suffix();
+    let gold = format!("chart-gold-{sfx}");
+    let open_class = format!("chart-open-{sfx}");
+    let mut cleanup = Cleanup::default();
+    for (name, extra) in [
+        (
+            &gold,
+            json!({"metadata": {"annotations": {"ipaddressclass.local.sdn.cozystack.io/is-default-class": "true"}},
+                "spec": {"namespaceSelector": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["gold", "platinum"]}]}}}),
+        ),
+        (&open_class, json!({})),
+    ] {
+        let mut v = json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddressClass",
+            "metadata": {"name": name}, "spec": {"provisioner": "none.chart.test"}});
+        address_controller_tests::env::merge(&mut v, extra);
+        kubectl_as(
+            "admin",
+            &["system:masters"],
+            &["create", "-f", "-"],
+            &v.to_string(),
+        )
+        .unwrap();
+        cleanup.add("ipaddressclasses.local.sdn.cozystack.io", name);
+    }
+    let silver = TestNamespace::create(&client, "chart-silver")
+        .await
+        .unwrap();
+    let golden = TestNamespace::create(&client, "chart-golden")
+        .await
+        .unwrap();
+    cluster
+        .kubectl_ok(&["label", "namespace", &golden.name, "tier=gold"])
+        .unwrap();
+    let create = ["create", "-f", "-"];
+    let tenant =
+        |args: &[&str], stdin: &str| kubectl_as("tenant", &["system:masters"], args, stdin);
+    // Refused at admission, naming the class and the namespace (the policy becomes active
+    // within moments: each attempt uses a fresh name).
+    let attempt = std::sync::atomic::AtomicU32::new(0);
+    let denied = wait_for(
+        "the policy refuses a claim of a class not admitting the namespace",
+        WAIT,
+        || async {
+            let n = attempt.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            match tenant(
+                &create,
+                &class_claim_json(&silver.name, &format!("c{n}"), &gold),
+            ) {
+                Ok(_) => Ok(None),
+                Err(e) if e.contains("ValidatingAdmissionPolicy") => Ok(Some(e)),
+                Err(e) => Err(anyhow::anyhow!(e)),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        denied.contains(&format!(
+            "IPAddressClass \"{gold}\" does not admit namespace \"{}\"",
+            silver.name
+        )),
+        "{denied}"
+    );
+    // The default class, when the claim names none.
+    let err = tenant(&create, &class_claim_json(&silver.name, "default", "")).unwrap_err();
+    assert!(err.contains(&format!("IPAddressClass \"{gold}\"")), "{err}");
+    // Another class admits every namespace; the labelled namespace is admitted by both.
+    tenant(
+        &create,
+        &class_claim_json(&silver.name, "other", &open_class),
+    )
+    .unwrap();
+    tenant(&create, &class_claim_json(&golden.name, "gold", &gold)).unwrap();
+    tenant(&create, &class_claim_json(&golden.name, "default", "")).unwrap();
+    // Changing spec.className to the class is a change it checks; other writes pass.
+    let retarget = json!({"spec": {"className": gold}}).to_string();
+    let err = tenant(
+        &[
+            "patch",
+            "ipc",
+            "other",
+            "-n",
+            &silver.name,
+            "--type=merge",
+            "-p",
+            &retarget,
+        ],
+        "",
+    )
+    .unwrap_err();
+    assert!(err.contains("does not admit"), "{err}");
+    tenant(
+        &["label", "ipc", "other", "-n", &silver.name, "touched=yes"],
+        "",
+    )
+    .unwrap();
+    // Relabelled, the namespace is admitted.
+    cluster
+        .kubectl_ok(&["label", "namespace", &silver.name, "tier=platinum"])
+        .unwrap();
+    wait_for("admitted after relabelling", WAIT, || async {
+        Ok(
+            tenant(&create, &class_claim_json(&silver.name, "late", &gold))
+                .ok()
+                .map(|_| ()),
+        )
+    })
+    .await
+    .unwrap();
+    drop(cleanup);
+}
