@@ -12,4 +12,5 @@ pub mod v1alpha1;
 pub mod validation;
 
 pub use family::Family;
+pub use rules::Marked;
 pub use v1alpha1::*;

@@ -193,6 +193,34 @@ impl IPAddressClass {
     pub fn is_marked(&self, key: &str) -> bool {
         names::annotation_is_true(self.metadata.annotations.as_ref(), key)
     }
+
+    /// "The" class marked with `key` (the default class, the auto-claim class): exactly one
+    /// must carry it — none and several are both told apart, never guessed.
+    pub fn the_marked<'a>(classes: &'a [std::sync::Arc<IPAddressClass>], key: &str) -> Marked<'a> {
+        let marked: Vec<&IPAddressClass> = classes
+            .iter()
+            .map(std::sync::Arc::as_ref)
+            .filter(|c| c.is_marked(key))
+            .collect();
+        match marked.as_slice() {
+            [] => Marked::None,
+            [one] => Marked::One(one),
+            many => {
+                let mut names: Vec<String> = many.iter().map(|c| c.name_any()).collect();
+                names.sort();
+                Marked::Several(names)
+            }
+        }
+    }
+}
+
+/// What [`IPAddressClass::the_marked`] found.
+#[derive(Debug)]
+pub enum Marked<'a> {
+    None,
+    One(&'a IPAddressClass),
+    /// The names of the marked classes, sorted.
+    Several(Vec<String>),
 }
 
 #[cfg(test)]

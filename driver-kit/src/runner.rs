@@ -261,10 +261,7 @@ pub(crate) fn wanted<D: Driver>(
     for name in ctx.inventory.addresses_naming(key) {
         if let Some(a) = ctx.world.addresses.get(&name)
             && a.metadata.deletion_timestamp.is_none()
-            && a.spec
-                .claim_ref
-                .as_ref()
-                .is_some_and(|r| r.uid.as_deref().is_none_or(|u| u == uid))
+            && a.belongs_to(claim)
             && let Ok(f) = family_of(&a.spec.address)
         {
             have.push(f);
@@ -385,14 +382,7 @@ pub(crate) async fn claim_pass<D: Driver>(ctx: Arc<Ctx<D>>, key: String) -> Resu
                 // Made by an earlier life of this process for this claim: done. Otherwise
                 // someone holds this address: allocate again.
                 let existing = api.get_opt(&name).await.ok().flatten();
-                let mine = existing
-                    .as_ref()
-                    .and_then(|e| e.spec.claim_ref.as_ref())
-                    .is_some_and(|r| {
-                        r.namespace == claim.namespace().unwrap_or_default()
-                            && r.name == claim.name_any()
-                            && r.uid.as_deref().is_none_or(|u| u == uid)
-                    });
+                let mine = existing.as_ref().is_some_and(|e| e.belongs_to(&claim));
                 if !mine {
                     return Err(Error::Taken(name));
                 }

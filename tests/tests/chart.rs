@@ -147,6 +147,8 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
         "ClusterRole/address-controller-aggregate-edit",
         "ClusterRole/address-controller-aggregate-view",
         "ClusterRole/address-controller-metrics-reader",
+        // Not aggregated: for the platform team that sets quotas.
+        "ClusterRole/address-controller-quota-manager",
         "ClusterRoleBinding/address-controller",
         "ClusterRoleBinding/address-controller:system:auth-delegator",
         "ConfigMap/address-controller-dashboard",
@@ -157,6 +159,9 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
         "Service/address-controller-api",
         "Service/address-controller-metrics",
         "ServiceAccount/address-controller",
+        // The entitlement policy (SPEC §13), on by default.
+        "ValidatingAdmissionPolicy/address-controller-class-namespaces",
+        "ValidatingAdmissionPolicyBinding/address-controller-class-namespaces",
         // `helm test`: `check` in a Pod, as a read-only ServiceAccount of its own.
         "ServiceAccount/address-controller-test",
         "ClusterRole/address-controller-test-address-controller-system",
@@ -733,7 +738,19 @@ fn monitoring_objects_follow_values_and_capabilities() {
 
 #[test]
 fn admission_policy_renders_only_when_enabled() {
+    // By default only the entitlement policy; the pinning policies are opt-in.
     let objs = render(&json!({}), &[]).unwrap();
+    let policies: BTreeSet<String> = kind_names(&objs)
+        .into_iter()
+        .filter(|k| k.starts_with("ValidatingAdmissionPolicy/"))
+        .collect();
+    assert_eq!(
+        policies,
+        BTreeSet::from([
+            "ValidatingAdmissionPolicy/address-controller-class-namespaces".to_string()
+        ])
+    );
+    let objs = render(&json!({"entitlementPolicy": {"enabled": false}}), &[]).unwrap();
     assert!(!has(&objs, "ValidatingAdmissionPolicy"));
     let objs = render(
         &json!({"admissionPolicy": {"enabled": true, "allowedUsernames": ["ip-admin"],

@@ -683,6 +683,7 @@ async fn kubectl_prints_the_printer_columns() {
     assert_eq!(
         header[6..],
         [
+            "NAMESPACES",
             "IPV4 CAPACITY",
             "IPV6 CAPACITY",
             "PARAMETERSVALID",

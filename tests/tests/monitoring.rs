@@ -562,8 +562,9 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
                     ns.name
                 ))
                 .await?;
+            // s3 (the static pool is used up) and d3 (the quota is).
             let v: f64 = pending[0]["value"][1].as_str().unwrap_or("-1").parse()?;
-            Ok((v == 1.0).then_some(()))
+            Ok((v == 2.0).then_some(()))
         },
     )
     .await

@@ -4,10 +4,11 @@
 use std::sync::Arc;
 
 use address_controller_api::names::{
-    self, AUTO_CLAIM_CLASS_ANNOTATION, SERVICE_AUTO_CLAIM_ANNOTATION, SERVICE_CLAIM_ANNOTATION,
+    AUTO_CLAIM_CLASS_ANNOTATION, SERVICE_AUTO_CLAIM_ANNOTATION, SERVICE_CLAIM_ANNOTATION,
     SERVICE_CLASS_ANNOTATION,
 };
-use address_controller_api::{ClaimFamily, IPAddressClaim, IPAddressClass};
+use address_controller_api::validation::is_dns1123_subdomain;
+use address_controller_api::{ClaimFamily, IPAddressClaim, IPAddressClass, Marked};
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 
@@ -87,19 +88,6 @@ pub fn owned_by(claim: &IPAddressClaim, service: &Service) -> bool {
             && r.api_version == "v1"
             && Some(r.uid.as_str()) == uid
     })
-}
-
-fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|label| {
-            !label.is_empty()
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
 }
 
 /// The family a Service asks for: two families → Dual, one → that one.
@@ -207,7 +195,7 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
 
     // The class: the Service's annotation, else the single auto-claim class.
     let class = match annotations.get(SERVICE_CLASS_ANNOTATION) {
-        Some(name) if !is_dns_subdomain(name) => {
+        Some(name) if !is_dns1123_subdomain(name) => {
             return ServicePlan::Refuse(PlannedEvent::warning(
                 reason::INVALID_ANNOTATION,
                 format!("{SERVICE_CLASS_ANNOTATION}: {name:?} is not a valid class name"),
@@ -224,34 +212,19 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
                 ));
             }
         },
-        None => {
-            let auto: Vec<&IPAddressClass> = s
-                .classes
-                .iter()
-                .filter(|c| {
-                    names::annotation_is_true(
-                        c.metadata.annotations.as_ref(),
-                        AUTO_CLAIM_CLASS_ANNOTATION,
-                    )
-                })
-                .map(Arc::as_ref)
-                .collect();
-            match auto.as_slice() {
-                [] => return ServicePlan::Skip(Skip::NoAutoClaimClass),
-                [one] => *one,
-                many => {
-                    let mut names: Vec<String> = many.iter().map(|c| c.name_any()).collect();
-                    names.sort();
-                    return ServicePlan::Refuse(PlannedEvent::warning(
-                        reason::AMBIGUOUS_AUTO_CLAIM_CLASS,
-                        format!(
-                            "several IPAddressClasses are marked for auto-claims ({}); no claim created",
-                            names.join(", ")
-                        ),
-                    ));
-                }
+        None => match IPAddressClass::the_marked(s.classes, AUTO_CLAIM_CLASS_ANNOTATION) {
+            Marked::None => return ServicePlan::Skip(Skip::NoAutoClaimClass),
+            Marked::One(one) => one,
+            Marked::Several(names) => {
+                return ServicePlan::Refuse(PlannedEvent::warning(
+                    reason::AMBIGUOUS_AUTO_CLAIM_CLASS,
+                    format!(
+                        "several IPAddressClasses are marked for auto-claims ({}); no claim created",
+                        names.join(", ")
+                    ),
+                ));
             }
-        }
+        },
     };
     // §13: a namespace the class does not admit gets an event, not a claim (an address).
     let ns = svc.namespace().unwrap_or_default();

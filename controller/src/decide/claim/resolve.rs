@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use address_controller_api::names::{self, DEFAULT_CLASS_ANNOTATION, reason};
-use address_controller_api::{IPAddressClaim, IPAddressClass};
+use address_controller_api::names::{DEFAULT_CLASS_ANNOTATION, reason};
+use address_controller_api::{IPAddressClaim, IPAddressClass, Marked};
 use kube::ResourceExt;
 
 /// The outcome of class resolution.
@@ -47,30 +47,19 @@ pub fn resolve_class<'a>(
             },
         };
     }
-    let defaults: Vec<&IPAddressClass> = classes
-        .iter()
-        .filter(|c| {
-            names::annotation_is_true(c.metadata.annotations.as_ref(), DEFAULT_CLASS_ANNOTATION)
-        })
-        .map(Arc::as_ref)
-        .collect();
-    match defaults.as_slice() {
-        [one] => Resolution::Resolved(one),
-        [] => Resolution::Failed {
+    match IPAddressClass::the_marked(classes, DEFAULT_CLASS_ANNOTATION) {
+        Marked::One(one) => Resolution::Resolved(one),
+        Marked::None => Resolution::Failed {
             reason: reason::NO_DEFAULT_CLASS,
             message: "the claim names no class and no IPAddressClass is marked as the default"
                 .into(),
         },
-        many => {
-            let mut names: Vec<String> = many.iter().map(|c| c.name_any()).collect();
-            names.sort();
-            Resolution::Failed {
-                reason: reason::MULTIPLE_DEFAULT_CLASSES,
-                message: format!(
-                    "several IPAddressClasses are marked as the default: {}",
-                    names.join(", ")
-                ),
-            }
-        }
+        Marked::Several(names) => Resolution::Failed {
+            reason: reason::MULTIPLE_DEFAULT_CLASSES,
+            message: format!(
+                "several IPAddressClasses are marked as the default: {}",
+                names.join(", ")
+            ),
+        },
     }
 }
