@@ -89,6 +89,9 @@ const RESOURCES: &[Resource] = &[
             ("Reserved", "integer", 1, ".summary.reserved"),
             ("Associated", "integer", 1, ".summary.associated"),
             ("Classes", "string", 1, ".classes[*].className"),
+            // The view renders used/hard per limited class; a CRD prints the JSON (string
+            // cells are compared by column only).
+            ("Quota", "string", 1, ".entitlements[*].quota"),
         ],
     },
     Resource {
@@ -110,6 +113,7 @@ const RESOURCES: &[Resource] = &[
             ("Conflict", "integer", 1, ".phases.Conflict"),
             ("Lost", "integer", 1, ".phases.Lost"),
             ("NextRelease", "string", 1, ".nextRelease"),
+            ("Namespaces", "integer", 1, ".admittedNamespaces"),
         ],
     },
 ];
@@ -675,20 +679,9 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
     let mut e = env("views-diff").await;
     let (ctl, _, _) = e.serve_views().await;
     let client = e.client.clone();
-    // Objects for both views: three classes (two labelled), three namespaces holding claims.
-    let gold = e
-        .class("gold", json!({"metadata": {"labels": {"tier": "gold"}}}))
-        .await;
-    let silver = e
-        .class(
-            "silver",
-            json!({"metadata": {"labels": {"tier": "silver", "x/y": "z"}}}),
-        )
-        .await;
-    e.class("plain", json!({})).await;
-    e.address("g1", "192.0.2.201", &gold, json!({})).await;
-    e.address("g2", "192.0.2.202", &gold, json!({})).await;
-    e.address("s1", "2001:db8::201", &silver, json!({})).await;
+    // Objects for both views: three namespaces (two holding claims), three classes (two
+    // labelled) admitting exactly this test's namespaces — so the pools' admitted
+    // namespaces do not move with the rest of the cluster while the two sides are compared.
     let other = [
         TestNamespace::create(&client, "views-diff-b")
             .await
@@ -700,6 +693,31 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
             .await
             .unwrap(),
     ];
+    let ours: Vec<&str> = std::iter::once(e.ns.name.as_str())
+        .chain(other.iter().map(|n| n.name.as_str()))
+        .collect();
+    let admits = json!({"spec": {"namespaceSelector": {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ours}]}}});
+    let with = |mut v: Value| {
+        address_controller_tests::env::merge(&mut v, admits.clone());
+        v
+    };
+    let gold = e
+        .class(
+            "gold",
+            with(json!({"metadata": {"labels": {"tier": "gold"}}})),
+        )
+        .await;
+    let silver = e
+        .class(
+            "silver",
+            with(json!({"metadata": {"labels": {"tier": "silver", "x/y": "z"}}})),
+        )
+        .await;
+    e.class("plain", with(json!({}))).await;
+    e.address("g1", "192.0.2.201", &gold, json!({})).await;
+    e.address("g2", "192.0.2.202", &gold, json!({})).await;
+    e.address("s1", "2001:db8::201", &silver, json!({})).await;
     e.claim("web", json!({"className": gold})).await;
     e.claim("v6", json!({"className": silver, "family": "IPv6"}))
         .await;
