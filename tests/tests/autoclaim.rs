@@ -441,10 +441,21 @@ async fn lifecycle_with_garbage_collection_under_the_generated_role() {
         )
         .await
         .unwrap();
-    e.services()
-        .delete("kept", &DeleteParams::default())
-        .await
-        .unwrap();
+    // The positive control: a sibling whose claim is still owned, its Service deleted in
+    // the same moment — the garbage collector collects it, so it did run in the window
+    // in which the unowned claim must survive.
+    e.service("owned", json!({})).await;
+    e.wait_claim("owned", "created for its Service", |c| {
+        c.owner_references().iter().any(|r| r.kind == "Service")
+    })
+    .await;
+    for s in ["kept", "owned"] {
+        e.services()
+            .delete(s, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    e.wait_claim_gone("owned").await;
     e.barrier().await;
     assert_eq!(
         phase(&e.claims().get("kept").await.unwrap()),
