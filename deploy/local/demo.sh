@@ -144,7 +144,7 @@ YAML
   echo "the same address came back: $after"
 
   step "a tenant at its quota: tenant-b may hold 3 addresses of class public"
-  echo "\$ kubectl create -n tenant-b ipaddressclaim extra   # db, shop and the Released legacy hold 3"
+  echo "\$ kubectl apply -f - <<< '{kind: IPAddressClaim, metadata: {name: extra, namespace: tenant-b}, ...}'   # db, shop and the Released legacy count 3"
   kubectl apply -f - >/dev/null <<'YAML' || fail "create tenant-b/extra"
 apiVersion: local.sdn.cozystack.io/v1alpha1
 kind: IPAddressClaim
