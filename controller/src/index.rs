@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use address_controller_api::family::{Family, family_of};
 use address_controller_api::{ClaimPhase, ClaimRef, IPAddress, IPAddressClaim};
+use address_controller_runtime::setmap::SetMap;
 use kube::ResourceExt;
 
 use crate::decide::claim::pin_of;
@@ -37,18 +38,18 @@ const RESERVATION_TTL: Duration = Duration::from_secs(60);
 #[derive(Default)]
 struct Inner {
     /// claim key → names of the addresses whose claimRef names it.
-    by_claim: HashMap<String, BTreeSet<String>>,
+    by_claim: SetMap<String>,
     free: HashMap<Pool, BTreeSet<String>>,
     /// address name → its pool, while free.
     free_of: HashMap<String, Pool>,
-    released: HashMap<String, BTreeSet<String>>,
+    released: SetMap<String>,
     released_of: HashMap<String, String>,
     /// pool → (creation time, claim key) of claims waiting for an address of it.
     waiting: HashMap<Pool, BTreeSet<Place>>,
     waiting_of: HashMap<String, Vec<(Pool, Place)>>,
     woken: HashMap<Pool, HashSet<String>>,
     woken_of: HashMap<String, HashSet<Pool>>,
-    pinned: HashMap<String, BTreeSet<String>>,
+    pinned: SetMap<String>,
     pinned_of: HashMap<String, String>,
     /// Claims whose class is not resolved: woken by class changes.
     unresolved: BTreeSet<String>,
@@ -138,19 +139,11 @@ impl Index {
             .and_then(|a| a.spec.claim_ref.as_ref())
             .map(ClaimRef::key);
         if old_ref != new_ref {
-            if let Some(k) = &old_ref
-                && let Some(set) = s.by_claim.get_mut(k)
-            {
-                set.remove(&name);
-                if set.is_empty() {
-                    s.by_claim.remove(k);
-                }
+            if let Some(k) = &old_ref {
+                s.by_claim.remove(k, &name);
             }
             if let Some(k) = &new_ref {
-                s.by_claim
-                    .entry(k.clone())
-                    .or_default()
-                    .insert(name.clone());
+                s.by_claim.insert(k.clone(), &name);
             }
         }
         wake.claims
@@ -174,16 +167,11 @@ impl Index {
         }
         // Released per class.
         let released = new.filter(|a| a.is_released());
-        if let Some(class) = s.released_of.remove(&name)
-            && let Some(set) = s.released.get_mut(&class)
-        {
-            set.remove(&name);
+        if let Some(class) = s.released_of.remove(&name) {
+            s.released.remove(&class, &name);
         }
         if let Some(a) = released {
-            s.released
-                .entry(a.spec.class_name.clone())
-                .or_default()
-                .insert(name.clone());
+            s.released.insert(a.spec.class_name.clone(), &name);
             s.released_of
                 .insert(name.clone(), a.spec.class_name.clone());
         }
@@ -258,13 +246,11 @@ impl Index {
         // Pinned.
         let pin = new.and_then(pin_of).map(str::to_string);
         if s.pinned_of.get(&key) != pin.as_ref() {
-            if let Some(old_pin) = s.pinned_of.remove(&key)
-                && let Some(set) = s.pinned.get_mut(&old_pin)
-            {
-                set.remove(&key);
+            if let Some(old_pin) = s.pinned_of.remove(&key) {
+                s.pinned.remove(&old_pin, &key);
             }
             if let Some(p) = pin {
-                s.pinned.entry(p.clone()).or_default().insert(key.clone());
+                s.pinned.insert(p.clone(), &key);
                 s.pinned_of.insert(key.clone(), p);
             }
         }
@@ -407,11 +393,7 @@ impl Index {
 
     /// Names of the addresses whose claimRef names `claim` (`namespace/name`).
     pub fn addresses_naming(&self, claim: &str) -> Vec<String> {
-        self.lock()
-            .by_claim
-            .get(claim)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
+        self.lock().by_claim.names(claim)
     }
 
     /// Claims a class change may concern: those waiting in its pools and those whose class
@@ -429,11 +411,7 @@ impl Index {
 
     /// Released addresses of a class (a changed release delay concerns them).
     pub fn released_in(&self, class: &str) -> Vec<String> {
-        self.lock()
-            .released
-            .get(class)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
+        self.lock().released.names(class)
     }
 
     /// Numbers for tests and metrics: (free, waiting, woken) of a pool.

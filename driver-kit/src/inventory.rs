@@ -3,12 +3,13 @@
 //! associated to, addresses per (class, family), and the claims that found their class
 //! exhausted.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use address_controller_api::family::parse_address;
 use address_controller_api::{Family, IPAddress};
+use address_controller_runtime::setmap::SetMap;
 use kube::ResourceExt;
 
 use crate::association::associated_service;
@@ -16,16 +17,16 @@ use crate::association::associated_service;
 #[derive(Default)]
 struct Inner {
     /// claim `namespace/name` → names of addresses whose claimRef names it.
-    by_claim: HashMap<String, BTreeSet<String>>,
+    by_claim: SetMap<String>,
     /// address → the IPAddress objects carrying it (more than one is an admin's mistake,
     /// still in use).
-    by_ip: HashMap<IpAddr, BTreeSet<String>>,
+    by_ip: SetMap<IpAddr>,
     /// Service `namespace/name` → addresses whose `associatedTo` names it.
-    associated: HashMap<String, BTreeSet<String>>,
+    associated: SetMap<String>,
     /// (class, family) → number of addresses.
     per_pool: HashMap<(String, Family), i64>,
     /// class → claims that found it exhausted, retried when one of its addresses goes.
-    exhausted: HashMap<String, BTreeSet<String>>,
+    exhausted: SetMap<String>,
 }
 
 #[derive(Default)]
@@ -35,19 +36,6 @@ pub struct Inventory {
 
 fn claim_key(a: &IPAddress) -> Option<String> {
     a.spec.claim_ref.as_ref().map(|r| r.key())
-}
-
-fn insert(m: &mut HashMap<String, BTreeSet<String>>, k: String, v: &str) {
-    m.entry(k).or_default().insert(v.to_string());
-}
-
-fn remove<K: std::hash::Hash + Eq>(m: &mut HashMap<K, BTreeSet<String>>, k: &K, v: &str) {
-    if let Some(set) = m.get_mut(k) {
-        set.remove(v);
-        if set.is_empty() {
-            m.remove(k);
-        }
-    }
 }
 
 fn ip_and_family(a: &IPAddress) -> Option<(IpAddr, Family)> {
@@ -68,14 +56,14 @@ impl Inventory {
         let name = new.or(old).map(|a| a.name_any()).unwrap_or_default();
         if let Some(a) = old {
             if let Some(k) = claim_key(a) {
-                remove(&mut s.by_claim, &k, &name);
+                s.by_claim.remove(&k, &name);
                 wake.push(k);
             }
             if let Some(k) = associated_service(a) {
-                remove(&mut s.associated, &k, &name);
+                s.associated.remove(&k, &name);
             }
             if let Some((ip, f)) = ip_and_family(a) {
-                remove(&mut s.by_ip, &ip, &name);
+                s.by_ip.remove(&ip, &name);
                 *s.per_pool
                     .entry((a.spec.class_name.clone(), f))
                     .or_default() -= 1;
@@ -83,14 +71,14 @@ impl Inventory {
         }
         if let Some(a) = new {
             if let Some(k) = claim_key(a) {
-                insert(&mut s.by_claim, k.clone(), &name);
+                s.by_claim.insert(k.clone(), &name);
                 wake.push(k);
             }
             if let Some(k) = associated_service(a) {
-                insert(&mut s.associated, k, &name);
+                s.associated.insert(k, &name);
             }
             if let Some((ip, f)) = ip_and_family(a) {
-                s.by_ip.entry(ip).or_default().insert(name.clone());
+                s.by_ip.insert(ip, &name);
                 *s.per_pool
                     .entry((a.spec.class_name.clone(), f))
                     .or_default() += 1;
@@ -99,7 +87,7 @@ impl Inventory {
         // An address gone (or moved to another class) may end an exhaustion.
         if let Some(a) = old
             && new.is_none_or(|n| n.spec.class_name != a.spec.class_name)
-            && let Some(set) = s.exhausted.remove(&a.spec.class_name)
+            && let Some(set) = s.exhausted.take(a.spec.class_name.as_str())
         {
             wake.extend(set);
         }
@@ -107,11 +95,7 @@ impl Inventory {
     }
 
     pub fn addresses_naming(&self, claim: &str) -> Vec<String> {
-        self.lock()
-            .by_claim
-            .get(claim)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
+        self.lock().by_claim.names(claim)
     }
 
     pub fn in_use(&self, ip: IpAddr) -> bool {
@@ -120,20 +104,12 @@ impl Inventory {
 
     /// The IPAddress objects carrying `ip`.
     pub fn addresses_of(&self, ip: IpAddr) -> Vec<String> {
-        self.lock()
-            .by_ip
-            .get(&ip)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
+        self.lock().by_ip.names(&ip)
     }
 
     /// The addresses whose `associatedTo` names Service `key`.
     pub fn associated_to(&self, key: &str) -> Vec<String> {
-        self.lock()
-            .associated
-            .get(key)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
+        self.lock().associated.names(key)
     }
 
     /// Addresses of a class and family.
@@ -147,10 +123,6 @@ impl Inventory {
 
     /// A claim found `class` exhausted: pass it again when an address of the class goes.
     pub fn exhausted(&self, class: &str, claim: &str) {
-        self.lock()
-            .exhausted
-            .entry(class.to_string())
-            .or_default()
-            .insert(claim.to_string());
+        self.lock().exhausted.insert(class.to_string(), claim);
     }
 }

@@ -2,10 +2,10 @@
 //! the claim they name (`namespace/claim`), and by the addresses they show or the kit
 //! pinned on them. A pass reads only the Services of one claim or one address.
 
-use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use address_controller_runtime::setmap::SetMap;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 
@@ -14,9 +14,9 @@ use crate::association::{claim_annotation, parse_marker};
 #[derive(Default)]
 struct Inner {
     /// `namespace/claim` → Services whose annotation names it.
-    by_claim: HashMap<String, BTreeSet<String>>,
+    by_claim: SetMap<String>,
     /// address → Services that show it or carry the kit's record of it.
-    by_ip: HashMap<IpAddr, BTreeSet<String>>,
+    by_ip: SetMap<IpAddr>,
 }
 
 /// See the module documentation.
@@ -57,51 +57,30 @@ impl ServiceIndex {
     pub fn changed(&self, key: &str, old: Option<&Entry>, new: Option<&Entry>) {
         let mut s = self.lock();
         for e in old.into_iter() {
-            if let Some(c) = &e.claim
-                && let Some(set) = s.by_claim.get_mut(c)
-            {
-                set.remove(key);
-                if set.is_empty() {
-                    s.by_claim.remove(c);
-                }
+            if let Some(c) = &e.claim {
+                s.by_claim.remove(c, key);
             }
             for ip in &e.ips {
-                if let Some(set) = s.by_ip.get_mut(ip) {
-                    set.remove(key);
-                    if set.is_empty() {
-                        s.by_ip.remove(ip);
-                    }
-                }
+                s.by_ip.remove(ip, key);
             }
         }
         for e in new.into_iter() {
             if let Some(c) = &e.claim {
-                s.by_claim
-                    .entry(c.clone())
-                    .or_default()
-                    .insert(key.to_string());
+                s.by_claim.insert(c.clone(), key);
             }
             for ip in &e.ips {
-                s.by_ip.entry(*ip).or_default().insert(key.to_string());
+                s.by_ip.insert(*ip, key);
             }
         }
     }
 
     /// Services naming the claim `namespace/name`.
     pub fn naming(&self, claim: &str) -> Vec<String> {
-        self.lock()
-            .by_claim
-            .get(claim)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
+        self.lock().by_claim.names(claim)
     }
 
     /// Services that show `ip` or carry the kit's record of it.
     pub fn mentioning(&self, ip: IpAddr) -> Vec<String> {
-        self.lock()
-            .by_ip
-            .get(&ip)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
+        self.lock().by_ip.names(&ip)
     }
 }

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod probes;
 pub mod queue;
 pub mod rbac;
+pub mod setmap;
 pub mod supervise;
 pub mod workers;
 pub mod world;

@@ -1058,7 +1058,7 @@ async fn a_standby_replica_takes_over_when_the_leader_dies() {
     let mut one = ControllerProcess::start(&format!("ctl-one-{}", e.sfx), &args)
         .await
         .unwrap();
-    let two = ControllerProcess::start(&format!("ctl-two-{}", e.sfx), &args)
+    let mut two = ControllerProcess::start(&format!("ctl-two-{}", e.sfx), &args)
         .await
         .unwrap();
     e.address("a", "192.0.2.90", &class, json!({})).await;
@@ -1069,10 +1069,12 @@ async fn a_standby_replica_takes_over_when_the_leader_dies() {
         .await
         .unwrap()
         .unwrap();
+    // Whichever replica won the election leads; the other stands by.
     let (leader, standby) = if holder == one.user {
         (&mut one, &two)
     } else {
-        panic!("expected {} to lead, got {holder}", one.user)
+        assert_eq!(holder, two.user, "the Lease names neither replica");
+        (&mut two, &one)
     };
     assert!(
         e.writes(&standby.user).is_empty(),

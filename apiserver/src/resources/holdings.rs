@@ -3,7 +3,7 @@
 //! (`NamespaceAddressRecords`) gives the tenant the full records of those IPAddresses, which
 //! RBAC keeps from it otherwise (IPAddress is cluster-scoped).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, PoisonError};
 
 use address_controller_api::entitlement::{Limits, usage_by_class};
@@ -11,6 +11,7 @@ use address_controller_api::family::family_of;
 use address_controller_api::{
     AddressPhase, ClaimPhase, Family, IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota,
 };
+use address_controller_runtime::setmap::SetMap;
 use address_controller_runtime::world::World;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -247,24 +248,11 @@ pub struct Holdings {
 
 #[derive(Default)]
 struct Index {
-    claims: HashMap<String, BTreeSet<String>>,
+    claims: SetMap<String>,
     /// By the namespace of the claim an address names.
-    addresses: HashMap<String, BTreeSet<String>>,
+    addresses: SetMap<String>,
     /// IPAddressQuotas by namespace.
-    quotas: HashMap<String, BTreeSet<String>>,
-}
-
-fn add(m: &mut HashMap<String, BTreeSet<String>>, k: &str, v: String) {
-    m.entry(k.to_string()).or_default().insert(v);
-}
-
-fn remove(m: &mut HashMap<String, BTreeSet<String>>, k: &str, v: &str) {
-    if let Some(set) = m.get_mut(k) {
-        set.remove(v);
-        if set.is_empty() {
-            m.remove(k);
-        }
-    }
+    quotas: SetMap<String>,
 }
 
 fn key(ns: &str) -> String {
@@ -605,13 +593,13 @@ impl View for Holdings {
         if let Some(c) = old
             && let Some(ns) = c.namespace()
         {
-            remove(&mut ix.claims, &ns, &c.name_any());
+            ix.claims.remove(ns.as_str(), &c.name_any());
             dirty.push(key(&ns));
         }
         if let Some(c) = new
             && let Some(ns) = c.namespace()
         {
-            add(&mut ix.claims, &ns, c.name_any());
+            ix.claims.insert(ns.clone(), &c.name_any());
             dirty.push(key(&ns));
         }
     }
@@ -626,13 +614,13 @@ impl View for Holdings {
         if let Some(a) = old
             && let Some(r) = &a.spec.claim_ref
         {
-            remove(&mut ix.addresses, &r.namespace, &a.name_any());
+            ix.addresses.remove(r.namespace.as_str(), &a.name_any());
             dirty.push(key(&r.namespace));
         }
         if let Some(a) = new
             && let Some(r) = &a.spec.claim_ref
         {
-            add(&mut ix.addresses, &r.namespace, a.name_any());
+            ix.addresses.insert(r.namespace.clone(), &a.name_any());
             dirty.push(key(&r.namespace));
         }
     }
@@ -669,13 +657,13 @@ impl View for Holdings {
         if let Some(q) = old
             && let Some(ns) = q.namespace()
         {
-            remove(&mut ix.quotas, &ns, &q.name_any());
+            ix.quotas.remove(ns.as_str(), &q.name_any());
             dirty.push(key(&ns));
         }
         if let Some(q) = new
             && let Some(ns) = q.namespace()
         {
-            add(&mut ix.quotas, &ns, q.name_any());
+            ix.quotas.insert(ns.clone(), &q.name_any());
             dirty.push(key(&ns));
         }
     }
