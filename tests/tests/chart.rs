@@ -1519,7 +1519,13 @@ async fn aggregated_roles_give_a_namespace_editor_exactly_claims_and_views() {
     let b = TestNamespace::create(&client, "chart-rbac-b")
         .await
         .unwrap();
-    for (user, role) in [("editor", "edit"), ("viewer", "view")] {
+    for (user, role) in [
+        ("editor", "edit"),
+        ("viewer", "view"),
+        // A namespace's admin (a tenant) and the platform team's quota role (SPEC §13).
+        ("tenant-admin", "admin"),
+        ("quota-manager", "address-controller-quota-manager"),
+    ] {
         cluster
             .kubectl_ok(&[
                 "create",
@@ -1552,6 +1558,7 @@ async fn aggregated_roles_give_a_namespace_editor_exactly_claims_and_views() {
             == "true"
     };
     const CLAIMS: &str = "ipaddressclaims.local.sdn.cozystack.io";
+    const QUOTAS: &str = "ipaddressquotas.local.sdn.cozystack.io";
     const HOLDINGS: &str = "namespaceaddresses.view.local.sdn.cozystack.io";
     const RECORDS: &str = "namespaceaddresses.view.local.sdn.cozystack.io/addresses";
     // The ClusterRole aggregation controller folds the chart's roles in.
@@ -1608,6 +1615,18 @@ async fn aggregated_roles_give_a_namespace_editor_exactly_claims_and_views() {
         ),
         ("viewer", "list", CLAIMS, na, true),
         ("viewer", "get", RECORDS, na, true),
+        // Quotas: every tenant role reads them, none writes them — not even admin.
+        ("viewer", "list", QUOTAS, na, true),
+        ("editor", "get", QUOTAS, na, true),
+        ("editor", "create", QUOTAS, na, false),
+        ("tenant-admin", "create", CLAIMS, na, true),
+        ("tenant-admin", "get", QUOTAS, na, true),
+        ("tenant-admin", "create", QUOTAS, na, false),
+        ("tenant-admin", "patch", QUOTAS, na, false),
+        ("tenant-admin", "delete", QUOTAS, na, false),
+        ("quota-manager", "create", QUOTAS, na, true),
+        ("quota-manager", "patch", QUOTAS, na, true),
+        ("quota-manager", "create", QUOTAS, nb, false),
         ("viewer", "create", CLAIMS, na, false),
         ("viewer", "delete", CLAIMS, na, false),
     ];
