@@ -106,6 +106,7 @@ async fn pass(ctx: &Context, key: &str) -> Result<Outcome> {
             }
             continue;
         }
+        let binds = plan.binds().next().is_some();
         let result = apply(ctx, &claim, plan).await;
         if result.is_err() {
             // The bind did not happen: the addresses are free again for others. (After a
@@ -113,7 +114,12 @@ async fn pass(ctx: &Context, key: &str) -> Result<Outcome> {
             for r in &reserved {
                 ctx.queues.claims.add_all(ctx.index.unreserve(r));
             }
-            if took == Some(true) {
+            // A take for an invitation alone ends (its status write failed). A take for a
+            // bind stays: the bind may have landed before a later write failed, and no
+            // resourceVersion guards a namespace's count — it ends when the cache shows the
+            // address, when the claim stops waiting, or after its TTL (stricter, never
+            // looser, in the meantime).
+            if took == Some(true) && !binds {
                 ctx.queues.claims.add_all(ctx.quota.release(key));
             }
         }
