@@ -108,8 +108,28 @@ pub fn service_family(svc: &Service) -> Result<ClaimFamily, String> {
     }
 }
 
-/// Plans one pass over a Service.
+/// Plans one pass over a Service: the skip rules, then the class, then its admission of
+/// the namespace, then the family — each step either lets the plan go on or ends it.
 pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
+    let planned = skip_rules(s)
+        .and_then(|()| choose_class(s))
+        .and_then(|class| {
+            admitted(s, class)?;
+            let family = family_for(s.service, class)?;
+            Ok(ServicePlan::Create {
+                class: class.name_any(),
+                family,
+            })
+        });
+    match planned {
+        Ok(p) | Err(p) => p,
+    }
+}
+
+/// Why a Service gets no new claim before any class is looked at: not a LoadBalancer,
+/// names a claim, opted out, another load balancer's, already served — or its own claim
+/// exists (annotate it) or the name is taken.
+fn skip_rules(s: &ServiceSnapshot<'_>) -> Result<(), ServicePlan> {
     let svc = s.service;
     let annotations = svc.annotations();
     let spec = svc.spec.clone().unwrap_or_default();
@@ -119,7 +139,7 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
     if !is_lb {
         // A Service that stops being a LoadBalancer keeps its address (never silently
         // freed); the tenant deletes the claim to give it back.
-        return match owned_claim {
+        return Err(match owned_claim {
             Some(c) => ServicePlan::Keep(PlannedEvent::normal(
                 reason::NO_LONGER_LOAD_BALANCER,
                 format!(
@@ -128,27 +148,27 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
                 ),
             )),
             None => ServicePlan::Skip(Skip::NotLoadBalancer),
-        };
+        });
     }
     if annotations
         .get(SERVICE_CLAIM_ANNOTATION)
         .is_some_and(|v| !v.is_empty())
     {
-        return ServicePlan::Skip(Skip::NamesAClaim);
+        return Err(ServicePlan::Skip(Skip::NamesAClaim));
     }
     match annotations
         .get(SERVICE_AUTO_CLAIM_ANNOTATION)
         .map(String::as_str)
     {
-        Some("false") => return ServicePlan::Skip(Skip::OptedOut),
+        Some("false") => return Err(ServicePlan::Skip(Skip::OptedOut)),
         None | Some("true") => {}
         Some(other) => {
-            return ServicePlan::Refuse(PlannedEvent::warning(
+            return Err(ServicePlan::Refuse(PlannedEvent::warning(
                 reason::INVALID_ANNOTATION,
                 format!(
                     "{SERVICE_AUTO_CLAIM_ANNOTATION}: {other:?} is not understood; set \"false\" to opt out (no claim created)"
                 ),
-            ));
+            )));
         }
     }
     if spec
@@ -156,20 +176,20 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
         .as_deref()
         .is_some_and(|c| !c.is_empty())
     {
-        return ServicePlan::Skip(Skip::LoadBalancerClass);
+        return Err(ServicePlan::Skip(Skip::LoadBalancerClass));
     }
     if spec
         .load_balancer_ip
         .as_deref()
         .is_some_and(|ip| !ip.is_empty())
     {
-        return ServicePlan::Skip(Skip::LoadBalancerIp);
+        return Err(ServicePlan::Skip(Skip::LoadBalancerIp));
     }
     if METALLB_ANNOTATIONS
         .iter()
         .any(|a| annotations.contains_key(*a))
     {
-        return ServicePlan::Skip(Skip::MetalLb);
+        return Err(ServicePlan::Skip(Skip::MetalLb));
     }
     let has_ingress = svc
         .status
@@ -178,66 +198,83 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
         .and_then(|lb| lb.ingress.as_ref())
         .is_some_and(|i| i.iter().any(|x| x.ip.is_some() || x.hostname.is_some()));
     if has_ingress {
-        return ServicePlan::Skip(Skip::HasIngress);
+        return Err(ServicePlan::Skip(Skip::HasIngress));
     }
     if let Some(claim) = s.claim {
         if owned_claim.is_some() {
-            return ServicePlan::Annotate;
+            return Err(ServicePlan::Annotate);
         }
-        return ServicePlan::Refuse(PlannedEvent::warning(
+        return Err(ServicePlan::Refuse(PlannedEvent::warning(
             reason::CLAIM_NAME_TAKEN,
             format!(
                 "an IPAddressClaim named {:?} already exists and does not belong to this Service; it is not taken over",
                 claim.name_any()
             ),
-        ));
+        )));
     }
+    Ok(())
+}
 
-    // The class: the Service's annotation, else the single auto-claim class.
+/// The class: the Service's annotation, else the single auto-claim class.
+fn choose_class<'a>(s: &ServiceSnapshot<'a>) -> Result<&'a IPAddressClass, ServicePlan> {
+    let annotations = s.service.annotations();
     let class = match annotations.get(SERVICE_CLASS_ANNOTATION) {
         Some(name) if !is_dns1123_subdomain(name) => {
-            return ServicePlan::Refuse(PlannedEvent::warning(
+            return Err(ServicePlan::Refuse(PlannedEvent::warning(
                 reason::INVALID_ANNOTATION,
                 format!("{SERVICE_CLASS_ANNOTATION}: {name:?} is not a valid class name"),
-            ));
+            )));
         }
         Some(name) => match s.classes.iter().find(|c| c.name_any() == *name) {
             Some(c) => c.as_ref(),
             None => {
-                return ServicePlan::Refuse(PlannedEvent::warning(
+                return Err(ServicePlan::Refuse(PlannedEvent::warning(
                     reason::CLASS_NOT_FOUND,
                     format!(
                         "IPAddressClass {name:?} named by {SERVICE_CLASS_ANNOTATION} does not exist; waiting for it"
                     ),
-                ));
+                )));
             }
         },
         None => match IPAddressClass::the_marked(s.classes, AUTO_CLAIM_CLASS_ANNOTATION) {
-            Marked::None => return ServicePlan::Skip(Skip::NoAutoClaimClass),
+            Marked::None => return Err(ServicePlan::Skip(Skip::NoAutoClaimClass)),
             Marked::One(one) => one,
             Marked::Several(names) => {
-                return ServicePlan::Refuse(PlannedEvent::warning(
+                return Err(ServicePlan::Refuse(PlannedEvent::warning(
                     reason::AMBIGUOUS_AUTO_CLAIM_CLASS,
                     format!(
                         "several IPAddressClasses are marked for auto-claims ({}); no claim created",
                         names.join(", ")
                     ),
-                ));
+                )));
             }
         },
     };
-    // §13: a namespace the class does not admit gets an event, not a claim (an address).
+    Ok(class)
+}
+
+/// §13: a namespace the class does not admit gets an event, not a claim (an address).
+fn admitted(s: &ServiceSnapshot<'_>, class: &IPAddressClass) -> Result<(), ServicePlan> {
+    let svc = s.service;
     let ns = svc.namespace().unwrap_or_default();
     if let Some(why) = class.refuses_namespace(&ns, s.namespace_labels) {
-        return ServicePlan::Refuse(PlannedEvent::warning(
+        return Err(ServicePlan::Refuse(PlannedEvent::warning(
             reason::NAMESPACE_NOT_ADMITTED,
             format!("{why}; no claim created"),
-        ));
+        )));
     }
+    Ok(())
+}
+
+/// The family the Service asks for, when the class can serve it.
+fn family_for(svc: &Service, class: &IPAddressClass) -> Result<ClaimFamily, ServicePlan> {
     let family = match service_family(svc) {
         Ok(f) => f,
         Err(why) => {
-            return ServicePlan::Refuse(PlannedEvent::warning(reason::FAMILY_UNSUPPORTED, why));
+            return Err(ServicePlan::Refuse(PlannedEvent::warning(
+                reason::FAMILY_UNSUPPORTED,
+                why,
+            )));
         }
     };
     // A class whose driver reports capacity says which families it can serve.
@@ -253,7 +290,7 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
             .map(|f| f.as_str())
             .collect();
         if !missing.is_empty() {
-            return ServicePlan::Refuse(PlannedEvent::warning(
+            return Err(ServicePlan::Refuse(PlannedEvent::warning(
                 reason::FAMILY_UNSUPPORTED,
                 format!(
                     "IPAddressClass {:?} has no {} capacity; the Service asks for {}",
@@ -261,11 +298,8 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
                     missing.join(" or "),
                     family.as_str()
                 ),
-            ));
+            )));
         }
     }
-    ServicePlan::Create {
-        class: class.name_any(),
-        family,
-    }
+    Ok(family)
 }
