@@ -24,9 +24,7 @@ use std::time::{Duration, Instant};
 use address_controller_api::conditions::set_condition;
 use address_controller_api::family::family_of;
 use address_controller_api::names::PROVISIONER_ANNOTATION;
-use address_controller_api::{
-    ClaimRef, Family, IPAddress, IPAddressClaim, IPAddressClass, IPAddressSpec,
-};
+use address_controller_api::{Family, IPAddress, IPAddressClaim, IPAddressClass, IPAddressSpec};
 use address_controller_runtime::events::{Events, PlannedEvent};
 use address_controller_runtime::queue::{Backoff, Queue};
 use address_controller_runtime::workers::{Gate, Outcome, PassError, Retry};
@@ -349,29 +347,14 @@ pub(crate) async fn claim_pass<D: Driver>(ctx: Arc<Ctx<D>>, key: String) -> Resu
     let uid = claim.metadata.uid.clone().unwrap_or_default();
     for (f, a) in chosen {
         let name = a.name.clone().unwrap_or_else(|| object_name(a.address));
-        let address = IPAddress {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                finalizers: ctx.driver.finalizer().map(|f| vec![f.to_string()]),
-                annotations: Some(std::collections::BTreeMap::from([(
-                    address_controller_api::names::PROVISIONED_BY_ANNOTATION.to_string(),
-                    ctx.driver.provisioner().to_string(),
-                )])),
-                ..Default::default()
-            },
-            spec: IPAddressSpec {
-                address: a.address.to_string(),
-                class_name: class_name.clone(),
-                reclaim_policy: class.spec.reclaim_policy,
-                claim_ref: Some(ClaimRef {
-                    namespace: claim.namespace().unwrap_or_default(),
-                    name: claim.name_any(),
-                    uid: Some(uid.clone()),
-                }),
-                source: a.source.clone(),
-            },
-            status: None,
-        };
+        let address = provisioned(
+            &name,
+            &a,
+            &class,
+            &claim,
+            ctx.driver.provisioner(),
+            ctx.driver.finalizer(),
+        );
         fresh(&ctx.in_flight_ips).insert(a.address, Instant::now());
         match api.create(&PostParams::default(), &address).await {
             Ok(_) => {
@@ -400,6 +383,39 @@ pub(crate) async fn claim_pass<D: Driver>(ctx: Arc<Ctx<D>>, key: String) -> Resu
     }
     ctx.events.publish_once(claim.as_ref(), None).await;
     Ok(Outcome::Done)
+}
+
+/// The IPAddress a driver creates for an allocation (SPEC §8): named `name`, pre-bound to
+/// the claim with its uid, of the claim's class with the class's reclaim policy, the
+/// allocation's source, marked as provisioned by `provisioner`, with the driver's finalizer
+/// if it has one.
+pub(crate) fn provisioned(
+    name: &str,
+    a: &Allocation,
+    class: &IPAddressClass,
+    claim: &IPAddressClaim,
+    provisioner: &str,
+    finalizer: Option<&str>,
+) -> IPAddress {
+    IPAddress {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            finalizers: finalizer.map(|f| vec![f.to_string()]),
+            annotations: Some(std::collections::BTreeMap::from([(
+                address_controller_api::names::PROVISIONED_BY_ANNOTATION.to_string(),
+                provisioner.to_string(),
+            )])),
+            ..Default::default()
+        },
+        spec: IPAddressSpec {
+            address: a.address.to_string(),
+            class_name: class.name_any(),
+            reclaim_policy: class.spec.reclaim_policy,
+            claim_ref: Some(claim.claim_ref()),
+            source: a.source.clone(),
+        },
+        status: None,
+    }
 }
 
 /// One pass over a class: capacity and conditions.
@@ -709,5 +725,41 @@ mod tests {
         // ...nor one this process just created (not in the cache yet).
         fresh(&ctx.in_flight).insert(("u1".into(), Family::IPv4), Instant::now());
         assert_eq!(families(&ctx, &claim(json!({}))), None);
+    }
+
+    #[test]
+    fn a_provisioned_address_is_pre_bound_to_the_claim_with_its_uid_and_the_class_policy() {
+        let class: IPAddressClass = serde_json::from_value(json!({"metadata": {"name": "pub"},
+            "spec": {"provisioner": "p.example", "reclaimPolicy": "Delete"}}))
+        .unwrap();
+        let claim: IPAddressClaim = serde_json::from_value(json!({"metadata": {"name": "web",
+            "namespace": "t", "uid": "u1"}, "spec": {}}))
+        .unwrap();
+        let a = Allocation {
+            address: "192.0.2.7".parse().unwrap(),
+            source: serde_json::from_value(json!({"fromClass": {}})).unwrap(),
+            name: None,
+        };
+        let made = provisioned(
+            "ipv4-192-0-2-7",
+            &a,
+            &class,
+            &claim,
+            "p.example",
+            Some("p.example/hold"),
+        );
+        let v = serde_json::to_value(&made).unwrap();
+        assert_eq!(
+            v,
+            json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddress",
+                "metadata": {"name": "ipv4-192-0-2-7", "finalizers": ["p.example/hold"],
+                    "annotations": {"ipaddress.local.sdn.cozystack.io/provisioned-by": "p.example"}},
+                "spec": {"address": "192.0.2.7", "className": "pub", "reclaimPolicy": "Delete",
+                    "claimRef": {"namespace": "t", "name": "web", "uid": "u1"},
+                    "source": {"fromClass": {}}}})
+        );
+        assert!(made.belongs_to(&claim));
+        let bare = provisioned("x", &a, &class, &claim, "p.example", None);
+        assert_eq!(bare.metadata.finalizers, None);
     }
 }
