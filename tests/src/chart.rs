@@ -124,7 +124,7 @@ impl Release {
         cluster
             .kubectl_ok(&[
                 "delete",
-                "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings",
+                "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings,mutatingadmissionpolicies,mutatingadmissionpolicybindings",
                 "-l",
                 "app.kubernetes.io/name=address-controller,app.kubernetes.io/managed-by=Helm",
             ])

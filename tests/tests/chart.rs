@@ -802,6 +802,42 @@ fn admission_policy_renders_only_when_enabled() {
     );
 }
 
+/// The protection policy: on by default where the cluster serves MutatingAdmissionPolicy
+/// (helm asks the cluster; `helm template` is told), off when disabled or not served.
+#[test]
+fn protection_policy_renders_where_mutating_admission_policies_are_served() {
+    let served = [
+        "--api-versions",
+        "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy",
+    ];
+    let objs = render(&json!({}), &served).unwrap();
+    let policy = find(
+        &objs,
+        "MutatingAdmissionPolicy",
+        "address-controller-protection",
+    );
+    assert_eq!(policy["spec"]["failurePolicy"], "Ignore");
+    assert_eq!(
+        policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"],
+        json!(["CREATE"])
+    );
+    let binding = find(
+        &objs,
+        "MutatingAdmissionPolicyBinding",
+        "address-controller-protection",
+    );
+    assert_eq!(
+        binding["spec"]["policyName"],
+        "address-controller-protection"
+    );
+    let off = render(&json!({"protectionPolicy": {"enabled": false}}), &served).unwrap();
+    assert!(!has(&off, "MutatingAdmissionPolicy"));
+    assert!(!has(
+        &render(&json!({}), &[]).unwrap(),
+        "MutatingAdmissionPolicy"
+    ));
+}
+
 #[test]
 fn tls_modes_cert_manager_and_existing_secret() {
     // cert-manager: refused with a clear message where it is not installed.
@@ -1288,9 +1324,11 @@ fn claim_json(ns: &str, name: &str, address_name: Option<&str>) -> String {
 async fn the_admission_policy_reserves_address_name_to_the_allowlist() {
     let _one = INSTALL.lock().await;
     let (cluster, client) = setup().await;
+    // No controller runs here: claims with the core's finalizer would wait for one.
     let release = Release::new(
         free_port(),
-        &json!({"admissionPolicy": {"enabled": true, "allowedUsernames": ["ip-admin"],
+        &json!({"protectionPolicy": {"enabled": false},
+            "admissionPolicy": {"enabled": true, "allowedUsernames": ["ip-admin"],
             "allowedGroups": ["ip-admins"],
             "namespaceSelector": {"matchLabels": {"address-controller.test/pinning": "reserved"}}}}),
     )
@@ -2127,7 +2165,12 @@ async fn the_entitlement_policy_refuses_claims_of_a_class_that_does_not_admit_th
     let _one = INSTALL.lock().await;
     let (cluster, client) = setup().await;
     // On by default.
-    let _release = Release::new(free_port(), &json!({})).await;
+    // No controller runs here: claims with the core's finalizer would wait for one.
+    let _release = Release::new(
+        free_port(),
+        &json!({"protectionPolicy": {"enabled": false}}),
+    )
+    .await;
     let policy = "address-controller-class-namespaces";
     let checked = wait_for("entitlement policy type-checked", WAIT, || async {
         let p: Value = serde_json::from_str(&cluster.kubectl_ok(&[
@@ -2258,4 +2301,157 @@ async fn the_entitlement_policy_refuses_claims_of_a_class_that_does_not_admit_th
     .await
     .unwrap();
     drop(cleanup);
+}
+
+/// The chart's protection policy (a MutatingAdmissionPolicy, on by default) puts the core's
+/// finalizers on claims and addresses as kube-apiserver admits them — its answer to the
+/// create shows them — so the core binds without writing them: one claim write and one
+/// address write fewer than for a pair bound by the same controller before the policy
+/// existed (the positive control: there the core writes both finalizers). Deleting still
+/// works: the core releases what admission put on.
+#[tokio::test]
+async fn the_protection_policy_saves_the_cores_finalizer_writes() {
+    use address_controller_api::names::{ADDRESS_FINALIZER, CLAIM_FINALIZER};
+    use address_controller_api::{AddressPhase, IPAddress};
+    use kube::api::{DeleteParams, PostParams};
+    let _one = INSTALL.lock().await;
+    let (_, client) = setup().await;
+    let sfx = random_suffix();
+    let user = format!("ctl-protect-{sfx}");
+    let mut ctl = address_controller_tests::ControllerProcess::start(
+        &user,
+        &["--leader-elect=false", "--auto-claims=false"],
+    )
+    .await
+    .unwrap();
+    let tenant = TestNamespace::create(&client, "chart-protect")
+        .await
+        .unwrap();
+    let mut cleanup = Cleanup::default();
+    let class = format!("chart-protect-{sfx}");
+    cleanup.add("ipaddressclasses.local.sdn.cozystack.io", &class);
+    kubectl_as(
+        "admin",
+        &["system:masters"],
+        &["create", "-f", "-"],
+        &json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddressClass",
+            "metadata": {"name": class}, "spec": {"provisioner": "none.chart.test"}})
+        .to_string(),
+    )
+    .unwrap();
+    let claims: Api<IPAddressClaim> = Api::namespaced(client.clone(), &tenant.name);
+    let addresses: Api<IPAddress> = Api::all(client.clone());
+    let address_body = |name: &str, ip: &str| -> IPAddress {
+        serde_json::from_value(json!({"metadata": {"name": name},
+            "spec": {"address": ip, "className": class, "source": {"fromClass": {}}}}))
+        .unwrap()
+    };
+    // An address taken in (Available), then a claim bound to it: the finalizers each came
+    // with from kube-apiserver's admission.
+    let bind = |name: String, ip: &'static str| {
+        let (claims, addresses, class) = (claims.clone(), addresses.clone(), class.clone());
+        let address = address_body(&name, ip);
+        async move {
+            let a = addresses
+                .create(&PostParams::default(), &address)
+                .await
+                .unwrap();
+            wait_for("the address Available", WAIT, || async {
+                let a = addresses.get(&name).await?;
+                Ok((a.status.and_then(|s| s.phase) == Some(AddressPhase::Available)).then_some(()))
+            })
+            .await
+            .unwrap();
+            let claim: IPAddressClaim = serde_json::from_value(
+                json!({"metadata": {"name": name}, "spec": {"className": class}}),
+            )
+            .unwrap();
+            let c = claims.create(&PostParams::default(), &claim).await.unwrap();
+            wait_for("the claim Bound", WAIT, || async {
+                let c = claims.get(&name).await?;
+                Ok((phase(&c) == Some(ClaimPhase::Bound)).then_some(()))
+            })
+            .await
+            .unwrap();
+            (c.metadata.finalizers, a.metadata.finalizers)
+        }
+    };
+    let before = format!("before-{sfx}");
+    let after = format!("after-{sfx}");
+    cleanup.add("ipaddresses.local.sdn.cozystack.io", &before);
+    cleanup.add("ipaddresses.local.sdn.cozystack.io", &after);
+    let control = bind(before.clone(), "198.51.100.91").await;
+    assert_eq!(
+        control,
+        (None, None),
+        "no policy yet: nothing added at creation"
+    );
+
+    let _release = Release::new(free_port(), &json!({})).await;
+    // Active within moments: a server-side dry run shows the mutation without creating.
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait_for("the protection policy mutates creates", WAIT, || async {
+        let a = addresses
+            .create(&dry, &address_body(&format!("dry-{sfx}"), "198.51.100.93"))
+            .await?;
+        Ok(a.metadata
+            .finalizers
+            .is_some_and(|f| f.contains(&ADDRESS_FINALIZER.to_string()))
+            .then_some(()))
+    })
+    .await
+    .unwrap();
+    let (claim_f, address_f) = bind(after.clone(), "198.51.100.92").await;
+    assert_eq!(claim_f, Some(vec![CLAIM_FINALIZER.to_string()]));
+    assert_eq!(address_f, Some(vec![ADDRESS_FINALIZER.to_string()]));
+
+    // The core's writes for each pair, by kind: the same but for the finalizers.
+    let writes = |name: &str| {
+        let mut by: std::collections::BTreeMap<String, usize> = Default::default();
+        for w in address_controller_tests::audited_writes(&user, |w| {
+            w.name.as_deref() == Some(name) && w.code < 300
+        })
+        .unwrap()
+        {
+            let sub = w.subresource.map(|s| format!("/{s}")).unwrap_or_default();
+            *by.entry(format!("{}{sub} {}", w.resource, w.verb))
+                .or_default() += 1;
+        }
+        by
+    };
+    let (mut b, a) = (writes(&before), writes(&after));
+    assert_eq!(
+        b.get("ipaddressclaims patch"),
+        Some(&1),
+        "control: the claim's finalizer: {b:?}"
+    );
+    assert!(!a.contains_key("ipaddressclaims patch"), "{a:?}");
+    *b.get_mut("ipaddressclaims patch").unwrap() -= 1;
+    b.retain(|_, n| *n > 0);
+    *b.get_mut("ipaddresses patch").unwrap() -= 1;
+    b.retain(|_, n| *n > 0);
+    assert_eq!(a, b, "one claim and one address write fewer");
+
+    // The core releases what admission put on.
+    for name in [&before, &after] {
+        claims.delete(name, &DeleteParams::default()).await.unwrap();
+        wait_for("the claim gone", WAIT, || async {
+            Ok(claims.get_opt(name).await?.is_none().then_some(()))
+        })
+        .await
+        .unwrap();
+    }
+    address_controller_tests::invariants::assert_invariants(
+        &client,
+        &address_controller_tests::invariants::Scope::of(
+            &[tenant.name.as_str()],
+            &[class.as_str()],
+        ),
+        &ctl.replica().into_iter().collect::<Vec<_>>(),
+    )
+    .await;
+    ctl.stop();
 }

@@ -37,6 +37,7 @@ app.kubernetes.io/component: controller
 {{- if not (hasKey ((.Values.metrics | default dict).prometheusRule | default dict) "poolUsage") }}{{ $missing = append $missing "metrics.prometheusRule.poolUsage" }}{{ end -}}
 {{- if not (hasKey .Values "entitlementPolicy") }}{{ $missing = append $missing "entitlementPolicy" }}{{ end -}}
 {{- if not (hasKey ((.Values.metrics | default dict).prometheusRule | default dict) "quotaReached") }}{{ $missing = append $missing "metrics.prometheusRule.quotaReached" }}{{ end -}}
+{{- if not (hasKey .Values "protectionPolicy") }}{{ $missing = append $missing "protectionPolicy" }}{{ end -}}
 {{- if $missing -}}
 {{- fail (printf "values lack %s, which this chart version added: the values come from an older chart (helm upgrade --reuse-values keeps only the previous release's). Upgrade with --reset-then-reuse-values (Helm >= 3.14) or pass your values file again." (join ", " $missing)) -}}
 {{- end -}}
