@@ -150,6 +150,8 @@ pub struct WatchHealth {
     /// Watch connections opened, lists done, events and bookmarks received.
     pub watches: AtomicU64,
     pub lists: AtomicU64,
+    /// Of the lists, those taken as a streaming list (`sendInitialEvents`).
+    pub streaming_lists: AtomicU64,
     pub events: AtomicU64,
     pub bookmarks: AtomicU64,
     /// Objects in the store.
@@ -167,6 +169,7 @@ impl WatchHealth {
             last_activity: Mutex::new(Instant::now()),
             watches: AtomicU64::new(0),
             lists: AtomicU64::new(0),
+            streaming_lists: AtomicU64::new(0),
             events: AtomicU64::new(0),
             bookmarks: AtomicU64::new(0),
             objects: AtomicU64::new(0),
@@ -246,6 +249,10 @@ pub struct WatchConfig {
     pub fields: Option<String>,
     /// Label selector, if any.
     pub labels: Option<String>,
+    /// Take the initial state as a streaming list (a watch with `sendInitialEvents`, ended
+    /// by the `k8s.io/initial-events-end` bookmark) instead of paged lists; a server that
+    /// refuses it gets paged lists from then on.
+    pub streaming_lists: bool,
 }
 
 impl Default for WatchConfig {
@@ -255,6 +262,7 @@ impl Default for WatchConfig {
             page_size: 500,
             fields: None,
             labels: None,
+            streaming_lists: true,
         }
     }
 }
@@ -343,6 +351,15 @@ impl<K: Object> Cache<K> {
                 None => break,
             }
         }
+        self.settle(seen, &version);
+        Ok(version)
+    }
+
+    /// Brings the store in line with a complete listing `seen` at `version`: new and
+    /// changed objects are applied, objects that disappeared are deleted (a deletion that
+    /// happened while the watch was down is still seen by the handlers); the first one
+    /// marks the cache synced.
+    fn settle(&self, seen: HashMap<String, Arc<K>>, version: &str) {
         let gone: Vec<String> = self
             .store
             .keys()
@@ -351,7 +368,7 @@ impl<K: Object> Cache<K> {
             .collect();
         // Counted before the objects are applied: whoever sees a change of this list also
         // sees a revision at least as new as it.
-        self.note_revision(Some(&version));
+        self.note_revision(Some(version));
         for k in gone {
             self.apply(k, None);
         }
@@ -374,7 +391,6 @@ impl<K: Object> Cache<K> {
                 "cache synced"
             );
         }
-        Ok(version)
     }
 
     /// Runs the list+watch loop for as long as the process runs. Errors are retried with
@@ -384,6 +400,7 @@ impl<K: Object> Cache<K> {
         let kind = self.health.kind;
         let mut version: Option<String> = None;
         let mut failures: u32 = 0;
+        let mut streaming = cfg.streaming_lists;
         let timeout = u32::try_from(cfg.timeout.as_secs()).unwrap_or(290).max(1);
         loop {
             if failures > 0 {
@@ -393,12 +410,14 @@ impl<K: Object> Cache<K> {
                     .min(Duration::from_secs(30));
                 tokio::time::sleep(delay).await;
             }
-            let rv = match &version {
-                Some(v) => v.clone(),
+            // `initial`: the objects of a streaming list so far, until its end bookmark.
+            let (rv, mut initial) = match &version {
+                Some(v) => (v.clone(), None),
+                None if streaming => (String::new(), Some(HashMap::new())),
                 None => match self.relist(&api, &cfg).await {
                     Ok(v) => {
                         version = Some(v.clone());
-                        v
+                        (v, None)
                     }
                     Err(e) => {
                         failures += 1;
@@ -409,6 +428,7 @@ impl<K: Object> Cache<K> {
             };
             let mut params = WatchParams::default().timeout(timeout);
             params.bookmarks = true;
+            params.send_initial_events = initial.is_some();
             if let Some(f) = &cfg.fields {
                 params = params.fields(f);
             }
@@ -418,6 +438,11 @@ impl<K: Object> Cache<K> {
             let stream = match api.watch(&params, &rv).await {
                 Ok(s) => s,
                 Err(e) => {
+                    if initial.is_some() && refuses_streaming(&e) {
+                        streaming = false;
+                        tracing::info!(kind, error = %e, "no streaming lists here; paged lists from now on");
+                        continue;
+                    }
                     failures += 1;
                     if is_expired(&e) {
                         version = None;
@@ -440,6 +465,34 @@ impl<K: Object> Cache<K> {
                 match next {
                     // The server ended the watch (its timeout): watch again from `version`.
                     None => break,
+                    Some(Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)))
+                        if initial.is_some() =>
+                    {
+                        // The state at the list's revision, object by object: settled
+                        // all at once at its end, as a paged list is.
+                        self.health.heard();
+                        let o = Self::strip(o);
+                        if let Some(seen) = initial.as_mut() {
+                            seen.insert(key_of(o.as_ref()), o);
+                        }
+                    }
+                    Some(Ok(WatchEvent::Deleted(o))) if initial.is_some() => {
+                        if let Some(seen) = initial.as_mut() {
+                            seen.remove(&key_of(&o));
+                        }
+                    }
+                    Some(Ok(WatchEvent::Bookmark(b))) if initial.is_some() => {
+                        self.health.heard();
+                        if b.metadata.annotations.contains_key(INITIAL_EVENTS_END) {
+                            failures = 0;
+                            let rv = b.metadata.resource_version.clone();
+                            if let Some(seen) = initial.take() {
+                                self.settle(seen, &rv);
+                                self.health.streaming_lists.fetch_add(1, Ordering::Relaxed);
+                            }
+                            version = Some(rv);
+                        }
+                    }
                     Some(Ok(WatchEvent::Added(o) | WatchEvent::Modified(o))) => {
                         failures = 0;
                         let o = Self::strip(o);
@@ -487,6 +540,15 @@ impl<K: Object> Cache<K> {
 
 fn is_expired(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 410)
+}
+
+/// The bookmark annotation that ends a streaming list's initial events.
+const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+
+/// A server without streaming lists (WatchList off, or older than 1.27) refuses
+/// `sendInitialEvents` as an invalid or bad request.
+fn refuses_streaming(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 400 || s.code == 422)
 }
 
 #[cfg(test)]

@@ -33,6 +33,7 @@ struct Runtime {
     objects: IntGaugeVec,
     synced: IntGaugeVec,
     lists: IntCounterVec,
+    streaming_lists: IntCounterVec,
     watches: IntCounterVec,
     descs: Vec<Desc>,
 }
@@ -89,6 +90,13 @@ pub fn register(
         ),
         &["kind"],
     )?;
+    let streaming_lists = IntCounterVec::new(
+        Opts::new(
+            "address_controller_cache_streaming_lists_total",
+            "Of the cache's full lists, those taken as a streaming list (a watch with sendInitialEvents); the rest were paged lists",
+        ),
+        &["kind"],
+    )?;
     let watches = IntCounterVec::new(
         Opts::new(
             "address_controller_cache_watches_total",
@@ -103,6 +111,7 @@ pub fn register(
         objects.desc(),
         synced.desc(),
         lists.desc(),
+        streaming_lists.desc(),
         watches.desc(),
     ]
     .into_iter()
@@ -118,6 +127,7 @@ pub fn register(
         objects,
         synced,
         lists,
+        streaming_lists,
         watches,
         descs,
     }))
@@ -156,6 +166,10 @@ impl Collector for Runtime {
                 }
             };
             sync(&self.lists, w.lists.load(Ordering::Relaxed));
+            sync(
+                &self.streaming_lists,
+                w.streaming_lists.load(Ordering::Relaxed),
+            );
             sync(&self.watches, w.watches.load(Ordering::Relaxed));
         }
         let mut out = Vec::new();
@@ -168,6 +182,7 @@ impl Collector for Runtime {
             &self.objects,
             &self.synced,
             &self.lists,
+            &self.streaming_lists,
             &self.watches,
         ] {
             out.extend(c.collect());

@@ -310,3 +310,48 @@ async fn namespace_deletion_waits_while_no_replica_serves_and_resumes() {
     drop((first, second));
     e.check_with(&[&ctl]).await;
 }
+
+/// The caches take their first state as streaming lists (a watch with `sendInitialEvents`,
+/// served from kube-apiserver's watch cache) — not as paged lists of the whole kind, which
+/// cost kube-apiserver memory in proportion to the kind's size on every start of every
+/// replica. Both sides say so: the controller's own count of its lists, and
+/// kube-apiserver's count of the streaming lists it served.
+#[tokio::test]
+async fn the_caches_start_from_streaming_lists() {
+    let served = || -> f64 {
+        let text = Cluster::get()
+            .kubectl_ok(&["get", "--raw", "/metrics"])
+            .unwrap();
+        text.lines()
+            .filter(|l| {
+                l.starts_with("apiserver_watch_list_duration_seconds_count{")
+                    && l.contains("resource=\"ipaddresses\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let before = served();
+    let ctl = address_controller_tests::ControllerProcess::start(
+        &format!("ctl-stream-{}", address_controller_tests::random_suffix()),
+        &["--leader-elect=false"],
+    )
+    .await
+    .unwrap();
+    let text = ctl.metrics().await.unwrap();
+    let count = |family: &str, kind: &str| -> f64 {
+        let prefix = format!("{family}{{kind=\"{kind}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    for kind in ["IPAddress", "IPAddressClaim", "IPAddressClass", "Service"] {
+        let lists = count("address_controller_cache_lists_total", kind);
+        let streamed = count("address_controller_cache_streaming_lists_total", kind);
+        assert!(lists >= 1.0, "{kind}: no list at all:\n{text}");
+        assert_eq!(streamed, lists, "{kind}: every list a streaming one");
+    }
+    assert!(
+        served() > before,
+        "kube-apiserver served no streaming list of ipaddresses"
+    );
+}
