@@ -20,6 +20,9 @@
 #                                             half of MetalLB) against the cluster: its CRDs, namespace
 #                                             metallb-system and the Pod object it reads; stopped by `down`
 #
+# SERVICE_CIDR (IPv4, default 10.0.0.0/24) sizes the Services' ClusterIP range (the latency
+# bench keeps hundreds of LoadBalancer Services alive at once).
+#
 # DIR defaults to $AC_CACHE/clusters/dev (see versions.sh). Every cluster picks free ports
 # and keeps all its state in DIR, so several can run side by side. DIR/env holds
 # KUBECONFIG and the ports; logs are in DIR/logs/. With --watch-pid, the cluster stops
@@ -287,7 +290,7 @@ POLICY
     --cert-dir="$dir/kas" \
     --tls-cert-file="$dir/pki/apiserver.crt" --tls-private-key-file="$dir/pki/apiserver.key" \
     --client-ca-file="$dir/pki/ca.crt" \
-    --service-cluster-ip-range=10.0.0.0/24,fd00:10:96::/112 \
+    --service-cluster-ip-range="${SERVICE_CIDR:-10.0.0.0/24}",fd00:10:96::/112 \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$dir/pki/sa.pub" --service-account-signing-key-file="$dir/pki/sa.key" \
     --allow-privileged=true --profiling=false \

@@ -955,6 +955,7 @@ impl Drop for Cleanup {
         }
     }
 }
+pub mod bench;
 pub mod chaos;
 pub mod chart;
 pub mod conformance;

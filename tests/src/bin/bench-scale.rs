@@ -6,7 +6,10 @@
 //! claims only and runs the range driver beside the controller. Prints one row per size and
 //! the table at the end; asserts nothing about speed (targets are read, not enforced).
 //!
-//!     bench-scale [--sizes 1000,5000,10000,20000] [--driver-sizes 1000,10000]
+//!     bench-scale [--sizes 1000,5000,10000,20000] [--driver-sizes 1000,10000] [--no-protection-policy]
+//!
+//! As a default install has it, the chart's protection policy puts the core's finalizers on
+//! at creation (`--no-protection-policy`: the core writes them, as before the policy).
 //!
 //! Per row: seconds to all Bound and binds per second; API writes per bind on claims and
 //! addresses and event writes per bind (kube-apiserver's `apiserver_request_total`); the
@@ -16,25 +19,25 @@
 //! controller's concurrency — and the ratio of the bind time to it; `kubectl get
 //! namespaceaddresses -A` next to `kubectl get ipaddressclaims -A` (median of 10).
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use address_controller_tests::bench::{
+    CREATE_CONCURRENCY, apply_protection_policy, bound_claims, create_all, delta, ipv4, kas_pid,
+    on_own_control_plane, writes,
+};
 use address_controller_tests::env::{RANGE_PROVISIONER, register_views_at};
 use address_controller_tests::{
-    Cluster, ControllerProcess, TempDir, cpu_time, free_port, peak_rss_bytes, repo_root, rss_bytes,
-    setup, wait_for,
+    Cluster, ControllerProcess, cpu_time, free_port, peak_rss_bytes, rss_bytes, setup, wait_for,
 };
 use anyhow::{Context, Result, anyhow, bail};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::watcher::watcher;
+use kube::api::{Api, ApiResource, ListParams, Patch, PatchParams, PostParams};
+
 use serde_json::{Value, json};
 
-/// Claims and addresses created at once, and the write floor's concurrency (the
-/// controller's workers per kind).
-const CREATE_CONCURRENCY: usize = 64;
+/// The write floor's concurrency (the controller's workers per kind).
 const WORKERS: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,8 +66,10 @@ fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let mut static_sizes = sizes("1000,5000,10000,20000")?;
     let mut driver_sizes = sizes("1000,10000")?;
+    let mut protection = true;
     while let Some(a) = args.next() {
         match a.as_str() {
+            "--no-protection-policy" => protection = false,
             "--sizes" => static_sizes = sizes(&args.next().context("--sizes needs a value")?)?,
             "--driver-sizes" => {
                 driver_sizes = sizes(&args.next().context("--driver-sizes needs a value")?)?
@@ -79,7 +84,7 @@ fn main() -> Result<()> {
                 let runtime = tokio::runtime::Builder::new_multi_thread()
                     .enable_all()
                     .build()?;
-                let row = runtime.block_on(one(mode, n))?;
+                let row = runtime.block_on(one(mode, n, protection))?;
                 println!("ROW {row}");
                 return Ok(());
             }
@@ -94,7 +99,13 @@ fn main() -> Result<()> {
         .chain(driver_sizes.iter().map(|n| (Mode::Driver, *n)));
     for (mode, n) in runs {
         eprintln!("== {} {n}", mode.name());
+        let policy = if protection {
+            None
+        } else {
+            Some("--no-protection-policy")
+        };
         let out = std::process::Command::new(std::env::current_exe()?)
+            .args(policy)
             .args(["--one", mode.name(), &n.to_string()])
             .stderr(std::process::Stdio::inherit())
             .output()?;
@@ -156,54 +167,6 @@ fn table(rows: &[Value]) -> String {
     out.join("\n")
 }
 
-/// Writes (POST, PUT, PATCH, DELETE) kube-apiserver has counted, by resource.
-fn writes() -> Result<BTreeMap<String, f64>> {
-    let text = Cluster::get().kubectl_ok(&["get", "--raw", "/metrics"])?;
-    let mut out = BTreeMap::new();
-    for l in text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-    {
-        let label = |k: &str| {
-            l.split(&format!("{k}=\""))
-                .nth(1)
-                .and_then(|r| r.split('"').next())
-                .unwrap_or("")
-        };
-        if !matches!(label("verb"), "POST" | "PUT" | "PATCH" | "DELETE") {
-            continue;
-        }
-        let v: f64 = l
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        *out.entry(label("resource").to_string()).or_default() += v;
-        // And by resource, subresource, verb and code, for the breakdown.
-        let key = format!(
-            "{}/{} {} {}",
-            label("resource"),
-            label("subresource"),
-            label("verb"),
-            label("code")
-        );
-        *out.entry(key).or_default() += v;
-    }
-    Ok(out)
-}
-
-fn delta(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>, resources: &[&str]) -> f64 {
-    resources
-        .iter()
-        .map(|r| after.get(*r).unwrap_or(&0.0) - before.get(*r).unwrap_or(&0.0))
-        .sum()
-}
-
-fn kas_pid() -> Result<u32> {
-    let pid = std::fs::read_to_string(Cluster::get().dir.join("pids/kube-apiserver"))?;
-    Ok(pid.trim().parse()?)
-}
-
 /// A ledger gauge of the controller, summed over the series of `phase`.
 async fn gauge(ctl: &ControllerProcess, series: &str, phase: &str) -> Result<usize> {
     let text = ctl.metrics().await?;
@@ -224,39 +187,6 @@ fn median_ms(args: &[&str]) -> Result<f64> {
     }
     samples.sort_by(f64::total_cmp);
     Ok(samples[samples.len() / 2])
-}
-
-fn ipv4(i: usize) -> String {
-    let i = u32::try_from(i).unwrap_or(u32::MAX);
-    std::net::Ipv4Addr::from(0x0a00_0000u32 + i).to_string()
-}
-
-async fn create_all(
-    client: &Client,
-    objects: Vec<(Option<String>, Value)>,
-    kind: &str,
-) -> Result<()> {
-    let ar = |kind: &str| match kind {
-        "address" => kube::api::ApiResource::erase::<address_controller_api::IPAddress>(&()),
-        _ => kube::api::ApiResource::erase::<address_controller_api::IPAddressClaim>(&()),
-    };
-    let resource = ar(kind);
-    let results: Vec<Result<()>> = futures::stream::iter(objects)
-        .map(|(ns, v)| {
-            let api: Api<DynamicObject> = match &ns {
-                Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
-                None => Api::all_with(client.clone(), &resource),
-            };
-            async move {
-                let o: DynamicObject = serde_json::from_value(v)?;
-                api.create(&PostParams::default(), &o).await?;
-                Ok(())
-            }
-        })
-        .buffer_unordered(CREATE_CONCURRENCY)
-        .collect()
-        .await;
-    results.into_iter().collect()
 }
 
 /// A controller serving the views on a port of its own.
@@ -281,32 +211,15 @@ async fn controller(name: &str, port: u16) -> Result<ControllerProcess> {
     .await
 }
 
-async fn one(mode: Mode, n: usize) -> Result<Value> {
-    // A control plane of its own, stopped when this process ends (even when it is killed).
-    let dir = TempDir::new("ac-scale");
-    let script = repo_root().join("deploy/local/cluster.sh");
-    let status = std::process::Command::new(&script)
-        .args([
-            "up",
-            dir.to_str().unwrap_or_default(),
-            "--watch-pid",
-            &std::process::id().to_string(),
-        ])
-        .stdout(std::process::Stdio::null())
-        .status()?;
-    if !status.success() {
-        bail!("starting the local control plane failed");
-    }
-    Cluster::use_dir(&dir)?;
-    let result = measure(mode, n).await;
-    let _ = std::process::Command::new(&script)
-        .args(["down", dir.to_str().unwrap_or_default()])
-        .status();
-    result
+async fn one(mode: Mode, n: usize, protection: bool) -> Result<Value> {
+    on_own_control_plane("ac-scale", &[], || measure(mode, n, protection)).await
 }
 
-async fn measure(mode: Mode, n: usize) -> Result<Value> {
+async fn measure(mode: Mode, n: usize, protection: bool) -> Result<Value> {
     let (_, client) = setup().await;
+    if protection {
+        apply_protection_policy(&client).await?;
+    }
     let namespaces = (n / 10).max(1);
     let nss: Api<Namespace> = Api::all(client.clone());
     let names: Vec<String> = (0..namespaces).map(|i| format!("s-{i:05}")).collect();
@@ -347,7 +260,12 @@ async fn measure(mode: Mode, n: usize) -> Result<Value> {
                     "spec": {"address": ipv4(i), "className": "bench", "source": {"fromClass": {}}}}))
             })
             .collect();
-        create_all(&client, addresses, "address").await?;
+        create_all(
+            &client,
+            &ApiResource::erase::<address_controller_api::IPAddress>(&()),
+            addresses,
+        )
+        .await?;
         // The pool first, as a platform team has it before tenants claim: the controller
         // takes each new address in once (its protection finalizer, `Available`) — a cost
         // per address, not per bind, reported apart.
@@ -377,7 +295,12 @@ async fn measure(mode: Mode, n: usize) -> Result<Value> {
             )
         })
         .collect();
-    create_all(&client, claims, "claim").await?;
+    create_all(
+        &client,
+        &ApiResource::erase::<address_controller_api::IPAddressClaim>(&()),
+        claims,
+    )
+    .await?;
     eprintln!("{} {n}: objects created in {:?}", mode.name(), t.elapsed());
 
     // Bind.
@@ -469,7 +392,7 @@ async fn measure(mode: Mode, n: usize) -> Result<Value> {
     };
     let secs = bind.as_secs_f64();
     Ok(json!({
-        "mode": mode.name(), "n": n,
+        "mode": if protection { mode.name().to_string() } else { format!("{} (no policy)", mode.name()) }, "n": n,
         "bind_s": secs, "binds_per_s": n as f64 / secs,
         "writes_per_bind": object_writes / n as f64, "events_per_bind": events / n as f64,
         "pool_writes_per_address": pool_writes,
@@ -481,67 +404,6 @@ async fn measure(mode: Mode, n: usize) -> Result<Value> {
         "floor_s": floor, "bind_over_floor": floor.map(|f| secs / f),
         "views_list_ms": views_ms, "claims_list_ms": claims_ms,
     }))
-}
-
-/// The number of Bound claims as a watch sees them; returns once the watch has listed.
-async fn bound_claims(client: &Client) -> Result<tokio::sync::watch::Receiver<usize>> {
-    use kube::runtime::watcher::{self, Event};
-    let api: Api<address_controller_api::IPAddressClaim> = Api::all(client.clone());
-    let (tx, rx) = tokio::sync::watch::channel(0usize);
-    let (listed_tx, listed_rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let is_bound = |c: &address_controller_api::IPAddressClaim| {
-            c.status.as_ref().and_then(|s| s.phase)
-                == Some(address_controller_api::ClaimPhase::Bound)
-        };
-        let key = |c: &address_controller_api::IPAddressClaim| {
-            format!(
-                "{}/{}",
-                c.metadata.namespace.as_deref().unwrap_or(""),
-                c.metadata.name.as_deref().unwrap_or("")
-            )
-        };
-        let (mut bound, mut relisting) = (
-            std::collections::HashSet::new(),
-            std::collections::HashSet::new(),
-        );
-        let mut listed = Some(listed_tx);
-        let mut events = watcher(api, watcher::Config::default()).boxed();
-        while let Some(event) = events.next().await {
-            match event {
-                Ok(Event::Init) => relisting.clear(),
-                Ok(Event::InitApply(c)) => {
-                    if is_bound(&c) {
-                        relisting.insert(key(&c));
-                    }
-                }
-                Ok(Event::InitDone) => {
-                    bound = std::mem::take(&mut relisting);
-                    if let Some(l) = listed.take() {
-                        let _ = l.send(());
-                    }
-                }
-                Ok(Event::Apply(c)) => {
-                    if is_bound(&c) {
-                        bound.insert(key(&c));
-                    } else {
-                        bound.remove(&key(&c));
-                    }
-                }
-                Ok(Event::Delete(c)) => {
-                    bound.remove(&key(&c));
-                }
-                Err(_) => {}
-            }
-            if tx.send(bound.len()).is_err() {
-                return;
-            }
-        }
-    });
-    listed_rx
-        .await
-        .context("the claim watch ended before listing")?;
-    Ok(rx)
 }
 
 /// Pages through every object of a kind, 500 at a time: the number listed.
@@ -564,7 +426,8 @@ where
 
 /// The writes of one static bind made by a plain client — the claim's metadata, the
 /// address's spec and metadata, the claim's status, the address's status (as many per
-/// claim as the controller made, in that order) — with the controller's concurrency.
+/// claim as the controller made, in that order; the last ones when it made fewer than
+/// four) — with the controller's concurrency.
 async fn write_floor(client: &Client, per_bind: f64) -> Result<f64> {
     let claims: Api<address_controller_api::IPAddressClaim> = Api::all(client.clone());
     let pairs: Vec<(String, String, String)> = claims
@@ -592,7 +455,9 @@ async fn write_floor(client: &Client, per_bind: f64) -> Result<f64> {
                 let now = k8s_openapi::jiff::Timestamp::now().to_string();
                 let condition = |t: &str| json!([{"type": t, "status": "True", "reason": "Floor", "message": "", "lastTransitionTime": now}]);
                 for step in 0..per {
-                    let patch = match step % 4 {
+                    // Fewer than 4 (the protection policy wrote the claim's finalizer): the
+                    // last ones of the sequence.
+                    let patch = match (step + 4 - per.min(4)) % 4 {
                         0 => claims.patch(&name, &params, &Patch::Merge(json!({"metadata": {"annotations": {"bench/floor": step.to_string()}}}))).await.map(|_| ()),
                         1 => addresses.patch(&address, &params, &Patch::Merge(json!({"metadata": {"annotations": {"bench/floor": step.to_string()}}}))).await.map(|_| ()),
                         2 => claims.patch_status(&name, &params, &Patch::Merge(json!({"status": {"conditions": condition("Floor")}}))).await.map(|_| ()),

@@ -1,0 +1,974 @@
+//! `make bench-latency`: what a tenant waits for while others churn. On a local control
+//! plane of its own: a base of N bound claims and addresses, two controller replicas (one
+//! leading, production flags) and two range-driver replicas; then, per arrival rate, an
+//! open-loop stream of arrivals (scheduled at fixed intervals, whatever the answers do):
+//!
+//! * `static` — a claim of a `Retain` class with free addresses (release delay 1 s, so the
+//!   pool recycles);
+//! * `driver` — a claim of the range driver's `Delete` class (nothing free: provisioned);
+//! * `svc-auto` — a LoadBalancer Service that gets an auto-claim of the driver's class;
+//! * `svc-claim` — a claim of the driver's class and a Service annotated with it.
+//!
+//! Each lives a pseudo-random 1–5 s after it is served, then is deleted. Latencies are
+//! taken from the scheduled arrival (so a slow answer delays nothing behind it — no
+//! coordinated omission) to what a watch of the bench's own sees: the claim `Bound`, the
+//! Service's `status.loadBalancer.ingress`, the address `Released` or gone after the
+//! claim's delete. Then the **floor**: the controllers and drivers stopped, a plain client
+//! makes the same writes for the same arrivals of the claim paths, in the same order,
+//! ending in the same observed write. Asserts nothing about speed.
+//!
+//!     bench-latency [--base 10000] [--rates 5,10,20,50,100] [--step 20] [--no-protection-policy]
+//!
+//! As a default install has it, the chart's protection policy puts the core's finalizers on
+//! at creation (`--no-protection-policy`: the core writes them).
+//!
+//! Per rate and path: p50 / p90 / p99 / max of arrival → served (and of the floor), p99
+//! over the floor's, delete → released; per rate the CPU of the controllers, the drivers
+//! and kube-apiserver per arrival, and the writes (claims, addresses, Services, events) of
+//! the controllers and drivers per arrival of each path (from the audit log). The knee:
+//! the first rate whose p99 is over twice the lowest rate's.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use address_controller_api::names::{
+    AUTO_CLAIM_CLASS_ANNOTATION, CLAIM_FINALIZER, PROVISIONER_ANNOTATION, SERVICE_CLAIM_ANNOTATION,
+};
+use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClaim};
+use address_controller_tests::bench::{
+    apply_protection_policy, bound_claims, create_all, delta, ipv4, kas_pid, on_own_control_plane,
+    quantile, writes,
+};
+use address_controller_tests::env::RANGE_PROVISIONER;
+use address_controller_tests::{Cluster, ControllerProcess, cpu_time, setup};
+use anyhow::{Context, Result, anyhow, bail};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, ApiResource, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher::{self, Event, watcher};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+/// Label on everything the load creates (the bench's watches select it).
+const LOAD_LABEL: &str = "bench.local.sdn.cozystack.io/load";
+/// Namespaces the load spreads over.
+const LOAD_NAMESPACES: usize = 20;
+/// Free addresses of the static class (recycled through the release delay).
+const POOL: usize = 3000;
+/// How long one arrival may wait for each step before it counts as timed out.
+const PATIENCE: Duration = Duration::from_secs(120);
+/// The controllers' and drivers' identities (the audit log's impersonated users).
+const PROCESSES: [&str; 4] = ["ctl-a", "ctl-b", "drv-a", "drv-b"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Path {
+    Static,
+    Driver,
+    SvcAuto,
+    SvcClaim,
+}
+
+impl Path {
+    const ALL: [Path; 4] = [Path::Static, Path::Driver, Path::SvcAuto, Path::SvcClaim];
+
+    fn name(self) -> &'static str {
+        match self {
+            Path::Static => "static",
+            Path::Driver => "driver",
+            Path::SvcAuto => "svc-auto",
+            Path::SvcClaim => "svc-claim",
+        }
+    }
+
+    /// The prefix of the names of its objects (claims, Services).
+    fn prefix(self) -> &'static str {
+        match self {
+            Path::Static => "st",
+            Path::Driver => "dr",
+            Path::SvcAuto => "sv",
+            Path::SvcClaim => "sc",
+        }
+    }
+
+    fn of_name(name: &str) -> Option<Path> {
+        Path::ALL
+            .into_iter()
+            .find(|p| name.starts_with(&format!("{}-", p.prefix())))
+    }
+
+    /// The `i`-th arrival's path: 8 static, 6 driver, 3 + 3 Services in every 20.
+    fn of_arrival(i: usize) -> Path {
+        match i % 20 {
+            0..=7 => Path::Static,
+            8..=13 => Path::Driver,
+            14..=16 => Path::SvcAuto,
+            _ => Path::SvcClaim,
+        }
+    }
+
+    fn has_floor(self) -> bool {
+        matches!(self, Path::Static | Path::Driver)
+    }
+}
+
+/// What a watch saw, and when.
+#[derive(Debug)]
+struct Seen {
+    at: Instant,
+    /// The claim's addresses (for `bound:` keys).
+    addresses: Vec<String>,
+}
+
+/// The bench's own watches: a waiter registers a key before it writes, the watch fires it.
+/// Keys: `bound:NS/NAME` (claim Bound), `ingress:NS/NAME` (Service has an ingress),
+/// `released:NAME` (address Released or gone).
+#[derive(Default)]
+struct Observer {
+    waiters: Mutex<HashMap<String, oneshot::Sender<Seen>>>,
+    /// Address → the claims its claimRef named, in turn, each with when the watch last
+    /// saw the address serving it (for the write attribution: addresses are recycled).
+    claims_of: Mutex<HashMap<String, Vec<(String, Timestamp)>>>,
+}
+
+impl Observer {
+    fn expect(&self, key: String) -> oneshot::Receiver<Seen> {
+        let (tx, rx) = oneshot::channel();
+        if let Ok(mut w) = self.waiters.lock() {
+            w.insert(key, tx);
+        }
+        rx
+    }
+
+    fn fire(&self, key: &str, addresses: Vec<String>) {
+        let tx = self.waiters.lock().ok().and_then(|mut w| w.remove(key));
+        if let Some(tx) = tx {
+            let _ = tx.send(Seen {
+                at: Instant::now(),
+                addresses,
+            });
+        }
+    }
+
+    fn claim(&self, c: &IPAddressClaim) {
+        let bound = c.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Bound);
+        if bound {
+            let addresses = c
+                .status
+                .as_ref()
+                .map(|s| s.addresses.iter().map(|a| a.name.clone()).collect())
+                .unwrap_or_default();
+            self.fire(&format!("bound:{}", ns_name(&c.metadata)), addresses);
+        }
+    }
+
+    fn address(&self, a: &IPAddress, gone: bool) {
+        let name = a.metadata.name.clone().unwrap_or_default();
+        if let Ok(mut m) = self.claims_of.lock() {
+            let turns = m.entry(name.clone()).or_default();
+            let now = Timestamp::now();
+            let current = turns.last().map(|(c, _)| c.clone());
+            match &a.spec.claim_ref {
+                // A new claim's turn, or the current one goes on (released, then freed).
+                Some(r) if current.as_ref() != Some(&r.name) => turns.push((r.name.clone(), now)),
+                _ => {
+                    if let Some(last) = turns.last_mut() {
+                        last.1 = now;
+                    }
+                }
+            }
+        }
+        let released = a.status.as_ref().and_then(|s| s.phase) == Some(AddressPhase::Released);
+        if gone || released {
+            self.fire(&format!("released:{name}"), vec![]);
+        }
+    }
+
+    fn service(&self, s: &Service) {
+        let served = s
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|l| l.ingress.as_ref())
+            .is_some_and(|i| !i.is_empty());
+        if served {
+            self.fire(&format!("ingress:{}", ns_name(&s.metadata)), vec![]);
+        }
+    }
+}
+
+fn ns_name(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    format!(
+        "{}/{}",
+        m.namespace.as_deref().unwrap_or(""),
+        m.name.as_deref().unwrap_or("")
+    )
+}
+
+/// Starts the three watches; returns once each has listed.
+async fn observe(client: &Client) -> Result<Arc<Observer>> {
+    let obs = Arc::new(Observer::default());
+    let load = watcher::Config::default().labels(LOAD_LABEL);
+    let mut listed = Vec::new();
+    macro_rules! watch {
+        ($api:expr, $config:expr, $apply:expr, $delete:expr) => {{
+            let (tx, rx) = oneshot::channel::<()>();
+            listed.push(rx);
+            let obs = obs.clone();
+            let mut events = watcher($api, $config).boxed();
+            tokio::spawn(async move {
+                let mut tx = Some(tx);
+                while let Some(e) = events.next().await {
+                    match e {
+                        Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) => $apply(&obs, &o),
+                        Ok(Event::Delete(o)) => $delete(&obs, &o),
+                        Ok(Event::InitDone) => {
+                            if let Some(t) = tx.take() {
+                                let _ = t.send(());
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            });
+        }};
+    }
+    watch!(
+        Api::<IPAddressClaim>::all(client.clone()),
+        load.clone(),
+        |o: &Observer, c: &IPAddressClaim| o.claim(c),
+        |_: &Observer, _: &IPAddressClaim| {}
+    );
+    watch!(
+        Api::<IPAddress>::all(client.clone()),
+        watcher::Config::default(),
+        |o: &Observer, a: &IPAddress| o.address(a, false),
+        |o: &Observer, a: &IPAddress| o.address(a, true)
+    );
+    watch!(
+        Api::<Service>::all(client.clone()),
+        load,
+        |o: &Observer, s: &Service| o.service(s),
+        |_: &Observer, _: &Service| {}
+    );
+    for rx in listed {
+        rx.await.context("a watch ended before listing")?;
+    }
+    Ok(obs)
+}
+
+/// One arrival's figures (seconds); `None` where it timed out.
+#[derive(Debug, Default, Clone)]
+struct Sample {
+    served: Option<f64>,
+    released: Option<f64>,
+}
+
+/// A pseudo-random lifetime of 1–5 s from the arrival's index.
+fn lifetime(i: usize) -> Duration {
+    let mut x = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xdead_beef;
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    Duration::from_millis(1000 + x % 4000)
+}
+
+struct Load {
+    client: Client,
+    obs: Arc<Observer>,
+    /// `Some`: the floor — a plain client makes the writes (pool addresses by turn).
+    floor: Option<Arc<std::sync::atomic::AtomicUsize>>,
+}
+
+async fn wait_seen(rx: oneshot::Receiver<Seen>) -> Option<Seen> {
+    tokio::time::timeout(PATIENCE, rx).await.ok()?.ok()
+}
+
+fn claim_body(name: &str, class: &str) -> Value {
+    json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddressClaim",
+        "metadata": {"name": name, "labels": {LOAD_LABEL: "1"}}, "spec": {"className": class}})
+}
+
+fn service_body(name: &str, annotations: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "labels": {LOAD_LABEL: "1"}, "annotations": annotations},
+        "spec": {"type": "LoadBalancer", "allocateLoadBalancerNodePorts": false,
+            "selector": {"app": name}, "ports": [{"port": 80}]}})
+}
+
+impl Load {
+    /// One arrival, from its scheduled time `t0` to the end of its life.
+    async fn arrival(
+        &self,
+        path: Path,
+        ns: &str,
+        name: &str,
+        t0: Instant,
+        i: usize,
+    ) -> Result<Sample> {
+        let claims: Api<IPAddressClaim> = Api::namespaced(self.client.clone(), ns);
+        let services: Api<Service> = Api::namespaced(self.client.clone(), ns);
+        let mut sample = Sample::default();
+        let class = if path == Path::Static {
+            "static"
+        } else {
+            "driver"
+        };
+        match path {
+            Path::Static | Path::Driver => {
+                let rx = self.obs.expect(format!("bound:{ns}/{name}"));
+                claims
+                    .create(
+                        &PostParams::default(),
+                        &serde_json::from_value(claim_body(name, class))?,
+                    )
+                    .await?;
+                let addresses = match &self.floor {
+                    Some(turn) => Some(self.floor_bind(path, ns, name, turn).await?),
+                    None => None,
+                };
+                let Some(seen) = wait_seen(rx).await else {
+                    return Ok(sample);
+                };
+                sample.served = Some(seen.at.duration_since(t0).as_secs_f64());
+                tokio::time::sleep(lifetime(i)).await;
+                let addresses = addresses.unwrap_or(seen.addresses);
+                let Some(address) = addresses.first() else {
+                    bail!("{ns}/{name} is Bound with no address");
+                };
+                let rx = self.obs.expect(format!("released:{address}"));
+                let t = Instant::now();
+                claims.delete(name, &DeleteParams::default()).await?;
+                if self.floor.is_some() {
+                    self.floor_release(path, ns, name, address).await?;
+                }
+                if let Some(seen) = wait_seen(rx).await {
+                    sample.released = Some(seen.at.duration_since(t).as_secs_f64());
+                }
+            }
+            Path::SvcAuto | Path::SvcClaim => {
+                let annotations = if path == Path::SvcClaim {
+                    claims
+                        .create(
+                            &PostParams::default(),
+                            &serde_json::from_value(claim_body(name, class))?,
+                        )
+                        .await?;
+                    json!({SERVICE_CLAIM_ANNOTATION: name})
+                } else {
+                    json!({})
+                };
+                let rx = self.obs.expect(format!("ingress:{ns}/{name}"));
+                services
+                    .create(
+                        &PostParams::default(),
+                        &serde_json::from_value(service_body(name, annotations))?,
+                    )
+                    .await?;
+                let Some(seen) = wait_seen(rx).await else {
+                    return Ok(sample);
+                };
+                sample.served = Some(seen.at.duration_since(t0).as_secs_f64());
+                tokio::time::sleep(lifetime(i)).await;
+                services.delete(name, &DeleteParams::default()).await?;
+                if path == Path::SvcClaim {
+                    claims.delete(name, &DeleteParams::default()).await?;
+                }
+            }
+        }
+        Ok(sample)
+    }
+
+    /// The floor's bind, in the controller's order: the claim's finalizer and stamp; for a
+    /// driver claim its `Pending` status, the address's create (claimRef pre-set) and its
+    /// protection finalizer; for a static one the address's claimRef; the claim's status
+    /// `Bound` (the write the watch sees); the address's status `Bound`. Returns the address.
+    async fn floor_bind(
+        &self,
+        path: Path,
+        ns: &str,
+        name: &str,
+        turn: &std::sync::atomic::AtomicUsize,
+    ) -> Result<Vec<String>> {
+        let claims: Api<IPAddressClaim> = Api::namespaced(self.client.clone(), ns);
+        let addresses: Api<IPAddress> = Api::all(self.client.clone());
+        let pp = PatchParams::default();
+        let claim = claims
+            .patch(
+                name,
+                &pp,
+                &Patch::Merge(json!({"metadata": {"finalizers": [CLAIM_FINALIZER],
+                    "annotations": {PROVISIONER_ANNOTATION: "floor"}}})),
+            )
+            .await?;
+        let uid = claim.metadata.uid.clone().unwrap_or_default();
+        let claim_ref = json!({"namespace": ns, "name": name, "uid": uid});
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let condition = |reason: &str| {
+            json!([{"type": "Bound", "status": if reason == "Bound" { "True" } else { "False" },
+                "reason": reason, "message": "", "lastTransitionTime": now}])
+        };
+        let ip;
+        let address = match path {
+            Path::Driver => {
+                claims
+                    .patch_status(
+                        name,
+                        &pp,
+                        &Patch::Merge(json!({"status": {"phase": "Pending",
+                            "conditions": condition("WaitingForProvisioning")}})),
+                    )
+                    .await?;
+                let address = format!("fd-{name}");
+                let n = turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                ip = ipv4(0x0050_0000 + n);
+                let body = json!({"metadata": {"name": address},
+                    "spec": {"address": ip, "className": "floor",
+                        "reclaimPolicy": "Delete", "claimRef": claim_ref, "source": {"fromClass": {}}}});
+                addresses
+                    .create(&PostParams::default(), &serde_json::from_value(body)?)
+                    .await?;
+                addresses
+                    .patch(
+                        &address,
+                        &pp,
+                        &Patch::Merge(json!({"metadata": {"finalizers": [address_controller_api::names::ADDRESS_FINALIZER]}})),
+                    )
+                    .await?;
+                address
+            }
+            _ => {
+                let n = turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let address = pool_name(n % POOL);
+                ip = ipv4(0x0020_0000 + n % POOL);
+                addresses
+                    .patch(
+                        &address,
+                        &pp,
+                        &Patch::Merge(json!({"spec": {"claimRef": claim_ref}})),
+                    )
+                    .await?;
+                address
+            }
+        };
+        claims
+            .patch_status(
+                name,
+                &pp,
+                &Patch::Merge(
+                    json!({"status": {"phase": "Bound", "addresses": [{"name": address, "address": ip}],
+                    "conditions": condition("Bound")}}),
+                ),
+            )
+            .await?;
+        addresses
+            .patch_status(
+                &address,
+                &pp,
+                &Patch::Merge(json!({"status": {"phase": "Bound"}})),
+            )
+            .await?;
+        Ok(vec![address])
+    }
+
+    /// The floor's reclaim: a static address `Released` (the write the watch sees), the
+    /// claim's finalizer dropped, then — the release delay — the address free again; a
+    /// driver's address deleted (its finalizer first), then the claim's finalizer.
+    async fn floor_release(&self, path: Path, ns: &str, name: &str, address: &str) -> Result<()> {
+        let claims: Api<IPAddressClaim> = Api::namespaced(self.client.clone(), ns);
+        let addresses: Api<IPAddress> = Api::all(self.client.clone());
+        let pp = PatchParams::default();
+        let unfinalize = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+        match path {
+            Path::Driver => {
+                addresses.delete(address, &DeleteParams::default()).await?;
+                addresses.patch(address, &pp, &unfinalize).await?;
+                claims.patch(name, &pp, &unfinalize).await?;
+            }
+            _ => {
+                let now = k8s_openapi::jiff::Timestamp::now().to_string();
+                addresses
+                    .patch_status(
+                        address,
+                        &pp,
+                        &Patch::Merge(json!({"status": {"phase": "Released", "releasedAt": now}})),
+                    )
+                    .await?;
+                claims.patch(name, &pp, &unfinalize).await?;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                addresses
+                    .patch(
+                        address,
+                        &pp,
+                        &Patch::Merge(json!({"spec": {"claimRef": null}})),
+                    )
+                    .await?;
+                addresses
+                    .patch_status(
+                        address,
+                        &pp,
+                        &Patch::Merge(
+                            json!({"status": {"phase": "Available", "releasedAt": null}}),
+                        ),
+                    )
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn pool_name(i: usize) -> String {
+    format!("p-{i:05}")
+}
+
+/// One rate's run: arrivals at `rate` per second for `step`, every life to its end.
+async fn step(load: Arc<Load>, rate: usize, step: Duration) -> Result<Vec<(Path, Sample)>> {
+    let n = (rate as f64 * step.as_secs_f64()) as usize;
+    let start = Instant::now() + Duration::from_millis(100);
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        let path = Path::of_arrival(i);
+        if load.floor.is_some() && !path.has_floor() {
+            continue;
+        }
+        let t0 = start + Duration::from_secs_f64(i as f64 / rate as f64);
+        tokio::time::sleep_until(t0.into()).await;
+        let ns = format!("load-{:02}", i % LOAD_NAMESPACES);
+        let name = format!("{}-{rate:04}-{i:05}", path.prefix());
+        let load = load.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = load.arrival(path, &ns, &name, t0, i).await;
+            (path, r.with_context(|| format!("{ns}/{name}")))
+        }));
+    }
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        let (path, r) = t.await?;
+        out.push((path, r?));
+    }
+    Ok(out)
+}
+
+fn summary(samples: &[f64]) -> [Option<f64>; 4] {
+    let mut v = samples.to_vec();
+    v.sort_by(f64::total_cmp);
+    [0.5, 0.9, 0.99, 1.0].map(|q| quantile(&v, q).map(|s| s * 1000.0))
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map(|v| format!("{v:.0}")).unwrap_or_else(|| "—".into())
+}
+
+/// CPU seconds of the processes.
+fn cpu(pids: &[u32]) -> f64 {
+    pids.iter()
+        .filter_map(|p| cpu_time(*p).ok())
+        .map(|d| d.as_secs_f64())
+        .sum()
+}
+
+/// Writes of the controllers and drivers to claims and addresses per path and rate, and
+/// per path by `resource/subresource verb` (from the audit log). A claim's writes go by its
+/// name; an address's to the claim it served when written (the first turn the watch still
+/// saw at or after the write).
+#[allow(clippy::type_complexity)]
+fn audited(
+    obs: &Observer,
+) -> Result<(BTreeMap<(Path, usize), f64>, BTreeMap<(Path, String), f64>)> {
+    let text = std::fs::read_to_string(Cluster::get().dir.join("logs/audit.log"))?;
+    let claims_of = obs.claims_of.lock().map(|m| m.clone()).unwrap_or_default();
+    let (mut by_rate, mut by_kind) = (BTreeMap::new(), BTreeMap::new());
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let user = v["impersonatedUser"]["username"].as_str().unwrap_or("");
+        if v["stage"] != "ResponseComplete" || !PROCESSES.contains(&user) {
+            continue;
+        }
+        let o = &v["objectRef"];
+        let name = o["name"].as_str().unwrap_or("");
+        let claim = match o["resource"].as_str() {
+            Some("ipaddresses") => {
+                let at: Option<Timestamp> = v["requestReceivedTimestamp"]
+                    .as_str()
+                    .and_then(|t| t.parse().ok());
+                let turns = claims_of.get(name);
+                at.zip(turns).and_then(|(at, turns)| {
+                    turns
+                        .iter()
+                        .find(|(_, seen)| *seen >= at)
+                        .or(turns.last())
+                        .map(|(c, _)| c.as_str())
+                })
+            }
+            _ => Some(name),
+        };
+        let Some(claim) = claim else { continue };
+        let (Some(path), Some(rate)) = (
+            Path::of_name(claim),
+            claim
+                .split('-')
+                .nth(1)
+                .and_then(|r| r.parse::<usize>().ok()),
+        ) else {
+            continue;
+        };
+        *by_rate.entry((path, rate)).or_default() += 1.0;
+        let kind = format!(
+            "{}{} {}",
+            o["resource"].as_str().unwrap_or(""),
+            o["subresource"]
+                .as_str()
+                .map(|s| format!("/{s}"))
+                .unwrap_or_default(),
+            v["verb"].as_str().unwrap_or("")
+        );
+        *by_kind.entry((path, kind)).or_default() += 1.0;
+    }
+    Ok((by_rate, by_kind))
+}
+
+struct Run {
+    samples: BTreeMap<usize, Vec<(Path, Sample)>>,
+    /// Per rate: CPU seconds of (controllers, drivers, kube-apiserver).
+    cpu: BTreeMap<usize, (f64, f64, f64)>,
+    /// Per rate: writes kube-apiserver counted during the step, by resource.
+    writes: BTreeMap<usize, BTreeMap<String, f64>>,
+}
+
+async fn run(
+    load: Arc<Load>,
+    rates: &[usize],
+    dur: Duration,
+    pids: (&[u32], &[u32]),
+) -> Result<Run> {
+    let kas = kas_pid()?;
+    let mut r = Run {
+        samples: BTreeMap::new(),
+        cpu: BTreeMap::new(),
+        writes: BTreeMap::new(),
+    };
+    for &rate in rates {
+        let (c0, d0, k0) = (cpu(pids.0), cpu(pids.1), cpu(&[kas]));
+        let w0 = writes()?;
+        let t = Instant::now();
+        let samples = step(load.clone(), rate, dur).await?;
+        let served = samples.iter().filter(|(_, s)| s.served.is_some()).count();
+        eprintln!(
+            "{} {rate}/s: {} arrivals, {served} served, in {:.1?}",
+            if load.floor.is_some() {
+                "floor"
+            } else {
+                "ours"
+            },
+            samples.len(),
+            t.elapsed()
+        );
+        r.cpu
+            .insert(rate, (cpu(pids.0) - c0, cpu(pids.1) - d0, cpu(&[kas]) - k0));
+        r.samples.insert(rate, samples);
+        // The last release delay's recycling belongs to this step.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let w1 = writes()?;
+        let per: BTreeMap<String, f64> = ["events", "services", "ipaddressclaims", "ipaddresses"]
+            .iter()
+            .map(|k| (k.to_string(), delta(&w1, &w0, &[k])))
+            .collect();
+        r.writes.insert(rate, per);
+    }
+    Ok(r)
+}
+
+fn served(samples: &[(Path, Sample)], path: Path) -> Vec<f64> {
+    samples
+        .iter()
+        .filter(|(p, _)| *p == path)
+        .filter_map(|(_, s)| s.served)
+        .collect()
+}
+
+fn knee(p99: &[(usize, Option<f64>)]) -> String {
+    let Some(base) = p99.first().and_then(|(_, v)| *v) else {
+        return "—".into();
+    };
+    p99.iter()
+        .find(|(_, v)| v.is_none_or(|v| v > 2.0 * base))
+        .map(|(r, _)| format!("{r}/s"))
+        .unwrap_or_else(|| format!("> {}/s", p99.last().map(|(r, _)| *r).unwrap_or(0)))
+}
+
+#[allow(clippy::type_complexity)]
+fn report(
+    ours: &Run,
+    floor: &Run,
+    (writes, kinds): &(BTreeMap<(Path, usize), f64>, BTreeMap<(Path, String), f64>),
+) -> String {
+    let mut out = vec![
+        "| rate/s | path | arrivals | timed out | served p50 / p90 / p99 / max ms | floor p50 / p90 / p99 / max ms | p99 / floor p99 | delete → released p50 / p99 ms | writes per arrival |".to_string(),
+        "|---|---|---|---|---|---|---|---|---|".to_string(),
+    ];
+    for (rate, samples) in &ours.samples {
+        for path in Path::ALL {
+            let all: Vec<&Sample> = samples
+                .iter()
+                .filter(|(p, _)| *p == path)
+                .map(|(_, s)| s)
+                .collect();
+            let s = summary(&served(samples, path));
+            let f = floor
+                .samples
+                .get(rate)
+                .filter(|_| path.has_floor())
+                .map(|fs| summary(&served(fs, path)));
+            let released: Vec<f64> = all.iter().filter_map(|s| s.released).collect();
+            let rel = summary(&released);
+            let join =
+                |v: &[Option<f64>; 4]| v.iter().map(|x| ms(*x)).collect::<Vec<_>>().join(" / ");
+            let ratio = match (s[2], f.and_then(|f| f[2])) {
+                (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+                _ => "—".into(),
+            };
+            out.push(format!(
+                "| {rate} | {} | {} | {} | {} | {} | {ratio} | {} | {} |",
+                path.name(),
+                all.len(),
+                all.iter().filter(|s| s.served.is_none()).count(),
+                join(&s),
+                f.map(|f| join(&f)).unwrap_or_else(|| "—".into()),
+                if path == Path::Static || path == Path::Driver {
+                    format!("{} / {}", ms(rel[0]), ms(rel[2]))
+                } else {
+                    "—".into()
+                },
+                match writes.get(&(path, *rate)) {
+                    Some(w) if !all.is_empty() => format!("{:.2}", w / all.len() as f64),
+                    _ => "—".into(),
+                },
+            ));
+        }
+    }
+    out.push(String::new());
+    out.push("| rate/s | controllers CPU ms/arrival | drivers CPU ms/arrival | kube-apiserver CPU ms/arrival (ours) | kube-apiserver CPU ms/arrival (floor) | events/arrival | Service writes per Service arrival (the bench's create and delete included) |".into());
+    out.push("|---|---|---|---|---|---|---|".into());
+    for (rate, (c, d, k)) in &ours.cpu {
+        let samples = ours
+            .samples
+            .get(rate)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let n = samples.len().max(1) as f64;
+        let services = samples
+            .iter()
+            .filter(|(p, _)| matches!(p, Path::SvcAuto | Path::SvcClaim))
+            .count()
+            .max(1) as f64;
+        let w = |k: &str| {
+            ours.writes
+                .get(rate)
+                .and_then(|w| w.get(k))
+                .copied()
+                .unwrap_or(0.0)
+        };
+        let floor_k = floor
+            .cpu
+            .get(rate)
+            .zip(floor.samples.get(rate))
+            .map(|((_, _, k), s)| k * 1000.0 / s.len().max(1) as f64);
+        out.push(format!(
+            "| {rate} | {:.2} | {:.2} | {:.2} | {} | {:.2} | {:.2} |",
+            c * 1000.0 / n,
+            d * 1000.0 / n,
+            k * 1000.0 / n,
+            floor_k
+                .map(|v| format!("{v:.2}"))
+                .unwrap_or_else(|| "—".into()),
+            w("events") / n,
+            w("services") / services,
+        ));
+    }
+    out.push(String::new());
+    out.push(
+        "Writes of the controllers and drivers per arrival, by path and kind (all rates):".into(),
+    );
+    for path in Path::ALL {
+        let arrivals = ours
+            .samples
+            .values()
+            .flatten()
+            .filter(|(p, _)| *p == path)
+            .count()
+            .max(1) as f64;
+        let line: Vec<String> = kinds
+            .iter()
+            .filter(|((p, _), _)| *p == path)
+            .map(|((_, k), v)| format!("{k} {:.2}", v / arrivals))
+            .collect();
+        out.push(format!("  {}: {}", path.name(), line.join(", ")));
+    }
+    out.push(String::new());
+    for path in Path::ALL {
+        let p99 = |r: &Run| -> Vec<(usize, Option<f64>)> {
+            r.samples
+                .iter()
+                .map(|(rate, s)| (*rate, summary(&served(s, path))[2]))
+                .collect()
+        };
+        out.push(format!(
+            "knee ({}): ours {}, floor {}",
+            path.name(),
+            knee(&p99(ours)),
+            if path.has_floor() {
+                knee(&p99(floor))
+            } else {
+                "—".into()
+            }
+        ));
+    }
+    out.join("\n")
+}
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let (mut base, mut rates, mut dur) = (10_000usize, vec![5, 10, 20, 50, 100], 20u64);
+    let mut protection = true;
+    while let Some(a) = args.next() {
+        let mut value = || args.next().ok_or_else(|| anyhow!("{a} needs a value"));
+        match a.as_str() {
+            "--base" => base = value()?.parse()?,
+            "--step" => dur = value()?.parse()?,
+            "--no-protection-policy" => protection = false,
+            "--rates" => {
+                rates = value()?
+                    .split(',')
+                    .map(|r| r.trim().parse().context("--rates"))
+                    .collect::<Result<_>>()?
+            }
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let out = runtime.block_on(on_own_control_plane(
+        "ac-latency",
+        &[("SERVICE_CIDR", "172.20.0.0/16")],
+        || measure(base, rates, Duration::from_secs(dur), protection),
+    ))?;
+    println!("{out}");
+    Ok(())
+}
+
+async fn measure(
+    base: usize,
+    rates: Vec<usize>,
+    dur: Duration,
+    protection: bool,
+) -> Result<String> {
+    let (_, client) = setup().await;
+    if protection {
+        apply_protection_policy(&client).await?;
+    }
+    let t = Instant::now();
+    let nss: Api<Namespace> = Api::all(client.clone());
+    let base_namespaces = (base / 10).max(1);
+    let names: Vec<String> = (0..base_namespaces)
+        .map(|i| format!("base-{i:05}"))
+        .chain((0..LOAD_NAMESPACES).map(|i| format!("load-{i:02}")))
+        .collect();
+    futures::stream::iter(names)
+        .map(|name| {
+            let nss = nss.clone();
+            async move {
+                let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+                nss.create(&PostParams::default(), &ns).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?;
+    let classes: Api<address_controller_api::IPAddressClass> = Api::all(client.clone());
+    for class in [
+        json!({"metadata": {"name": "base"}, "spec": {"provisioner": "static.bench"}}),
+        json!({"metadata": {"name": "static"}, "spec": {"provisioner": "static.bench",
+            "reclaimPolicy": "Retain", "releaseDelay": "1s"}}),
+        json!({"metadata": {"name": "driver", "annotations": {AUTO_CLAIM_CLASS_ANNOTATION: "true"}},
+            "spec": {"provisioner": RANGE_PROVISIONER, "reclaimPolicy": "Delete",
+            "parameters": {"cidrs": ["10.64.0.0/14"]}}}),
+        json!({"metadata": {"name": "floor"}, "spec": {"provisioner": "floor.bench"}}),
+    ] {
+        classes
+            .create(&PostParams::default(), &serde_json::from_value(class)?)
+            .await?;
+    }
+    let address = |name: String, ip: String, class: &str| {
+        (
+            None,
+            json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddress",
+            "metadata": {"name": name},
+            "spec": {"address": ip, "className": class, "source": {"fromClass": {}}}}),
+        )
+    };
+    let addresses = (0..base)
+        .map(|i| address(format!("b-{i:06}"), ipv4(i), "base"))
+        .chain((0..POOL).map(|i| address(pool_name(i), ipv4(0x0020_0000 + i), "static")))
+        .collect();
+    create_all(&client, &ApiResource::erase::<IPAddress>(&()), addresses).await?;
+    let claims = (0..base)
+        .map(|i| {
+            (
+                Some(format!("base-{:05}", i % base_namespaces)),
+                json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddressClaim",
+                "metadata": {"name": format!("b-{i:06}")}, "spec": {"className": "base"}}),
+            )
+        })
+        .collect();
+    create_all(&client, &ApiResource::erase::<IPAddressClaim>(&()), claims).await?;
+    eprintln!("base of {base}: created in {:.1?}", t.elapsed());
+
+    // Production's shape: two replicas of each, one leading (default lease and client flags).
+    let mut bound = bound_claims(&client).await?;
+    let lease = ["--lease-name", "bench-ctl"];
+    let ctl_a = ControllerProcess::start("ctl-a", &lease).await?;
+    let ctl_b = ControllerProcess::start("ctl-b", &lease).await?;
+    let dlease = ["--lease-name", "bench-drv"];
+    let drv_a = ControllerProcess::driver("drv-a", &dlease).await?;
+    let drv_b = ControllerProcess::driver("drv-b", &dlease).await?;
+    tokio::time::timeout(Duration::from_secs(3600), bound.wait_for(|b| *b >= base))
+        .await
+        .context("waiting for the base Bound")?
+        .context("the claim watch ended")?;
+    eprintln!("base of {base}: Bound after {:.1?}", t.elapsed());
+
+    let obs = observe(&client).await?;
+    let ours = Arc::new(Load {
+        client: client.clone(),
+        obs: obs.clone(),
+        floor: None,
+    });
+    let ctls = [ctl_a.pid(), ctl_b.pid()];
+    let drvs = [drv_a.pid(), drv_b.pid()];
+    let ours_run = run(ours, &rates, dur, (&ctls, &drvs)).await?;
+    let writes = audited(&obs)?;
+    for mut p in [ctl_a, ctl_b, drv_a, drv_b] {
+        p.kill();
+    }
+    let floor = Arc::new(Load {
+        client: client.clone(),
+        obs,
+        floor: Some(Arc::new(std::sync::atomic::AtomicUsize::new(0))),
+    });
+    let floor_run = run(floor, &rates, dur, (&[], &[])).await?;
+    Ok(format!(
+        "base: {base} bound claims and addresses; {} namespaces; client qps 200 (the default); the chart's protection policy {}\n\n{}",
+        base_namespaces + LOAD_NAMESPACES,
+        if protection { "applied" } else { "not applied" },
+        report(&ours_run, &floor_run, &writes)
+    ))
+}
