@@ -46,6 +46,11 @@ pub struct LivenessArgs {
     /// Server-side length of one watch request; the watch is renewed after it.
     #[arg(long, env = "ADDRESS_CONTROLLER_WATCH_TIMEOUT", default_value = "290s", value_parser = address_controller_api::duration::parse)]
     pub watch_timeout: Duration,
+    /// Take the caches' initial state as streaming lists (a watch with sendInitialEvents,
+    /// served from kube-apiserver's watch cache) rather than paged lists; a server that
+    /// refuses them gets paged lists in any case.
+    #[arg(long, env = "ADDRESS_CONTROLLER_STREAMING_LISTS", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub streaming_lists: bool,
     /// A work queue with ready work that no worker took for this long makes the leader not
     /// ready.
     #[arg(long, env = "ADDRESS_CONTROLLER_QUEUE_STALL_BOUND", default_value = "60s", value_parser = address_controller_api::duration::parse)]
@@ -63,6 +68,7 @@ impl LivenessArgs {
     pub fn watch_config(&self) -> WatchConfig {
         WatchConfig {
             timeout: self.watch_timeout,
+            streaming_lists: self.streaming_lists,
             ..WatchConfig::default()
         }
     }
