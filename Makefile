@@ -79,6 +79,12 @@ bench-scale: ## The cost of a bind as the pool grows: a fresh control plane per 
 	$(CARGO) build --release --bins --quiet
 	ADDRESS_CONTROLLER_PROFILE=release $(CARGO) run --release --quiet -p address-controller-tests --bin bench-scale -- $(BENCH_SCALE_ARGS)
 
+.PHONY: bench-latency
+bench-latency: ## What a tenant waits for under churn: open-loop arrivals at stepped rates over a base of bound objects, two replicas of the core and the range driver, each path next to a plain client's floor; release build (BENCH_LATENCY_ARGS="--base 10000 --rates 5,10,20,50,100 --step 20")
+	@deploy/local/build-binaries.sh
+	$(CARGO) build --release --bins --quiet
+	ADDRESS_CONTROLLER_PROFILE=release $(CARGO) run --release --quiet -p address-controller-tests --bin bench-latency -- $(BENCH_LATENCY_ARGS)
+
 .PHONY: bench-watch
 bench-watch: ## Informer-like watchers of the views under steady claim changes: relists, latency, CPU per watcher
 	cargo build --bins --quiet

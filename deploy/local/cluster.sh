@@ -273,6 +273,12 @@ rules:
   verbs: [create, update, patch, delete, deletecollection]
   resources:
   - group: local.sdn.cozystack.io
+# Who deleted a Service (the benches and tests ask when one vanishes).
+- level: Metadata
+  verbs: [delete, deletecollection]
+  resources:
+  - group: ""
+    resources: [services]
 - level: None
 POLICY
 

@@ -18,6 +18,7 @@
 //! ending in the same observed write. Asserts nothing about speed.
 //!
 //!     bench-latency [--base 10000] [--rates 5,10,20,50,100] [--step 20] [--no-protection-policy]
+//!                   [--kube-api-qps Q]   (the core's and drivers' client limit; 0: none)
 //!
 //! As a default install has it, the chart's protection policy puts the core's finalizers on
 //! at creation (`--no-protection-policy`: the core writes them).
@@ -264,6 +265,9 @@ async fn observe(client: &Client) -> Result<Arc<Observer>> {
 struct Sample {
     served: Option<f64>,
     released: Option<f64>,
+    /// The bench's delete found the Service gone (someone else deleted it): its namespace
+    /// and name.
+    vanished: Option<(String, String)>,
 }
 
 /// A pseudo-random lifetime of 1–5 s from the arrival's index.
@@ -324,7 +328,8 @@ impl Load {
                         &PostParams::default(),
                         &serde_json::from_value(claim_body(name, class))?,
                     )
-                    .await?;
+                    .await
+                    .context("creating the claim")?;
                 let addresses = match &self.floor {
                     Some(turn) => Some(self.floor_bind(path, ns, name, turn).await?),
                     None => None,
@@ -372,9 +377,19 @@ impl Load {
                 };
                 sample.served = Some(seen.at.duration_since(t0).as_secs_f64());
                 tokio::time::sleep(lifetime(i)).await;
-                services.delete(name, &DeleteParams::default()).await?;
+                match services.delete(name, &DeleteParams::default()).await {
+                    Err(kube::Error::Api(e)) if e.code == 404 => {
+                        sample.vanished = Some((ns.to_string(), name.to_string()))
+                    }
+                    r => {
+                        r.context("deleting the Service")?;
+                    }
+                }
                 if path == Path::SvcClaim {
-                    claims.delete(name, &DeleteParams::default()).await?;
+                    claims
+                        .delete(name, &DeleteParams::default())
+                        .await
+                        .context("deleting the claim")?;
                 }
             }
         }
@@ -632,6 +647,45 @@ fn audited(
     Ok((by_rate, by_kind))
 }
 
+/// Services the bench found deleted when it came to delete them, and who deleted them
+/// (the audit log).
+fn vanished(run: &Run) -> Result<String> {
+    let gone: Vec<&(String, String)> = run
+        .samples
+        .values()
+        .flatten()
+        .filter_map(|(_, s)| s.vanished.as_ref())
+        .collect();
+    if gone.is_empty() {
+        return Ok(String::new());
+    }
+    let text = std::fs::read_to_string(Cluster::get().dir.join("logs/audit.log"))?;
+    let mut out = format!("\n\n{} Services were deleted by someone else:", gone.len());
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let o = &v["objectRef"];
+        if v["stage"] == "ResponseComplete"
+            && v["verb"] == "delete"
+            && o["resource"] == "services"
+            && gone
+                .iter()
+                .any(|(ns, n)| o["namespace"] == ns.as_str() && o["name"] == n.as_str())
+        {
+            out.push_str(&format!(
+                "\n  {}/{} by {} ({}): {}",
+                o["namespace"].as_str().unwrap_or(""),
+                o["name"].as_str().unwrap_or(""),
+                v["user"]["username"].as_str().unwrap_or(""),
+                v["userAgent"].as_str().unwrap_or(""),
+                v["responseStatus"]["code"]
+            ));
+        }
+    }
+    Ok(out)
+}
+
 struct Run {
     samples: BTreeMap<usize, Vec<(Path, Sample)>>,
     /// Per rate: CPU seconds of (controllers, drivers, kube-apiserver).
@@ -835,12 +889,14 @@ fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let (mut base, mut rates, mut dur) = (10_000usize, vec![5, 10, 20, 50, 100], 20u64);
     let mut protection = true;
+    let mut qps: Option<String> = None;
     while let Some(a) = args.next() {
         let mut value = || args.next().ok_or_else(|| anyhow!("{a} needs a value"));
         match a.as_str() {
             "--base" => base = value()?.parse()?,
             "--step" => dur = value()?.parse()?,
             "--no-protection-policy" => protection = false,
+            "--kube-api-qps" => qps = Some(value()?),
             "--rates" => {
                 rates = value()?
                     .split(',')
@@ -856,7 +912,7 @@ fn main() -> Result<()> {
     let out = runtime.block_on(on_own_control_plane(
         "ac-latency",
         &[("SERVICE_CIDR", "172.20.0.0/16")],
-        || measure(base, rates, Duration::from_secs(dur), protection),
+        || measure(base, rates, Duration::from_secs(dur), protection, qps),
     ))?;
     println!("{out}");
     Ok(())
@@ -867,6 +923,7 @@ async fn measure(
     rates: Vec<usize>,
     dur: Duration,
     protection: bool,
+    qps: Option<String>,
 ) -> Result<String> {
     let (_, client) = setup().await;
     if protection {
@@ -932,19 +989,32 @@ async fn measure(
     create_all(&client, &ApiResource::erase::<IPAddressClaim>(&()), claims).await?;
     eprintln!("base of {base}: created in {:.1?}", t.elapsed());
 
-    // Production's shape: two replicas of each, one leading (default lease and client flags).
+    // The base is bound by one replica without a client rate limit (a bulk import), then
+    // production's shape takes over: two replicas of each, one leading, default flags.
     let mut bound = bound_claims(&client).await?;
-    let lease = ["--lease-name", "bench-ctl"];
-    let ctl_a = ControllerProcess::start("ctl-a", &lease).await?;
-    let ctl_b = ControllerProcess::start("ctl-b", &lease).await?;
-    let dlease = ["--lease-name", "bench-drv"];
-    let drv_a = ControllerProcess::driver("drv-a", &dlease).await?;
-    let drv_b = ControllerProcess::driver("drv-b", &dlease).await?;
+    let mut import =
+        ControllerProcess::start("ctl-import", &["--leader-elect=false", "--kube-api-qps=0"])
+            .await?;
     tokio::time::timeout(Duration::from_secs(3600), bound.wait_for(|b| *b >= base))
         .await
         .context("waiting for the base Bound")?
         .context("the claim watch ended")?;
+    import.kill();
     eprintln!("base of {base}: Bound after {:.1?}", t.elapsed());
+    let flags = |lease: &'static str| -> Vec<String> {
+        let mut f = vec!["--lease-name".to_string(), lease.to_string()];
+        if let Some(q) = &qps {
+            f.extend(["--kube-api-qps".to_string(), q.clone()]);
+        }
+        f
+    };
+    let (ctl, drv) = (flags("bench-ctl"), flags("bench-drv"));
+    let ctl: Vec<&str> = ctl.iter().map(String::as_str).collect();
+    let drv: Vec<&str> = drv.iter().map(String::as_str).collect();
+    let ctl_a = ControllerProcess::start("ctl-a", &ctl).await?;
+    let ctl_b = ControllerProcess::start("ctl-b", &ctl).await?;
+    let drv_a = ControllerProcess::driver("drv-a", &drv).await?;
+    let drv_b = ControllerProcess::driver("drv-b", &drv).await?;
 
     let obs = observe(&client).await?;
     let ours = Arc::new(Load {
@@ -956,6 +1026,7 @@ async fn measure(
     let drvs = [drv_a.pid(), drv_b.pid()];
     let ours_run = run(ours, &rates, dur, (&ctls, &drvs)).await?;
     let writes = audited(&obs)?;
+    let vanished = vanished(&ours_run)?;
     for mut p in [ctl_a, ctl_b, drv_a, drv_b] {
         p.kill();
     }
@@ -966,9 +1037,10 @@ async fn measure(
     });
     let floor_run = run(floor, &rates, dur, (&[], &[])).await?;
     Ok(format!(
-        "base: {base} bound claims and addresses; {} namespaces; client qps 200 (the default); the chart's protection policy {}\n\n{}",
+        "base: {base} bound claims and addresses; {} namespaces; client qps {} of the core and the drivers; the chart's protection policy {}\n\n{}",
         base_namespaces + LOAD_NAMESPACES,
+        qps.as_deref().unwrap_or("200 (the default)"),
         if protection { "applied" } else { "not applied" },
-        report(&ours_run, &floor_run, &writes)
-    ))
+        report(&ours_run, &floor_run, &writes),
+    ) + &vanished)
 }

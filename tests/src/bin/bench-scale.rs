@@ -10,6 +10,7 @@
 //!
 //! As a default install has it, the chart's protection policy puts the core's finalizers on
 //! at creation (`--no-protection-policy`: the core writes them, as before the policy).
+//! `--no-write-floor` leaves the write floor out (a restart figure in half the time).
 //!
 //! Per row: seconds to all Bound and binds per second; API writes per bind on claims and
 //! addresses and event writes per bind (kube-apiserver's `apiserver_request_total`); the
@@ -67,9 +68,11 @@ fn main() -> Result<()> {
     let mut static_sizes = sizes("1000,5000,10000,20000")?;
     let mut driver_sizes = sizes("1000,10000")?;
     let mut protection = true;
+    let mut floor = true;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--no-protection-policy" => protection = false,
+            "--no-write-floor" => floor = false,
             "--sizes" => static_sizes = sizes(&args.next().context("--sizes needs a value")?)?,
             "--driver-sizes" => {
                 driver_sizes = sizes(&args.next().context("--driver-sizes needs a value")?)?
@@ -84,7 +87,7 @@ fn main() -> Result<()> {
                 let runtime = tokio::runtime::Builder::new_multi_thread()
                     .enable_all()
                     .build()?;
-                let row = runtime.block_on(one(mode, n, protection))?;
+                let row = runtime.block_on(one(mode, n, protection, floor))?;
                 println!("ROW {row}");
                 return Ok(());
             }
@@ -106,6 +109,7 @@ fn main() -> Result<()> {
         };
         let out = std::process::Command::new(std::env::current_exe()?)
             .args(policy)
+            .args((!floor).then_some("--no-write-floor"))
             .args(["--one", mode.name(), &n.to_string()])
             .stderr(std::process::Stdio::inherit())
             .output()?;
@@ -211,11 +215,11 @@ async fn controller(name: &str, port: u16) -> Result<ControllerProcess> {
     .await
 }
 
-async fn one(mode: Mode, n: usize, protection: bool) -> Result<Value> {
-    on_own_control_plane("ac-scale", &[], || measure(mode, n, protection)).await
+async fn one(mode: Mode, n: usize, protection: bool, floor: bool) -> Result<Value> {
+    on_own_control_plane("ac-scale", &[], || measure(mode, n, protection, floor)).await
 }
 
-async fn measure(mode: Mode, n: usize, protection: bool) -> Result<Value> {
+async fn measure(mode: Mode, n: usize, protection: bool, with_floor: bool) -> Result<Value> {
     let (_, client) = setup().await;
     if protection {
         apply_protection_policy(&client).await?;
@@ -387,8 +391,8 @@ async fn measure(mode: Mode, n: usize, protection: bool) -> Result<Value> {
 
     // The write floor: the bind's writes by a plain client.
     let floor = match mode {
-        Mode::Static => Some(write_floor(&client, object_writes / n as f64).await?),
-        Mode::Driver => None,
+        Mode::Static if with_floor => Some(write_floor(&client, object_writes / n as f64).await?),
+        _ => None,
     };
     let secs = bind.as_secs_f64();
     Ok(json!({
