@@ -2380,6 +2380,26 @@ async fn the_protection_policy_saves_the_cores_finalizer_writes() {
     let after = format!("after-{sfx}");
     cleanup.add("ipaddresses.local.sdn.cozystack.io", &before);
     cleanup.add("ipaddresses.local.sdn.cozystack.io", &after);
+    // A policy of an earlier test's release, uninstalled, may still act for a moment
+    // (kube-apiserver's admission follows policies through an informer): the control waits
+    // until a server-side dry run of each kind comes back unchanged.
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let probe_claim: IPAddressClaim = serde_json::from_value(
+        json!({"metadata": {"name": format!("dry-{sfx}")}, "spec": {"className": class}}),
+    )
+    .unwrap();
+    wait_for("no protection policy acting", WAIT, || async {
+        let a = addresses
+            .create(&dry, &address_body(&format!("dry-{sfx}"), "198.51.100.93"))
+            .await?;
+        let c = claims.create(&dry, &probe_claim).await?;
+        Ok((a.metadata.finalizers.is_none() && c.metadata.finalizers.is_none()).then_some(()))
+    })
+    .await
+    .unwrap();
     let control = bind(before.clone(), "198.51.100.91").await;
     assert_eq!(
         control,
@@ -2389,10 +2409,6 @@ async fn the_protection_policy_saves_the_cores_finalizer_writes() {
 
     let _release = Release::new(free_port(), &json!({})).await;
     // Active within moments: a server-side dry run shows the mutation without creating.
-    let dry = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
     wait_for("the protection policy mutates creates", WAIT, || async {
         let a = addresses
             .create(&dry, &address_body(&format!("dry-{sfx}"), "198.51.100.93"))
