@@ -74,6 +74,21 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The API server answered that the write did not happen (a conflict, a gone object,
+    /// an invalid or otherwise refused request: a 4xx). A timeout, a 5xx or a broken
+    /// connection says nothing: the write may have landed (kube-apiserver answers 504 to a
+    /// write it then completes).
+    pub fn refused(&self) -> bool {
+        match self {
+            Error::Conflict { .. } | Error::Gone { .. } | Error::Invalid { .. } => true,
+            Error::Kube { source, .. } => {
+                matches!(source, kube::Error::Api(s) if (400..500).contains(&s.code))
+            }
+        }
+    }
+}
+
 impl PassError for Error {
     fn retry(&self) -> Retry {
         match self {
@@ -97,3 +112,23 @@ impl PassError for Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    fn api(code: u16) -> Error {
+        let status = kube::core::Status::failure("", "").with_code(code);
+        Error::kube("writing", "x")(kube::Error::Api(Box::new(status)))
+    }
+
+    #[test]
+    fn only_a_4xx_says_the_write_did_not_land() {
+        for code in [400, 403, 404, 409, 422, 429] {
+            assert!(api(code).refused(), "{code}");
+        }
+        for code in [500, 503, 504] {
+            assert!(!api(code).refused(), "{code}");
+        }
+    }
+}

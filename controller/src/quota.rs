@@ -9,7 +9,8 @@
 //! the limits and recording the take under one lock: two workers never both fit into the
 //! last slot. A take ends when the cache shows what it stood for (an address serving the
 //! claim, an invitation) — it is then counted there — when the claim stops waiting, when
-//! an invitation's write failed (not a bind's: it may have landed), or after [`TAKE_TTL`]. Only the leader binds, so with the takes the
+//! the API server refused an invitation's write (not when a bind's failed, nor when an
+//! invitation's timed out: they may have landed), or after [`TAKE_TTL`]. Only the leader binds, so with the takes the
 //! count is exact.
 //!
 //! **Who is woken.** A claim refused for an entitlement is not in the free-address pump

@@ -108,18 +108,22 @@ async fn pass(ctx: &Context, key: &str) -> Result<Outcome> {
         }
         let binds = plan.binds().next().is_some();
         let result = apply(ctx, &claim, plan).await;
-        if result.is_err() {
+        if let Err(e) = &result {
             // The bind did not happen: the addresses are free again for others. (After a
             // successful bind the reservation ends when the cache shows the address taken.)
             for r in &reserved {
                 ctx.queues.claims.add_all(ctx.index.unreserve(r));
             }
-            // A take for an invitation alone ends (its status write failed). A take for a
-            // bind stays: the bind may have landed before a later write failed, and no
-            // resourceVersion guards a namespace's count — it ends when the cache shows the
-            // address, when the claim stops waiting, or after its TTL (stricter, never
+            // A take for an invitation alone ends when the API server refused its write.
+            // A take stays when the write may have landed — a bind's (a later write may
+            // have failed after it), or an invitation's answered by a timeout, a 5xx or a
+            // broken connection (kube-apiserver answers 504 to a write it completes; the
+            // chaos run's kube-apiserver restart took a namespace past its quota that way,
+            // the slot freed while the invitation stood): no resourceVersion guards a
+            // namespace's count, so it ends when the cache shows the address or the
+            // invitation, when the claim stops waiting, or after its TTL (stricter, never
             // looser, in the meantime).
-            if took == Some(true) && !binds {
+            if took == Some(true) && !binds && e.refused() {
                 ctx.queues.claims.add_all(ctx.quota.release(key));
             }
         }
