@@ -200,6 +200,25 @@ pub async fn bound_claims(client: &Client) -> Result<tokio::sync::watch::Receive
     Ok(rx)
 }
 
+/// Creates the namespaces `names`, [`CREATE_CONCURRENCY`] at once.
+pub async fn create_namespaces(client: &Client, names: Vec<String>) -> Result<()> {
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    futures::stream::iter(names)
+        .map(|name| {
+            let api = api.clone();
+            async move {
+                let ns = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?;
+                api.create(&PostParams::default(), &ns).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(CREATE_CONCURRENCY)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect()
+}
+
 /// The `q`-quantile (0..=1) of `sorted` (nearest rank), `None` when empty.
 pub fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
     if sorted.is_empty() {

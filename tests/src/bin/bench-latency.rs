@@ -38,14 +38,14 @@ use address_controller_api::names::{
 };
 use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClaim};
 use address_controller_tests::bench::{
-    apply_protection_policy, bound_claims, create_all, delta, ipv4, kas_pid, on_own_control_plane,
-    quantile, writes,
+    apply_protection_policy, bound_claims, create_all, create_namespaces, delta, ipv4, kas_pid,
+    on_own_control_plane, quantile, writes,
 };
 use address_controller_tests::env::RANGE_PROVISIONER;
 use address_controller_tests::{Cluster, ControllerProcess, cpu_time, setup};
 use anyhow::{Context, Result, anyhow, bail};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, ApiResource, DeleteParams, Patch, PatchParams, PostParams};
@@ -930,26 +930,12 @@ async fn measure(
         apply_protection_policy(&client).await?;
     }
     let t = Instant::now();
-    let nss: Api<Namespace> = Api::all(client.clone());
     let base_namespaces = (base / 10).max(1);
     let names: Vec<String> = (0..base_namespaces)
         .map(|i| format!("base-{i:05}"))
         .chain((0..LOAD_NAMESPACES).map(|i| format!("load-{i:02}")))
         .collect();
-    futures::stream::iter(names)
-        .map(|name| {
-            let nss = nss.clone();
-            async move {
-                let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
-                nss.create(&PostParams::default(), &ns).await?;
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(64)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>>>()?;
+    create_namespaces(&client, names).await?;
     let classes: Api<address_controller_api::IPAddressClass> = Api::all(client.clone());
     for class in [
         json!({"metadata": {"name": "base"}, "spec": {"provisioner": "static.bench"}}),

@@ -23,7 +23,7 @@
 use std::time::{Duration, Instant};
 
 use address_controller_tests::bench::{
-    CREATE_CONCURRENCY, apply_protection_policy, bound_claims, create_all, delta, ipv4, kas_pid,
+    apply_protection_policy, bound_claims, create_all, create_namespaces, delta, ipv4, kas_pid,
     on_own_control_plane, writes,
 };
 use address_controller_tests::env::{RANGE_PROVISIONER, register_views_at};
@@ -32,7 +32,6 @@ use address_controller_tests::{
 };
 use anyhow::{Context, Result, anyhow, bail};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::api::{Api, ApiResource, ListParams, Patch, PatchParams, PostParams};
 
@@ -225,22 +224,8 @@ async fn measure(mode: Mode, n: usize, protection: bool, with_floor: bool) -> Re
         apply_protection_policy(&client).await?;
     }
     let namespaces = (n / 10).max(1);
-    let nss: Api<Namespace> = Api::all(client.clone());
     let names: Vec<String> = (0..namespaces).map(|i| format!("s-{i:05}")).collect();
-    futures::stream::iter(names.clone())
-        .map(|name| {
-            let nss = nss.clone();
-            async move {
-                let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
-                nss.create(&PostParams::default(), &ns).await?;
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(CREATE_CONCURRENCY)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>>>()?;
+    create_namespaces(&client, names.clone()).await?;
     let classes: Api<address_controller_api::IPAddressClass> = Api::all(client.clone());
     let class = match mode {
         Mode::Static => {
