@@ -117,8 +117,8 @@ impl Authorizer {
             } => {
                 spec.resource_attributes = Some(ResourceAttributes {
                     verb: Some(verb.clone()),
-                    group: Some(crate::GROUP.into()),
-                    version: Some(crate::VERSION.into()),
+                    group: Some(crate::group::GROUP.into()),
+                    version: Some(crate::group::VERSION.into()),
                     resource: Some(resource.clone()),
                     subresource: Some(subresource.clone()).filter(|s| !s.is_empty()),
                     namespace: namespace.clone(),

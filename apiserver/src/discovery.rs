@@ -4,10 +4,16 @@
 
 use std::sync::Arc;
 
+use axum::extract::{Path, State as AxumState};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use crate::group::{GROUP, VERSION};
+use crate::openapi;
 use crate::resources::View;
-use crate::{GROUP, VERSION};
+use crate::state::State;
+use crate::status::page_not_found;
 
 /// `GET /apis/<group>/<version>`: the legacy `APIResourceList`.
 pub fn api_resource_list(views: &[Arc<dyn View>]) -> Value {
@@ -60,6 +66,93 @@ pub fn aggregated(views: &[Arc<dyn View>]) -> Value {
     json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {},
         "items": [{"metadata": {"name": GROUP, "creationTimestamp": null},
             "versions": [{"version": VERSION, "resources": resources, "freshness": "Current"}]}]})
+}
+
+// The handlers: discovery and the OpenAPI documents.
+
+fn json_with(content_type: &'static str, body: &serde_json::Value) -> Response {
+    let mut r = axum::Json(body).into_response();
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+pub async fn apis(AxumState(state): AxumState<Arc<State>>, headers: HeaderMap) -> Response {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if accept.contains("as=APIGroupDiscoveryList") && accept.contains("v=v2") {
+        json_with(
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+            &aggregated(&state.store.views),
+        )
+    } else {
+        axum::Json(api_group_list()).into_response()
+    }
+}
+
+pub async fn group(Path(g): Path<String>) -> Response {
+    if g != GROUP {
+        return page_not_found();
+    }
+    axum::Json(api_group()).into_response()
+}
+
+pub async fn group_version(
+    AxumState(state): AxumState<Arc<State>>,
+    Path((g, v)): Path<(String, String)>,
+) -> Response {
+    if g != GROUP || v != VERSION {
+        return page_not_found();
+    }
+    axum::Json(api_resource_list(&state.store.views)).into_response()
+}
+
+/// A served OpenAPI document, or 304 when the client holds it already.
+fn document(d: &openapi::Document, headers: &HeaderMap) -> Response {
+    let held = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == d.etag));
+    let etag = HeaderValue::from_str(&d.etag).unwrap_or(HeaderValue::from_static("\"\""));
+    if held {
+        return (StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response();
+    }
+    (
+        StatusCode::OK,
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            ),
+            (header::ETAG, etag),
+        ],
+        d.body.clone(),
+    )
+        .into_response()
+}
+
+pub async fn openapi_v2(AxumState(state): AxumState<Arc<State>>, headers: HeaderMap) -> Response {
+    document(&state.openapi.v2, &headers)
+}
+
+pub async fn openapi_v3_index(
+    AxumState(state): AxumState<Arc<State>>,
+    headers: HeaderMap,
+) -> Response {
+    document(&state.openapi.v3_index, &headers)
+}
+
+pub async fn openapi_v3(
+    AxumState(state): AxumState<Arc<State>>,
+    Path((g, v)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    if g != GROUP || v != VERSION {
+        return page_not_found();
+    }
+    document(&state.openapi.v3, &headers)
 }
 
 #[cfg(test)]

@@ -11,8 +11,8 @@
 use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value, json};
 
+use crate::group::{GROUP, VERSION};
 use crate::resources::{self, View};
-use crate::{GROUP, VERSION};
 
 /// Reverse-DNS prefix of the schema names (the Kubernetes convention).
 const PREFIX: &str = "io.cozystack.sdn.local.view.v1alpha1";

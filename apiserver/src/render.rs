@@ -5,7 +5,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::API_VERSION;
+use crate::group::API_VERSION;
 use crate::negotiate::Format;
 use crate::resources::ResourceInfo;
 use crate::status::ApiError;

@@ -8,7 +8,6 @@ use std::time::Duration;
 use axum::http::Method;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
@@ -23,6 +22,9 @@ pub struct RequestInfo {
     pub name: Option<String>,
     pub subresource: Option<String>,
     pub verb: &'static str,
+    /// Segments after the subresource: authorized as the subresource (kube-apiserver does
+    /// too), served by nothing.
+    pub beyond: bool,
 }
 
 impl RequestInfo {
@@ -45,6 +47,7 @@ impl RequestInfo {
             [r, n, s, ..] => (*r, Some(n.to_string()), Some(s.to_string())),
             [] => return None,
         };
+        let beyond = rest.len() > 3;
         let verb = match *method {
             Method::GET | Method::HEAD if name.is_some() => "get",
             Method::GET | Method::HEAD if query.watch() => "watch",
@@ -64,6 +67,7 @@ impl RequestInfo {
             name,
             subresource,
             verb,
+            beyond,
         })
     }
 }
@@ -304,15 +308,6 @@ impl ListOptions {
         }
         Ok(o)
     }
-}
-
-/// The details of a 422 on list options: the cause's message without the field's name
-/// in front, as `field.Error` words it.
-pub fn list_options_causes(field: &str, reason: &str, message: &str) -> serde_json::Value {
-    let detail = message
-        .strip_prefix(&format!("{field}: "))
-        .unwrap_or(message);
-    json!({"kind": "ListOptions", "group": "meta.k8s.io", "causes": [{"reason": reason, "message": detail, "field": field}]})
 }
 
 #[cfg(test)]

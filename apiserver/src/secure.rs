@@ -12,9 +12,16 @@ use anyhow::Context as _;
 use kube::Client;
 use prometheus::Registry;
 
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::middleware::{from_fn, from_fn_with_state};
+use axum::routing::any;
+
 use crate::authn::Authenticator;
 use crate::authz::Authorizer;
+use crate::front;
 use crate::metrics::AuthCaches;
+use crate::status::page_not_found;
 use crate::tls::{self, ServingCert};
 
 /// The certificate and the delegated auth of a process.
@@ -51,7 +58,7 @@ impl SecureServing {
         }
         tasks.spawn_forever(
             "auth cache upkeep",
-            crate::auth_upkeep(authn.clone(), authz.clone()),
+            auth_upkeep(authn.clone(), authz.clone()),
         );
         Ok(SecureServing {
             config,
@@ -72,11 +79,54 @@ impl SecureServing {
         let addr: SocketAddr = addr
             .parse()
             .with_context(|| format!("metrics address {addr:?}"))?;
-        let app = crate::metrics_router(self.authn.clone(), self.authz.clone(), render);
-        let serve = crate::serve_tls(addr, self.config.clone(), app, shutdown.wait());
+        let app = metrics_router(
+            front::Access {
+                authn: self.authn.clone(),
+                authz: self.authz.clone(),
+            },
+            render,
+        );
+        let serve = tls::serve(addr, self.config.clone(), app, shutdown.wait());
         tasks.spawn("metrics server", async move {
             serve.await.context("metrics server")
         });
         Ok(())
     }
+}
+
+/// Keeps the delegated-auth caches within their bounds (evictions and expirations are
+/// otherwise applied only as they are used); runs for as long as the process.
+pub async fn auth_upkeep(authn: Arc<Authenticator>, authz: Arc<Authorizer>) {
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+    loop {
+        every.tick().await;
+        authn.upkeep().await;
+        authz.upkeep().await;
+    }
+}
+
+/// The secure metrics endpoint: `/metrics` over TLS, for principals allowed to `get` the
+/// non-resource path `/metrics` (the same [`front`] layers as the views: TokenReview +
+/// SubjectAccessReview). Any other path is a plain 404, unauthenticated.
+pub fn metrics_router(
+    access: front::Access,
+    render: Arc<dyn Fn() -> String + Send + Sync>,
+) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            any(move || {
+                let render = render.clone();
+                async move {
+                    (
+                        StatusCode::OK,
+                        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                        render(),
+                    )
+                }
+            }),
+        )
+        .route_layer(from_fn_with_state(access, front::authenticate))
+        .route_layer(from_fn(front::describe))
+        .fallback(|| async { page_not_found() })
 }

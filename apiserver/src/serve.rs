@@ -8,30 +8,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path, RawQuery, State as AxumState};
+use axum::Extension;
+use axum::extract::{FromRequestParts, State as AxumState};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::State;
+use crate::front::Described;
+use crate::group::{GROUP, VERSION};
 use crate::negotiate::{Format, negotiate};
 use crate::render::{self, IncludeObject, ListMeta};
 use crate::request::{ContinueToken, ListOptions, Query, RvMatch};
-use crate::status::ApiError;
+use crate::state::State;
+use crate::status::{ApiError, page_not_found};
 use crate::store::Entry;
-use crate::{GROUP, VERSION};
 
 /// How long a request for a resourceVersion newer than this replica's waits for it.
 const WAIT_FOR_REVISION: Duration = Duration::from_secs(3);
-
-/// What kube-apiserver answers for a path that names nothing: a plain-text 404.
-pub fn page_not_found() -> Response {
-    (
-        axum::http::StatusCode::NOT_FOUND,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        "404 page not found\n",
-    )
-        .into_response()
-}
 
 /// The view a path names, when the path is well formed for it.
 fn view_for(
@@ -98,145 +91,72 @@ fn ready(state: &State) -> Result<(), Response> {
     }
 }
 
-pub async fn collection(
+/// What a resource path names: one of the views, at a namespace or across all, and an
+/// object (and its subresource) or the collection. Extracted from the request's
+/// [`Described`]; a path that names no view is a plain 404.
+pub struct Target {
+    view: usize,
+    namespace: Option<String>,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+impl FromRequestParts<Arc<State>> for Target {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<State>) -> Result<Target, Response> {
+        let described = Described::from_parts(parts);
+        let Some(info) = described.info.as_ref().filter(|i| !i.beyond) else {
+            return Err(page_not_found());
+        };
+        let view = view_for(
+            state,
+            &info.group,
+            &info.version,
+            &info.resource,
+            info.namespace.is_some(),
+        )?;
+        Ok(Target {
+            view,
+            namespace: info.namespace.clone(),
+            name: info.name.clone(),
+            sub: info.subresource.clone(),
+        })
+    }
+}
+
+/// Every resource request: a collection is listed (or watched), an object got (or its
+/// subresource); every write is refused 405.
+pub async fn resource(
     AxumState(state): AxumState<Arc<State>>,
-    Path((group, version, resource)): Path<(String, String, String)>,
+    target: Target,
+    Extension(described): Extension<Arc<Described>>,
     method: Method,
-    RawQuery(q): RawQuery,
     headers: HeaderMap,
 ) -> Response {
-    respond(
-        list_or_watch(
-            &state, &group, &version, None, &resource, &method, q, &headers,
-        )
-        .await,
-    )
+    let query = &described.query;
+    match target.name.clone() {
+        None => list_or_watch(&state, target, &method, query, &headers).await,
+        Some(name) => get(&state, target, &name, &method, query, &headers),
+    }
+    .unwrap_or_else(|e| e)
 }
 
-pub async fn collection_ns(
-    AxumState(state): AxumState<Arc<State>>,
-    Path((group, version, ns, resource)): Path<(String, String, String, String)>,
-    method: Method,
-    RawQuery(q): RawQuery,
-    headers: HeaderMap,
-) -> Response {
-    respond(
-        list_or_watch(
-            &state,
-            &group,
-            &version,
-            Some(ns),
-            &resource,
-            &method,
-            q,
-            &headers,
-        )
-        .await,
-    )
-}
-
-pub async fn item(
-    AxumState(state): AxumState<Arc<State>>,
-    Path((group, version, resource, name)): Path<(String, String, String, String)>,
-    method: Method,
-    RawQuery(q): RawQuery,
-    headers: HeaderMap,
-) -> Response {
-    respond(get(
-        &state, &group, &version, None, &resource, &name, None, &method, q, &headers,
-    ))
-}
-
-pub async fn item_ns(
-    AxumState(state): AxumState<Arc<State>>,
-    Path((group, version, ns, resource, name)): Path<(String, String, String, String, String)>,
-    method: Method,
-    RawQuery(q): RawQuery,
-    headers: HeaderMap,
-) -> Response {
-    respond(get(
-        &state,
-        &group,
-        &version,
-        Some(ns),
-        &resource,
-        &name,
-        None,
-        &method,
-        q,
-        &headers,
-    ))
-}
-
-pub async fn sub(
-    AxumState(state): AxumState<Arc<State>>,
-    Path((group, version, resource, name, sub)): Path<(String, String, String, String, String)>,
-    method: Method,
-    RawQuery(q): RawQuery,
-    headers: HeaderMap,
-) -> Response {
-    respond(get(
-        &state,
-        &group,
-        &version,
-        None,
-        &resource,
-        &name,
-        Some(sub),
-        &method,
-        q,
-        &headers,
-    ))
-}
-
-pub async fn sub_ns(
-    AxumState(state): AxumState<Arc<State>>,
-    Path((group, version, ns, resource, name, sub)): Path<(
-        String,
-        String,
-        String,
-        String,
-        String,
-        String,
-    )>,
-    method: Method,
-    RawQuery(q): RawQuery,
-    headers: HeaderMap,
-) -> Response {
-    respond(get(
-        &state,
-        &group,
-        &version,
-        Some(ns),
-        &resource,
-        &name,
-        Some(sub),
-        &method,
-        q,
-        &headers,
-    ))
-}
-
-fn respond(r: Result<Response, Response>) -> Response {
-    r.unwrap_or_else(|e| e)
-}
-
-#[allow(clippy::too_many_arguments)]
 async fn list_or_watch(
     state: &Arc<State>,
-    group: &str,
-    version: &str,
-    ns: Option<String>,
-    resource: &str,
+    target: Target,
     method: &Method,
-    q: Option<String>,
+    query: &Query,
     headers: &HeaderMap,
 ) -> Result<Response, Response> {
-    let view = view_for(state, group, version, resource, ns.is_some())?;
-    let query = Query::parse(q.as_deref());
-    read_only(method, write_verb(method, true), resource)?;
+    let Target {
+        view,
+        namespace: ns,
+        ..
+    } = target;
     let info = state.store.views[view].info();
-    let opts = ListOptions::parse(&query).map_err(IntoResponse::into_response)?;
+    read_only(method, write_verb(method, true), info.plural)?;
+    let opts = ListOptions::parse(query).map_err(IntoResponse::into_response)?;
     opts.fields
         .check(info.field_labels)
         .map_err(|e| ApiError::bad_request(e.0).into_response())?;
@@ -247,17 +167,6 @@ async fn list_or_watch(
         return crate::watch::serve(state.clone(), view, ns, opts, format, include).await;
     }
     list(state, view, ns.as_deref(), &opts, format, include).await
-}
-
-/// Whether an object passes a request's namespace and selectors.
-pub fn selected(e: &Entry, ns: Option<&str>, opts: &ListOptions) -> bool {
-    ns.is_none_or(|ns| e.namespace.as_deref() == Some(ns))
-        && opts.labels.matches(&e.labels)
-        && opts.fields.matches(|f| match f {
-            "metadata.name" => Some(e.name.clone()),
-            "metadata.namespace" => e.namespace.clone(),
-            _ => None,
-        })
 }
 
 async fn list(
@@ -310,7 +219,7 @@ async fn list(
         .objects
         .into_iter()
         .filter(|e| start.is_none_or(|s| e.key.as_str() >= s))
-        .filter(|e| selected(e, ns, opts))
+        .filter(|e| e.selected(ns, opts))
         .collect();
     let mut meta = ListMeta {
         resource_version: snap.revision,
@@ -351,36 +260,35 @@ async fn list(
     ))
 }
 
-#[allow(clippy::too_many_arguments)]
 fn get(
     state: &State,
-    group: &str,
-    version: &str,
-    ns: Option<String>,
-    resource: &str,
+    target: Target,
     name: &str,
-    sub: Option<String>,
     method: &Method,
-    q: Option<String>,
+    query: &Query,
     headers: &HeaderMap,
 ) -> Result<Response, Response> {
-    let view = view_for(state, group, version, resource, ns.is_some())?;
+    let Target {
+        view,
+        namespace: ns,
+        sub,
+        ..
+    } = target;
     let v = &state.store.views[view];
     let info = v.info();
     // A namespaced object has no cluster-scoped path.
     if info.namespaced && ns.is_none() {
         return Err(page_not_found());
     }
-    read_only(method, write_verb(method, false), resource)?;
+    read_only(method, write_verb(method, false), info.plural)?;
     let format = negotiate(accept(headers)).map_err(IntoResponse::into_response)?;
     ready(state)?;
-    let query = Query::parse(q.as_deref());
     if let Some(sub) = sub {
         if !info.subresources.iter().any(|s| s.name == sub) {
             // kube-apiserver: the object "is not found" under a subresource it lacks.
             return Err(ApiError::not_found(info.plural, name).into_response());
         }
-        return match v.subresource(&sub, ns.as_deref(), name, &query, &state.store.world) {
+        return match v.subresource(&sub, ns.as_deref(), name, query, &state.store.world) {
             Some(Ok(value)) => Ok(match format {
                 Format::Yaml => (
                     axum::http::StatusCode::OK,

@@ -5,6 +5,21 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use crate::group::GROUP;
+
+/// What kube-apiserver answers for a path that names nothing: a plain-text 404.
+pub fn page_not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; charset=utf-8",
+        )],
+        "404 page not found\n",
+    )
+        .into_response()
+}
+
 /// An API error rendered as a `Status` object.
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -51,11 +66,11 @@ impl ApiError {
             reason: "Forbidden",
             message: format!(
                 "{resource}.{group}{named} is forbidden: User \"{user}\" cannot {verb} resource \"{what}\" in API group \"{group}\" {scope}",
-                group = crate::GROUP
+                group = GROUP
             ),
             continue_: None,
             details: Some(
-                json!({"group": crate::GROUP, "kind": resource, "name": name.unwrap_or_default()}),
+                json!({"group": GROUP, "kind": resource, "name": name.unwrap_or_default()}),
             ),
         }
     }
@@ -74,9 +89,9 @@ impl ApiError {
         Self {
             code: StatusCode::NOT_FOUND,
             reason: "NotFound",
-            message: format!("{resource}.{} \"{name}\" not found", crate::GROUP),
+            message: format!("{resource}.{} \"{name}\" not found", GROUP),
             continue_: None,
-            details: Some(json!({"group": crate::GROUP, "kind": resource, "name": name})),
+            details: Some(json!({"group": GROUP, "kind": resource, "name": name})),
         }
     }
 
@@ -96,10 +111,10 @@ impl ApiError {
             reason: "MethodNotAllowed",
             message: format!(
                 "{verb} is not supported on resources of kind \"{resource}.{}\"",
-                crate::GROUP
+                GROUP
             ),
             continue_: None,
-            details: Some(json!({"group": crate::GROUP, "kind": resource})),
+            details: Some(json!({"group": GROUP, "kind": resource})),
         }
     }
 
@@ -140,7 +155,7 @@ impl ApiError {
             reason: "Invalid",
             message: format!("ListOptions.meta.k8s.io \"\" is invalid: {message}"),
             continue_: None,
-            details: Some(crate::request::list_options_causes(field, reason, &message)),
+            details: Some(list_options_causes(field, reason, &message)),
         }
     }
 
@@ -218,6 +233,15 @@ impl ApiError {
         }
         v
     }
+}
+
+/// The details of a 422 on list options: the cause's message without the field's name
+/// in front, as `field.Error` words it.
+fn list_options_causes(field: &str, reason: &str, message: &str) -> serde_json::Value {
+    let detail = message
+        .strip_prefix(&format!("{field}: "))
+        .unwrap_or(message);
+    json!({"kind": "ListOptions", "group": "meta.k8s.io", "causes": [{"reason": reason, "message": detail, "field": field}]})
 }
 
 impl IntoResponse for ApiError {

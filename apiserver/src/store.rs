@@ -23,6 +23,7 @@ use axum::body::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, watch};
 
+use crate::request::ListOptions;
 use crate::resources::{Computed, View};
 
 /// One object of a view as served.
@@ -38,6 +39,19 @@ pub struct Entry {
     pub json: Bytes,
     pub cells: Vec<Value>,
     pub labels: BTreeMap<String, String>,
+}
+
+impl Entry {
+    /// Whether the object passes a request's namespace and selectors (lists and watches).
+    pub fn selected(&self, ns: Option<&str>, opts: &ListOptions) -> bool {
+        ns.is_none_or(|ns| self.namespace.as_deref() == Some(ns))
+            && opts.labels.matches(&self.labels)
+            && opts.fields.matches(|f| match f {
+                "metadata.name" => Some(self.name.clone()),
+                "metadata.namespace" => self.namespace.clone(),
+                _ => None,
+            })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

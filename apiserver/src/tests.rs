@@ -562,3 +562,46 @@ async fn pages_are_consistent_and_an_expired_list_continues_from_now() {
         (StatusCode::OK, vec!["b", "bb", "c", "x", "y"])
     );
 }
+
+#[tokio::test]
+async fn the_metrics_endpoint_passes_the_same_front_door() {
+    let pki = pki();
+    let client = offline_client();
+    let authn = Authenticator::new(client.clone(), 100);
+    let cm: ConfigMap = serde_json::from_value(json!({"data": {
+        "requestheader-client-ca-file": pki.ca_pem, "requestheader-allowed-names": "[\"front-proxy-client\"]",
+        "requestheader-username-headers": "[\"X-Remote-User\"]", "requestheader-group-headers": "[\"X-Remote-Group\"]"}}))
+    .unwrap();
+    authn.set_front_proxy(Some(FrontProxy::from_config_map(&cm).unwrap()));
+    let access = crate::front::Access {
+        authn,
+        authz: Arc::new(Authorizer::new(client, 100)),
+    };
+    let app = crate::secure::metrics_router(access, Arc::new(|| "up 1\n".to_string()));
+    // An allowed principal reads the metrics.
+    let (code, _, body) = call(&app, &pki.proxy, "GET", "/metrics", &ADMIN).await;
+    assert_eq!(
+        (code, body),
+        (StatusCode::OK, Value::String("up 1\n".into()))
+    );
+    // A certificate from the wrong CA is refused before anything is rendered.
+    let (code, _, body) = call(&app, &pki.stranger, "GET", "/metrics", &ADMIN).await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("Unauthorized"))
+    );
+    // Anonymous: the SubjectAccessReview cannot be asked offline.
+    assert_eq!(
+        call(&app, &[], "GET", "/metrics", &[]).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    // Any other path is a plain 404, unauthenticated.
+    let (code, _, body) = call(&app, &pki.stranger, "GET", "/other", &ADMIN).await;
+    assert_eq!(
+        (code, body),
+        (
+            StatusCode::NOT_FOUND,
+            Value::String("404 page not found\n".into())
+        )
+    );
+}

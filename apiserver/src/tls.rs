@@ -1,12 +1,16 @@
 //! TLS with rustls: a serving certificate reloaded from disk when it changes (rotation
 //! without restart), ALPN h2 + http/1.1, and client certificates requested but not
 //! required — their chain is verified per request against the request-header CA alone
-//! (authn), so a kubelet probe or Prometheus can connect without one.
+//! (authn), so a kubelet probe or Prometheus can connect without one — and [`serve`],
+//! the TLS listener that hands each request its peer's certificates.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
@@ -14,6 +18,9 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
+use tower::ServiceExt;
+
+use crate::authn::PeerCerts;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -197,4 +204,64 @@ pub fn server_config(cert: ServingCert) -> Result<Arc<ServerConfig>, TlsError> {
         .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
+}
+
+/// Serves `app` over TLS on `addr` until `shutdown` resolves.
+pub async fn serve(
+    addr: SocketAddr,
+    config: Arc<rustls::ServerConfig>,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(%addr, error = %e, "cannot listen");
+            return Err(e);
+        }
+    };
+    tracing::info!(%addr, "listening (TLS)");
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, remote) = tokio::select! {
+            r = listener.accept() => r?,
+            _ = &mut shutdown => return Ok(()),
+        };
+        // As Go's net/http does: without it, several small watch events written back to
+        // back on kube-apiserver's one HTTP/2 connection wait for a delayed ACK (~40 ms).
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(%remote, error = %e, "TCP_NODELAY");
+        }
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        tokio::spawn(async move {
+            let tls = match acceptor.accept(tcp).await {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::debug!(%remote, error = %e, "TLS handshake failed");
+                    return;
+                }
+            };
+            let peer = PeerCerts(
+                tls.get_ref()
+                    .1
+                    .peer_certificates()
+                    .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
+                    .unwrap_or_default(),
+            );
+            let service = hyper::service::service_fn(
+                move |mut req: hyper::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(peer.clone());
+                    app.clone().oneshot(req.map(axum::body::Body::new))
+                },
+            );
+            if let Err(e) = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(tls), service)
+                .await
+            {
+                tracing::debug!(%remote, error = %e, "connection ended");
+            }
+        });
+    }
 }

@@ -20,13 +20,13 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
+use crate::group::API_VERSION;
 use crate::negotiate::Format;
 use crate::render::{self, IncludeObject};
 use crate::request::ListOptions;
-use crate::serve::selected;
+use crate::state::State;
 use crate::status::ApiError;
 use crate::store::{Entry, Resume};
-use crate::{API_VERSION, State};
 
 const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
 const WAIT_FOR_REVISION: Duration = Duration::from_secs(3);
@@ -133,7 +133,7 @@ impl Watch {
             Some((events, revision)) => {
                 for e in events {
                     self.pos = e.seq + 1;
-                    if e.view == self.view && selected(&e.entry, self.ns.as_deref(), &self.opts) {
+                    if e.view == self.view && e.entry.selected(self.ns.as_deref(), &self.opts) {
                         self.push(e.kind.as_str(), &e.entry);
                     }
                 }
@@ -190,7 +190,7 @@ pub async fn serve(
         w.pos = snap.next_seq;
         w.revision = snap.revision;
         for e in &snap.objects {
-            if selected(e, w.ns.as_deref(), &w.opts) {
+            if e.selected(w.ns.as_deref(), &w.opts) {
                 w.push("ADDED", e);
             }
         }

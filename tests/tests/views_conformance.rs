@@ -933,6 +933,17 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
             None,
         )
         .await;
+        // A HEAD answer carries the headers GET's would: a missing object's Status is YAML
+        // for a client that asked for YAML.
+        run.case(
+            format!("{p} HEAD get-missing as yaml"),
+            r,
+            "HEAD",
+            &Paths::new(r, item_ns, "/no-such-object"),
+            Some("application/yaml"),
+            None,
+        )
+        .await;
         run.case(
             format!("{p} unknown subresource"),
             r,

@@ -21,7 +21,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::{Column, Computed, ResourceInfo, Subresource, View, meta};
-use crate::API_VERSION;
+use crate::group::API_VERSION;
 use crate::request::Query;
 use crate::status::ApiError;
 

@@ -20,7 +20,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::{Column, Computed, ResourceInfo, View, meta};
-use crate::API_VERSION;
+use crate::group::API_VERSION;
 
 /// Numbers per family.
 #[derive(Serialize, JsonSchema, Default, Debug, Clone, PartialEq)]
