@@ -5,21 +5,18 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use address_controller_apiserver::metrics::ApiMetrics;
-use address_controller_apiserver::resources;
+use address_controller_apiserver::Views;
 use address_controller_apiserver::secure::SecureServing;
-use address_controller_apiserver::store::ViewStore;
 use address_controller_controller::context::Context;
 use address_controller_controller::metrics::Metrics;
 use address_controller_controller::run;
 use address_controller_runtime::client::ClientArgs;
-use address_controller_runtime::health::{Health, LivenessArgs};
-use address_controller_runtime::leader::{self, ElectionArgs, Leadership};
+use address_controller_runtime::health::LivenessArgs;
+use address_controller_runtime::leader::ElectionArgs;
 use address_controller_runtime::logging::LogArgs;
-use address_controller_runtime::probes::{self, ProbeArgs};
-use address_controller_runtime::supervise::{Shutdown, Tasks, signal};
+use address_controller_runtime::probes::ProbeArgs;
+use address_controller_runtime::process::{Acting, Lease, Process};
 use address_controller_runtime::workers::Gate;
 use address_controller_runtime::world::World;
 use anyhow::Context as _;
@@ -203,42 +200,36 @@ fn main() -> anyhow::Result<()> {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     args.log.init();
-    let client = args.kube.client().await?;
-    let identity = args.election.identity();
-    let shutdown = Shutdown::default();
-    let mut tasks = Tasks::new(shutdown.clone());
-    let health = Health::new(args.liveness.bounds());
     let controller = args.apiserver.controller;
+    let mut p = Process::start(
+        &args.kube,
+        &args.liveness,
+        Acting::of(controller, &args.election),
+    )
+    .await?;
     // Entitlements (namespaces, quotas) are read by the binder and shown by the views.
-    let world = World::new(controller && args.auto_claims, health.clone()).with_entitlements();
+    let world = World::new(controller && args.auto_claims, p.health.clone()).with_entitlements();
     let world = if controller {
         world.with_driver_leases()
     } else {
         world
     };
     let metrics = Arc::new(Metrics::new(world.clone())?);
-    let leadership = if args.election.leader_elect && controller {
-        Leadership::follower()
-    } else if controller {
-        Leadership::always()
-    } else {
-        Leadership::follower()
-    };
     address_controller_runtime::metrics::register(
         &metrics.registry,
         env!("CARGO_PKG_VERSION"),
-        health.clone(),
-        controller.then(|| leadership.clone()),
+        p.health.clone(),
+        controller.then(|| p.leadership.clone()),
     )?;
     let ctx = Arc::new(Context::new(
-        client.clone(),
+        p.client.clone(),
         world.clone(),
         Gate {
-            leadership: leadership.clone(),
-            health: health.clone(),
+            leadership: p.leadership.clone(),
+            health: p.health.clone(),
         },
         metrics.clone(),
-        identity.clone(),
+        args.election.identity(),
     ));
     if controller {
         // Handlers first: they must see the initial lists.
@@ -249,125 +240,77 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             ctx.queues.readers(),
         )?;
     }
-    // The views' store too: it keeps its indexes from the caches' changes.
-    let views = args.apiserver.enabled.then(|| {
-        let store = ViewStore::new(world.clone(), resources::all(), args.apiserver.view_history);
-        store.register();
-        store
-    });
-    world.watch(&client, args.liveness.watch_config(), &mut tasks);
-    if let Some(store) = &views {
-        tasks.spawn_forever("view store", store.clone().run());
-        // Not ready before the views' first build (right after the caches' first lists).
-        let built = store.clone();
-        health.check("views", move || {
-            (!built.built()).then(|| "not built yet".to_string())
-        });
-    }
-
     // The TLS endpoints (views, secure metrics) share the serving certificate and the
     // delegated authentication and authorization.
-    let needs_tls = args.apiserver.enabled || !args.apiserver.metrics_address.is_empty();
-    if needs_tls {
-        let serving = SecureServing::start(
-            &client,
-            args.apiserver
-                .tls_cert_file
-                .clone()
-                .zip(args.apiserver.tls_private_key_file.clone()),
-            args.apiserver.auth_cache_size,
+    let a = &args.apiserver;
+    let serving = if a.enabled || !a.metrics_address.is_empty() {
+        Some(SecureServing::start(
+            &p.client,
+            a.tls_cert_file.clone().zip(a.tls_private_key_file.clone()),
+            a.auth_cache_size,
             &metrics.registry,
             true,
-            &mut tasks,
+            &mut p.tasks,
+        )?)
+    } else {
+        None
+    };
+    if let Some(serving) = serving.as_ref().filter(|_| a.enabled) {
+        // Before the watches: the views' store keeps its indexes from the caches' changes.
+        let openapi_v2 = match &a.testing_openapi_v2 {
+            Some(path) => Some(serde_json::from_slice(
+                &std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+            )?),
+            None => None,
+        };
+        let views = Views {
+            address: a.apiserver_address,
+            history: a.view_history,
+            openapi_v2,
+        };
+        address_controller_apiserver::spawn(
+            views,
+            &world,
+            serving,
+            &metrics.registry,
+            &p.shutdown,
+            &mut p.tasks,
         )?;
-        if let Some(store) = views {
-            let state = Arc::new(address_controller_apiserver::State {
-                store,
-                authn: serving.authn.clone(),
-                authz: serving.authz.clone(),
-                metrics: ApiMetrics::new(&metrics.registry)?,
-                openapi: address_controller_apiserver::openapi::Served::new(
-                    match &args.apiserver.testing_openapi_v2 {
-                        Some(path) => Some(serde_json::from_slice(
-                            &std::fs::read(path)
-                                .with_context(|| format!("reading {}", path.display()))?,
-                        )?),
-                        None => None,
-                    },
-                ),
-            });
-            let serve = address_controller_apiserver::serve_tls(
-                args.apiserver.apiserver_address,
-                serving.config.clone(),
-                address_controller_apiserver::router(state),
-                shutdown.wait(),
-            );
-            tasks.spawn("aggregated API server", async move {
-                serve.await.context("aggregated API server")
-            });
-        }
-        if !args.apiserver.metrics_address.is_empty() {
-            let m = metrics.clone();
-            serving.spawn_metrics(
-                &args.apiserver.metrics_address,
-                Arc::new(move || m.render()),
-                &shutdown,
-                &mut tasks,
-            )?;
-        }
     }
-    tasks.spawn(
-        "probes",
-        probes::serve(args.probes.probe_address, health.clone(), shutdown.wait()),
-    );
+    world.watch(&p.client, args.liveness.watch_config(), &mut p.tasks);
+    if let Some(serving) = serving.as_ref().filter(|_| !a.metrics_address.is_empty()) {
+        let m = metrics.clone();
+        serving.spawn_metrics(
+            &a.metrics_address,
+            Arc::new(move || m.render()),
+            &p.shutdown,
+            &mut p.tasks,
+        )?;
+    }
     if controller {
         let settings = run::Settings {
             concurrency: args.concurrency,
             auto_claims: args.auto_claims,
         };
-        tasks.spawn("controllers", {
-            let ctx = ctx.clone();
-            async move {
-                run::run(ctx, settings).await;
-                Ok(())
-            }
+        let c = ctx.clone();
+        p.tasks.spawn("controllers", async move {
+            run::run(c, settings).await;
+            Ok(())
         });
-        let stop = shutdown.wait();
-        tasks.spawn("controllers shutdown", async move {
+        let stop = p.shutdown.wait();
+        p.tasks.spawn("controllers shutdown", async move {
             stop.await;
             run::shut_down(&ctx);
             Ok(())
         });
-        if args.election.leader_elect {
-            let mut cfg = args.election.config("address-controller")?;
-            cfg.annotations = [(
-                address_controller_api::names::LEASE_COMPONENT_ANNOTATION.to_string(),
-                "controller".to_string(),
-            )]
-            .into();
-            cfg.labels = [(
-                address_controller_api::names::LEASE_COMPONENT_LABEL.to_string(),
-                "controller".to_string(),
-            )]
-            .into();
-            let stop = shutdown.wait();
-            tasks.spawn("leader election", async move {
-                leader::run(client, cfg, leadership, stop).await?;
-                Ok(())
-            });
-        }
     }
-    tasks.spawn("signals", {
-        let shutdown = shutdown.clone();
-        async move {
-            signal().await;
-            tracing::info!("shutting down");
-            shutdown.trigger();
-            Ok(())
-        }
-    });
-    tasks.supervise(Duration::from_secs(10)).await?;
-    Ok(())
+    let lease = Lease {
+        election: &args.election,
+        default_name: "address-controller",
+        component: "controller",
+        annotations: Default::default(),
+    };
+    p.run(&args.probes, lease).await
 }
 
 fn write_manifests(crds_dir: &Path, role: &Path, openapi_dir: &Path) -> anyhow::Result<()> {

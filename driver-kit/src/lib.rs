@@ -19,12 +19,12 @@ use std::time::Duration;
 
 use address_controller_runtime::cache::key_of;
 use address_controller_runtime::client::ClientArgs;
-use address_controller_runtime::health::{Health, LivenessArgs};
-use address_controller_runtime::leader::{self, ElectionArgs, Leadership};
+use address_controller_runtime::health::LivenessArgs;
+use address_controller_runtime::leader::ElectionArgs;
 use address_controller_runtime::logging::LogArgs;
-use address_controller_runtime::probes::{self, ProbeArgs};
+use address_controller_runtime::probes::ProbeArgs;
+use address_controller_runtime::process::{Acting, Lease, Process};
 use address_controller_runtime::rbac::{RUNTIME_RULES, Rule, render};
-use address_controller_runtime::supervise::{Shutdown, Tasks, signal};
 use address_controller_runtime::workers::{self, Gate};
 use address_controller_runtime::world::World;
 use clap::{Args, CommandFactory, FromArgMatches, Parser};
@@ -234,17 +234,15 @@ pub fn main_with<A: Args, D: Driver>(info: Info, make: impl FnOnce(&A) -> D) -> 
 /// Runs the driver until SIGTERM (Ok) or until a critical task stops (Err).
 pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow::Result<()> {
     let provisioner = driver.provisioner().to_string();
-    let client = args.client.client().await?;
-    let shutdown = Shutdown::default();
-    let mut tasks = Tasks::new(shutdown.clone());
-    let health = Health::new(args.liveness.bounds());
+    let mut p = Process::start(
+        &args.client,
+        &args.liveness,
+        Acting::of(true, &args.election),
+    )
+    .await?;
+    let (client, health, leadership) = (p.client.clone(), p.health.clone(), p.leadership.clone());
     // Services: association (SPEC §8) is part of every driver.
     let world = World::new(true, health.clone());
-    let leadership = if args.election.leader_elect {
-        Leadership::follower()
-    } else {
-        Leadership::always()
-    };
     let gate = Gate {
         leadership: leadership.clone(),
         health: health.clone(),
@@ -296,98 +294,84 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
             args.metrics.auth_cache_size,
             &metrics.registry,
             false,
-            &mut tasks,
+            &mut p.tasks,
         )?;
         let m = metrics.clone();
         serving.spawn_metrics(
             &args.metrics.metrics_address,
             Arc::new(move || m.render()),
-            &shutdown,
-            &mut tasks,
+            &p.shutdown,
+            &mut p.tasks,
         )?;
     }
-    world.watch(&client, args.liveness.watch_config(), &mut tasks);
-    tasks.spawn(
-        "probes",
-        probes::serve(args.probes.probe_address, health.clone(), shutdown.wait()),
+    world.watch(&client, args.liveness.watch_config(), &mut p.tasks);
+    // One supervised pool of workers per queue; a queue that stalls while this replica
+    // leads fails liveness.
+    let (n, observe, q) = (
+        usize::from(args.concurrency),
+        metrics.observe(),
+        &ctx.queues,
     );
-    let n = usize::from(args.concurrency);
     for (name, queue) in [
-        ("claims", ctx.queues.claims.clone()),
-        ("classes", ctx.queues.classes.clone()),
-        ("addresses", ctx.queues.addresses.clone()),
-        ("services", ctx.queues.services.clone()),
+        ("claims", &q.claims),
+        ("classes", &q.classes),
+        ("addresses", &q.addresses),
+        ("services", &q.services),
     ] {
-        let c = ctx.clone();
-        let metrics = metrics.clone();
         let leader = leadership.clone();
         health.queue(name, queue.clone(), move || leader.is_leader());
-        let fut = async move {
-            match name {
-                "claims" => {
-                    workers::run(
-                        "claim",
-                        queue,
-                        n,
-                        c.gate.clone(),
-                        {
-                            let c = c.clone();
-                            move |k| runner::claim_pass(c.clone(), k)
-                        },
-                        metrics.observe(),
-                    )
-                    .await
-                }
-                "classes" => {
-                    workers::run(
-                        "class",
-                        queue,
-                        1,
-                        c.gate.clone(),
-                        {
-                            let c = c.clone();
-                            move |k| runner::class_pass(c.clone(), k)
-                        },
-                        metrics.observe(),
-                    )
-                    .await
-                }
-                "addresses" => {
-                    workers::run(
-                        "address",
-                        queue,
-                        n,
-                        c.gate.clone(),
-                        {
-                            let c = c.clone();
-                            move |k| runner::address_pass(c.clone(), k)
-                        },
-                        metrics.observe(),
-                    )
-                    .await
-                }
-                _ => {
-                    workers::run(
-                        "service",
-                        queue,
-                        n,
-                        c.gate.clone(),
-                        {
-                            let c = c.clone();
-                            move |k| association::pass::service_pass(c.clone(), k)
-                        },
-                        metrics.observe(),
-                    )
-                    .await
-                }
-            }
-            Ok(())
-        };
-        tasks.spawn(name, fut);
     }
+    let c = ctx.clone();
+    p.tasks.spawn_forever(
+        "claims",
+        workers::run(
+            "claim",
+            q.claims.clone(),
+            n,
+            ctx.gate.clone(),
+            move |k| runner::claim_pass(c.clone(), k),
+            observe.clone(),
+        ),
+    );
+    let c = ctx.clone();
+    p.tasks.spawn_forever(
+        "classes",
+        workers::run(
+            "class",
+            q.classes.clone(),
+            1,
+            ctx.gate.clone(),
+            move |k| runner::class_pass(c.clone(), k),
+            observe.clone(),
+        ),
+    );
+    let c = ctx.clone();
+    p.tasks.spawn_forever(
+        "addresses",
+        workers::run(
+            "address",
+            q.addresses.clone(),
+            n,
+            ctx.gate.clone(),
+            move |k| runner::address_pass(c.clone(), k),
+            observe.clone(),
+        ),
+    );
+    let c = ctx.clone();
+    p.tasks.spawn_forever(
+        "services",
+        workers::run(
+            "service",
+            q.services.clone(),
+            n,
+            ctx.gate.clone(),
+            move |k| association::pass::service_pass(c.clone(), k),
+            observe,
+        ),
+    );
     {
         let c = ctx.clone();
-        tasks.spawn_forever(
+        p.tasks.spawn_forever(
             "leadership",
             leadership.acquired().for_each(move |()| {
                 let c = c.clone();
@@ -397,8 +381,8 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
     }
     {
         let c = ctx.clone();
-        let stop = shutdown.wait();
-        tasks.spawn("workers shutdown", async move {
+        let stop = p.shutdown.wait();
+        p.tasks.spawn("workers shutdown", async move {
             stop.await;
             c.queues.claims.shut_down();
             c.queues.classes.shut_down();
@@ -407,43 +391,17 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
             Ok(())
         });
     }
-    if args.election.leader_elect {
-        let mut cfg = args.election.config(info.name)?;
-        cfg.annotations = [
-            (
-                address_controller_api::names::LEASE_COMPONENT_ANNOTATION,
-                "driver",
-            ),
-            (
-                address_controller_api::names::LEASE_PROVISIONER_ANNOTATION,
-                &provisioner,
-            ),
-        ]
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .into();
-        // The core watches driver Leases by this label (the class's DriverAvailable).
-        cfg.labels = [(
-            address_controller_api::names::LEASE_COMPONENT_LABEL.to_string(),
-            "driver".to_string(),
+    let lease = Lease {
+        election: &args.election,
+        default_name: info.name,
+        component: "driver",
+        annotations: [(
+            address_controller_api::names::LEASE_PROVISIONER_ANNOTATION.to_string(),
+            provisioner,
         )]
-        .into();
-        let stop = shutdown.wait();
-        tasks.spawn("leader election", async move {
-            leader::run(client, cfg, leadership, stop).await?;
-            Ok(())
-        });
-    }
-    tasks.spawn("signals", {
-        let shutdown = shutdown.clone();
-        async move {
-            signal().await;
-            tracing::info!("shutting down");
-            shutdown.trigger();
-            Ok(())
-        }
-    });
-    tasks.supervise(Duration::from_secs(10)).await?;
-    Ok(())
+        .into(),
+    };
+    p.run(&args.probes, lease).await
 }
 
 /// What each change wakes.

@@ -2,7 +2,8 @@
 //! there): the Kubernetes client with every call bounded ([`client`]), watched caches with
 //! change handlers and health ([`cache`], [`health`]), a work queue and its workers
 //! ([`queue`], [`workers`]), leader election ([`leader`]), events ([`events`]), task
-//! supervision and shutdown ([`supervise`]), the probe port ([`probes`]), logging
+//! supervision and shutdown ([`supervise`]), the probe port ([`probes`]), the frame every
+//! binary starts and ends in ([`process`]), logging
 //! ([`logging`]) and ClusterRole rendering ([`rbac`]).
 
 pub mod cache;
@@ -13,6 +14,7 @@ pub mod leader;
 pub mod logging;
 pub mod metrics;
 pub mod probes;
+pub mod process;
 pub mod queue;
 pub mod rbac;
 pub mod setmap;

@@ -1,0 +1,140 @@
+//! The frame every binary of the project runs in (kubert's `Runtime` plays this part for
+//! linkerd): the client, the shutdown signal, the supervised tasks, health and leadership
+//! at the start; the probe port, the Lease, the signal handler and supervision at the end.
+//! The core and a driver built on the kit differ only in what they put in between.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use address_controller_api::names::{LEASE_COMPONENT_ANNOTATION, LEASE_COMPONENT_LABEL};
+use kube::Client;
+
+use crate::client::ClientArgs;
+use crate::health::{Health, LivenessArgs};
+use crate::leader::{self, ElectionArgs, Leadership, LeaseConfig};
+use crate::probes::{self, ProbeArgs};
+use crate::supervise::{Shutdown, Tasks, signal};
+
+/// How long tasks get to finish after a signal.
+const GRACE: Duration = Duration::from_secs(10);
+
+/// Who acts: nobody in this process, this process always, or whoever holds the Lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acting {
+    Never,
+    Always,
+    Elected,
+}
+
+impl Acting {
+    /// An acting process elects a leader when `--leader-elect` says so.
+    pub fn of(acts: bool, election: &ElectionArgs) -> Acting {
+        match (acts, election.leader_elect) {
+            (false, _) => Acting::Never,
+            (true, false) => Acting::Always,
+            (true, true) => Acting::Elected,
+        }
+    }
+}
+
+/// A running binary's shared parts.
+pub struct Process {
+    pub client: Client,
+    pub shutdown: Shutdown,
+    pub tasks: Tasks,
+    pub health: Arc<Health>,
+    pub leadership: Arc<Leadership>,
+    acting: Acting,
+}
+
+impl Process {
+    /// Connects to kube-apiserver and sets up shutdown, supervision, health and
+    /// leadership (a follower until elected, when it elects; never leading when it does
+    /// not act).
+    pub async fn start(
+        client: &ClientArgs,
+        liveness: &LivenessArgs,
+        acting: Acting,
+    ) -> anyhow::Result<Process> {
+        let client = client.client().await?;
+        let shutdown = Shutdown::default();
+        let tasks = Tasks::new(shutdown.clone());
+        let leadership = match acting {
+            Acting::Always => Leadership::always(),
+            Acting::Never | Acting::Elected => Leadership::follower(),
+        };
+        Ok(Process {
+            client,
+            shutdown,
+            tasks,
+            health: Health::new(liveness.bounds()),
+            leadership,
+            acting,
+        })
+    }
+
+    /// Serves the probes, takes part in the election of `lease` (when the process
+    /// elects), stops on SIGTERM/SIGINT, and supervises every task: returns an error when a
+    /// critical task stops.
+    pub async fn run(mut self, probes: &ProbeArgs, lease: Lease<'_>) -> anyhow::Result<()> {
+        self.tasks.spawn(
+            "probes",
+            probes::serve(
+                probes.probe_address,
+                self.health.clone(),
+                self.shutdown.wait(),
+            ),
+        );
+        if self.acting == Acting::Elected {
+            let cfg = lease.config()?;
+            let (client, leadership, stop) = (
+                self.client.clone(),
+                self.leadership.clone(),
+                self.shutdown.wait(),
+            );
+            self.tasks.spawn("leader election", async move {
+                leader::run(client, cfg, leadership, stop).await?;
+                Ok(())
+            });
+        }
+        let shutdown = self.shutdown.clone();
+        self.tasks.spawn("signals", async move {
+            signal().await;
+            tracing::info!("shutting down");
+            shutdown.trigger();
+            Ok(())
+        });
+        self.tasks.supervise(GRACE).await?;
+        Ok(())
+    }
+}
+
+/// The Lease a component is elected by, marked with its component (the core finds the
+/// drivers' Leases by that label, `check` reads the annotations).
+pub struct Lease<'a> {
+    pub election: &'a ElectionArgs,
+    /// The Lease's name unless `--leader-elect-lease-name` gives one.
+    pub default_name: &'a str,
+    /// `controller` or `driver`.
+    pub component: &'a str,
+    /// Annotations besides the component's.
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl Lease<'_> {
+    fn config(&self) -> anyhow::Result<LeaseConfig> {
+        let mut cfg = self.election.config(self.default_name)?;
+        cfg.annotations = self.annotations.clone();
+        cfg.annotations.insert(
+            LEASE_COMPONENT_ANNOTATION.to_string(),
+            self.component.to_string(),
+        );
+        cfg.labels = [(
+            LEASE_COMPONENT_LABEL.to_string(),
+            self.component.to_string(),
+        )]
+        .into();
+        Ok(cfg)
+    }
+}
