@@ -1,4 +1,4 @@
-//! The range driver passes the driver conformance suite (`tests::conformance`), with every
+//! The range driver passes the driver conformance suite (the `driver-conformance` crate), with every
 //! case run: nothing skipped.
 
 #![allow(clippy::unwrap_used)]
@@ -86,6 +86,19 @@ async fn the_range_driver_passes_the_driver_conformance_suite() {
         .collect();
     assert!(skipped.is_empty(), "every case runs here: {skipped:?}");
     assert_eq!(restarts.load(std::sync::atomic::Ordering::Relaxed), 1);
+    // The restart landed mid-provision (the case says so, or it would have been skipped).
+    let restart = report
+        .cases
+        .iter()
+        .find(|c| c.case == "restart-mid-provision")
+        .unwrap();
+    assert!(
+        restart
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("not yet provisioned")),
+        "{restart:?}"
+    );
     // The pause makes the race land as it did in the field: the driver's create after the
     // core's bind.
     let race = report

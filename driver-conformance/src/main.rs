@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use address_controller_tests::conformance::{Options, Restart, run};
+use address_controller_driver_conformance::suite::{Options, Restart, run};
 use anyhow::{Context, Result, bail};
 
 #[tokio::main]
@@ -42,9 +42,13 @@ async fn main() -> Result<()> {
                     .map_err(|e| anyhow::anyhow!("{v}: {e}"))?;
             }
             "-h" | "--help" => {
-                for l in include_str!("driver-conformance.rs").lines().take(11) {
-                    println!("{}", l.trim_start_matches("//!").trim_start_matches(' '));
-                }
+                let help: String = include_str!("main.rs")
+                    .lines()
+                    .take(11)
+                    .map(|l| format!("{}\n", l.trim_start_matches("//!").trim_start_matches(' ')))
+                    .collect();
+                // A closed pipe (`| head`) is not an error.
+                let _ = std::io::Write::write_all(&mut std::io::stdout(), help.as_bytes());
                 return Ok(());
             }
             other => bail!("unknown argument {other}"),
