@@ -13,10 +13,34 @@
 pub mod invariants;
 pub mod suite;
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
+
+/// Polls `probe` until it returns `Some`, or fails after `timeout` naming what was awaited
+/// and the last error the probe returned.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    let start = std::time::Instant::now();
+    let mut last = String::from("condition not met yet");
+    loop {
+        match probe().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last = format!("{e:#}"),
+        }
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}; last: {last}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
 
 /// A short random lowercase suffix for object names.
 pub fn random_suffix() -> String {

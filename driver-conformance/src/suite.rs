@@ -42,7 +42,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use crate::invariants::{self, Scope};
-use crate::random_suffix;
+use crate::{random_suffix, wait_for as until};
 
 /// Restarts the driver under test (a rollout restart, a process kill and start).
 pub type Restart = Box<dyn Fn() -> Pin<Box<dyn Future<Output = Result<()>> + Send>> + Send + Sync>;
@@ -145,27 +145,6 @@ fn condition<'c>(
         .conditions
         .iter()
         .find(|c| c.type_ == t)
-}
-
-/// Polls `probe` every 250 ms until it yields, or fails after `timeout` with its last word.
-async fn until<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<T>>>,
-{
-    let start = std::time::Instant::now();
-    let mut last = String::from("not yet");
-    loop {
-        match probe().await {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last = format!("{e:#}"),
-        }
-        if start.elapsed() > timeout {
-            bail!("timed out after {timeout:?} waiting for {what} ({last})");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 impl Suite<'_> {

@@ -6,11 +6,10 @@
 //! `make test` sets it). Without it the harness starts — or reuses — the development
 //! cluster (`make cluster-up`), so `cargo test -p address-controller-tests` works alone.
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use k8s_openapi::api::core::v1::Namespace;
@@ -280,28 +279,6 @@ impl std::ops::Deref for TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Polls `probe` until it returns `Some`, or fails after `timeout` naming what was awaited
-/// and the last error the probe returned.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<T>>>,
-{
-    let start = Instant::now();
-    let mut last = String::from("condition not met yet");
-    loop {
-        match probe().await {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last = format!("{e:#}"),
-        }
-        if start.elapsed() > timeout {
-            bail!("timed out after {timeout:?} waiting for {what}; last: {last}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -830,7 +807,7 @@ impl Drop for Cleanup {
 // repository depends on it); the harness uses them under their old names.
 pub use address_controller_driver_conformance::suite as conformance;
 pub use address_controller_driver_conformance::{
-    condense_backtraces, https_get, invariants, process_state, random_suffix,
+    condense_backtraces, https_get, invariants, process_state, random_suffix, wait_for,
 };
 
 pub mod bench;
