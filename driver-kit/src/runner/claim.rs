@@ -1,0 +1,272 @@
+//! Claims: which to serve, what to allocate, the addresses to create (SPEC §8).
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use address_controller_api::family::family_of;
+use address_controller_api::{Family, IPAddress, IPAddressClaim, IPAddressClass, IPAddressSpec};
+use address_controller_runtime::events::PlannedEvent;
+use address_controller_runtime::workers::Outcome;
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, ResourceExt};
+
+use crate::driver::{AllocateError, Allocation, Driver, Request, object_name};
+
+use super::events;
+use super::{Ctx, Error, fresh};
+
+/// What a claim needs from this driver: its class and the families to provision.
+pub(crate) fn wanted<D: Driver>(
+    ctx: &Ctx<D>,
+    claim: &IPAddressClaim,
+    key: &str,
+) -> Option<(Arc<IPAddressClass>, Vec<Family>)> {
+    // Only a claim the core invited: Pending and waiting for provisioning — not before its
+    // first pass, not Bound, never Lost, never refused for an entitlement (SPEC §13: the
+    // core counts the invitation against the namespace's quota).
+    if !ctx.stamped(claim) || !claim.waits_for_provisioning() {
+        return None;
+    }
+    let status = claim.status.as_ref()?;
+    let class = ctx.world.classes.get(status.class_name.as_deref()?)?;
+    if !ctx.ours(&class) {
+        return None;
+    }
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    // What this process created is read before the addresses naming the claim: the cache's
+    // handler indexes a new address before it ends its time in flight, so one of the two
+    // always shows it (read the other way round, a pass between the two could miss both
+    // and provision the family twice).
+    let in_flight: Vec<Family> = fresh(&ctx.in_flight)
+        .keys()
+        .filter(|(u, _)| *u == uid)
+        .map(|(_, f)| *f)
+        .collect();
+    let mut have: Vec<Family> = status
+        .addresses
+        .iter()
+        .filter_map(|a| family_of(&a.address).ok())
+        .collect();
+    for name in ctx.inventory.addresses_naming(key) {
+        if let Some(a) = ctx.world.addresses.get(&name)
+            && a.metadata.deletion_timestamp.is_none()
+            && a.belongs_to(claim)
+            && let Ok(f) = family_of(&a.spec.address)
+        {
+            have.push(f);
+        }
+    }
+    let missing: Vec<Family> = claim
+        .spec
+        .family
+        .families()
+        .iter()
+        .copied()
+        .filter(|f| !have.contains(f) && !in_flight.contains(f))
+        .collect();
+    (!missing.is_empty()).then_some((class, missing))
+}
+
+/// What a pass over a claim does, decided before anything is written.
+#[derive(Debug)]
+pub(crate) enum ClaimPlan {
+    /// Not this driver's to serve now, or served: the claim's notes settle.
+    Nothing,
+    /// The class's parameters are not parsed yet: nothing to say, nothing to do.
+    Wait,
+    /// Tell the claim why it gets nothing (bad parameters; exhaustion, recorded against
+    /// `exhausted_in` so a freed address wakes it) and wait.
+    Refuse {
+        event: PlannedEvent,
+        exhausted_in: Option<String>,
+    },
+    /// The backend failed: tell the claim, and retry.
+    Failed { message: String },
+    /// Create one address per missing family (a Dual claim gets both or neither).
+    Create {
+        class: Arc<IPAddressClass>,
+        chosen: Vec<(Family, Allocation)>,
+    },
+}
+
+/// The plan for a claim: which families it misses, the class's parameters, and the
+/// driver's allocation of every missing family. Writes nothing.
+pub(crate) async fn plan<D: Driver>(ctx: &Ctx<D>, claim: &IPAddressClaim, key: &str) -> ClaimPlan {
+    let Some((class, missing)) = wanted(ctx, claim, key) else {
+        return ClaimPlan::Nothing;
+    };
+    let class_name = class.name_any();
+    let params = match ctx.params(&class_name) {
+        Some(Ok(p)) => p,
+        Some(Err(why)) => {
+            return ClaimPlan::Refuse {
+                event: PlannedEvent::warning(
+                    events::INVALID_CLASS_PARAMETERS,
+                    format!("class {class_name:?} cannot be allocated from: {why}"),
+                ),
+                exhausted_in: None,
+            };
+        }
+        None => return ClaimPlan::Wait,
+    };
+    // Allocate every missing family first: a Dual claim gets both or neither.
+    let mut chosen: Vec<(Family, Allocation)> = Vec::new();
+    let mut exhausted: Vec<Family> = Vec::new();
+    for f in &missing {
+        let taken: Vec<IpAddr> = chosen.iter().map(|(_, a)| a.address).collect();
+        let busy: Vec<IpAddr> = fresh(&ctx.in_flight_ips).keys().copied().collect();
+        let inventory = &ctx.inventory;
+        let in_use =
+            move |ip: IpAddr| inventory.in_use(ip) || taken.contains(&ip) || busy.contains(&ip);
+        let req = Request {
+            class: &class,
+            params: params.as_ref(),
+            claim,
+            family: *f,
+            in_use: &in_use,
+        };
+        match ctx.driver.allocate(req).await {
+            Ok(a) => chosen.push((*f, a)),
+            Err(AllocateError::Exhausted) => exhausted.push(*f),
+            Err(AllocateError::Failed(message)) => return ClaimPlan::Failed { message },
+        }
+    }
+    if !exhausted.is_empty() {
+        let families: Vec<&str> = exhausted.iter().map(|f| f.as_str()).collect();
+        return ClaimPlan::Refuse {
+            event: PlannedEvent::warning(
+                events::EXHAUSTED_EVENT,
+                format!(
+                    "no free {} address left in class {class_name:?}; waiting for one to be freed",
+                    families.join(" and ")
+                ),
+            ),
+            exhausted_in: Some(class_name),
+        };
+    }
+    ClaimPlan::Create { class, chosen }
+}
+
+/// One pass over a claim: its plan, applied.
+pub(crate) async fn claim_pass<D: Driver>(ctx: Arc<Ctx<D>>, key: String) -> Result<Outcome, Error> {
+    let Some(claim) = ctx.world.claims.get(&key) else {
+        return Ok(Outcome::Done);
+    };
+    match plan(&ctx, &claim, &key).await {
+        ClaimPlan::Nothing => {
+            ctx.events.publish_once(claim.as_ref(), None).await;
+            Ok(Outcome::Done)
+        }
+        ClaimPlan::Wait => Ok(Outcome::Done),
+        ClaimPlan::Refuse {
+            event,
+            exhausted_in,
+        } => {
+            if let Some(class) = exhausted_in {
+                ctx.inventory.exhausted(&class, &key);
+            }
+            ctx.events.publish_once(claim.as_ref(), Some(&event)).await;
+            Ok(Outcome::Done)
+        }
+        ClaimPlan::Failed { message } => {
+            let ev = PlannedEvent::warning(events::PROVISIONING_FAILED, message.clone());
+            ctx.events.publish_once(claim.as_ref(), Some(&ev)).await;
+            Err(Error::Allocate {
+                claim: key,
+                message,
+            })
+        }
+        ClaimPlan::Create { class, chosen } => {
+            create(&ctx, &claim, &key, &class, chosen).await?;
+            ctx.events.publish_once(claim.as_ref(), None).await;
+            Ok(Outcome::Done)
+        }
+    }
+}
+
+/// Creates the planned addresses. A name collision with an address made for this claim (an
+/// earlier life of this process) is success; with another, the address is taken.
+async fn create<D: Driver>(
+    ctx: &Ctx<D>,
+    claim: &IPAddressClaim,
+    key: &str,
+    class: &IPAddressClass,
+    chosen: Vec<(Family, Allocation)>,
+) -> Result<(), Error> {
+    if let Some(d) = ctx.create_delay {
+        tokio::time::sleep(d).await;
+    }
+    let api: Api<IPAddress> = Api::all(ctx.client.clone());
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    for (f, a) in chosen {
+        let name = a.name.clone().unwrap_or_else(|| object_name(a.address));
+        let address = provisioned(
+            &name,
+            &a,
+            class,
+            claim,
+            ctx.driver.provisioner(),
+            ctx.driver.finalizer(),
+        );
+        fresh(&ctx.in_flight_ips).insert(a.address, Instant::now());
+        match api.create(&PostParams::default(), &address).await {
+            Ok(_) => {
+                tracing::info!(claim = %key, address = %a.address, %name, "provisioned");
+                fresh(&ctx.in_flight).insert((uid.clone(), f), Instant::now());
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                // Made by an earlier life of this process for this claim: done. Otherwise
+                // someone holds this address: allocate again.
+                let existing = api.get_opt(&name).await.ok().flatten();
+                let mine = existing.as_ref().is_some_and(|e| e.belongs_to(claim));
+                if !mine {
+                    return Err(Error::Taken(name));
+                }
+                fresh(&ctx.in_flight).insert((uid.clone(), f), Instant::now());
+            }
+            Err(source) => {
+                fresh(&ctx.in_flight_ips).remove(&a.address);
+                return Err(Error::Kube {
+                    action: "creating",
+                    object: name,
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The IPAddress a driver creates for an allocation (SPEC §8): named `name`, pre-bound to
+/// the claim with its uid, of the claim's class with the class's reclaim policy, the
+/// allocation's source, marked as provisioned by `provisioner`, with the driver's finalizer
+/// if it has one.
+pub(crate) fn provisioned(
+    name: &str,
+    a: &Allocation,
+    class: &IPAddressClass,
+    claim: &IPAddressClaim,
+    provisioner: &str,
+    finalizer: Option<&str>,
+) -> IPAddress {
+    IPAddress {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            finalizers: finalizer.map(|f| vec![f.to_string()]),
+            annotations: Some(std::collections::BTreeMap::from([(
+                address_controller_api::names::PROVISIONED_BY_ANNOTATION.to_string(),
+                provisioner.to_string(),
+            )])),
+            ..Default::default()
+        },
+        spec: IPAddressSpec {
+            address: a.address.to_string(),
+            class_name: class.name_any(),
+            reclaim_policy: class.spec.reclaim_policy,
+            claim_ref: Some(claim.claim_ref()),
+            source: a.source.clone(),
+        },
+        status: None,
+    }
+}
