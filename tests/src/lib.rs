@@ -629,6 +629,33 @@ impl ControllerProcess {
     pub fn log_contains(&self, needle: &str) -> bool {
         std::fs::read_to_string(&self.log).is_ok_and(|l| l.contains(needle))
     }
+
+    /// Lines of the log so far that contain every one of `needles`, colours removed.
+    pub fn log_lines(&self, needles: &[&str]) -> Vec<String> {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        text.lines()
+            .map(without_colours)
+            .filter(|line| needles.iter().all(|n| line.contains(n)))
+            .collect()
+    }
+}
+
+/// A log line without its ANSI colour sequences (`ESC [ … m`).
+fn without_colours(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 impl Drop for ControllerProcess {

@@ -14,6 +14,7 @@ use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClaim
 use address_controller_tests::env::{Env, WAIT, aphase, condition, count, env, phase};
 use address_controller_tests::{ControllerProcess, audited_writes, wait_for};
 use futures::StreamExt;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
@@ -517,6 +518,73 @@ async fn reclaim_retain_delete_driver_finalizer_and_owned_claims() {
 }
 
 #[tokio::test]
+async fn a_release_delay_ends_on_a_scheduled_wake_not_a_poll() {
+    let mut e = env("wake").await;
+    let class = e
+        .class("pub", json!({"spec": {"releaseDelay": "6s"}}))
+        .await;
+    let a = e.address("a", "192.0.2.70", &class, json!({})).await;
+    e.claim("c", json!({"className": class, "addressName": a}))
+        .await;
+    e.wait_claim("c", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    e.claims()
+        .delete("c", &DeleteParams::default())
+        .await
+        .unwrap();
+    let released_at = e
+        .wait_address(&a, "Released", |x| {
+            aphase(x) == Some(AddressPhase::Released)
+        })
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .released_at
+        .unwrap()
+        .0;
+    // The deadline the core computes: releasedAt (second precision) plus the delay.
+    let deadline = released_at + SignedDuration::from_secs(6);
+    e.barrier().await;
+    let passes = || e.ctl.log_lines(&["address pass", &format!("address={a}")]);
+    let before = passes().len();
+    e.wait_address(&a, "Available", |x| {
+        aphase(x) == Some(AddressPhase::Available)
+    })
+    .await;
+    e.barrier().await;
+    let at = |line: &String| -> Timestamp {
+        line.split_whitespace()
+            .next()
+            .and_then(|t| t.parse().ok())
+            .unwrap()
+    };
+    let later: Vec<Timestamp> = passes()[before..].iter().map(at).collect();
+    let waiting = later.iter().filter(|t| **t < deadline).count();
+    let woke = later.iter().filter(|t| **t >= deadline).min().copied();
+    // The positive control: the log shows this address's passes — the bind and the release
+    // before, the wake after — so a poller's passes would show too.
+    assert!(
+        before >= 2,
+        "{before} passes logged before the release delay"
+    );
+    let woke = woke.expect("a pass at the deadline");
+    // Scheduled: no pass while it waited (~5 s; a poller every second makes four or more),
+    // and a pass at the deadline.
+    assert_eq!(
+        waiting, 0,
+        "passes over the address while it waited: {later:?}"
+    );
+    let late = woke.duration_since(deadline);
+    assert!(
+        late < SignedDuration::from_secs(2),
+        "woke {late:?} after the deadline"
+    );
+    println!("no pass while waiting; woke {late:?} after the deadline");
+    e.check().await;
+}
+
+#[tokio::test]
 async fn release_delay_held_annotation_and_admin_recycling() {
     let mut e = env("delay").await;
     let class = e
@@ -553,7 +621,8 @@ async fn release_delay_held_annotation_and_admin_recycling() {
         .await
         .unwrap();
     let released_at = released.status.unwrap().released_at.unwrap().0;
-    // Scheduled, not polled: Available once the 3s delay is over, with claimRef cleared.
+    // Not early: Available once the 3s delay is over, with claimRef cleared (that it ends
+    // on a scheduled wake, not a poll: `a_release_delay_ends_on_a_scheduled_wake_not_a_poll`).
     let free = e
         .wait_address(&a, "Available", |x| {
             aphase(x) == Some(AddressPhase::Available)

@@ -22,6 +22,7 @@ pub async fn reconcile(ctx: Arc<Context>, name: String) -> Result<Outcome> {
     let Some(cached) = ctx.world.addresses.get(&name) else {
         return Ok(Outcome::Done);
     };
+    tracing::debug!(address = %name, "address pass");
     let mut address = ctx.recent_addresses.latest(cached);
     let claim_ref = address.spec.claim_ref.clone();
     let mut claim: Option<Arc<IPAddressClaim>> = claim_ref
