@@ -138,16 +138,9 @@ impl Index {
         let new_ref = new
             .and_then(|a| a.spec.claim_ref.as_ref())
             .map(ClaimRef::key);
-        if old_ref != new_ref {
-            if let Some(k) = &old_ref {
-                s.by_claim.remove(k, &name);
-            }
-            if let Some(k) = &new_ref {
-                s.by_claim.insert(k.clone(), &name);
-            }
-        }
         wake.claims
             .extend(old_ref.iter().chain(new_ref.iter()).cloned());
+        s.by_claim.moved(&name, old_ref, new_ref);
         // Free.
         let new_pool = new.and_then(pool_of_free);
         let old_pool = s.free_of.get(&name).cloned();

@@ -54,34 +54,23 @@ impl Inventory {
         let mut s = self.lock();
         let mut wake = Vec::new();
         let name = new.or(old).map(|a| a.name_any()).unwrap_or_default();
-        if let Some(a) = old {
-            if let Some(k) = claim_key(a) {
-                s.by_claim.remove(&k, &name);
-                wake.push(k);
-            }
-            if let Some(k) = associated_service(a) {
-                s.associated.remove(&k, &name);
-            }
-            if let Some((ip, f)) = ip_and_family(a) {
-                s.by_ip.remove(&ip, &name);
+        let (old_claim, new_claim) = (old.and_then(claim_key), new.and_then(claim_key));
+        wake.extend(old_claim.iter().chain(new_claim.iter()).cloned());
+        s.by_claim.moved(&name, old_claim, new_claim);
+        s.associated.moved(
+            &name,
+            old.and_then(associated_service),
+            new.and_then(associated_service),
+        );
+        let (old_ip, new_ip) = (old.and_then(ip_and_family), new.and_then(ip_and_family));
+        s.by_ip
+            .moved(&name, old_ip.map(|(ip, _)| ip), new_ip.map(|(ip, _)| ip));
+        // Per pool: what the address counted for before, and after.
+        for (a, ipf, delta) in [(old, old_ip, -1), (new, new_ip, 1)] {
+            if let (Some(a), Some((_, f))) = (a, ipf) {
                 *s.per_pool
                     .entry((a.spec.class_name.clone(), f))
-                    .or_default() -= 1;
-            }
-        }
-        if let Some(a) = new {
-            if let Some(k) = claim_key(a) {
-                s.by_claim.insert(k.clone(), &name);
-                wake.push(k);
-            }
-            if let Some(k) = associated_service(a) {
-                s.associated.insert(k, &name);
-            }
-            if let Some((ip, f)) = ip_and_family(a) {
-                s.by_ip.insert(ip, &name);
-                *s.per_pool
-                    .entry((a.spec.class_name.clone(), f))
-                    .or_default() += 1;
+                    .or_default() += delta;
             }
         }
         // An address gone (or moved to another class) may end an exhaustion.

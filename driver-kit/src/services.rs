@@ -56,21 +56,16 @@ impl ServiceIndex {
     /// Takes in a Service change (its entries before and after).
     pub fn changed(&self, key: &str, old: Option<&Entry>, new: Option<&Entry>) {
         let mut s = self.lock();
-        for e in old.into_iter() {
-            if let Some(c) = &e.claim {
-                s.by_claim.remove(c, key);
-            }
-            for ip in &e.ips {
-                s.by_ip.remove(ip, key);
-            }
+        s.by_claim.moved(
+            key,
+            old.and_then(|e| e.claim.clone()),
+            new.and_then(|e| e.claim.clone()),
+        );
+        for ip in old.iter().flat_map(|e| &e.ips) {
+            s.by_ip.remove(ip, key);
         }
-        for e in new.into_iter() {
-            if let Some(c) = &e.claim {
-                s.by_claim.insert(c.clone(), key);
-            }
-            for ip in &e.ips {
-                s.by_ip.insert(*ip, key);
-            }
+        for ip in new.iter().flat_map(|e| &e.ips) {
+            s.by_ip.insert(*ip, key);
         }
     }
 

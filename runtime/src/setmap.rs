@@ -39,6 +39,20 @@ impl<K: Hash + Eq> SetMap<K> {
         }
     }
 
+    /// An object's key changed from `old` to `new` (either absent): `name` leaves the one
+    /// set and joins the other — how every index follows a watched change.
+    pub fn moved(&mut self, name: &str, old: Option<K>, new: Option<K>) {
+        if old == new {
+            return;
+        }
+        if let Some(k) = old {
+            self.remove(&k, name);
+        }
+        if let Some(k) = new {
+            self.insert(k, name);
+        }
+    }
+
     /// Takes the whole set of `key` out.
     pub fn take<Q>(&mut self, key: &Q) -> Option<BTreeSet<String>>
     where
@@ -98,5 +112,24 @@ mod tests {
         m.insert("c".into(), "z");
         assert_eq!(m.take("c").map(|s| s.len()), Some(1));
         assert!(m.names("c").is_empty());
+    }
+
+    #[test]
+    fn a_moved_name_leaves_its_old_set_and_joins_the_new_one() {
+        let mut m: SetMap<String> = SetMap::default();
+        m.moved("x", None, Some("t/a".into()));
+        m.moved("y", None, Some("t/a".into()));
+        assert_eq!(m.names("t/a"), ["x", "y"]);
+        // Unchanged: nothing moves.
+        m.moved("x", Some("t/a".into()), Some("t/a".into()));
+        assert_eq!(m.names("t/a"), ["x", "y"]);
+        m.moved("x", Some("t/a".into()), Some("t/b".into()));
+        assert_eq!(
+            (m.names("t/a"), m.names("t/b")),
+            (vec!["y".to_string()], vec!["x".to_string()])
+        );
+        // Gone: the emptied set goes too.
+        m.moved("x", Some("t/b".into()), None);
+        assert!(!m.contains_key("t/b"));
     }
 }
