@@ -11,6 +11,20 @@ use crate::family::{Family, family_of};
 use crate::names::{condition, reason};
 use crate::{ClaimPhase, IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota};
 
+/// Whether a namespace's change can change what it is entitled to (SPEC §13): it
+/// appeared, it went, or its labels changed (no labels and empty labels are the same).
+/// Its status and annotations are not news.
+pub fn namespace_entitlement_changed(
+    old: Option<&k8s_openapi::api::core::v1::Namespace>,
+    new: Option<&k8s_openapi::api::core::v1::Namespace>,
+) -> bool {
+    match (old, new) {
+        (Some(o), Some(n)) => o.labels() != n.labels(),
+        (None, None) => false,
+        _ => true,
+    }
+}
+
 /// Whether `labels` satisfy `selector` (`metav1.LabelSelector` semantics: every
 /// `matchLabels` pair and every expression; an empty selector matches everything). An
 /// operator the schema would have refused matches nothing.
@@ -359,6 +373,31 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_namespace_change_is_news_when_it_appears_goes_or_relabels() {
+        let ns = |v: serde_json::Value| -> k8s_openapi::api::core::v1::Namespace {
+            serde_json::from_value(v).unwrap()
+        };
+        let bare = ns(json!({"metadata": {"name": "t"}}));
+        let empty = ns(json!({"metadata": {"name": "t", "labels": {}}}));
+        let gold = ns(json!({"metadata": {"name": "t", "labels": {"tier": "gold"}}}));
+        let gold_active = ns(
+            json!({"metadata": {"name": "t", "labels": {"tier": "gold"}}, "status": {"phase": "Active"}}),
+        );
+        let changed = |o: Option<&_>, n: Option<&_>| namespace_entitlement_changed(o, n);
+        assert!(changed(None, Some(&bare)), "created");
+        assert!(changed(Some(&bare), None), "deleted, even without labels");
+        assert!(changed(Some(&bare), Some(&gold)), "labelled");
+        assert!(
+            !changed(Some(&bare), Some(&empty)),
+            "no labels are empty labels"
+        );
+        assert!(
+            !changed(Some(&gold), Some(&gold_active)),
+            "status is not news"
+        );
+    }
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

@@ -18,6 +18,7 @@
 
 use std::sync::Arc;
 
+use address_controller_api::entitlement::namespace_entitlement_changed;
 use address_controller_api::names::SERVICE_CLAIM_ANNOTATION;
 use address_controller_runtime::cache::{Change, key_of};
 use address_controller_runtime::workers::{self, Observe};
@@ -112,11 +113,7 @@ pub fn register(ctx: &Arc<Context>) {
         });
         let c = ctx.clone();
         e.namespaces.on_change(move |ch| {
-            // Only labels decide admission (a namespace's status changes are not news).
-            let labels = |n: Option<&k8s_openapi::api::core::v1::Namespace>| {
-                n.and_then(|n| n.metadata.labels.clone())
-            };
-            if ch.old.is_some() && labels(ch.old.as_deref()) == labels(ch.new.as_deref()) {
+            if !namespace_entitlement_changed(ch.old.as_deref(), ch.new.as_deref()) {
                 return;
             }
             let Some(ns) = ch.object().map(|n| n.name_any()) else {

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, PoisonError};
 
-use address_controller_api::entitlement::{Limits, usage_by_class};
+use address_controller_api::entitlement::{Limits, namespace_entitlement_changed, usage_by_class};
 use address_controller_api::family::family_of;
 use address_controller_api::{
     AddressPhase, ClaimPhase, Family, IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota,
@@ -674,8 +674,7 @@ impl View for Holdings {
         new: Option<&Namespace>,
         dirty: &mut Vec<String>,
     ) {
-        let labels = |n: Option<&Namespace>| n.and_then(|n| n.metadata.labels.clone());
-        if old.is_some() && labels(old) == labels(new) {
+        if !namespace_entitlement_changed(old, new) {
             return;
         }
         dirty.extend(new.or(old).map(|n| key(&n.name_any())));

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, PoisonError};
 
+use address_controller_api::entitlement::namespace_entitlement_changed;
 use address_controller_api::{
     AddressPhase, ClaimPhase, Family, IPAddress, IPAddressClaim, IPAddressClass,
 };
@@ -311,12 +312,12 @@ impl View for Pools {
         let Some(ns) = new.or(old).map(|n| n.name_any()) else {
             return;
         };
+        if !namespace_entitlement_changed(old, new) {
+            return;
+        }
         let labels =
             |n: Option<&Namespace>| n.map(|n| n.metadata.labels.clone().unwrap_or_default());
         let (before, after) = (labels(old), labels(new));
-        if before == after {
-            return;
-        }
         let mut a = self
             .admission
             .lock()
