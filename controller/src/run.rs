@@ -19,7 +19,7 @@
 use std::sync::Arc;
 
 use address_controller_api::entitlement::namespace_entitlement_changed;
-use address_controller_api::names::SERVICE_CLAIM_ANNOTATION;
+use address_controller_api::service::may_want_auto_claim;
 use address_controller_runtime::cache::{Change, key_of};
 use address_controller_runtime::workers::{self, Observe};
 use futures::StreamExt;
@@ -96,10 +96,7 @@ pub fn register(ctx: &Arc<Context>) {
                     .store
                     .all()
                     .iter()
-                    .filter(|s| {
-                        s.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")
-                            && !s.annotations().contains_key(SERVICE_CLAIM_ANNOTATION)
-                    })
+                    .filter(|s| may_want_auto_claim(s))
                     .map(|s| key_of(s.as_ref())),
             );
         }
@@ -128,7 +125,7 @@ pub fn register(ctx: &Arc<Context>) {
                         .all()
                         .iter()
                         .filter(|s| s.namespace().as_deref() == Some(ns.as_str()))
-                        .filter(|s| !s.annotations().contains_key(SERVICE_CLAIM_ANNOTATION))
+                        .filter(|s| may_want_auto_claim(s))
                         .map(|s| key_of(s.as_ref())),
                 );
             }

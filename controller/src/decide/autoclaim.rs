@@ -4,8 +4,7 @@
 use std::sync::Arc;
 
 use address_controller_api::names::{
-    AUTO_CLAIM_CLASS_ANNOTATION, SERVICE_AUTO_CLAIM_ANNOTATION, SERVICE_CLAIM_ANNOTATION,
-    SERVICE_CLASS_ANNOTATION,
+    AUTO_CLAIM_CLASS_ANNOTATION, SERVICE_AUTO_CLAIM_ANNOTATION, SERVICE_CLASS_ANNOTATION,
 };
 use address_controller_api::validation::is_dns1123_subdomain;
 use address_controller_api::{ClaimFamily, IPAddressClaim, IPAddressClass, Marked};
@@ -133,7 +132,7 @@ fn skip_rules(s: &ServiceSnapshot<'_>) -> Result<(), ServicePlan> {
     let svc = s.service;
     let annotations = svc.annotations();
     let spec = svc.spec.clone().unwrap_or_default();
-    let is_lb = spec.type_.as_deref() == Some("LoadBalancer");
+    let is_lb = address_controller_api::service::is_load_balancer_type(svc);
     let owned_claim = s.claim.filter(|c| owned_by(c, svc));
 
     if !is_lb {
@@ -150,10 +149,7 @@ fn skip_rules(s: &ServiceSnapshot<'_>) -> Result<(), ServicePlan> {
             None => ServicePlan::Skip(Skip::NotLoadBalancer),
         });
     }
-    if annotations
-        .get(SERVICE_CLAIM_ANNOTATION)
-        .is_some_and(|v| !v.is_empty())
-    {
+    if address_controller_api::service::named_claim(svc).is_some() {
         return Err(ServicePlan::Skip(Skip::NamesAClaim));
     }
     match annotations

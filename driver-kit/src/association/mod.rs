@@ -27,7 +27,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use address_controller_api::family::{family_of_ip, parse_address};
-use address_controller_api::names::{SERVICE_CLAIM_ANNOTATION, driver as reason};
+use address_controller_api::names::driver as reason;
 use address_controller_api::{
     AddressPhase, Association, ClaimPhase, Family, IPAddress, IPAddressClaim,
 };
@@ -69,17 +69,12 @@ pub fn association_of(key: &str) -> Association {
 }
 
 /// The claim a Service names, if any.
-pub fn claim_annotation(s: &Service) -> Option<&str> {
-    s.annotations()
-        .get(SERVICE_CLAIM_ANNOTATION)
-        .map(String::as_str)
-        .filter(|n| !n.is_empty())
-}
+pub use address_controller_api::service::named_claim as claim_annotation;
 
 /// A LoadBalancer Service that is not being deleted (the kit's half of "served").
 pub fn is_load_balancer(s: &Service) -> bool {
     s.metadata.deletion_timestamp.is_none()
-        && s.spec.as_ref().and_then(|sp| sp.type_.as_deref()) == Some("LoadBalancer")
+        && address_controller_api::service::is_load_balancer_type(s)
 }
 
 /// The families of a Service (`spec.ipFamilies`; IPv4 when the API server left it empty).
@@ -499,6 +494,7 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use address_controller_api::names::SERVICE_CLAIM_ANNOTATION;
     use serde_json::{Value, json};
 
     /// A JSON merge patch (null removes).
