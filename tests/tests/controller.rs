@@ -532,21 +532,45 @@ async fn a_release_delay_ends_on_a_scheduled_wake_not_a_poll() {
         .delete("c", &DeleteParams::default())
         .await
         .unwrap();
-    let released_at = e
+    let released = e
         .wait_address(&a, "Released", |x| {
             aphase(x) == Some(AddressPhase::Released)
         })
         .await
-        .unwrap()
+        .unwrap();
+    let released_at = released
         .status
+        .as_ref()
         .unwrap()
         .released_at
+        .clone()
         .unwrap()
         .0;
     // The deadline the core computes: releasedAt (second precision) plus the delay.
     let deadline = released_at + SignedDuration::from_secs(6);
-    e.barrier().await;
     let passes = || e.ctl.log_lines(&["address pass", &format!("address={a}")]);
+    // Quiet from here to the deadline: the core has passed over the Released object its
+    // watch delivered, and its address queue has nothing ready or running (echoes of the
+    // release, wake-ups from the claim's deletion — late on a loaded machine — are done).
+    let rv = format!("rv={}", released.resource_version().unwrap());
+    e.barrier().await;
+    wait_for("the core quiet after the release", WAIT, || async {
+        let seen = passes().iter().any(|l| l.contains(&rv));
+        let m = e.ctl.metrics().await?;
+        let busy = sample(
+            &m,
+            "address_controller_workqueue_depth{queue=\"addresses\",state=\"ready\"}",
+        ) + sample(
+            &m,
+            "address_controller_workqueue_depth{queue=\"addresses\",state=\"running\"}",
+        );
+        // (The series must be there: a misspelt one would read as an idle queue.)
+        let exported =
+            m.contains("address_controller_workqueue_depth{queue=\"addresses\",state=\"running\"}");
+        Ok((seen && exported && busy == 0.0).then_some(()))
+    })
+    .await
+    .unwrap();
     let before = passes().len();
     e.wait_address(&a, "Available", |x| {
         aphase(x) == Some(AddressPhase::Available)

@@ -22,7 +22,13 @@ pub async fn reconcile(ctx: Arc<Context>, name: String) -> Result<Outcome> {
     let Some(cached) = ctx.world.addresses.get(&name) else {
         return Ok(Outcome::Done);
     };
-    tracing::debug!(address = %name, "address pass");
+    // The resourceVersion the watch delivered (what a pass is woken by, or not).
+    let rv = cached
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap_or_default();
+    tracing::debug!(address = %name, rv = %rv, "address pass");
     let mut address = ctx.recent_addresses.latest(cached);
     let claim_ref = address.spec.claim_ref.clone();
     let mut claim: Option<Arc<IPAddressClaim>> = claim_ref
