@@ -42,7 +42,7 @@ use address_controller_tests::bench::{
     on_own_control_plane, quantile, writes,
 };
 use address_controller_tests::env::RANGE_PROVISIONER;
-use address_controller_tests::{Cluster, ControllerProcess, cpu_time, setup};
+use address_controller_tests::{ControllerProcess, audit_log, cpu_time, setup};
 use anyhow::{Context, Result, anyhow, bail};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
@@ -593,26 +593,17 @@ fn cpu(pids: &[u32]) -> f64 {
 fn audited(
     obs: &Observer,
 ) -> Result<(BTreeMap<(Path, usize), f64>, BTreeMap<(Path, String), f64>)> {
-    let text = std::fs::read_to_string(Cluster::get().dir.join("logs/audit.log"))?;
     let claims_of = obs.claims_of.lock().map(|m| m.clone()).unwrap_or_default();
     let (mut by_rate, mut by_kind) = (BTreeMap::new(), BTreeMap::new());
-    for line in text.lines() {
-        let Ok(v) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
-        let user = v["impersonatedUser"]["username"].as_str().unwrap_or("");
-        if v["stage"] != "ResponseComplete" || !PROCESSES.contains(&user) {
+    for w in audit_log()? {
+        if !PROCESSES.contains(&w.impersonated.as_str()) || w.resource == "services" {
             continue;
         }
-        let o = &v["objectRef"];
-        let name = o["name"].as_str().unwrap_or("");
-        let claim = match o["resource"].as_str() {
-            Some("ipaddresses") => {
-                let at: Option<Timestamp> = v["requestReceivedTimestamp"]
-                    .as_str()
-                    .and_then(|t| t.parse().ok());
+        let name = w.name.as_deref().unwrap_or("");
+        let claim = match w.resource.as_str() {
+            "ipaddresses" => {
                 let turns = claims_of.get(name);
-                at.zip(turns).and_then(|(at, turns)| {
+                w.received.zip(turns).and_then(|(at, turns)| {
                     turns
                         .iter()
                         .find(|(_, seen)| *seen >= at)
@@ -635,12 +626,12 @@ fn audited(
         *by_rate.entry((path, rate)).or_default() += 1.0;
         let kind = format!(
             "{}{} {}",
-            o["resource"].as_str().unwrap_or(""),
-            o["subresource"]
-                .as_str()
+            w.resource,
+            w.subresource
+                .as_deref()
                 .map(|s| format!("/{s}"))
                 .unwrap_or_default(),
-            v["verb"].as_str().unwrap_or("")
+            w.verb
         );
         *by_kind.entry((path, kind)).or_default() += 1.0;
     }
@@ -659,27 +650,21 @@ fn vanished(run: &Run) -> Result<String> {
     if gone.is_empty() {
         return Ok(String::new());
     }
-    let text = std::fs::read_to_string(Cluster::get().dir.join("logs/audit.log"))?;
     let mut out = format!("\n\n{} Services were deleted by someone else:", gone.len());
-    for line in text.lines() {
-        let Ok(v) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
-        let o = &v["objectRef"];
-        if v["stage"] == "ResponseComplete"
-            && v["verb"] == "delete"
-            && o["resource"] == "services"
+    for w in audit_log()? {
+        if w.verb == "delete"
+            && w.resource == "services"
             && gone
                 .iter()
-                .any(|(ns, n)| o["namespace"] == ns.as_str() && o["name"] == n.as_str())
+                .any(|(ns, n)| w.namespace.as_deref() == Some(ns) && w.name.as_deref() == Some(n))
         {
             out.push_str(&format!(
                 "\n  {}/{} by {} ({}): {}",
-                o["namespace"].as_str().unwrap_or(""),
-                o["name"].as_str().unwrap_or(""),
-                v["user"]["username"].as_str().unwrap_or(""),
-                v["userAgent"].as_str().unwrap_or(""),
-                v["responseStatus"]["code"]
+                w.namespace.as_deref().unwrap_or(""),
+                w.name.as_deref().unwrap_or(""),
+                w.user,
+                w.user_agent,
+                w.code
             ));
         }
     }
