@@ -178,6 +178,17 @@ pub const KIT_RULES: &[Rule] = &[
     },
 ];
 
+/// Whether the ClusterRole committed at `path` is the driver's current one — for a
+/// driver's own drift test (the file a chart ships; `--print-cluster-role` writes it).
+pub fn cluster_role_file_is_current(info: &Info, path: &std::path::Path) -> Result<(), String> {
+    let got = std::fs::read_to_string(path).unwrap_or_default();
+    match cluster_role_yaml(info) {
+        Ok(want) if want == got => Ok(()),
+        Ok(_) => Err(format!("{} is stale; run `make manifests`", path.display())),
+        Err(e) => Err(format!("rendering the ClusterRole: {e}")),
+    }
+}
+
 /// The driver's ClusterRole as YAML (`--print-cluster-role`).
 pub fn cluster_role_yaml(info: &Info) -> Result<String, serde_yaml::Error> {
     let rules: Vec<&Rule> = KIT_RULES
