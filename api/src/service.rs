@@ -1,9 +1,12 @@
 //! Rules about a Service as this product reads it, spelled once for the core's auto-claims
 //! and the kit's association (SPEC §7, §8).
 
+use std::net::IpAddr;
+
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 
+use crate::family::parse_address;
 use crate::names::SERVICE_CLAIM_ANNOTATION;
 
 /// `spec.type: LoadBalancer`.
@@ -20,6 +23,24 @@ pub fn named_claim(s: &Service) -> Option<&str> {
         .filter(|n| !n.is_empty())
 }
 
+/// The `ip` values of a Service's `status.loadBalancer.ingress`, as written (entries with
+/// only a hostname give none).
+pub fn ingress_ips(s: &Service) -> impl Iterator<Item = &str> {
+    s.status
+        .iter()
+        .filter_map(|st| st.load_balancer.as_ref())
+        .flat_map(|lb| lb.ingress.iter().flatten())
+        .filter_map(|i| i.ip.as_deref())
+}
+
+/// The addresses a Service's `status.loadBalancer.ingress` shows (values that do not
+/// parse as an IP are left out).
+pub fn ingress_addresses(s: &Service) -> Vec<IpAddr> {
+    ingress_ips(s)
+        .filter_map(|ip| parse_address(ip).ok())
+        .collect()
+}
+
 /// A Service the auto-claim controller looks at: a LoadBalancer naming no claim.
 pub fn may_want_auto_claim(s: &Service) -> bool {
     is_load_balancer_type(s) && named_claim(s).is_none()
@@ -30,6 +51,30 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn ingress_reads_ips_and_leaves_hostnames_and_garbage_out() {
+        let s: Service = serde_json::from_value(json!({
+            "metadata": {"name": "s"},
+            "status": {"loadBalancer": {"ingress": [
+                {"ip": "192.0.2.1"}, {"hostname": "lb.example"}, {"ip": "2001:db8::1"}, {"ip": "nope"}
+            ]}}
+        }))
+        .unwrap();
+        assert_eq!(
+            ingress_ips(&s).collect::<Vec<_>>(),
+            ["192.0.2.1", "2001:db8::1", "nope"]
+        );
+        assert_eq!(
+            ingress_addresses(&s),
+            [
+                "192.0.2.1".parse::<IpAddr>().unwrap(),
+                "2001:db8::1".parse().unwrap()
+            ]
+        );
+        let none: Service = serde_json::from_value(json!({"metadata": {"name": "s"}})).unwrap();
+        assert!(ingress_addresses(&none).is_empty());
+    }
 
     #[test]
     fn an_empty_annotation_names_no_claim() {

@@ -620,11 +620,7 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
         s.services.iter().map(|x| (service_key(x), x)).collect();
     let shows = |svc: &Service, ip: &str| {
         let want = address_controller_api::family::parse_address(ip).ok();
-        svc.status
-            .iter()
-            .filter_map(|st| st.load_balancer.as_ref())
-            .flat_map(|lb| lb.ingress.iter().flatten())
-            .filter_map(|i| i.ip.as_deref())
+        address_controller_api::service::ingress_ips(svc)
             .any(|x| address_controller_api::family::parse_address(x).ok() == want)
     };
     let associated_to = |a: &IPAddress| {
@@ -666,14 +662,7 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
         .filter(|x| scope.namespace(&x.namespace().unwrap_or_default()))
     {
         let key = service_key(svc);
-        let ips: Vec<std::net::IpAddr> = svc
-            .status
-            .iter()
-            .filter_map(|st| st.load_balancer.as_ref())
-            .flat_map(|lb| lb.ingress.iter().flatten())
-            .filter_map(|i| i.ip.as_deref())
-            .filter_map(|x| address_controller_api::family::parse_address(x).ok())
-            .collect();
+        let ips = address_controller_api::service::ingress_addresses(svc);
         for ip in ips {
             for a in by_ip.get(&ip).into_iter().flatten() {
                 if a.spec.claim_ref.is_some()

@@ -1021,12 +1021,9 @@ async fn race(s: &mut Suite<'_>) -> Result<Option<String>> {
 
 /// The addresses in a Service's `status.loadBalancer.ingress`.
 fn ingress_of(s: &Service) -> Vec<String> {
-    s.status
-        .as_ref()
-        .and_then(|st| st.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .map(|i| i.iter().filter_map(|x| x.ip.clone()).collect())
-        .unwrap_or_default()
+    address_controller_api::service::ingress_ips(s)
+        .map(str::to_string)
+        .collect()
 }
 
 /// Deletes the suite's Services (and waits for them to go).

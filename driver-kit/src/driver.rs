@@ -185,21 +185,7 @@ pub enum Presence {
 }
 
 /// The addresses in a Service's `status.loadBalancer.ingress`.
-pub fn ingress(service: &Service) -> Vec<IpAddr> {
-    service
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .map(|ingress| {
-            ingress
-                .iter()
-                .filter_map(|i| i.ip.as_deref())
-                .filter_map(|ip| address_controller_api::family::parse_address(ip).ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
+pub use address_controller_api::service::ingress_addresses as ingress;
 
 /// The default object name of an address: `ipv4-192-0-2-1`, or the fully expanded
 /// `ipv6-2001-0db8-0000-…` — every spelling of an address gives one name.

@@ -49,12 +49,9 @@ async fn service(e: &Env, ns: &str, name: &str, claim: Option<&str>, extra: Valu
 }
 
 fn ingress(s: &Service) -> Vec<String> {
-    s.status
-        .as_ref()
-        .and_then(|st| st.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .map(|i| i.iter().filter_map(|x| x.ip.clone()).collect())
-        .unwrap_or_default()
+    address_controller_api::service::ingress_ips(s)
+        .map(str::to_string)
+        .collect()
 }
 
 async fn wait_ingress(e: &Env, ns: &str, name: &str, want: &[&str]) -> Service {
