@@ -101,8 +101,12 @@ impl IPAddressClass {
 impl IPAddress {
     /// Where the address counts toward a quota: the namespace of the claim its claimRef
     /// names, and its family — whatever its phase (bound, pre-bound, reserved, `Released`
-    /// and retained, `Lost`, being deleted). Only an address without a claimRef is nobody's.
+    /// and retained, `Lost`, being deleted). An address without a claimRef is nobody's, and
+    /// a released surplus ([`IPAddress::is_surplus`]) was never granted: neither counts.
     pub fn quota_slot(&self) -> Option<(&str, Family)> {
+        if self.is_surplus() {
+            return None;
+        }
         let r = self.spec.claim_ref.as_ref()?;
         Some((r.namespace.as_str(), self.family()?))
     }

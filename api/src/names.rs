@@ -95,6 +95,14 @@ pub mod reason {
     pub const NO_LIVE_DRIVER: &str = "NoLiveDriver";
 }
 
+/// Why an address is `Released` (`status.reason`).
+pub mod released {
+    /// Its claim already held another address of the family (SPEC §5.7): never granted.
+    pub const SURPLUS: &str = "Surplus";
+    /// The claim's reclaim policy (§6) or the safety net for a claim that is gone (§5.6).
+    pub const RECLAIMED: &str = "Reclaimed";
+}
+
 /// Event reasons.
 pub mod event {
     // on claims

@@ -95,6 +95,15 @@ impl IPAddress {
                 .is_none_or(|from| from == r)
     }
 
+    /// Whether the address is a released surplus (SPEC §5.7): [`IPAddress::is_released`]
+    /// and released because its claim already held another address of the family
+    /// (`status.reason: Surplus`). Such an address was never granted to its claim.
+    pub fn is_surplus(&self) -> bool {
+        self.is_released()
+            && self.status.as_ref().and_then(|s| s.reason.as_deref())
+                == Some(crate::names::released::SURPLUS)
+    }
+
     /// The phase a driver writes when its `Conflict` or `Lost` ends (SPEC §8): the one the
     /// core computes from the claimRef — `Released` for the binding that was released
     /// (recorded in `releasedFrom`), `Bound` with a claimRef, `Available` without. (The core

@@ -76,7 +76,7 @@ pub const RULES: &[(&str, &str)] = &[
     ),
     (
         "namespace-over-quota",
-        "a namespace holding more addresses of a class than an IPAddressQuota allows (a driver's surplus being reclaimed is not a grant)",
+        "a namespace holding more addresses of a class than an IPAddressQuota allows (a released surplus is not a grant)",
     ),
     (
         "refusal-stale",
@@ -727,46 +727,14 @@ fn entitlement_violations(
         v.sort();
         v.join(",")
     };
-    // Surplus (SPEC §5.7): a Released address whose claim — alive, not being deleted, the
-    // same uid — lists another address of its family. The race with the core leaves one
-    // when a driver's create lands after the core bound a free address to an invited
-    // claim. It counts against its namespace until its reclaim policy is done (the binder
-    // refuses new claims meanwhile, and `refusal-stale` counts it too), but it was never
-    // granted: a namespace is over its quota only through the addresses it was granted.
-    let live: HashMap<(&str, &str), &IPAddressClaim> = s
-        .claims
-        .iter()
-        .filter(|c| c.metadata.deletion_timestamp.is_none())
-        .filter_map(|c| {
-            Some((
-                (
-                    c.metadata.namespace.as_deref()?,
-                    c.metadata.name.as_deref()?,
-                ),
-                c,
-            ))
-        })
-        .collect();
-    let surplus = |a: &IPAddress| -> bool {
-        let Some(r) = a.spec.claim_ref.as_ref() else {
-            return false;
-        };
-        let Some(c) = live.get(&(r.namespace.as_str(), r.name.as_str())) else {
-            return false;
-        };
-        a.phase() == Some(AddressPhase::Released)
-            && r.uid.is_some()
-            && r.uid == c.metadata.uid
-            && c.status
-                .iter()
-                .flat_map(|st| &st.addresses)
-                .any(|x| x.name != a.name_any() && family_of(&x.address).ok() == a.family())
-    };
+    // A released surplus (SPEC §5.7, `status.reason: Surplus`) was never granted and
+    // counts toward nothing (`IPAddress::quota_slot`): a namespace is over its quota only
+    // through the addresses it was granted.
     let granted_of = |ns: &str| {
         usage_by_class(
             ns,
             s.claims.iter().filter(|c| scope.claim(c)),
-            s.addresses.iter().filter(|a| !surplus(a)),
+            s.addresses.iter(),
         )
     };
     for (ns, qs) in &quotas {
@@ -1171,17 +1139,26 @@ mod tests {
         );
         // Over it (the limit lowered, or a double count).
         assert_eq!(rules(&snap(0, held())), ["namespace-over-quota"]);
-        // A driver's surplus (Released, its live claim lists another address of the
-        // family) is not a grant: the namespace is not over its quota through it.
-        let with_surplus = vec![
-            addr("x", "192.0.2.1", Some(("a", "u1")), "Bound"),
-            addr("s", "192.0.2.9", Some(("a", "u1")), "Released"),
-        ];
-        assert!(
-            rules(&snap(1, with_surplus)).is_empty(),
-            "{:?}",
-            rules(&snap(1, vec![]))
-        );
+        // A released surplus (`reason: Surplus`) is not a grant: the namespace is not over
+        // its quota through it — also once its claim is gone.
+        let surplus = |claim: (&str, &str)| {
+            let mut a = addr("s", "192.0.2.9", Some(claim), "Released");
+            if let Some(st) = a.status.as_mut() {
+                st.reason = Some(address_controller_api::names::released::SURPLUS.into());
+            }
+            a
+        };
+        for of in [("a", "u1"), ("gone", "u0")] {
+            let with_surplus = vec![
+                addr("x", "192.0.2.1", Some(("a", "u1")), "Bound"),
+                surplus(of),
+            ];
+            assert!(
+                rules(&snap(1, with_surplus.clone())).is_empty(),
+                "{:?}",
+                rules(&snap(1, with_surplus))
+            );
+        }
         // A released and retained address still counts.
         let released = vec![
             addr("x", "192.0.2.1", Some(("a", "u1")), "Bound"),

@@ -622,7 +622,8 @@ async fn kubectl_prints_the_printer_columns() {
             &other,
             &PatchParams::default(),
             &Patch::Merge(
-                json!({"status": {"phase": "Released", "releasedAt": released_at.to_string()}}),
+                json!({"status": {"phase": "Released", "releasedAt": released_at.to_string(),
+                    "reason": "Surplus"}}),
             ),
         )
         .await
@@ -717,7 +718,8 @@ async fn kubectl_prints_the_printer_columns() {
             "ATTACHEDTO",
             "RECLAIMPOLICY",
             "AGE",
-            "RELEASED"
+            "RELEASED",
+            "REASON"
         ]
     );
     let row = |n: &str| rows.iter().find(|r| r["NAME"] == n).unwrap().clone();
@@ -728,11 +730,13 @@ async fn kubectl_prints_the_printer_columns() {
             bound["CLAIM NAMESPACE"].as_str(),
             bound["CLAIM"].as_str(),
             bound["RECLAIMPOLICY"].as_str(),
-            bound["RELEASED"].as_str()
+            bound["RELEASED"].as_str(),
+            bound["REASON"].as_str()
         ),
-        ("192.0.2.77", ns.name.as_str(), "web", "Retain", "")
+        ("192.0.2.77", ns.name.as_str(), "web", "Retain", "", "")
     );
     assert_eq!(released["PHASE"], "Released");
+    assert_eq!(released["REASON"], "Surplus");
     assert!(released["RELEASED"].starts_with("5m"), "{released:?}");
 
     let (header, rows) = table(&cluster.kubectl_ok(&["get", "ipc", "-n", &ns.name]).unwrap());

@@ -339,6 +339,85 @@ async fn quota_counts_a_dual_claim_twice_released_addresses_until_free_and_never
     e.check().await;
 }
 
+/// `status.reason` of an address.
+fn released_reason(a: Option<&IPAddress>) -> Option<String> {
+    a.and_then(|a| a.status.as_ref())
+        .and_then(|s| s.reason.clone())
+}
+
+#[tokio::test]
+async fn a_released_surplus_counts_toward_no_quota_also_once_its_claim_is_gone() {
+    let mut e = env("surplusq").await;
+    let class = e
+        .class("pub", json!({"spec": {"releaseDelay": "1h"}}))
+        .await;
+    set_quota(&e, json!([{"className": class, "addresses": 2}])).await;
+    let first = e.address("a1", "192.0.2.80", &class, json!({})).await;
+    e.claim("c1", json!({"className": class})).await;
+    let c1 = wait_bound(&e, "c1").await;
+    // A driver's create that lost the race with the core (SPEC §5.7): pre-bound to c1,
+    // which already holds an IPv4 address. The core releases it as surplus.
+    let late = e
+        .address(
+            "late",
+            "192.0.2.81",
+            &class,
+            json!({"spec": {"claimRef": {"namespace": e.ns.name, "name": "c1", "uid": c1.metadata.uid}}}),
+        )
+        .await;
+    e.wait_event(&e.ns.name, "c1", "SurplusAddress").await;
+    e.wait_address(&late, "Released as Surplus", |a| {
+        aphase(a) == Some(AddressPhase::Released)
+            && released_reason(a).as_deref() == Some("Surplus")
+    })
+    .await;
+    // Quota 2, the namespace holds c1's address and a surplus nobody asked for: the next
+    // claim binds (it waited out the release delay, an hour, when surplus counted).
+    let second = e.address("a2", "192.0.2.82", &class, json!({})).await;
+    e.claim("c2", json!({"className": class})).await;
+    let c2 = wait_bound(&e, "c2").await;
+    assert_eq!(
+        c2.status
+            .unwrap()
+            .addresses
+            .iter()
+            .map(|a| a.name.clone())
+            .collect::<Vec<_>>(),
+        [second]
+    );
+    e.check().await;
+
+    // c1 goes: its address is Released and retained (Reclaimed, still the namespace's); the
+    // surplus stays surplus — nothing can tell it from a grant but its reason — so the
+    // namespace holds 2 of 2, not 3.
+    e.claims()
+        .delete("c1", &DeleteParams::default())
+        .await
+        .unwrap();
+    e.wait_address(&first, "Released as Reclaimed", |a| {
+        aphase(a) == Some(AddressPhase::Released)
+            && released_reason(a).as_deref() == Some("Reclaimed")
+    })
+    .await;
+    let l = e.addresses().get(&late).await.unwrap();
+    assert_eq!(released_reason(Some(&l)).as_deref(), Some("Surplus"));
+    assert_eq!(
+        l.spec.claim_ref.as_ref().map(|r| r.name.as_str()),
+        Some("c1")
+    );
+    // The positive control: a Released address that was granted still counts — a third
+    // claim waits, with a free address there for it.
+    e.address("a3", "192.0.2.83", &class, json!({})).await;
+    e.claim("c3", json!({"className": class})).await;
+    let c3 = wait_reason(&e, "c3", reason::QUOTA_EXCEEDED).await;
+    assert!(
+        bound_message(&c3).contains("holds 2 and the claim needs 1"),
+        "{}",
+        bound_message(&c3)
+    );
+    e.check().await;
+}
+
 #[tokio::test]
 async fn no_driver_provisions_past_the_quota_even_for_claims_created_at_once() {
     let mut e = env("quota-drv").await;

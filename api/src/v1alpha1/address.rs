@@ -25,6 +25,7 @@ use super::{ReclaimPolicy, conditions_schema};
     printcolumn = r#"{"name":"ReclaimPolicy","type":"string","jsonPath":".spec.reclaimPolicy"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"Released","type":"date","priority":1,"description":"Since when the address has been Released (it is kept for its class's releaseDelay).","jsonPath":".status.releasedAt"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","priority":1,"description":"Why the address is Released: Surplus (its claim already held another address of the family) or Reclaimed.","jsonPath":".status.reason"}"#,
     category = "addresses",
     selectable = ".spec.address",
     selectable = ".spec.className",
@@ -153,6 +154,13 @@ pub struct IPAddressStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "released_from_schema")]
     pub released_from: Option<ClaimRef>,
+    /// Why the core released the address, written with the move to `Released` and kept
+    /// until it leaves that phase: `Surplus` — its claim already held another address of
+    /// the family (a driver's create that landed after the core bound a free address; it
+    /// never counts toward an IPAddressQuota) — or `Reclaimed` (the claim's reclaim policy,
+    /// or the safety net for a claim that is gone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// What the driver attached the address to; absent = reserved but inert.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub associated_to: Option<Association>,

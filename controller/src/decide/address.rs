@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use address_controller_api::family::family_of;
-use address_controller_api::names::{ADDRESS_FINALIZER, event};
+use address_controller_api::names::{ADDRESS_FINALIZER, event, released};
 use address_controller_api::{
     AddressPhase, ClaimRef, IPAddress, IPAddressClaim, IPAddressClass, ReclaimPolicy,
 };
@@ -37,6 +37,8 @@ pub struct AddressStatusWrite {
     pub released_at: Option<Time>,
     /// The binding a `Released` address was released from (its claimRef then).
     pub released_from: Option<ClaimRef>,
+    /// Why it is `Released` (`names::released`); none in any other phase.
+    pub reason: Option<String>,
 }
 
 /// Everything one pass over an address wants done, in order.
@@ -121,22 +123,30 @@ pub fn holder(
 
 /// The status write that moves the address to `phase_to` / `released_at_to` (and the
 /// binding released, for `Released`), or `None` when it is there already.
+/// The status the address should have; `None` when it has it. `released` is
+/// `Some((releasedAt, reason))` for `Released` (ignored for any other phase).
 fn status_write(
     a: &IPAddress,
     phase_to: AddressPhase,
-    released_at_to: Option<Time>,
+    released: Option<(Time, Option<String>)>,
 ) -> Option<AddressStatusWrite> {
+    let (released_at, reason) = match released {
+        Some((at, why)) if phase_to == AddressPhase::Released => (Some(at), why),
+        _ => (None, None),
+    };
     let want = AddressStatusWrite {
         phase: phase_to,
-        released_at: released_at_to,
+        released_at,
         released_from: (phase_to == AddressPhase::Released)
             .then(|| a.spec.claim_ref.clone())
             .flatten(),
+        reason,
     };
     let have = a.phase().map(|p| AddressStatusWrite {
         phase: p,
         released_at: a.released_at().cloned(),
         released_from: a.status.as_ref().and_then(|s| s.released_from.clone()),
+        reason: a.status.as_ref().and_then(|s| s.reason.clone()),
     });
     (have.as_ref() != Some(&want)).then_some(want)
 }
@@ -213,14 +223,14 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
         Some(Holder::Deleting) => {}
         Some(Holder::Released) => {
             let why = format!("released from claim {}", claim_ref_text(a));
-            if let Some(note) = orphaned(&mut plan, s, &why) {
+            if let Some(note) = orphaned(&mut plan, s, &why, released::RECLAIMED) {
                 plan.events
                     .push(PlannedEvent::normal(event::RECLAIMED, note));
             }
         }
         Some(Holder::Gone) => {
             let why = format!("claim {} is gone", claim_ref_text(a));
-            if let Some(note) = orphaned(&mut plan, s, &why) {
+            if let Some(note) = orphaned(&mut plan, s, &why, released::RECLAIMED) {
                 plan.events
                     .push(PlannedEvent::normal(event::RECLAIMED, note));
             }
@@ -232,7 +242,7 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
                 family_of(&a.spec.address).map_or("", |f| f.as_str())
             );
             // The tenant's claim says why one of its addresses went away (§5.7).
-            if let Some(note) = orphaned(&mut plan, s, &why) {
+            if let Some(note) = orphaned(&mut plan, s, &why, released::SURPLUS) {
                 plan.claim_events.push(PlannedEvent::normal(
                     event::SURPLUS_ADDRESS,
                     format!("IPAddress {name} ({}): {note}", a.spec.address),
@@ -248,7 +258,12 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
 /// (`releasedFrom`), then the release delay. Destructive steps are confirmed first. Returns
 /// what happened when it happens in this pass (the caller reports it once), `None` when the
 /// binding was released before.
-fn orphaned(plan: &mut AddressPlan, s: &AddressSnapshot<'_>, why: &str) -> Option<String> {
+fn orphaned(
+    plan: &mut AddressPlan,
+    s: &AddressSnapshot<'_>,
+    why: &str,
+    reason: &str,
+) -> Option<String> {
     let a = s.address;
     if a.spec.reclaim_policy == ReclaimPolicy::Delete {
         plan.delete = true;
@@ -265,7 +280,14 @@ fn orphaned(plan: &mut AddressPlan, s: &AddressSnapshot<'_>, why: &str) -> Optio
         .filter(|_| already)
         .cloned()
         .unwrap_or_else(|| s.now.clone());
-    plan.status = status_write(a, AddressPhase::Released, Some(at.clone()));
+    // The reason is the one of the release: a binding released before keeps its own
+    // (surplus stays surplus once its claim is gone, SPEC §5.7).
+    let reason = if already {
+        a.status.as_ref().and_then(|st| st.reason.clone())
+    } else {
+        Some(reason.to_string())
+    };
+    plan.status = status_write(a, AddressPhase::Released, Some((at.clone(), reason)));
     match release_delay::due(a, s.class, &at, &s.now) {
         Due::Never => {}
         // Becomes Released in this pass; recycle on the next.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use address_controller_api::entitlement::{Limits, usage_by_class};
 use address_controller_api::names::{
     ADDRESS_FINALIZER, CLAIM_FINALIZER, DEFAULT_CLASS_ANNOTATION, HELD_ANNOTATION,
-    PROVISIONER_ANNOTATION, event, reason,
+    PROVISIONER_ANNOTATION, event, reason, released,
 };
 use address_controller_api::{
     AddressPhase, ClaimPhase, ClaimRef, IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota,
@@ -917,6 +917,7 @@ fn reclaim_rows() {
                     name: "c".into(),
                     uid: Some("claim-uid".into())
                 }),
+                reason: released::RECLAIMED,
             },
         ]
     );
@@ -928,6 +929,29 @@ fn reclaim_rows() {
     assert!(p.metadata.is_none());
     let reasons: Vec<&str> = p.events.iter().map(|e| e.reason).collect();
     assert_eq!(reasons, [event::ADDRESS_DELETED, event::ADDRESS_RELEASED]);
+
+    // A surplus not yet released when its claim goes is released as surplus (it never
+    // counts toward a quota); the address the claim kept is reclaimed.
+    let extra = addr("s", "192.0.2.5", "pub", bound_to(Some("claim-uid")));
+    let mut listing = claim(deleting.clone());
+    listing.status = Some(
+        serde_json::from_value(json!({"addresses": [
+        {"name": "r", "address": "192.0.2.1"}]}))
+        .unwrap(),
+    );
+    let p = plan(&listing, &[retain.clone(), extra], &[]);
+    let reasons: Vec<(&str, &str)> = p
+        .address_writes
+        .iter()
+        .filter_map(|w| match w {
+            AddressWrite::Release { name, reason, .. } => Some((name.as_str(), *reason)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        [("r", released::RECLAIMED), ("s", released::SURPLUS)]
+    );
 
     // An auto-claim (controller owner) deletes whatever the policy.
     let p = plan(&claim(owned), &[retain, delete, other], &[]);
@@ -980,11 +1004,13 @@ fn w(phase: AddressPhase, released_at: Option<Time>) -> Option<AddressStatusWrit
         phase,
         released_at,
         released_from: None,
+        reason: None,
     })
 }
 
-/// `Released` at `at`, recording the binding `t/c` with `uid` as the one released.
-fn released_write(at: Time, uid: Option<&str>) -> Option<AddressStatusWrite> {
+/// `Released` at `at`, recording the binding `t/c` with `uid` as the one released, for
+/// `reason` (`names::released`).
+fn released_write(at: Time, uid: Option<&str>, reason: Option<&str>) -> Option<AddressStatusWrite> {
     Some(AddressStatusWrite {
         phase: AddressPhase::Released,
         released_at: Some(at),
@@ -993,6 +1019,7 @@ fn released_write(at: Time, uid: Option<&str>) -> Option<AddressStatusWrite> {
             name: "c".into(),
             uid: uid.map(str::to_string),
         }),
+        reason: reason.map(str::to_string),
     })
 }
 
@@ -1124,14 +1151,20 @@ fn safety_net_reclaim_rows() {
     // Claim gone, Retain: Released now, confirmed first.
     let a = addr("a", "192.0.2.1", "pub", bound_to(Some("claim-uid")));
     let p = aplan(&a, None, None, now());
-    assert_eq!(p.status, released_write(now(), Some("claim-uid")));
+    assert_eq!(
+        p.status,
+        released_write(now(), Some("claim-uid"), Some(released::RECLAIMED))
+    );
     assert!(p.confirm && !p.delete);
     assert_eq!(p.events[0].reason, event::RECLAIMED);
 
     // uid mismatch (a newer claim of the same name): same.
     let newer = claim(json!({"metadata": {"uid": "newer"}}));
     let p = aplan(&a, Some(&newer), None, now());
-    assert_eq!(p.status, released_write(now(), Some("claim-uid")));
+    assert_eq!(
+        p.status,
+        released_write(now(), Some("claim-uid"), Some(released::RECLAIMED))
+    );
 
     // Claim gone, Delete: delete the object, confirmed first.
     let d = addr("a", "192.0.2.1", "pub", {
@@ -1238,7 +1271,10 @@ fn release_delay_rows() {
         Some(&zero),
         now(),
     );
-    assert_eq!(p.status, released_write(now(), Some("claim-uid")));
+    assert_eq!(
+        p.status,
+        released_write(now(), Some("claim-uid"), Some(released::RECLAIMED))
+    );
     assert_eq!(p.requeue_after, Some(std::time::Duration::ZERO));
 }
 
@@ -1570,7 +1606,10 @@ fn a_surplus_address_is_released_with_an_event_on_the_claim_then_follows_its_pol
     // Retain: Released now, confirmed first, said on the claim, then the release delay.
     let x = prebound("x", "192.0.2.9", json!({}));
     let p = aplan_with(&x, Some(&c), std::slice::from_ref(&f), Some(&cls), now());
-    assert_eq!(p.status, released_write(now(), Some("claim-uid")));
+    assert_eq!(
+        p.status,
+        released_write(now(), Some("claim-uid"), Some(released::SURPLUS))
+    );
     assert!(p.confirm && !p.delete);
     assert_eq!(p.claim_events.len(), 1);
     assert_eq!(p.claim_events[0].reason, event::SURPLUS_ADDRESS);
@@ -1609,6 +1648,37 @@ fn a_surplus_address_is_released_with_an_event_on_the_claim_then_follows_its_pol
         at("2026-01-01T12:30:00Z"),
     );
     assert!(p.clear_claim_ref, "release delay elapsed: free again");
+
+    // Its claim is deleted meanwhile: still Released as surplus (the reason is the
+    // release's, kept), so it never counts toward a quota; the same delay runs.
+    let surplus = prebound(
+        "x",
+        "192.0.2.9",
+        json!({"status": {"phase": "Released", "releasedAt": "2026-01-01T11:30:00Z",
+            "releasedFrom": {"namespace": "t", "name": "c", "uid": "claim-uid"},
+            "reason": released::SURPLUS}}),
+    );
+    assert!(surplus.is_surplus() && surplus.quota_slot().is_none());
+    let p = aplan(&surplus, None, Some(&cls), now());
+    assert_eq!(p.status, None, "the reason stays Surplus");
+    assert_eq!(p.requeue_after, Some(std::time::Duration::from_secs(1800)));
+    // Positive control: the same binding released as Reclaimed counts.
+    let mut reclaimed = IPAddress::clone(&surplus);
+    if let Some(st) = reclaimed.status.as_mut() {
+        st.reason = Some(released::RECLAIMED.into());
+    }
+    assert!(!reclaimed.is_surplus() && reclaimed.quota_slot().is_some());
+    // And once the delay cleared the claimRef and it is bound again, it is a grant.
+    let rebound = addr(
+        "x",
+        "192.0.2.9",
+        "pub",
+        json!({"spec": {"claimRef": {"namespace": "t", "name": "d", "uid": "d-uid"}},
+            "status": {"phase": "Released", "releasedAt": "2026-01-01T11:30:00Z",
+            "releasedFrom": {"namespace": "t", "name": "c", "uid": "claim-uid"},
+            "reason": released::SURPLUS}}),
+    );
+    assert!(!rebound.is_surplus() && rebound.quota_slot().is_some());
 
     // Delete: deleted (confirmed first), said on the claim.
     let x = prebound(
@@ -1738,7 +1808,14 @@ fn the_release_delay_judges_only_the_binding_that_was_released() {
     // The new binding's claim is gone too (uid set): the safety net releases the new
     // binding, as of now — not as of the old binding's releasedAt.
     let p = aplan(&rebound, None, Some(&delayed), elapsed.clone());
-    assert_eq!(p.status, released_write(elapsed.clone(), Some("claim-uid")));
+    assert_eq!(
+        p.status,
+        released_write(
+            elapsed.clone(),
+            Some("claim-uid"),
+            Some(released::RECLAIMED)
+        )
+    );
     assert!(p.confirm && !p.clear_claim_ref);
     assert_eq!(p.requeue_after, Some(std::time::Duration::from_secs(1800)));
 }
@@ -1927,7 +2004,7 @@ fn an_address_released_before_the_record_existed_gets_it_once() {
     let p = aplan(&legacy, None, Some(&delayed), now());
     assert_eq!(
         p.status,
-        released_write(at("2026-01-01T11:30:00Z"), Some("claim-uid"))
+        released_write(at("2026-01-01T11:30:00Z"), Some("claim-uid"), None)
     );
     assert!(p.events.is_empty() && !p.confirm && !p.clear_claim_ref);
     assert_eq!(p.requeue_after, Some(std::time::Duration::from_secs(1800)));

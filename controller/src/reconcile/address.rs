@@ -123,7 +123,8 @@ async fn apply(
     if let Some(status) = &plan.status {
         let body = guarded(
             current.metadata.resource_version.as_deref(),
-            json!({"status": {"phase": status.phase, "releasedAt": status.released_at, "releasedFrom": status.released_from}}),
+            json!({"status": {"phase": status.phase, "releasedAt": status.released_at,
+                "releasedFrom": status.released_from, "reason": status.reason}}),
         );
         let updated = api
             .patch_status(&name, &params, &Patch::Merge(body))

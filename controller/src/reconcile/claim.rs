@@ -188,12 +188,13 @@ async fn apply(ctx: &Context, claim: &Arc<IPAddressClaim>, plan: ClaimPlan) -> R
             AddressWrite::Release {
                 resource_version,
                 released_from,
+                reason,
                 ..
             } => {
                 let body = guarded(
                     resource_version.as_deref(),
                     json!({"status": {"phase": "Released", "releasedAt": Time(Timestamp::now()),
-                        "releasedFrom": released_from}}),
+                        "releasedFrom": released_from, "reason": reason}}),
                 );
                 Some(
                     address_api

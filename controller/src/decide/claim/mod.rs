@@ -84,6 +84,8 @@ pub enum AddressWrite {
         name: String,
         resource_version: Option<String>,
         released_from: Option<ClaimRef>,
+        /// `status.reason` (`names::released`).
+        reason: &'static str,
     },
     /// Delete on reclaim (SPEC §6); the uid precondition never deletes a newer object.
     Delete { name: String, uid: Option<String> },

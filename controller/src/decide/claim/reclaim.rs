@@ -3,7 +3,7 @@
 //! `Delete`; otherwise it is retained as `Released` with its claimRef kept. The finalizer
 //! goes last, after those writes succeeded.
 
-use address_controller_api::names::{CLAIM_FINALIZER, event};
+use address_controller_api::names::{CLAIM_FINALIZER, event, released};
 use address_controller_api::{IPAddressClaim, ReclaimPolicy};
 use kube::ResourceExt;
 
@@ -56,6 +56,11 @@ pub fn reclaim(claim: &IPAddressClaim, holdings: &Holdings<'_>) -> ClaimPlan {
                 name: name.clone(),
                 resource_version: a.metadata.resource_version.clone(),
                 released_from: a.spec.claim_ref.clone(),
+                reason: if holdings.is_surplus(a) {
+                    released::SURPLUS
+                } else {
+                    released::RECLAIMED
+                },
             });
             plan.events.push(PlannedEvent::normal(
                 event::ADDRESS_RELEASED,
