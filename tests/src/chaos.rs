@@ -149,6 +149,10 @@ pub struct Outcome {
     /// end.
     pub quota_namespaces: usize,
     pub quota_waiting: usize,
+    /// Released surplus at the end (SPEC §5.7: a driver's create that lost the race with
+    /// the core), and how many of those their claim has gone from since — what no reader
+    /// but `status.reason` can tell from a grant.
+    pub surplus_at_end: (usize, usize),
     /// The association events the run produced, by reason (on the chaos namespaces'
     /// Services, and on addresses from the driver).
     pub association_events: std::collections::BTreeMap<String, usize>,
@@ -235,8 +239,8 @@ impl Outcome {
             self.association_events
         ));
         out.push_str(&format!(
-            "quotas: {} namespaces held to an IPAddressQuota; claims waiting with QuotaExceeded at the end {}\n",
-            self.quota_namespaces, self.quota_waiting
+            "quotas: {} namespaces held to an IPAddressQuota; claims waiting with QuotaExceeded at the end {}; released surplus at the end {} (their claim gone since: {})\n",
+            self.quota_namespaces, self.quota_waiting, self.surplus_at_end.0, self.surplus_at_end.1
         ));
         out.push_str(&format!(
             "claims Lost at the end: {} {:?}\n",
@@ -450,6 +454,43 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
                     == Some(address_controller_api::names::reason::QUOTA_EXCEEDED)
         })
         .count();
+    let surplus_at_end = {
+        let claims: std::collections::HashMap<(String, String), Option<String>> =
+            Api::<IPAddressClaim>::all(client.clone())
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .map(|c| {
+                    (
+                        (c.namespace().unwrap_or_default(), c.name_any()),
+                        c.metadata.uid,
+                    )
+                })
+                .collect();
+        let surplus: Vec<IPAddress> = Api::<IPAddress>::all(client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|a| a.is_surplus())
+            .filter(|a| {
+                a.spec
+                    .claim_ref
+                    .as_ref()
+                    .is_some_and(|r| ns_names.contains(&r.namespace))
+            })
+            .collect();
+        let gone = surplus
+            .iter()
+            .filter(|a| {
+                a.spec.claim_ref.as_ref().is_some_and(|r| {
+                    claims.get(&(r.namespace.clone(), r.name.clone())) != Some(&r.uid)
+                })
+            })
+            .count();
+        (surplus.len(), gone)
+    };
     check_reservations(&client, &reserved.into_inner().unwrap_or_default(), &stats).await?;
 
     // Leave nothing behind: claims and Services go with their namespaces while the
@@ -481,6 +522,7 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
         lost_claims,
         quota_namespaces: quotas_in.len(),
         quota_waiting,
+        surplus_at_end,
         association_events,
         report,
         failovers,
