@@ -224,10 +224,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let ctx = Arc::new(Context::new(
         p.client.clone(),
         world.clone(),
-        Gate {
-            leadership: p.leadership.clone(),
-            health: p.health.clone(),
-        },
+        Gate::new(p.leadership.clone(), p.health.clone()),
         metrics.clone(),
         args.election.identity(),
     ));

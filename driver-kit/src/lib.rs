@@ -254,10 +254,7 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
     let (client, health, leadership) = (p.client.clone(), p.health.clone(), p.leadership.clone());
     // Services: association (SPEC §8) is part of every driver.
     let world = World::new(true, health.clone());
-    let gate = Gate {
-        leadership: leadership.clone(),
-        health: health.clone(),
-    };
+    let gate = Gate::new(leadership.clone(), health.clone());
     let mut ctx = runner::Ctx::new(
         driver,
         client.clone(),

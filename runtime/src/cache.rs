@@ -158,6 +158,11 @@ pub struct WatchHealth {
     pub objects: AtomicU64,
     /// Asks the watch loop to drop its connection and list again.
     restart: Notify,
+    /// A watch stream is open and the cache holds the state it resumed from (not in a
+    /// backoff, not in the middle of a streaming list).
+    connected: AtomicBool,
+    /// Cuts a backoff short (a new leader wants its view now).
+    wake: Notify,
     synced_notify: Notify,
 }
 
@@ -175,7 +180,25 @@ impl WatchHealth {
             objects: AtomicU64::new(0),
             restart: Notify::new(),
             synced_notify: Notify::new(),
+            connected: AtomicBool::new(false),
+            wake: Notify::new(),
         }
+    }
+
+    /// A watch stream is open and delivering changes on top of a complete state: what this
+    /// cache does not show yet is at most the stream's latency behind. Not so during a
+    /// backoff after an error (kube-apiserver restarting, say), which can last 30 s.
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_connected(&self, connected: bool) {
+        self.connected.store(connected, Ordering::Release);
+    }
+
+    /// Retries at once if the watch is waiting out a backoff.
+    pub fn wake(&self) {
+        self.wake.notify_one();
     }
 
     /// The initial list completed.
@@ -216,6 +239,7 @@ impl WatchHealth {
     /// [`Cache::apply`] (unit tests, replays).
     pub fn mark_synced(&self) {
         self.heard();
+        self.set_connected(true);
         self.synced.store(true, Ordering::Release);
         self.synced_notify.notify_waiters();
     }
@@ -408,7 +432,10 @@ impl<K: Object> Cache<K> {
                 let delay = Duration::from_millis(250)
                     .saturating_mul(1 << failures.min(7))
                     .min(Duration::from_secs(30));
-                tokio::time::sleep(delay).await;
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = self.health.wake.notified() => {}
+                }
             }
             // `initial`: the objects of a streaming list so far, until its end bookmark.
             let (rv, mut initial) = match &version {
@@ -452,6 +479,9 @@ impl<K: Object> Cache<K> {
                 }
             };
             self.health.watches.fetch_add(1, Ordering::Relaxed);
+            // Resuming from `version`: the stream replays what happened since, first thing.
+            // A streaming list is complete only at its end bookmark.
+            self.health.set_connected(initial.is_none());
             let mut stream = std::pin::pin!(stream);
             loop {
                 let next = tokio::select! {
@@ -490,6 +520,7 @@ impl<K: Object> Cache<K> {
                                 self.settle(seen, &rv);
                                 self.health.streaming_lists.fetch_add(1, Ordering::Relaxed);
                             }
+                            self.health.set_connected(true);
                             version = Some(rv);
                         }
                     }
@@ -534,6 +565,7 @@ impl<K: Object> Cache<K> {
                     }
                 }
             }
+            self.health.set_connected(false);
         }
     }
 }

@@ -187,6 +187,21 @@ impl Health {
             .all(|w| w.synced() && w.silence() <= self.bounds.silence)
     }
 
+    /// Every watch has a stream open on top of a complete state
+    /// ([`WatchHealth::connected`]).
+    pub fn caches_connected(&self) -> bool {
+        self.watches().iter().all(|w| w.connected())
+    }
+
+    /// Cuts every watch's backoff short.
+    pub fn wake_watches(&self) {
+        for w in self.watches() {
+            if !w.connected() {
+                w.wake();
+            }
+        }
+    }
+
     /// Restarts watches that are silent past the bound; runs for as long as the process.
     pub async fn watchdog(self: Arc<Self>) {
         let every =

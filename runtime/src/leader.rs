@@ -106,6 +106,8 @@ impl ElectionArgs {
 /// Whether this replica leads, observable by workers and metrics.
 pub struct Leadership {
     tx: watch::Sender<bool>,
+    /// How many times this replica became the leader.
+    terms: std::sync::atomic::AtomicU64,
     /// `namespace/name` of the Lease once the election runs (the leader gauge's label).
     lease: std::sync::OnceLock<String>,
 }
@@ -115,6 +117,7 @@ impl Leadership {
     pub fn follower() -> Arc<Self> {
         Arc::new(Self {
             tx: watch::Sender::new(false),
+            terms: std::sync::atomic::AtomicU64::new(0),
             lease: std::sync::OnceLock::new(),
         })
     }
@@ -123,6 +126,7 @@ impl Leadership {
     pub fn always() -> Arc<Self> {
         Arc::new(Self {
             tx: watch::Sender::new(true),
+            terms: std::sync::atomic::AtomicU64::new(1),
             lease: std::sync::OnceLock::new(),
         })
     }
@@ -136,9 +140,19 @@ impl Leadership {
         self.lease.get().map_or("", String::as_str)
     }
 
+    /// How many times this replica became the leader: the current term while it leads.
+    pub fn term(&self) -> u64 {
+        self.terms.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     pub(crate) fn set(&self, leader: bool) {
-        self.tx
-            .send_if_modified(|v| std::mem::replace(v, leader) != leader);
+        self.tx.send_if_modified(|v| {
+            let changed = std::mem::replace(v, leader) != leader;
+            if changed && leader {
+                self.terms.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            }
+            changed
+        });
     }
 
     /// Resolves at the next change of leadership.

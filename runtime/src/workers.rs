@@ -37,16 +37,48 @@ pub trait PassError: Display {
     fn category(&self) -> &'static str;
 }
 
-/// Whether this process may act: it leads and its view is live.
+/// Whether this process may act: it leads and its view is live — and, once per term, the
+/// takeover barrier: a replica that just became the leader acts only once every watch has
+/// a stream open ([`Health::caches_connected`]). A follower's watch can still be waiting
+/// out a backoff when the lease comes to it (kube-apiserver back from a restart, the old
+/// leader killed meanwhile); its cache then lacks the old leader's last writes — binds,
+/// invitations, releases — and a new leader acting on it would count a quota short or
+/// invite a driver for a claim already served. The barrier cuts those backoffs short and
+/// waits for the reconnect, whose stream replays what the cache missed.
 #[derive(Clone)]
 pub struct Gate {
     pub leadership: Arc<Leadership>,
     pub health: Arc<Health>,
+    /// The term whose barrier passed.
+    fresh_term: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Gate {
+    pub fn new(leadership: Arc<Leadership>, health: Arc<Health>) -> Self {
+        Gate {
+            leadership,
+            health,
+            fresh_term: Arc::default(),
+        }
+    }
+
     pub fn may_act(&self) -> bool {
-        self.leadership.is_leader() && self.health.caches_live()
+        use std::sync::atomic::Ordering;
+        if !(self.leadership.is_leader() && self.health.caches_live()) {
+            return false;
+        }
+        let term = self.leadership.term();
+        if self.fresh_term.load(Ordering::Acquire) == term {
+            return true;
+        }
+        if self.health.caches_connected() {
+            if self.fresh_term.swap(term, Ordering::AcqRel) != term {
+                tracing::info!(term, "leading with every watch connected");
+            }
+            return true;
+        }
+        self.health.wake_watches();
+        false
     }
 
     /// Resolves once the process may act; true when it had to wait.
@@ -168,10 +200,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn only_the_leader_acts_and_errors_retry_by_kind() {
         let leadership = Leadership::follower();
-        let gate = Gate {
-            leadership: leadership.clone(),
-            health: Health::new(Bounds::default()),
-        };
+        let gate = Gate::new(leadership.clone(), Health::new(Bounds::default()));
         let queue = Arc::new(Queue::<String>::new(Default::default()));
         let seen = Arc::new(Mutex::new(Vec::new()));
         let runner = {
@@ -232,10 +261,7 @@ mod tests {
                 "test",
                 queue.clone(),
                 2,
-                Gate {
-                    leadership: leadership.clone(),
-                    health: health.clone(),
-                },
+                Gate::new(leadership.clone(), health.clone()),
                 move |_k: String| {
                     let done = done.clone();
                     async move {
@@ -258,6 +284,67 @@ mod tests {
             "the new leader works the backlog off"
         );
         assert!(health.ready(), "{:?}", health.problems());
+        queue.shut_down();
+        runner.await.unwrap();
+    }
+
+    /// The takeover barrier: a new term acts only once every watch has a stream open; a
+    /// watch reconnecting in the middle of a term does not stop the leader.
+    #[tokio::test(start_paused = true)]
+    async fn a_new_leader_waits_for_its_watches_to_reconnect_once_per_term() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let leadership = Leadership::follower();
+        let health = Health::new(Bounds {
+            silence: Duration::from_secs(3600),
+            stall: Duration::from_secs(3600),
+        });
+        let cache = crate::cache::Cache::<ConfigMap>::new("ConfigMap", Arc::default());
+        health.watch(cache.health.clone());
+        cache.health.mark_synced();
+        let queue = Arc::new(Queue::<String>::new(Default::default()));
+        let done = Arc::new(Mutex::new(Vec::<String>::new()));
+        let runner = {
+            let done = done.clone();
+            tokio::spawn(run(
+                "test",
+                queue.clone(),
+                1,
+                Gate::new(leadership.clone(), health.clone()),
+                move |k: String| {
+                    let done = done.clone();
+                    async move {
+                        done.lock().unwrap().push(k);
+                        Ok::<_, E>(Outcome::Done)
+                    }
+                },
+                Arc::new(|_, _, _| {}),
+            ))
+        };
+        let acted = |k: &str| done.lock().unwrap().iter().any(|x| x == k);
+        // Term 1, every watch connected: acts (the positive control).
+        leadership_set(&leadership, true);
+        queue.add("first".to_string());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(acted("first"));
+        // Mid-term, a watch drops and reconnects: the leader keeps acting meanwhile.
+        cache.health.set_connected(false);
+        queue.add("mid-term".to_string());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(acted("mid-term"), "the barrier is once per term");
+        // Leadership lost and won again while the watch is still down (in a backoff):
+        // nothing is done until it is back — however long that takes.
+        leadership_set(&leadership, false);
+        leadership_set(&leadership, true);
+        assert_eq!(leadership.term(), 2);
+        queue.add("takeover".to_string());
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert!(
+            !acted("takeover"),
+            "a new leader with a disconnected watch waits"
+        );
+        cache.health.set_connected(true);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(acted("takeover"), "and acts once it is back");
         queue.shut_down();
         runner.await.unwrap();
     }

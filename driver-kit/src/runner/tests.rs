@@ -42,10 +42,7 @@ fn ctx() -> Ctx<Null> {
 fn ctx_with<D: Driver>(driver: D, more: &[&str]) -> Ctx<D> {
     let health = Health::new(Bounds::default());
     let world = World::new(false, health.clone());
-    let gate = Gate {
-        leadership: Leadership::always(),
-        health,
-    };
+    let gate = Gate::new(Leadership::always(), health);
     let ctx = Ctx::new(driver, offline(), world, gate, "test", "t".into());
     let classes = [("ours", "p.example"), ("theirs", "q.example")]
         .into_iter()
