@@ -254,32 +254,15 @@ mod tests {
             let (l, q) = (leadership.clone(), queue.clone());
             health.queue("claims", q, move || l.is_leader());
         }
-        let done = Arc::new(Mutex::new(0));
-        let runner = {
-            let done = done.clone();
-            tokio::spawn(run(
-                "test",
-                queue.clone(),
-                2,
-                Gate::new(leadership.clone(), health.clone()),
-                move |_k: String| {
-                    let done = done.clone();
-                    async move {
-                        *done.lock().unwrap() += 1;
-                        Ok::<_, E>(Outcome::Done)
-                    }
-                },
-                Arc::new(|_, _, _| {}),
-            ))
-        };
+        let (runner, done) = recording(&queue, 2, Gate::new(leadership.clone(), health.clone()));
         queue.add_all((0..10).map(|i| format!("k{i}")));
         tokio::time::sleep(Duration::from_secs(120)).await;
-        assert_eq!(*done.lock().unwrap(), 0, "a follower does nothing");
+        assert_eq!(done.lock().unwrap().len(), 0, "a follower does nothing");
         assert!(health.ready(), "a follower's idle queue is not a stall");
         leadership_set(&leadership, true);
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert_eq!(
-            *done.lock().unwrap(),
+            done.lock().unwrap().len(),
             10,
             "the new leader works the backlog off"
         );
@@ -302,24 +285,7 @@ mod tests {
         health.watch(cache.health.clone());
         cache.health.mark_synced();
         let queue = Arc::new(Queue::<String>::new(Default::default()));
-        let done = Arc::new(Mutex::new(Vec::<String>::new()));
-        let runner = {
-            let done = done.clone();
-            tokio::spawn(run(
-                "test",
-                queue.clone(),
-                1,
-                Gate::new(leadership.clone(), health.clone()),
-                move |k: String| {
-                    let done = done.clone();
-                    async move {
-                        done.lock().unwrap().push(k);
-                        Ok::<_, E>(Outcome::Done)
-                    }
-                },
-                Arc::new(|_, _, _| {}),
-            ))
-        };
+        let (runner, done) = recording(&queue, 1, Gate::new(leadership.clone(), health.clone()));
         let acted = |k: &str| done.lock().unwrap().iter().any(|x| x == k);
         // Term 1, every watch connected: acts (the positive control).
         leadership_set(&leadership, true);
@@ -347,6 +313,31 @@ mod tests {
         assert!(acted("takeover"), "and acts once it is back");
         queue.shut_down();
         runner.await.unwrap();
+    }
+
+    /// Runs `workers` workers whose passes record their key and succeed.
+    fn recording(
+        queue: &Arc<Queue<String>>,
+        workers: usize,
+        gate: Gate,
+    ) -> (tokio::task::JoinHandle<()>, Arc<Mutex<Vec<String>>>) {
+        let done = Arc::new(Mutex::new(Vec::new()));
+        let d = done.clone();
+        let runner = tokio::spawn(run(
+            "test",
+            queue.clone(),
+            workers,
+            gate,
+            move |k: String| {
+                let d = d.clone();
+                async move {
+                    d.lock().unwrap().push(k);
+                    Ok::<_, E>(Outcome::Done)
+                }
+            },
+            Arc::new(|_, _, _| {}),
+        ));
+        (runner, done)
     }
 
     fn leadership_set(l: &Leadership, v: bool) {
