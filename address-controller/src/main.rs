@@ -130,6 +130,14 @@ struct ApiServerArgs {
         default_value_t = 10_000
     )]
     view_history: usize,
+    /// Most bytes of the views' kept changes (their objects serialized): an object of a
+    /// view grows with what its namespace holds, so the count alone does not bound memory.
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_VIEW_HISTORY_BYTES",
+        default_value_t = 64 << 20
+    )]
+    view_history_bytes: usize,
     /// Most entries of each delegated-auth cache (TokenReview results, SubjectAccessReview
     /// decisions): a flood of distinct tokens cannot grow memory past it.
     #[arg(
@@ -262,7 +270,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         };
         let views = Views {
             address: a.apiserver_address,
-            history: a.view_history,
+            history: address_controller_apiserver::store::HistoryBound {
+                changes: a.view_history,
+                bytes: a.view_history_bytes,
+            },
             openapi_v2,
         };
         address_controller_apiserver::spawn(

@@ -84,7 +84,7 @@ pub struct Views {
     /// The HTTPS address.
     pub address: SocketAddr,
     /// Changes kept for watches to resume from.
-    pub history: usize,
+    pub history: store::HistoryBound,
     /// Testing only: served as `/openapi/v2` instead of the generated document.
     pub openapi_v2: Option<serde_json::Value>,
 }

@@ -12,8 +12,8 @@ use crate::status::ApiError;
 use crate::store::Entry;
 
 /// `PartialObjectMetadata` of an object.
-pub fn partial(value: &Value, version: &str) -> Value {
-    json!({"kind": "PartialObjectMetadata", "apiVersion": format!("meta.k8s.io/{version}"), "metadata": value["metadata"]})
+pub fn partial(e: &Entry, version: &str) -> Value {
+    json!({"kind": "PartialObjectMetadata", "apiVersion": format!("meta.k8s.io/{version}"), "metadata": e.metadata()})
 }
 
 pub fn columns(info: &ResourceInfo) -> Vec<Value> {
@@ -42,8 +42,8 @@ pub fn row(e: &Entry, version: &str, include: IncludeObject) -> Value {
     let mut r = json!({"cells": e.cells});
     match include {
         IncludeObject::None => {}
-        IncludeObject::Metadata => r["object"] = partial(&e.value, version),
-        IncludeObject::Object => r["object"] = e.value.clone(),
+        IncludeObject::Metadata => r["object"] = partial(e, version),
+        IncludeObject::Object => r["object"] = e.value(),
     }
     r
 }
@@ -74,14 +74,14 @@ pub fn one(info: &ResourceInfo, e: &Entry, format: Format, include: IncludeObjec
             Body::from(e.json.clone()),
         )
             .into_response(),
-        Format::Yaml => body(format, &e.value),
-        Format::Partial(v) => body(format, &partial(&e.value, v)),
+        Format::Yaml => body(format, &e.value()),
+        Format::Partial(v) => body(format, &partial(e, v)),
         // What kube-apiserver answers when a list's form is asked of one object.
         Format::PartialList(_) => ApiError::internal("content is not a list").into_response(),
         Format::Table(v) => body(
             format,
             &json!({"kind": "Table", "apiVersion": format!("meta.k8s.io/{v}"),
-                "metadata": {"resourceVersion": e.value["metadata"]["resourceVersion"]},
+                "metadata": {"resourceVersion": e.rv.to_string()},
                 "columnDefinitions": columns(info), "rows": [row(e, v, include)]}),
         ),
     }
@@ -145,7 +145,7 @@ pub fn list(
         Format::Yaml => body(
             format,
             &json!({"kind": format!("{}List", info.kind), "apiVersion": API_VERSION, "metadata": meta.value(),
-                "items": items.iter().map(|e| e.value.clone()).collect::<Vec<_>>()}),
+                "items": items.iter().map(|e| e.value()).collect::<Vec<_>>()}),
         ),
         Format::Partial(_) => ApiError::not_acceptable_message(
             "you requested PartialObjectMetadata, but the requested object is a list (*unstructured.UnstructuredList)",
@@ -154,7 +154,7 @@ pub fn list(
         Format::PartialList(v) => body(
             format,
             &json!({"kind": "PartialObjectMetadataList", "apiVersion": format!("meta.k8s.io/{v}"), "metadata": meta.value(),
-                "items": items.iter().map(|e| partial(&e.value, v)).collect::<Vec<_>>()}),
+                "items": items.iter().map(|e| partial(e, v)).collect::<Vec<_>>()}),
         ),
         Format::Table(v) => body(
             format,

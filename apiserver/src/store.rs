@@ -33,15 +33,34 @@ pub struct Entry {
     pub namespace: Option<String>,
     pub name: String,
     pub rv: u64,
-    /// The object, `metadata.resourceVersion` included.
-    pub value: Value,
-    /// `value` serialized (what JSON lists and watches send).
+    /// The object serialized, `metadata.resourceVersion` included: what JSON lists and
+    /// watches send, and the only form kept. A document tree of it would be several times
+    /// its size, for each object and for each change in the history.
     pub json: Bytes,
     pub cells: Vec<Value>,
     pub labels: BTreeMap<String, String>,
 }
 
 impl Entry {
+    /// The object as a document, for the formats that are not sent as stored (YAML, a
+    /// Table's `includeObject=Object`).
+    pub fn value(&self) -> Value {
+        serde_json::from_slice(&self.json).unwrap_or(Value::Null)
+    }
+
+    /// Its `metadata` alone (PartialObjectMetadata, a Table row's object): the rest of the
+    /// object is skipped while parsing, not built.
+    pub fn metadata(&self) -> Value {
+        #[derive(serde::Deserialize)]
+        struct Metadata {
+            #[serde(default)]
+            metadata: Value,
+        }
+        serde_json::from_slice::<Metadata>(&self.json)
+            .map(|m| m.metadata)
+            .unwrap_or(Value::Null)
+    }
+
     /// Whether the object passes a request's namespace and selectors (lists and watches).
     pub fn selected(&self, ns: Option<&str>, opts: &ListOptions) -> bool {
         ns.is_none_or(|ns| self.namespace.as_deref() == Some(ns))
@@ -88,6 +107,8 @@ struct Inner {
     objects: Vec<BTreeMap<String, Arc<Entry>>>,
     dirty: Vec<BTreeSet<String>>,
     history: VecDeque<Arc<Event>>,
+    /// The serialized size of the history's objects (what [`HistoryBound::bytes`] bounds).
+    history_bytes: usize,
     next_seq: u64,
     /// No change at or before this revision can be replayed.
     floor: u64,
@@ -101,7 +122,28 @@ pub struct ViewStore {
     inner: Mutex<Inner>,
     dirty_notify: Notify,
     changes: watch::Sender<u64>,
-    capacity: usize,
+    bound: HistoryBound,
+}
+
+/// How much history the store keeps: the oldest changes go once either bound is passed.
+/// A change holds its object whole, and an object of a view grows with what its namespace
+/// holds, so a count alone does not bound memory.
+#[derive(Debug, Clone, Copy)]
+pub struct HistoryBound {
+    /// Changes kept.
+    pub changes: usize,
+    /// Serialized bytes of the changes' objects kept.
+    pub bytes: usize,
+}
+
+impl HistoryBound {
+    /// A bound of `changes` only.
+    pub fn changes(changes: usize) -> HistoryBound {
+        HistoryBound {
+            changes,
+            bytes: usize::MAX,
+        }
+    }
 }
 
 /// A consistent read of one view: its objects at the store's revision, and where in the
@@ -121,10 +163,10 @@ pub enum Resume {
 }
 
 impl ViewStore {
-    /// A store of `views` over `world`, keeping `capacity` history events. Register it on
+    /// A store of `views` over `world`, keeping the history `bound` allows. Register it on
     /// the caches ([`ViewStore::register`]) before the watches start, and run
     /// [`ViewStore::run`].
-    pub fn new(world: World, views: Vec<Arc<dyn View>>, capacity: usize) -> Arc<ViewStore> {
+    pub fn new(world: World, views: Vec<Arc<dyn View>>, bound: HistoryBound) -> Arc<ViewStore> {
         let n = views.len();
         Arc::new(ViewStore {
             world,
@@ -133,6 +175,7 @@ impl ViewStore {
                 objects: vec![BTreeMap::new(); n],
                 dirty: vec![BTreeSet::new(); n],
                 history: VecDeque::new(),
+                history_bytes: 0,
                 next_seq: 1,
                 floor: 0,
                 revision: 0,
@@ -140,7 +183,7 @@ impl ViewStore {
             }),
             dirty_notify: Notify::new(),
             changes: watch::Sender::new(0),
-            capacity,
+            bound,
         })
     }
 
@@ -251,11 +294,11 @@ impl ViewStore {
             for (key, c) in results {
                 let old = inner.objects[view].get(&key).cloned();
                 let event = match (c, &old) {
-                    (Some(c), old) => {
-                        let entry = entry(key.clone(), c, rv);
-                        if old.as_ref().is_some_and(|o| same_content(o, &entry)) {
+                    (Some(mut c), old) => {
+                        if old.as_deref().is_some_and(|o| unchanged(o, &mut c)) {
                             continue;
                         }
+                        let entry = entry(key.clone(), c, rv);
                         let entry = Arc::new(entry);
                         inner.objects[view].insert(key, entry.clone());
                         let kind = if old.is_some() {
@@ -275,6 +318,7 @@ impl ViewStore {
                 if !first {
                     let seq = inner.next_seq;
                     inner.next_seq += 1;
+                    inner.history_bytes += event.1.json.len();
                     inner.history.push_back(Arc::new(Event {
                         seq,
                         rv,
@@ -298,10 +342,12 @@ impl ViewStore {
             inner.built = true;
             inner.floor = rv;
         }
-        while inner.history.len() > self.capacity {
-            if let Some(e) = inner.history.pop_front() {
-                inner.floor = inner.floor.max(e.rv);
-            }
+        while inner.history.len() > self.bound.changes || inner.history_bytes > self.bound.bytes {
+            let Some(e) = inner.history.pop_front() else {
+                break;
+            };
+            inner.history_bytes -= e.entry.json.len();
+            inner.floor = inner.floor.max(e.rv);
         }
         let seq = inner.next_seq;
         drop(inner);
@@ -354,6 +400,11 @@ impl ViewStore {
     /// The oldest revision a list or watch can still be served from.
     pub fn oldest(&self) -> u64 {
         self.lock().floor
+    }
+
+    /// The serialized size of the objects the history keeps.
+    pub fn history_bytes(&self) -> usize {
+        self.lock().history_bytes
     }
 
     pub fn revision(&self) -> u64 {
@@ -412,44 +463,50 @@ impl ViewStore {
     }
 }
 
+/// `value` as served, in an allocation of its size (the serializer's buffer grows by
+/// doubling; kept as it is, up to half of every stored object would be slack).
+fn serialized(value: &Value) -> Bytes {
+    let mut b = serde_json::to_vec(value).unwrap_or_default();
+    b.shrink_to_fit();
+    Bytes::from(b)
+}
+
 /// The served form of a computed object at revision `rv`.
-pub fn entry(key: String, c: Computed, rv: u64) -> Entry {
-    let mut value = c.value;
-    value["metadata"]["resourceVersion"] = json!(rv.to_string());
-    let json = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
+pub fn entry(key: String, mut c: Computed, rv: u64) -> Entry {
+    c.value["metadata"]["resourceVersion"] = json!(rv.to_string());
     Entry {
         key,
         namespace: c.namespace,
         name: c.name,
         rv,
-        value,
-        json,
+        json: serialized(&c.value),
         cells: c.cells,
         labels: c.labels,
     }
 }
 
+/// Whether `c` is `old` but for the resourceVersion (no change to announce). Serialized at
+/// the old revision, an unchanged object is byte for byte the old one: the computation and
+/// serde_json's key order are deterministic.
+fn unchanged(old: &Entry, c: &mut Computed) -> bool {
+    if old.cells != c.cells || old.labels != c.labels {
+        return false;
+    }
+    c.value["metadata"]["resourceVersion"] = json!(old.rv.to_string());
+    serde_json::to_vec(&c.value).is_ok_and(|b| b == old.json.as_ref())
+}
+
 /// The last state of an entry, at revision `rv` (a deletion's).
 fn with_rv(old: &Entry, rv: u64) -> Entry {
-    let mut value = old.value.clone();
+    let mut value = old.value();
     value["metadata"]["resourceVersion"] = json!(rv.to_string());
     Entry {
         key: old.key.clone(),
         namespace: old.namespace.clone(),
         name: old.name.clone(),
         rv,
-        json: Bytes::from(serde_json::to_vec(&value).unwrap_or_default()),
-        value,
+        json: serialized(&value),
         cells: old.cells.clone(),
         labels: old.labels.clone(),
     }
-}
-
-/// Equal but for the resourceVersion.
-fn same_content(old: &Entry, new: &Entry) -> bool {
-    let mut a = old.value.clone();
-    a["metadata"]["resourceVersion"] = Value::Null;
-    let mut b = new.value.clone();
-    b["metadata"]["resourceVersion"] = Value::Null;
-    a == b && old.cells == new.cells && old.labels == new.labels
 }

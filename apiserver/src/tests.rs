@@ -23,7 +23,7 @@ use tower::ServiceExt;
 use crate::authn::{Authenticator, FrontProxy, PeerCerts};
 use crate::authz::Authorizer;
 use crate::metrics::ApiMetrics;
-use crate::store::ViewStore;
+use crate::store::{HistoryBound, ViewStore};
 use crate::{State, router};
 
 fn fill<K>(cache: &Cache<K>, objects: Vec<Value>)
@@ -83,11 +83,11 @@ fn app(pki: &Pki) -> axum::Router {
 }
 
 fn app_with(pki: &Pki) -> (axum::Router, World, Arc<ViewStore>) {
-    app_keeping(pki, 100)
+    app_keeping(pki, HistoryBound::changes(100))
 }
 
 /// The app, its caches and its store, keeping `history` changes.
-fn app_keeping(pki: &Pki, history: usize) -> (axum::Router, World, Arc<ViewStore>) {
+fn app_keeping(pki: &Pki, history: HistoryBound) -> (axum::Router, World, Arc<ViewStore>) {
     let world = World::new(false, Health::new(Bounds::default()));
     // The store sees the caches from their first object on, as in the binary.
     let store = ViewStore::new(world.clone(), crate::resources::all(), history);
@@ -516,7 +516,7 @@ fn names(list: &Value) -> Vec<&str> {
 #[tokio::test]
 async fn pages_are_consistent_and_an_expired_list_continues_from_now() {
     let pki = pki();
-    let (app, world, store) = app_keeping(&pki, 1);
+    let (app, world, store) = app_keeping(&pki, HistoryBound::changes(1));
     let get = |uri: String| {
         let (app, certs) = (app.clone(), pki.proxy.clone());
         async move { call(&app, &certs, "GET", &uri, &ADMIN).await }
@@ -604,4 +604,129 @@ async fn the_metrics_endpoint_passes_the_same_front_door() {
             Value::String("404 page not found\n".into())
         )
     );
+}
+
+#[tokio::test]
+async fn only_a_change_of_a_view_object_is_an_event_and_every_format_carries_its_revision() {
+    let pki = pki();
+    let (app, world, store) = app_with(&pki);
+    let (_, _, list) = call(
+        &app,
+        &pki.proxy,
+        "GET",
+        &format!("{BASE}/namespaceaddresses"),
+        &ADMIN,
+    )
+    .await;
+    let listed = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The claim again with a new resourceVersion of its own: namespace a's object is
+    // recomputed, the same but for its revision — not an event.
+    fill::<IPAddressClaim>(
+        &world.claims,
+        vec![
+            json!({"metadata": {"name": "web", "namespace": "a", "resourceVersion": "900"}, "spec": {}, "status": {"phase": "Bound", "className": "pub", "addresses": [{"name": "x", "address": "192.0.2.1"}]}}),
+        ],
+    );
+    world.revision.store(900, Ordering::Release);
+    store.recompute();
+    let watch =
+        format!("{BASE}/namespaceaddresses?watch=true&resourceVersion={listed}&timeoutSeconds=1");
+    let (_, none) = watch_lines(&app, &pki.proxy, &watch).await;
+    assert!(none.is_empty(), "{none:?}");
+    // Positive control: a change the object shows is one event.
+    fill::<IPAddressClaim>(
+        &world.claims,
+        vec![
+            json!({"metadata": {"name": "web", "namespace": "a", "resourceVersion": "901"}, "spec": {}, "status": {"phase": "Pending", "className": "pub"}}),
+        ],
+    );
+    world.revision.store(901, Ordering::Release);
+    store.recompute();
+    let (_, events) = watch_lines(&app, &pki.proxy, &watch).await;
+    let got: Vec<(&str, &str, &str)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap(),
+                e["object"]["metadata"]["name"].as_str().unwrap(),
+                e["object"]["metadata"]["resourceVersion"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got, [("MODIFIED", "a", "901")], "{events:?}");
+    // Formats built from the stored serialization: the object, its metadata and a Table
+    // row's object at that revision.
+    let one = format!("{BASE}/namespaces/a/namespaceaddresses/a");
+    let (_, _, json) = call(&app, &pki.proxy, "GET", &one, &ADMIN).await;
+    let table_accept = [
+        ADMIN[0],
+        ADMIN[1],
+        ("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io"),
+    ];
+    let (_, _, table) = call(&app, &pki.proxy, "GET", &one, &table_accept).await;
+    let partial_accept = [
+        ADMIN[0],
+        ADMIN[1],
+        (
+            "Accept",
+            "application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io",
+        ),
+    ];
+    let (_, _, partial) = call(&app, &pki.proxy, "GET", &one, &partial_accept).await;
+    assert_eq!(json["metadata"]["resourceVersion"], "901");
+    assert_eq!(table["metadata"]["resourceVersion"], "901");
+    assert_eq!(table["rows"][0]["object"]["metadata"], json["metadata"]);
+    assert_eq!(partial["kind"], "PartialObjectMetadata");
+    assert_eq!(partial["metadata"], json["metadata"]);
+    let object_table = format!("{one}?includeObject=Object");
+    let (_, _, with_object) = call(&app, &pki.proxy, "GET", &object_table, &table_accept).await;
+    assert_eq!(with_object["rows"][0]["object"], json);
+}
+
+#[tokio::test]
+async fn the_history_keeps_what_its_byte_bound_allows() {
+    let pki = pki();
+    let claim = |rv: &str, phase: &str| {
+        json!({"metadata": {"name": "db", "namespace": "b", "resourceVersion": rv}, "spec": {},
+            "status": {"phase": phase, "className": "pub"}})
+    };
+    let change = |world: &World, store: &ViewStore, rv: u64, phase: &str| {
+        fill::<IPAddressClaim>(&world.claims, vec![claim(&rv.to_string(), phase)]);
+        world.revision.store(rv, Ordering::Release);
+        store.recompute();
+        store.history_bytes()
+    };
+    // What one change and two changes weigh, kept whole.
+    let (_, world, probe) = app_with(&pki);
+    let one = change(&world, &probe, 900, "Lost");
+    let two = change(&world, &probe, 901, "Pending");
+    assert!(one > 0 && two > one, "{one} {two}");
+    // A bound that holds either change, not both.
+    let (app, world, store) = app_keeping(
+        &pki,
+        HistoryBound {
+            changes: 100,
+            bytes: two - 1,
+        },
+    );
+    let watch_from = |rv: u64| {
+        format!("{BASE}/namespaceaddresses?watch=true&resourceVersion={rv}&timeoutSeconds=1")
+    };
+    let listed = store.revision();
+    change(&world, &store, 900, "Lost");
+    // Positive control: one change is kept and replayed.
+    let (_, first) = watch_lines(&app, &pki.proxy, &watch_from(listed)).await;
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(first[0]["type"], "MODIFIED", "{first:?}");
+    change(&world, &store, 901, "Pending");
+    // The second pushes the first out: from before it, 410 Expired; from after it, the second.
+    let (_, expired) = watch_lines(&app, &pki.proxy, &watch_from(listed)).await;
+    assert_eq!(expired[0]["type"], "ERROR", "{expired:?}");
+    assert_eq!(expired[0]["object"]["code"], 410);
+    let (_, second) = watch_lines(&app, &pki.proxy, &watch_from(900)).await;
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_eq!(second[0]["object"]["metadata"]["resourceVersion"], "901");
 }

@@ -52,8 +52,8 @@ struct Watch {
 impl Watch {
     fn object(&mut self, e: &Entry) -> Value {
         match self.format {
-            Format::Json | Format::Yaml => e.value.clone(),
-            Format::Partial(v) | Format::PartialList(v) => render::partial(&e.value, v),
+            Format::Json | Format::Yaml => e.value(),
+            Format::Partial(v) | Format::PartialList(v) => render::partial(e, v),
             Format::Table(v) => {
                 // Column definitions go with the first event only (kubectl get -w).
                 let cols = if self.columns_sent {
@@ -63,7 +63,7 @@ impl Watch {
                 };
                 self.columns_sent = true;
                 json!({"kind": "Table", "apiVersion": format!("meta.k8s.io/{v}"),
-                    "metadata": {"resourceVersion": e.value["metadata"]["resourceVersion"]},
+                    "metadata": {"resourceVersion": e.rv.to_string()},
                     "columnDefinitions": cols, "rows": [render::row(e, v, self.include)]})
             }
         }
