@@ -926,6 +926,24 @@ async fn pick_pin_target(client: &Client, class: &str, rng: &mut Rng) -> Option<
     (!candidates.is_empty()).then(|| candidates[rng.below(candidates.len())].clone())
 }
 
+/// Creates a probe object, retrying for up to 30 s: a create may meet kube-apiserver while
+/// another disruption restarts it. A retry of a create that landed but whose answer was lost
+/// finds it there (409) — created all the same.
+async fn create_surely<K>(api: &Api<K>, body: serde_json::Value) -> Result<()>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+{
+    let object: K = serde_json::from_value(body)?;
+    wait_for("a probe object created", Duration::from_secs(30), || async {
+        match api.create(&PostParams::default(), &object).await {
+            Ok(_) => Ok(Some(())),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(Some(())),
+            Err(e) => Err(e.into()),
+        }
+    })
+    .await
+}
+
 /// Leader kills (with failover probes), driver kills, kube-apiserver and etcd restarts.
 #[allow(clippy::too_many_arguments)]
 async fn disruptions(
@@ -1012,9 +1030,7 @@ async fn disruptions(
         {
             let address = format!("chaos-probe-{round}-{}", random_suffix());
             let body = json!({"metadata": {"name": address}, "spec": {"address": format!("10.204.{}.{}", round / 200, round % 200 + 1), "className": probe_class, "source": {"fromClass": {}}}});
-            Api::<IPAddress>::all(client.clone())
-                .create(&PostParams::default(), &serde_json::from_value(body)?)
-                .await?;
+            create_surely(&Api::<IPAddress>::all(client.clone()), body).await?;
             cleanup.add("ipaddresses.local.sdn.cozystack.io", &address);
             tokio::time::sleep(Duration::from_secs(1)).await;
             let killed = {
@@ -1033,9 +1049,7 @@ async fn disruptions(
                 let claims: Api<IPAddressClaim> = Api::namespaced(client.clone(), &probe_ns.name);
                 let name = format!("probe-{round}");
                 let body = json!({"metadata": {"name": name}, "spec": {"className": probe_class}});
-                claims
-                    .create(&PostParams::default(), &serde_json::from_value(body)?)
-                    .await?;
+                create_surely(&claims, body).await?;
                 let lease = wait_for(
                     "a new controller leader",
                     Duration::from_secs(60),
