@@ -21,7 +21,8 @@
 #                                             metallb-system and the Pod object it reads; stopped by `down`
 #
 # SERVICE_CIDR (IPv4, default 10.0.0.0/24) sizes the Services' ClusterIP range (the latency
-# bench keeps hundreds of LoadBalancer Services alive at once).
+# bench keeps hundreds of LoadBalancer Services alive at once); AC_ETCD_QUOTA_BYTES
+# (default etcd's 2 GiB) its database quota (bench-scale's 100,000 run raises it).
 #
 # DIR defaults to $AC_CACHE/clusters/dev (see versions.sh). Every cluster picks free ports
 # and keeps all its state in DIR, so several can run side by side. DIR/env holds
@@ -287,7 +288,7 @@ POLICY
     --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port" \
     --listen-peer-urls="http://127.0.0.1:$peer_port" --initial-advertise-peer-urls="http://127.0.0.1:$peer_port" \
     --initial-cluster="local=http://127.0.0.1:$peer_port" --listen-metrics-urls="" \
-    --unsafe-no-fsync --log-level=warn
+    --unsafe-no-fsync --log-level=warn --quota-backend-bytes="${AC_ETCD_QUOTA_BYTES:-2147483648}"
 
   log "kube-apiserver $KUBE_VERSION on 127.0.0.1:$kas_port"
   start kube-apiserver "${ns[@]}" "$KUBE_BIN/kube-apiserver" \
