@@ -262,7 +262,9 @@ impl ViewStore {
         }
     }
 
-    /// One batch: every dirty object computed once, the changes applied and announced.
+    /// One batch: every dirty object computed once, the changes applied and announced. One
+    /// caller at a time ([`ViewStore::run`]; tests): a batch reads the objects before it
+    /// computes and applies its results after.
     pub fn recompute(&self) {
         let (dirty, rv): (Vec<BTreeSet<String>>, u64) = {
             let mut inner = self.lock();
@@ -275,14 +277,38 @@ impl ViewStore {
             let seen = self.world.revision.load(Ordering::Acquire);
             (dirty, seen.max(inner.revision + 1))
         };
-        let computed: Vec<Vec<(String, Option<Computed>)>> = dirty
+        // What the dirty objects were: only this task changes them, so they stay so until
+        // the results are applied below.
+        let before: Vec<Vec<Option<Arc<Entry>>>> = {
+            let inner = self.lock();
+            dirty
+                .iter()
+                .enumerate()
+                .map(|(i, keys)| {
+                    keys.iter()
+                        .map(|k| inner.objects[i].get(k).cloned())
+                        .collect()
+                })
+                .collect()
+        };
+        // Each result is served form as soon as it is computed (or dropped, unchanged): a
+        // batch holds one object's document tree at a time, not one per dirty object.
+        let computed: Vec<Vec<(String, Option<Entry>)>> = dirty
             .into_iter()
+            .zip(before)
             .enumerate()
-            .map(|(i, keys)| {
+            .map(|(i, (keys, before))| {
                 keys.into_iter()
-                    .map(|k| {
-                        let c = self.views[i].compute(&k, &self.world);
-                        (k, c)
+                    .zip(before)
+                    .filter_map(|(k, old)| match self.views[i].compute(&k, &self.world) {
+                        Some(mut c) => {
+                            if old.as_deref().is_some_and(|o| unchanged(o, &mut c)) {
+                                return None;
+                            }
+                            let e = entry(k.clone(), c, rv);
+                            Some((k, Some(e)))
+                        }
+                        None => Some((k, None)),
                     })
                     .collect()
             })
@@ -291,14 +317,10 @@ impl ViewStore {
         let first = !inner.built;
         let mut changed = false;
         for (view, results) in computed.into_iter().enumerate() {
-            for (key, c) in results {
+            for (key, e) in results {
                 let old = inner.objects[view].get(&key).cloned();
-                let event = match (c, &old) {
-                    (Some(mut c), old) => {
-                        if old.as_deref().is_some_and(|o| unchanged(o, &mut c)) {
-                            continue;
-                        }
-                        let entry = entry(key.clone(), c, rv);
+                let event = match (e, &old) {
+                    (Some(entry), old) => {
                         let entry = Arc::new(entry);
                         inner.objects[view].insert(key, entry.clone());
                         let kind = if old.is_some() {
