@@ -406,22 +406,27 @@ async fn watch_lines(
     (status, lines)
 }
 
-#[tokio::test]
-async fn a_watch_resumes_exactly_where_a_list_left_off() {
-    let pki = pki();
-    let (app, world, store) = app_with(&pki);
+/// The resourceVersion of a list of namespaceaddresses.
+async fn listed_revision(app: &axum::Router, pki: &Pki) -> String {
     let (_, _, list) = call(
-        &app,
+        app,
         &pki.proxy,
         "GET",
         &format!("{BASE}/namespaceaddresses"),
         &ADMIN,
     )
     .await;
-    let listed = list["metadata"]["resourceVersion"]
+    list["metadata"]["resourceVersion"]
         .as_str()
         .unwrap()
-        .to_string();
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_watch_resumes_exactly_where_a_list_left_off() {
+    let pki = pki();
+    let (app, world, store) = app_with(&pki);
+    let listed = listed_revision(&app, &pki).await;
     // A change whose revision the caches have not counted yet (the watch event's revision
     // arrives with it, but the batch may read the counter first): the batch must still be
     // labelled after the list, or a watch from the list's revision would skip it.
@@ -610,18 +615,7 @@ async fn the_metrics_endpoint_passes_the_same_front_door() {
 async fn only_a_change_of_a_view_object_is_an_event_and_every_format_carries_its_revision() {
     let pki = pki();
     let (app, world, store) = app_with(&pki);
-    let (_, _, list) = call(
-        &app,
-        &pki.proxy,
-        "GET",
-        &format!("{BASE}/namespaceaddresses"),
-        &ADMIN,
-    )
-    .await;
-    let listed = list["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let listed = listed_revision(&app, &pki).await;
     // The claim again with a new resourceVersion of its own: namespace a's object is
     // recomputed, the same but for its revision — not an event.
     fill::<IPAddressClaim>(

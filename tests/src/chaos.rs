@@ -934,13 +934,17 @@ where
     K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
 {
     let object: K = serde_json::from_value(body)?;
-    wait_for("a probe object created", Duration::from_secs(30), || async {
-        match api.create(&PostParams::default(), &object).await {
-            Ok(_) => Ok(Some(())),
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(Some(())),
-            Err(e) => Err(e.into()),
-        }
-    })
+    wait_for(
+        "a probe object created",
+        Duration::from_secs(30),
+        || async {
+            match api.create(&PostParams::default(), &object).await {
+                Ok(_) => Ok(Some(())),
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(Some(())),
+                Err(e) => Err(e.into()),
+            }
+        },
+    )
     .await
 }
 
