@@ -342,9 +342,16 @@ impl<K: Object> Cache<K> {
         }
     }
 
+    /// The object as stored: without what is most of an object's size and nothing here
+    /// reads — its managed fields, and `kubectl apply`'s copy of the object in an
+    /// annotation (a claim or a Service a tenant applied carries itself twice). Nothing
+    /// writes a stored object back whole: every write is a patch.
     fn strip(mut o: K) -> Arc<K> {
-        // Managed fields are most of an object's size and nothing here reads them.
-        o.meta_mut().managed_fields = None;
+        let meta = o.meta_mut();
+        meta.managed_fields = None;
+        if let Some(a) = meta.annotations.as_mut() {
+            a.remove(LAST_APPLIED);
+        }
         Arc::new(o)
     }
 
@@ -576,6 +583,8 @@ fn is_expired(e: &kube::Error) -> bool {
 
 /// The bookmark annotation that ends a streaming list's initial events.
 const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+/// `kubectl apply`'s record of what was applied: the object again, serialized.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// A server without streaming lists (WatchList off, or older than 1.27) refuses
 /// `sendInitialEvents` as an invalid or bad request.
@@ -594,6 +603,21 @@ mod tests {
             serde_json::from_value(serde_json::json!({"metadata": {"name": name, "namespace": "n", "resourceVersion": rv}}))
                 .unwrap(),
         )
+    }
+
+    #[test]
+    fn a_stored_object_sheds_managed_fields_and_the_last_applied_copy_only() {
+        let o: ConfigMap = serde_json::from_value(serde_json::json!({"metadata": {
+            "name": "a", "namespace": "n",
+            "annotations": {LAST_APPLIED: "{\"big\": true}", "keep": "me"},
+            "managedFields": [{"manager": "kubectl", "operation": "Apply"}]}}))
+        .unwrap();
+        let stored = Cache::<ConfigMap>::strip(o);
+        assert_eq!(stored.metadata.managed_fields, None);
+        assert_eq!(
+            stored.metadata.annotations,
+            Some([("keep".to_string(), "me".to_string())].into())
+        );
     }
 
     #[test]
