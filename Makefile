@@ -74,7 +74,7 @@ invariants: ## Check the ledger's invariants on the cluster in $KUBECONFIG (prin
 	$(CARGO) run --quiet -p address-controller-tests --bin invariant-check -- --settle 30s
 
 .PHONY: bench-scale
-bench-scale: ## The cost of a bind as the pool grows: a fresh control plane per size, release build (BENCH_SCALE_ARGS="--sizes 1000,5000,10000,20000 --driver-sizes 1000,10000")
+bench-scale: ## The cost of a bind as the pool grows: a fresh control plane per size, release build (BENCH_SCALE_ARGS="--sizes 1000,5000,10000,20000 --driver-sizes 1000,10000"; the big cluster, ~30 min: "--sizes 100000 --driver-sizes '' --no-write-floor")
 	@deploy/local/build-binaries.sh
 	$(CARGO) build --release --bins --quiet
 	ADDRESS_CONTROLLER_PROFILE=release $(CARGO) run --release --quiet -p address-controller-tests --bin bench-scale -- $(BENCH_SCALE_ARGS)
