@@ -266,22 +266,12 @@ impl ViewStore {
     /// caller at a time ([`ViewStore::run`]; tests): a batch reads the objects before it
     /// computes and applies its results after.
     pub fn recompute(&self) {
-        let (dirty, rv): (Vec<BTreeSet<String>>, u64) = {
+        let (dirty, before, rv) = {
             let mut inner = self.lock();
-            let dirty = inner.dirty.iter_mut().map(std::mem::take).collect();
-            // Read after taking the dirty keys: every change they stand for was counted in
-            // the revision before it was marked, so the label is never older than them.
-            // Strictly above what any earlier batch published, so that a client holding an
-            // earlier revision gets this batch's events on resuming, and one holding this
-            // batch's revision does not get them again.
-            let seen = self.world.revision.load(Ordering::Acquire);
-            (dirty, seen.max(inner.revision + 1))
-        };
-        // What the dirty objects were: only this task changes them, so they stay so until
-        // the results are applied below.
-        let before: Vec<Vec<Option<Arc<Entry>>>> = {
-            let inner = self.lock();
-            dirty
+            let dirty: Vec<BTreeSet<String>> = inner.dirty.iter_mut().map(std::mem::take).collect();
+            // What the dirty objects are now: only this task changes them, so they stay so
+            // until the results are applied below.
+            let before: Vec<Vec<Option<Arc<Entry>>>> = dirty
                 .iter()
                 .enumerate()
                 .map(|(i, keys)| {
@@ -289,7 +279,14 @@ impl ViewStore {
                         .map(|k| inner.objects[i].get(k).cloned())
                         .collect()
                 })
-                .collect()
+                .collect();
+            // Read after taking the dirty keys: every change they stand for was counted in
+            // the revision before it was marked, so the label is never older than them.
+            // Strictly above what any earlier batch published, so that a client holding an
+            // earlier revision gets this batch's events on resuming, and one holding this
+            // batch's revision does not get them again.
+            let seen = self.world.revision.load(Ordering::Acquire);
+            (dirty, before, seen.max(inner.revision + 1))
         };
         // Each result is served form as soon as it is computed (or dropped, unchanged): a
         // batch holds one object's document tree at a time, not one per dirty object.
