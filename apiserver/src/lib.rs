@@ -103,6 +103,7 @@ pub fn spawn(
 ) -> anyhow::Result<()> {
     let store = store::ViewStore::new(world.clone(), resources::all(), views.history);
     store.register();
+    registry.register(Box::new(metrics::ViewSizes::new(store.clone())?))?;
     tasks.spawn_forever("view store", store.clone().run());
     let built = store.clone();
     world.health.check("views", move || {

@@ -84,30 +84,102 @@ impl prometheus::core::Collector for AuthCaches {
     }
 
     fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
-        let gauge = |cache: &str, v: u64| -> Option<prometheus::proto::Metric> {
-            let g = prometheus::IntGauge::with_opts(
-                Opts::new(self.desc.fq_name.clone(), self.desc.help.clone())
-                    .const_label("cache", cache),
-            )
-            .ok()?;
-            g.set(i64::try_from(v).unwrap_or(i64::MAX));
-            prometheus::core::Collector::collect(&g)
-                .pop()
-                .and_then(|mut f| f.take_metric().pop())
-        };
-        let mut family = prometheus::proto::MetricFamily::default();
-        family.set_name(self.desc.fq_name.clone());
-        family.set_help(self.desc.help.clone());
-        family.set_field_type(prometheus::proto::MetricType::GAUGE);
-        family.set_metric(
-            [
-                gauge("tokens", self.authn.cached_tokens()),
-                gauge("decisions", self.authz.cached()),
-            ]
-            .into_iter()
-            .flatten()
-            .collect(),
-        );
-        vec![family]
+        vec![gauges(
+            &self.desc,
+            "cache",
+            &[
+                ("tokens", self.authn.cached_tokens()),
+                ("decisions", self.authz.cached()),
+            ],
+        )]
     }
+}
+
+/// What the view store holds, read at scrape time:
+/// `address_controller_apiserver_view_bytes{part="objects"|"history"}` (serialized bytes)
+/// and `address_controller_apiserver_view_entries{part="objects"|"history"}` (objects,
+/// changes) — the history is bounded by `--view-history-bytes` and its change count.
+pub struct ViewSizes {
+    store: std::sync::Arc<crate::store::ViewStore>,
+    bytes: prometheus::core::Desc,
+    entries: prometheus::core::Desc,
+}
+
+impl ViewSizes {
+    pub fn new(
+        store: std::sync::Arc<crate::store::ViewStore>,
+    ) -> Result<ViewSizes, prometheus::Error> {
+        let desc = |name: &str, help: &str| {
+            prometheus::core::Desc::new(
+                name.into(),
+                help.into(),
+                vec!["part".into()],
+                Default::default(),
+            )
+        };
+        Ok(ViewSizes {
+            store,
+            bytes: desc(
+                "address_controller_apiserver_view_bytes",
+                "Serialized bytes the view store holds: its current objects, and the history of changes watches resume from",
+            )?,
+            entries: desc(
+                "address_controller_apiserver_view_entries",
+                "Objects the view store holds, and changes in its history",
+            )?,
+        })
+    }
+}
+
+impl prometheus::core::Collector for ViewSizes {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        vec![&self.bytes, &self.entries]
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let s = self.store.sizes();
+        vec![
+            gauges(
+                &self.bytes,
+                "part",
+                &[
+                    ("objects", s.object_bytes as u64),
+                    ("history", s.history_bytes as u64),
+                ],
+            ),
+            gauges(
+                &self.entries,
+                "part",
+                &[
+                    ("objects", s.objects as u64),
+                    ("history", s.history_changes as u64),
+                ],
+            ),
+        ]
+    }
+}
+
+/// A gauge family of `desc`, one gauge per `(label value, value)`.
+fn gauges(
+    desc: &prometheus::core::Desc,
+    label: &str,
+    values: &[(&str, u64)],
+) -> prometheus::proto::MetricFamily {
+    let metric = |(v, n): &(&str, u64)| {
+        let mut pair = prometheus::proto::LabelPair::default();
+        pair.set_name(label.to_string());
+        pair.set_value((*v).to_string());
+        let mut gauge = prometheus::proto::Gauge::default();
+        gauge.set_value(*n as f64);
+        let mut m = prometheus::proto::Metric::default();
+        m.set_label(vec![pair].into_iter().collect());
+        m.set_gauge(gauge);
+        m
+    };
+    let mut family = prometheus::proto::MetricFamily::default();
+    family.set_name(desc.fq_name.clone());
+    family.set_help(desc.help.clone());
+    family.set_field_type(prometheus::proto::MetricType::GAUGE);
+    family.set_metric(values.iter().map(metric).collect());
+    family
 }

@@ -109,11 +109,22 @@ struct Inner {
     history: VecDeque<Arc<Event>>,
     /// The serialized size of the history's objects (what [`HistoryBound::bytes`] bounds).
     history_bytes: usize,
+    /// The serialized size of the current objects of every view.
+    objects_bytes: usize,
     next_seq: u64,
     /// No change at or before this revision can be replayed.
     floor: u64,
     revision: u64,
     built: bool,
+}
+
+/// What a [`ViewStore`] holds (see [`ViewStore::sizes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreSizes {
+    pub objects: usize,
+    pub object_bytes: usize,
+    pub history_changes: usize,
+    pub history_bytes: usize,
 }
 
 pub struct ViewStore {
@@ -176,6 +187,7 @@ impl ViewStore {
                 dirty: vec![BTreeSet::new(); n],
                 history: VecDeque::new(),
                 history_bytes: 0,
+                objects_bytes: 0,
                 next_seq: 1,
                 floor: 0,
                 revision: 0,
@@ -316,9 +328,11 @@ impl ViewStore {
         for (view, results) in computed.into_iter().enumerate() {
             for (key, e) in results {
                 let old = inner.objects[view].get(&key).cloned();
+                inner.objects_bytes -= old.as_ref().map_or(0, |o| o.json.len());
                 let event = match (e, &old) {
                     (Some(entry), old) => {
                         let entry = Arc::new(entry);
+                        inner.objects_bytes += entry.json.len();
                         inner.objects[view].insert(key, entry.clone());
                         let kind = if old.is_some() {
                             EventType::Modified
@@ -421,9 +435,16 @@ impl ViewStore {
         self.lock().floor
     }
 
-    /// The serialized size of the objects the history keeps.
-    pub fn history_bytes(&self) -> usize {
-        self.lock().history_bytes
+    /// What the store holds: the current objects' serialized bytes, the history's, and the
+    /// number of changes in the history.
+    pub fn sizes(&self) -> StoreSizes {
+        let inner = self.lock();
+        StoreSizes {
+            objects: inner.objects.iter().map(BTreeMap::len).sum(),
+            object_bytes: inner.objects_bytes,
+            history_changes: inner.history.len(),
+            history_bytes: inner.history_bytes,
+        }
     }
 
     pub fn revision(&self) -> u64 {

@@ -691,7 +691,7 @@ async fn the_history_keeps_what_its_byte_bound_allows() {
         fill::<IPAddressClaim>(&world.claims, vec![claim(&rv.to_string(), phase)]);
         world.revision.store(rv, Ordering::Release);
         store.recompute();
-        store.history_bytes()
+        store.sizes().history_bytes
     };
     // What one change and two changes weigh, kept whole.
     let (_, world, probe) = app_with(&pki);
@@ -723,4 +723,42 @@ async fn the_history_keeps_what_its_byte_bound_allows() {
     let (_, second) = watch_lines(&app, &pki.proxy, &watch_from(900)).await;
     assert_eq!(second.len(), 1, "{second:?}");
     assert_eq!(second[0]["object"]["metadata"]["resourceVersion"], "901");
+}
+
+#[tokio::test]
+async fn the_store_sizes_follow_its_objects_and_its_history() {
+    let pki = pki();
+    let (_, world, store) = app_with(&pki);
+    let held = |store: &ViewStore| {
+        (0..store.views.len())
+            .map(|v| store.snapshot(v).objects)
+            .fold((0, 0), |(n, bytes), objects| {
+                (
+                    n + objects.len(),
+                    bytes + objects.iter().map(|e| e.json.len()).sum::<usize>(),
+                )
+            })
+    };
+    store.recompute();
+    let base = store.sizes();
+    assert!(base.object_bytes > 0, "{base:?}");
+    assert_eq!((base.objects, base.object_bytes), held(&store));
+    // A claim in a namespace of its own: a new object of the namespace view, one change.
+    let q: IPAddressClaim = serde_json::from_value(json!({"metadata": {"name": "q", "namespace": "z", "resourceVersion": "900"}, "spec": {}, "status": {"phase": "Pending", "className": "pub"}})).unwrap();
+    world.claims.apply(key_of(&q), Some(Arc::new(q.clone())));
+    world.revision.store(900, Ordering::Release);
+    store.recompute();
+    let grown = store.sizes();
+    assert!(grown.object_bytes > base.object_bytes, "{grown:?}");
+    assert_eq!((grown.objects, grown.object_bytes), held(&store));
+    assert!(grown.history_changes > base.history_changes, "{grown:?}");
+    assert!(grown.history_bytes > base.history_bytes, "{grown:?}");
+    // Its deletion takes its bytes out of the objects, and is one more change.
+    world.claims.apply(key_of(&q), None);
+    world.revision.store(901, Ordering::Release);
+    store.recompute();
+    let shrunk = store.sizes();
+    assert!(shrunk.object_bytes < grown.object_bytes, "{shrunk:?}");
+    assert_eq!((shrunk.objects, shrunk.object_bytes), held(&store));
+    assert!(shrunk.history_changes > grown.history_changes, "{shrunk:?}");
 }
