@@ -278,6 +278,7 @@ impl ViewStore {
     /// caller at a time ([`ViewStore::run`]; tests): a batch reads the objects before it
     /// computes and applies its results after.
     pub fn recompute(&self) {
+        let started = std::time::Instant::now();
         let (dirty, before, rv) = {
             let mut inner = self.lock();
             let dirty: Vec<BTreeSet<String>> = inner.dirty.iter_mut().map(std::mem::take).collect();
@@ -374,6 +375,11 @@ impl ViewStore {
         if first {
             inner.built = true;
             inner.floor = rv;
+            tracing::info!(
+                objects = inner.objects.iter().map(BTreeMap::len).sum::<usize>(),
+                took_ms = started.elapsed().as_millis() as u64,
+                "views built"
+            );
         }
         while inner.history.len() > self.bound.changes || inner.history_bytes > self.bound.bytes {
             let Some(e) = inner.history.pop_front() else {

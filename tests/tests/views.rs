@@ -480,7 +480,40 @@ async fn security_front_proxy_tokens_and_rbac() {
     .await
     .unwrap();
     assert!(held > 0, "refusals are cached");
-    println!("{flood} distinct bad tokens: all 401, {held} held (bound {CACHE})");
+    // The view store's size, beside the auth caches: what it holds now, and its watch history
+    // — which a claim in namespace A adds to (its holdings change).
+    e.claim("counted", json!({"className": "views-sec-none"}))
+        .await;
+    let gauge = |body: &str, name: &str, part: &str| -> f64 {
+        let series = format!("address_controller_apiserver_{name}{{part=\"{part}\"}} ");
+        body.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in /metrics"))
+    };
+    let body = wait_for(
+        "the claim in the view history",
+        Duration::from_secs(30),
+        || {
+            let (scraper, metrics) = (scraper.clone(), &metrics);
+            async move {
+                let (_, body) = metrics(Some(scraper));
+                Ok((gauge(&body, "view_entries", "history") >= 1.0).then_some(body))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let (objects, object_bytes) = (
+        gauge(&body, "view_entries", "objects"),
+        gauge(&body, "view_bytes", "objects"),
+    );
+    // At least namespace A's holdings, each serialized object more than its metadata's bytes.
+    assert!(
+        objects >= 1.0 && object_bytes >= 64.0 * objects,
+        "{objects} objects, {object_bytes} bytes"
+    );
+    assert!(gauge(&body, "view_bytes", "history") >= 64.0, "{body}");
     // Anonymous /metrics on the views' port: refused like any path the user may not get.
     let out = std::process::Command::new("curl")
         .args([

@@ -130,7 +130,7 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-const HEADER: &str = "| run | N | to all Bound | binds/s | writes/bind (claims+addresses) | events/bind | pool intake writes/address | ctl CPU per 1k binds | peak RSS | RSS/object | restart → ready | list floor | writes 10 s after | kube-apiserver CPU/bind | write floor | bind/floor | namespaceaddresses -A | poolavailabilities | ipaddressclaims -A |";
+const HEADER: &str = "| run | N | to all Bound | binds/s | writes/bind (claims+addresses) | events/bind | pool intake writes/address | ctl CPU per 1k binds | peak RSS | RSS/object | view store (objects + history) | restart → ready | list floor | writes 10 s after | kube-apiserver CPU/bind | write floor | bind/floor | namespaceaddresses -A | poolavailabilities | ipaddressclaims -A |";
 
 fn line(r: &Value) -> String {
     let f = |k: &str, d: usize| match r[k].as_f64() {
@@ -138,7 +138,7 @@ fn line(r: &Value) -> String {
         None => "—".into(),
     };
     format!(
-        "| {} | {} | {} s | {} | {} | {} | {} | {} s | {} MiB | {} KiB | {} s | {} s | {} | {} ms | {} | {} | {} ms | {} ms | {} ms |",
+        "| {} | {} | {} s | {} | {} | {} | {} | {} s | {} MiB | {} KiB | {} + {} MiB | {} s | {} s | {} | {} ms | {} | {} | {} ms | {} ms | {} ms |",
         r["mode"].as_str().unwrap_or(""),
         r["n"],
         f("bind_s", 1),
@@ -149,6 +149,8 @@ fn line(r: &Value) -> String {
         f("cpu_per_1k_s", 2),
         f("peak_rss_mib", 0),
         f("rss_per_object_kib", 2),
+        f("view_objects_mib", 1),
+        f("view_history_mib", 1),
         f("restart_ready_s", 2),
         f("list_floor_s", 2),
         r["writes_after_restart"],
@@ -185,6 +187,14 @@ async fn gauge(ctl: &ControllerProcess, series: &str, phase: &str) -> Result<usi
         .filter(|l| l.starts_with(series) && l.contains(&phase))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as usize)
+}
+
+/// The value of one series (name and labels exactly as printed) in a /metrics text.
+fn series_value(text: &str, series: &str) -> Result<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no {series} on /metrics"))
 }
 
 /// The median of `samples` runs of `kubectl ARGS`, in ms.
@@ -332,6 +342,17 @@ async fn measure(mode: Mode, n: usize, protection: bool, with_floor: bool) -> Re
     let peak = peak_rss_bytes(ctl.pid())?;
     let rss = rss_bytes(ctl.pid())?;
     let objects = 2 * n + 1;
+    // What of that RSS the views' store holds serialized: its objects, and the watch history
+    // (bounded by --view-history-bytes, not by N).
+    let text = ctl.metrics().await?;
+    let view_mib = |part: &str| {
+        series_value(
+            &text,
+            &format!("address_controller_apiserver_view_bytes{{part=\"{part}\"}}"),
+        )
+        .map(|b| b / 1048576.0)
+    };
+    let (view_objects_mib, view_history_mib) = (view_mib("objects")?, view_mib("history")?);
     let object_writes = delta(&writes1, &writes0, &["ipaddresses", "ipaddressclaims"]);
     let events = delta(&writes1, &writes0, &["events"]);
     eprintln!(
@@ -402,6 +423,7 @@ async fn measure(mode: Mode, n: usize, protection: bool, with_floor: bool) -> Re
         "pool_writes_per_address": pool_writes,
         "cpu_per_1k_s": ctl_cpu.as_secs_f64() * 1000.0 / n as f64,
         "peak_rss_mib": peak as f64 / 1048576.0, "rss_per_object_kib": rss as f64 / 1024.0 / objects as f64,
+        "view_objects_mib": view_objects_mib, "view_history_mib": view_history_mib,
         "restart_ready_s": restart_ready.as_secs_f64(), "list_floor_s": list_floor.as_secs_f64(),
         "writes_after_restart": quiet,
         "kas_cpu_per_bind_ms": kas_cpu.as_secs_f64() * 1000.0 / n as f64,
