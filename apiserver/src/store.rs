@@ -118,6 +118,13 @@ struct Inner {
     built: bool,
 }
 
+impl Inner {
+    /// The current objects of every view.
+    fn object_count(&self) -> usize {
+        self.objects.iter().map(BTreeMap::len).sum()
+    }
+}
+
 /// What a [`ViewStore`] holds (see [`ViewStore::sizes`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StoreSizes {
@@ -376,7 +383,7 @@ impl ViewStore {
             inner.built = true;
             inner.floor = rv;
             tracing::info!(
-                objects = inner.objects.iter().map(BTreeMap::len).sum::<usize>(),
+                objects = inner.object_count(),
                 took_ms = started.elapsed().as_millis() as u64,
                 "views built"
             );
@@ -446,7 +453,7 @@ impl ViewStore {
     pub fn sizes(&self) -> StoreSizes {
         let inner = self.lock();
         StoreSizes {
-            objects: inner.objects.iter().map(BTreeMap::len).sum(),
+            objects: inner.object_count(),
             object_bytes: inner.objects_bytes,
             history_changes: inner.history.len(),
             history_bytes: inner.history_bytes,

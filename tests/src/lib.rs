@@ -671,6 +671,18 @@ fn log_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// The value of one series in a `/metrics` text: `series` is its name and labels exactly as
+/// printed; `None` when the text has no such series.
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
 /// A minimal HTTP/1.1 GET on loopback: (status, body).
 pub async fn http_get(url: &str) -> Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -12,7 +12,7 @@ use std::time::Duration;
 use address_controller_api::names::{HELD_ANNOTATION, PROVISIONER_ANNOTATION};
 use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClaim};
 use address_controller_tests::env::{Env, WAIT, aphase, condition, count, env, phase};
-use address_controller_tests::{ControllerProcess, audited_writes, wait_for};
+use address_controller_tests::{ControllerProcess, audited_writes, sample, wait_for};
 use futures::StreamExt;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
@@ -560,10 +560,13 @@ async fn a_release_delay_ends_on_a_scheduled_wake_not_a_poll() {
         let busy = sample(
             &m,
             "address_controller_workqueue_depth{queue=\"addresses\",state=\"ready\"}",
-        ) + sample(
-            &m,
-            "address_controller_workqueue_depth{queue=\"addresses\",state=\"running\"}",
-        );
+        )
+        .unwrap_or(0.0)
+            + sample(
+                &m,
+                "address_controller_workqueue_depth{queue=\"addresses\",state=\"running\"}",
+            )
+            .unwrap_or(0.0);
         // (The series must be there: a misspelt one would read as an idle queue.)
         let exported =
             m.contains("address_controller_workqueue_depth{queue=\"addresses\",state=\"running\"}");
@@ -1363,15 +1366,6 @@ async fn ledger_gauges_follow_objects_and_drop_series_of_gone_ones() {
     e.check().await;
 }
 
-/// The value of the first sample whose line starts with `series` (name and labels as
-/// printed), 0 when absent.
-fn sample(metrics: &str, series: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// Five addresses and five claims of `class`, waited on until every claim is Bound.
 async fn bind_five(e: &mut Env, class: &str, round: &str, first: u8) {
     for i in 0..5u8 {
@@ -1401,7 +1395,8 @@ async fn the_client_rate_limiter_spaces_requests_and_every_call_is_counted() {
     let waited = sample(
         &m,
         "address_controller_client_rate_limiter_duration_seconds_sum",
-    );
+    )
+    .unwrap_or(0.0);
     assert!(waited < 0.05, "the default limiter waited {waited} s");
     for series in [
         "address_controller_client_requests_total{code=\"200\",method=\"PATCH\"}",
@@ -1409,7 +1404,10 @@ async fn the_client_rate_limiter_spaces_requests_and_every_call_is_counted() {
         "address_controller_client_requests_total{code=\"200\",method=\"GET\"}",
         "address_controller_client_request_duration_seconds_count{method=\"PATCH\"}",
     ] {
-        assert!(sample(&m, series) >= 1.0, "{series} missing:\n{m}");
+        assert!(
+            sample(&m, series).is_some_and(|v| v >= 1.0),
+            "{series} missing:\n{m}"
+        );
     }
 
     // 5 requests/s, no burst: the same work waits on the limiter — and still binds.
@@ -1429,7 +1427,8 @@ async fn the_client_rate_limiter_spaces_requests_and_every_call_is_counted() {
     let waited = sample(
         &m,
         "address_controller_client_rate_limiter_duration_seconds_sum",
-    );
+    )
+    .unwrap_or(0.0);
     let requests: f64 = m
         .lines()
         .filter(|l| l.starts_with("address_controller_client_requests_total{"))

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use address_controller_api::{ClaimPhase, IPAddress, IPAddressClaim};
 use address_controller_tests::env::{APISERVICE, Env, env, phase, register_views, tempdir};
-use address_controller_tests::{Cluster, ControllerProcess, TestNamespace, free_port, wait_for};
+use address_controller_tests::{
+    Cluster, ControllerProcess, TestNamespace, free_port, sample, wait_for,
+};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
@@ -463,16 +465,12 @@ async fn security_front_proxy_tokens_and_rbac() {
             let metrics = &metrics;
             async move {
                 let (_, body) = metrics(Some(scraper));
-                let held: usize = body
-                    .lines()
-                    .find(|l| {
-                        l.starts_with(
-                            "address_controller_apiserver_auth_cache_entries{cache=\"tokens\"}",
-                        )
-                    })
-                    .and_then(|l| l.rsplit(' ').next())
-                    .and_then(|v| v.parse().ok())
-                    .ok_or_else(|| anyhow::anyhow!("no token cache gauge"))?;
+                let held = sample(
+                    &body,
+                    "address_controller_apiserver_auth_cache_entries{cache=\"tokens\"}",
+                )
+                .map(|v| v as usize)
+                .ok_or_else(|| anyhow::anyhow!("no token cache gauge"))?;
                 Ok((held <= CACHE).then_some(held))
             }
         },
@@ -480,16 +478,14 @@ async fn security_front_proxy_tokens_and_rbac() {
     .await
     .unwrap();
     assert!(held > 0, "refusals are cached");
+    println!("{flood} distinct bad tokens: all 401, {held} held (bound {CACHE})");
     // The view store's size, beside the auth caches: what it holds now, and its watch history
     // — which a claim in namespace A adds to (its holdings change).
     e.claim("counted", json!({"className": "views-sec-none"}))
         .await;
     let gauge = |body: &str, name: &str, part: &str| -> f64 {
-        let series = format!("address_controller_apiserver_{name}{{part=\"{part}\"}} ");
-        body.lines()
-            .find_map(|l| l.strip_prefix(series.as_str()))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {series} in /metrics"))
+        let series = format!("address_controller_apiserver_{name}{{part=\"{part}\"}}");
+        sample(body, &series).unwrap_or_else(|| panic!("no {series} in /metrics"))
     };
     let body = wait_for(
         "the claim in the view history",

@@ -189,14 +189,6 @@ async fn gauge(ctl: &ControllerProcess, series: &str, phase: &str) -> Result<usi
         .sum::<f64>() as usize)
 }
 
-/// The value of one series (name and labels exactly as printed) in a /metrics text.
-fn series_value(text: &str, series: &str) -> Result<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no {series} on /metrics"))
-}
-
 /// The median of `samples` runs of `kubectl ARGS`, in ms.
 fn median_ms(args: &[&str], samples_n: usize) -> Result<f64> {
     let mut samples = Vec::new();
@@ -346,11 +338,10 @@ async fn measure(mode: Mode, n: usize, protection: bool, with_floor: bool) -> Re
     // (bounded by --view-history-bytes, not by N).
     let text = ctl.metrics().await?;
     let view_mib = |part: &str| {
-        series_value(
-            &text,
-            &format!("address_controller_apiserver_view_bytes{{part=\"{part}\"}}"),
-        )
-        .map(|b| b / 1048576.0)
+        let series = format!("address_controller_apiserver_view_bytes{{part=\"{part}\"}}");
+        address_controller_tests::sample(&text, &series)
+            .map(|b| b / 1048576.0)
+            .ok_or_else(|| anyhow::anyhow!("no {series} on /metrics"))
     };
     let (view_objects_mib, view_history_mib) = (view_mib("objects")?, view_mib("history")?);
     let object_writes = delta(&writes1, &writes0, &["ipaddresses", "ipaddressclaims"]);
