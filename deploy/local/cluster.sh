@@ -32,6 +32,8 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.sh
 . "$here/versions.sh"
+# shellcheck source=ports.sh
+. "$here/ports.sh"
 # shellcheck source=node.sh
 . "$here/node.sh"
 
@@ -52,9 +54,6 @@ dir="${dir:-$AC_CACHE/clusters/dev}"
 mkdir -p "$dir"
 dir="$(cd "$dir" && pwd)"
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
 
 # netns CMD...: CMD where the cluster's processes are (its network namespace with --node).
 netns() {
@@ -225,7 +224,7 @@ up() {
   make_pki
 
   local etcd_port peer_port kas_port kcm_port
-  etcd_port=$(free_port); peer_port=$(free_port); kas_port=$(free_port); kcm_port=$(free_port)
+  { read -r etcd_port; read -r peer_port; read -r kas_port; read -r kcm_port; } < <(free_ports 4)
   # kube-apiserver flags of the two modes. With a node: on every address of the namespace
   # at :443 (pods dial the `kubernetes` Service's ClusterIP:443, which is on its loopback),
   # the Node authorizer and NodeRestriction for the kubelet, ServiceAccount admission for
@@ -392,10 +391,11 @@ metadata: {name: controller, namespace: metallb-system, labels: {app: metallb, c
 spec: {nodeSelector: {address-controller.local/metallb-runs-out-of-cluster: "true"},
        containers: [{name: controller, image: "quay.io/metallb/controller:$METALLB_VERSION"}]}
 YAML
-  local health; health=$(free_port)
+  local health metrics_port
+  { read -r health; read -r metrics_port; } < <(free_ports 2)
   start metallb-controller "${ns[@]}" "$METALLB_BIN/metallb-controller" --kubeconfig="$dir/admin.kubeconfig" \
     --namespace=metallb-system --pod-name=controller --webhook-mode=disabled \
-    --port="$(free_port)" --health-probe-port="$health" --log-level=warn
+    --port="$metrics_port" --health-probe-port="$health" --log-level=warn
   for _ in $(seq 1 60); do
     netns curl -fs "http://127.0.0.1:$health/readyz" >/dev/null 2>&1 && { log "metallb-controller $METALLB_VERSION ready"; return; }
     kill -0 "$(cat "$dir/pids/metallb-controller")" 2>/dev/null || die "metallb-controller exited; log: $dir/logs/metallb-controller.log"

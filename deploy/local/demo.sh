@@ -19,6 +19,8 @@ root="$(cd "$here/../.." && pwd)"
 . "$here/build-times.sh"
 # shellcheck source=versions.sh
 . "$here/versions.sh"
+# shellcheck source=ports.sh
+. "$here/ports.sh"
 node="${NODE:-}"
 if [ -n "$node" ]; then dir="${DEMO_DIR:-$AC_CACHE/clusters/demo-node}"; else dir="${DEMO_DIR:-$AC_CACHE/clusters/demo}"; fi
 target="${CARGO_TARGET_DIR:-$root/target}"
@@ -59,10 +61,6 @@ sa_kubeconfig() {
     kubectl config use-context local ) >/dev/null || fail "write the kubeconfig of $1"
 }
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
-
 wait_ready() { # NAME PORT
   for _ in $(seq 1 120); do
     curl -fs "http://127.0.0.1:$2/readyz" >/dev/null 2>&1 && return 0
@@ -98,7 +96,7 @@ up() {
   # keeps them, so the APIService keeps pointing at the right place; another demo gets
   # its own instead of talking to this one's servers).
   if [ ! -f "$dir/demo-ports" ]; then
-    printf 'api=%s\nmetrics=%s\nprobe=%s\ndriver_probe=%s\n' "$(free_port)" "$(free_port)" "$(free_port)" "$(free_port)" > "$dir/demo-ports"
+    free_ports 4 | paste -d= <(printf '%s\n' api metrics probe driver_probe) - > "$dir/demo-ports"
   fi
   # shellcheck disable=SC1091
   . "$dir/demo-ports"
