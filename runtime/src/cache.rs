@@ -275,7 +275,8 @@ pub struct WatchConfig {
     pub labels: Option<String>,
     /// Take the initial state as a streaming list (a watch with `sendInitialEvents`, ended
     /// by the `k8s.io/initial-events-end` bookmark) instead of paged lists; a server that
-    /// refuses it gets paged lists from then on.
+    /// refuses it gets paged lists from then on. Off by default (see
+    /// [`crate::health::LivenessArgs`]).
     pub streaming_lists: bool,
 }
 
@@ -286,7 +287,7 @@ impl Default for WatchConfig {
             page_size: 500,
             fields: None,
             labels: None,
-            streaming_lists: true,
+            streaming_lists: false,
         }
     }
 }

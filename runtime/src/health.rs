@@ -46,10 +46,11 @@ pub struct LivenessArgs {
     /// Server-side length of one watch request; the watch is renewed after it.
     #[arg(long, env = "ADDRESS_CONTROLLER_WATCH_TIMEOUT", default_value = "290s", value_parser = address_controller_api::duration::parse)]
     pub watch_timeout: Duration,
-    /// Take the caches' initial state as streaming lists (a watch with sendInitialEvents,
-    /// served from kube-apiserver's watch cache) rather than paged lists; a server that
-    /// refuses them gets paged lists in any case.
-    #[arg(long, env = "ADDRESS_CONTROLLER_STREAMING_LISTS", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    /// Take the caches' initial state as streaming lists (a watch with sendInitialEvents)
+    /// rather than pages of 500; a server that refuses them gets pages in any case. Off by
+    /// default: kube-apiserver 1.36 spends more CPU on a streaming list than on the same
+    /// objects in pages (docs/design.md, restart → ready).
+    #[arg(long, env = "ADDRESS_CONTROLLER_STREAMING_LISTS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub streaming_lists: bool,
     /// A work queue with ready work that no worker took for this long makes the leader not
     /// ready.
