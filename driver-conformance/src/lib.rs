@@ -22,7 +22,21 @@ use anyhow::{Context, Result, anyhow, bail};
 
 /// Polls `probe` until it returns `Some`, or fails after `timeout` naming what was awaited
 /// and the last error the probe returned.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> Result<T>
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, probe: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    wait_for_every(what, timeout, Duration::from_millis(200), probe).await
+}
+
+/// [`wait_for`], polling every `interval`.
+pub async fn wait_for_every<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    interval: Duration,
+    mut probe: F,
+) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<T>>>,
@@ -38,7 +52,7 @@ where
         if start.elapsed() > timeout {
             bail!("timed out after {timeout:?} waiting for {what}; last: {last}");
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(interval).await;
     }
 }
 

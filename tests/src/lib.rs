@@ -549,21 +549,16 @@ impl ControllerProcess {
         let url = format!("http://{}/readyz", self.probe);
         // Every 20 ms, not `wait_for`'s 200: bench-scale times a restart by this wait, and
         // a probe of a loopback port costs nothing.
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let last = match http_get(&url).await {
-                Ok((200, _)) => return Ok(()),
-                Ok((code, body)) => format!("{code}: {body}"),
-                Err(e) => format!("{e:#}"),
-            };
-            if std::time::Instant::now() > deadline {
-                bail!(
-                    "timed out after 30s waiting for {} ready; last: {last}",
-                    self.user
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_every(
+            &format!("{} ready", self.user),
+            Duration::from_secs(30),
+            Duration::from_millis(20),
+            || {
+                let url = url.clone();
+                async move { Ok(http_get(&url).await?.0.eq(&200).then_some(())) }
+            },
+        )
+        .await
     }
 
     /// The text of `/metrics`, read over HTTPS with a token allowed to (the plain probe
@@ -878,6 +873,7 @@ impl Drop for Cleanup {
 pub use address_controller_driver_conformance::suite as conformance;
 pub use address_controller_driver_conformance::{
     condense_backtraces, https_get, invariants, process_state, random_suffix, wait_for,
+    wait_for_every,
 };
 
 pub mod bench;
