@@ -32,6 +32,11 @@ struct RangeArgs {
     lb_class: Option<String>,
 }
 
+/// jemalloc, as in the core: the same allocator for every binary of the project
+/// (docs/design.md, "jemalloc").
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> anyhow::Result<()> {
     address_controller_driver_kit::main_with(INFO, |a: &RangeArgs| range::Range {
         lb_class: a.lb_class.clone(),
