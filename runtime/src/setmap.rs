@@ -1,15 +1,92 @@
 //! A map from a key to a set of object names — the small indexes the core, the kit and the
 //! views keep from the watches (addresses by the claim they name, claims by namespace,
 //! addresses by IP, …), spelled once. An emptied set is dropped, so the map never grows
-//! with keys that were once used.
+//! with keys that were once used. Most keys have one name (a claim's address, an address's
+//! IP): that name is held inline, not in a B-tree node of its own (~0.3 KiB per key at
+//! 20,000 keys).
 
 use std::borrow::Borrow;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
 use std::hash::Hash;
 
 #[derive(Debug)]
 pub struct SetMap<K> {
-    sets: HashMap<K, BTreeSet<String>>,
+    sets: HashMap<K, Names>,
+}
+
+/// The names under one key, in order; never empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Names {
+    One(String),
+    Many(BTreeSet<String>),
+}
+
+impl Names {
+    fn insert(&mut self, name: &str) {
+        match self {
+            Names::One(n) if n == name => {}
+            Names::One(n) => {
+                let set = BTreeSet::from([std::mem::take(n), name.to_string()]);
+                *self = Names::Many(set);
+            }
+            Names::Many(set) => {
+                set.insert(name.to_string());
+            }
+        }
+    }
+
+    /// Removes `name`; true when no name is left.
+    fn remove(&mut self, name: &str) -> bool {
+        match self {
+            Names::One(n) => n == name,
+            Names::Many(set) => {
+                set.remove(name);
+                if set.len() == 1
+                    && let Some(last) = set.pop_first()
+                {
+                    *self = Names::One(last);
+                    return false;
+                }
+                set.is_empty()
+            }
+        }
+    }
+
+    /// The names, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &String> {
+        let (one, many) = match self {
+            Names::One(n) => (Some(n), None),
+            Names::Many(set) => (None, Some(set.iter())),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Names::One(_) => 1,
+            Names::Many(set) => set.len(),
+        }
+    }
+
+    /// Never true for the names of a key in the map: an emptied set is dropped.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        match self {
+            Names::One(n) => n == name,
+            Names::Many(set) => set.contains(name),
+        }
+    }
+
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            Names::One(n) => vec![n],
+            Names::Many(set) => set.into_iter().collect(),
+        }
+    }
 }
 
 impl<K> Default for SetMap<K> {
@@ -22,7 +99,12 @@ impl<K> Default for SetMap<K> {
 
 impl<K: Hash + Eq> SetMap<K> {
     pub fn insert(&mut self, key: K, name: &str) {
-        self.sets.entry(key).or_default().insert(name.to_string());
+        match self.sets.entry(key) {
+            Entry::Occupied(mut e) => e.get_mut().insert(name),
+            Entry::Vacant(e) => {
+                e.insert(Names::One(name.to_string()));
+            }
+        }
     }
 
     /// Removes `name` from the set of `key`, and the set once it is empty.
@@ -31,11 +113,10 @@ impl<K: Hash + Eq> SetMap<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        if let Some(set) = self.sets.get_mut(key) {
-            set.remove(name);
-            if set.is_empty() {
-                self.sets.remove(key);
-            }
+        if let Some(names) = self.sets.get_mut(key)
+            && names.remove(name)
+        {
+            self.sets.remove(key);
         }
     }
 
@@ -53,16 +134,16 @@ impl<K: Hash + Eq> SetMap<K> {
         }
     }
 
-    /// Takes the whole set of `key` out.
-    pub fn take<Q>(&mut self, key: &Q) -> Option<BTreeSet<String>>
+    /// Takes the names of `key` out, in order.
+    pub fn take<Q>(&mut self, key: &Q) -> Option<Vec<String>>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.sets.remove(key)
+        self.sets.remove(key).map(Names::into_vec)
     }
 
-    pub fn get<Q>(&self, key: &Q) -> Option<&BTreeSet<String>>
+    pub fn get<Q>(&self, key: &Q) -> Option<&Names>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -112,6 +193,32 @@ mod tests {
         m.insert("c".into(), "z");
         assert_eq!(m.take("c").map(|s| s.len()), Some(1));
         assert!(m.names("c").is_empty());
+    }
+
+    #[test]
+    fn one_name_is_held_inline_and_back_again_when_the_others_leave() {
+        let mut m: SetMap<String> = SetMap::default();
+        m.insert("k".into(), "b");
+        m.insert("k".into(), "b");
+        assert_eq!(m.get("k"), Some(&Names::One("b".into())));
+        m.insert("k".into(), "a");
+        m.insert("k".into(), "c");
+        assert!(matches!(m.get("k"), Some(Names::Many(_))));
+        assert_eq!(m.names("k"), ["a", "b", "c"]);
+        let names = m.get("k").unwrap();
+        assert!(names.contains("c") && !names.contains("d") && names.len() == 3);
+        m.remove("k", "c");
+        m.remove("k", "d");
+        m.remove("k", "a");
+        assert_eq!(m.get("k"), Some(&Names::One("b".into())));
+        m.remove("k", "a");
+        assert_eq!(
+            m.names("k"),
+            ["b"],
+            "removing a name that is not there changes nothing"
+        );
+        m.remove("k", "b");
+        assert!(!m.contains_key("k"));
     }
 
     #[test]
