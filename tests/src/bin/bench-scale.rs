@@ -20,7 +20,9 @@
 //! plain client making the same number and kinds of writes on the same objects with the
 //! controller's concurrency — and the ratio of the bind time to it; `kubectl get
 //! namespaceaddresses -A` and `kubectl get poolavailabilities` next to `kubectl get
-//! ipaddressclaims -A` (median of 10; of 3 past 20,000).
+//! ipaddressclaims -A` (median of 10; of 3 past 20,000); a leader takeover — two replicas
+//! on a 3 s lease, the leader SIGKILLed, a claim created at once: kill → the lease held by
+//! the other replica, and from then to that claim Bound.
 //!
 //! Sizes past 20,000 (`--sizes 100000`: the big cluster, not in CI) run with an etcd quota
 //! of 8 GiB: etcd's default of 2 GiB is about what 200,000 objects and their first writes
@@ -32,9 +34,12 @@ use address_controller_tests::bench::{
     apply_protection_policy, bound_claims, create_all, create_namespaces, delta, ipv4, kas_pid,
     on_own_control_plane, writes,
 };
-use address_controller_tests::env::{RANGE_PROVISIONER, register_views_at};
+use address_controller_tests::env::{
+    RANGE_PROVISIONER, fast_lease, lease_holder, register_views_at,
+};
 use address_controller_tests::{
     Cluster, ControllerProcess, cpu_time, free_port, peak_rss_bytes, rss_bytes, setup, wait_for,
+    wait_for_every,
 };
 use anyhow::{Context, Result, anyhow, bail};
 use futures::StreamExt;
@@ -134,7 +139,7 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-const HEADER: &str = "| run | N | to all Bound | binds/s | writes/bind (claims+addresses) | events/bind | pool intake writes/address | ctl CPU per 1k binds | peak RSS | RSS/object | view store (objects + history) | restart → ready | list floor | writes 10 s after | kube-apiserver CPU/bind | write floor | bind/floor | namespaceaddresses -A | poolavailabilities | ipaddressclaims -A |";
+const HEADER: &str = "| run | N | to all Bound | binds/s | writes/bind (claims+addresses) | events/bind | pool intake writes/address | ctl CPU per 1k binds | peak RSS | RSS/object | view store (objects + history) | restart → ready | list floor | writes 10 s after | kube-apiserver CPU/bind | write floor | bind/floor | namespaceaddresses -A | poolavailabilities | ipaddressclaims -A | takeover: kill → lease, lease → first Bound |";
 
 fn line(r: &Value) -> String {
     let f = |k: &str, d: usize| match r[k].as_f64() {
@@ -142,7 +147,7 @@ fn line(r: &Value) -> String {
         None => "—".into(),
     };
     format!(
-        "| {} | {} | {} s | {} | {} | {} | {} | {} s | {} MiB | {} KiB | {} + {} MiB | {} s | {} s | {} | {} ms | {} | {} | {} ms | {} ms | {} ms |",
+        "| {} | {} | {} s | {} | {} | {} | {} | {} s | {} MiB | {} KiB | {} + {} MiB | {} s | {} s | {} | {} ms | {} | {} | {} ms | {} ms | {} ms | {} s, {} s |",
         r["mode"].as_str().unwrap_or(""),
         r["n"],
         f("bind_s", 1),
@@ -167,6 +172,8 @@ fn line(r: &Value) -> String {
         f("views_list_ms", 0),
         f("pools_list_ms", 0),
         f("claims_list_ms", 0),
+        f("takeover_lease_s", 2),
+        f("takeover_act_s", 2),
     )
 }
 
@@ -186,11 +193,7 @@ fn table(rows: &[Value]) -> String {
 async fn gauge(ctl: &ControllerProcess, series: &str, phase: &str) -> Result<usize> {
     let text = ctl.metrics().await?;
     let phase = format!("phase=\"{phase}\"");
-    Ok(text
-        .lines()
-        .filter(|l| l.starts_with(series) && l.contains(&phase))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as usize)
+    Ok(address_controller_tests::sum_samples(&text, series, |l| l.contains(&phase)) as usize)
 }
 
 /// The median of `samples` runs of `kubectl ARGS`, in ms.
@@ -212,24 +215,107 @@ fn median(samples: &mut [f64]) -> f64 {
 
 /// A controller serving the views on a port of its own.
 async fn controller(name: &str, port: u16) -> Result<ControllerProcess> {
+    controller_electing(name, port, &["--leader-elect=false".to_string()]).await
+}
+
+/// A controller with these leader-election flags.
+async fn controller_electing(
+    name: &str,
+    port: u16,
+    election: &[String],
+) -> Result<ControllerProcess> {
     let pki = Cluster::get().dir.join("pki");
     let address = format!("127.0.0.1:{port}");
     let (cert, key) = (pki.join("aggr.crt"), pki.join("aggr.key"));
-    ControllerProcess::start(
-        name,
-        &[
-            "--leader-elect=false",
-            // The bench measures the API server's floor: no client-side limit.
-            "--kube-api-qps=0",
-            "--apiserver-address",
-            &address,
-            "--tls-cert-file",
-            cert.to_str().unwrap_or_default(),
-            "--tls-private-key-file",
-            key.to_str().unwrap_or_default(),
-        ],
+    let mut args: Vec<&str> = election.iter().map(String::as_str).collect();
+    args.extend([
+        // The bench measures the API server's floor: no client-side limit.
+        "--kube-api-qps=0",
+        "--apiserver-address",
+        &address,
+        "--tls-cert-file",
+        cert.to_str().unwrap_or_default(),
+        "--tls-private-key-file",
+        key.to_str().unwrap_or_default(),
+    ]);
+    ControllerProcess::start(name, &args).await
+}
+
+/// A leader takeover at this size: two replicas electing on a 3 s lease, each ready (its
+/// caches hold every object), a free address taken in by the leader; then the leader is
+/// SIGKILLed and a claim created at once. Returns (kill → the lease held by the other,
+/// the lease held → the claim Bound): the first is the lease's duration, whatever the
+/// size; the second is what the new leader does before it acts — at 20,000 claims,
+/// whether its first claim waits behind a pass over everything it caches.
+async fn takeover(client: &Client, n: usize, namespace: &str) -> Result<(f64, f64)> {
+    let lease = "bench-takeover";
+    let election = fast_lease(lease);
+    let a = controller_electing("ctl-takeover-a", free_port(), &election).await?;
+    wait_for("replica a leading", Duration::from_secs(60), || async {
+        Ok((lease_holder(client, lease).await?.as_deref() == Some("ctl-takeover-a")).then_some(()))
+    })
+    .await?;
+    let b = controller_electing("ctl-takeover-b", free_port(), &election).await?;
+    let addresses: Api<address_controller_api::IPAddress> = Api::all(client.clone());
+    let address = "a-takeover";
+    addresses
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": address},
+                "spec": {"address": ipv4(n), "className": "bench", "source": {"fromClass": {}}}}))?,
+        )
+        .await?;
+    wait_for(
+        "the takeover's address Available",
+        Duration::from_secs(60),
+        || async {
+            let a = addresses.get(address).await?;
+            Ok((a.status.and_then(|s| s.phase)
+                == Some(address_controller_api::AddressPhase::Available))
+            .then_some(()))
+        },
     )
-    .await
+    .await?;
+    let claims: Api<address_controller_api::IPAddressClaim> =
+        Api::namespaced(client.clone(), namespace);
+    let mut a = a;
+    let killed = Instant::now();
+    a.kill();
+    claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "c-takeover"}, "spec": {"className": "bench"}}),
+            )?,
+        )
+        .await?;
+    let held = wait_for_every(
+        "replica b leading",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || async {
+            Ok(
+                (lease_holder(client, lease).await?.as_deref() == Some("ctl-takeover-b"))
+                    .then(|| killed.elapsed()),
+            )
+        },
+    )
+    .await?;
+    let bound = wait_for_every(
+        "the takeover's claim Bound",
+        Duration::from_secs(300),
+        Duration::from_millis(20),
+        || async {
+            let c = claims.get("c-takeover").await?;
+            Ok(
+                (c.status.and_then(|s| s.phase) == Some(address_controller_api::ClaimPhase::Bound))
+                    .then(|| killed.elapsed()),
+            )
+        },
+    )
+    .await?;
+    drop(b);
+    Ok((held.as_secs_f64(), (bound - held).as_secs_f64()))
 }
 
 async fn one(mode: Mode, n: usize, protection: bool, floor: bool) -> Result<Value> {
@@ -437,6 +523,10 @@ async fn measure(mode: Mode, n: usize, protection: bool, with_floor: bool) -> Re
     let pools_ms = median_ms(&["get", "poolavailabilities"], samples)?;
     let claims_ms = median_ms(&["get", "ipaddressclaims", "-A"], samples)?;
     drop(ctl);
+    let (takeover_lease, takeover_act) = takeover(&client, n, &names[0]).await?;
+    eprintln!(
+        "takeover: SIGKILL → lease held by the other replica {takeover_lease:.2} s; → its first claim Bound {takeover_act:.2} s later"
+    );
 
     // The write floor: the bind's writes by a plain client.
     let floor = match mode {
@@ -457,6 +547,7 @@ async fn measure(mode: Mode, n: usize, protection: bool, with_floor: bool) -> Re
         "kas_cpu_per_bind_ms": kas_cpu.as_secs_f64() * 1000.0 / n as f64,
         "floor_s": floor, "bind_over_floor": floor.map(|f| secs / f),
         "views_list_ms": views_ms, "pools_list_ms": pools_ms, "claims_list_ms": claims_ms,
+        "takeover_lease_s": takeover_lease, "takeover_act_s": takeover_act,
     }))
 }
 
