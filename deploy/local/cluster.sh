@@ -54,7 +54,6 @@ dir="${dir:-$AC_CACHE/clusters/dev}"
 mkdir -p "$dir"
 dir="$(cd "$dir" && pwd)"
 
-
 # netns CMD...: CMD where the cluster's processes are (its network namespace with --node).
 netns() {
   if [ -n "$node" ]; then in_netns "$@"; else "$@"; fi

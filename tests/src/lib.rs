@@ -686,6 +686,16 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// The sum of the series in a `/metrics` text whose lines start with `prefix` (a name, or a
+/// name and its first labels) and pass `keep` — a counter or gauge over some of its labels.
+pub fn sum_samples(metrics: &str, prefix: &str, keep: impl Fn(&str) -> bool) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(prefix) && keep(l))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// A minimal HTTP/1.1 GET on loopback: (status, body).
 pub async fn http_get(url: &str) -> Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

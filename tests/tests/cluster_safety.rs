@@ -322,13 +322,11 @@ async fn the_caches_start_from_pages_or_streaming_lists() {
         let text = Cluster::get()
             .kubectl_ok(&["get", "--raw", "/metrics"])
             .unwrap();
-        text.lines()
-            .filter(|l| {
-                l.starts_with("apiserver_watch_list_duration_seconds_count{")
-                    && l.contains("resource=\"ipaddresses\"")
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        address_controller_tests::sum_samples(
+            &text,
+            "apiserver_watch_list_duration_seconds_count{",
+            |l| l.contains("resource=\"ipaddresses\""),
+        )
     };
     for streaming in [false, true] {
         let before = served();

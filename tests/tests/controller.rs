@@ -1429,11 +1429,11 @@ async fn the_client_rate_limiter_spaces_requests_and_every_call_is_counted() {
         "address_controller_client_rate_limiter_duration_seconds_sum",
     )
     .unwrap_or(0.0);
-    let requests: f64 = m
-        .lines()
-        .filter(|l| l.starts_with("address_controller_client_requests_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let requests = address_controller_tests::sum_samples(
+        &m,
+        "address_controller_client_requests_total{",
+        |_| true,
+    );
     // 5 binds are 20 writes; at 5/s with a burst of 1, the queue alone waits seconds.
     assert!(requests >= 20.0, "{requests} requests:\n{m}");
     assert!(

@@ -406,14 +406,11 @@ async fn a_class_says_whether_a_driver_with_a_live_lease_serves_it() {
     let settled = e.writes(&e.ctl.user).len();
     let passes = || async {
         let m = e.ctl.metrics().await?;
-        Ok::<f64, anyhow::Error>(
-            m.lines()
-                .filter(|l| {
-                    l.starts_with("address_controller_reconcile_total{controller=\"class\"")
-                })
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum(),
-        )
+        Ok::<f64, anyhow::Error>(address_controller_tests::sum_samples(
+            &m,
+            "address_controller_reconcile_total{controller=\"class\"",
+            |_| true,
+        ))
     };
     let before = passes().await.unwrap();
     wait_for("two class passes at rest", WAIT, || async {

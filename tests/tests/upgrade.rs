@@ -20,7 +20,7 @@ use address_controller_tests::chart::{Release, Runner, chart_dir, run_helm, valu
 use address_controller_tests::env::tempdir;
 use address_controller_tests::{
     Cluster, ControllerProcess, PrivateCluster, binary, create_object, free_port, repo_root,
-    wait_for,
+    sum_samples, wait_for,
 };
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -279,19 +279,10 @@ spec: {provisioner: static.example}
     // ... and its queues are empty, nothing running: every pass it had to make is made.
     wait_for("the new controller's queues drained", WAIT, || async {
         let m = new_ctl.metrics().await?;
-        let busy: f64 = m
-            .lines()
-            .filter(|l| {
-                l.starts_with("address_controller_workqueue_depth{")
-                    && !l.contains("state=\"delayed\"")
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum();
-        let passes: f64 = m
-            .lines()
-            .filter(|l| l.starts_with("address_controller_reconcile_total{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum();
+        let busy = sum_samples(&m, "address_controller_workqueue_depth{", |l| {
+            !l.contains("state=\"delayed\"")
+        });
+        let passes = sum_samples(&m, "address_controller_reconcile_total{", |_| true);
         Ok((busy == 0.0 && passes >= 10.0).then_some(()))
     })
     .await
