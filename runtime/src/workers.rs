@@ -138,36 +138,44 @@ pub async fn run<K, F, Fut, E>(
                     queue.add(key);
                     continue;
                 }
-                let start = Instant::now();
-                let result = reconcile(key.clone()).await;
-                let label = match &result {
-                    Ok(_) => "success",
-                    Err(e) => e.category(),
-                };
-                observe(controller, label, start.elapsed());
-                match result {
-                    Ok(Outcome::Done) => queue.forget(&key),
-                    Ok(Outcome::RequeueAfter(d)) => {
-                        queue.forget(&key);
-                        queue.add_after(key.clone(), d);
-                    }
-                    Err(e) => match e.retry() {
-                        Retry::Backoff => {
-                            let delay = queue.add_backoff(key.clone());
-                            let failures = queue.failures(&key);
-                            if failures >= 3 {
-                                tracing::warn!(controller, %key, failures, ?delay, error = %e, "pass failed");
-                            } else {
-                                tracing::debug!(controller, %key, ?delay, error = %e, "pass failed");
-                            }
-                        }
-                        Retry::Never => {
-                            tracing::debug!(controller, %key, error = %e, "pass failed; not retried");
+                {
+                    let start = Instant::now();
+                    let result = reconcile(key.clone()).await;
+                    let label = match &result {
+                        Ok(_) => "success",
+                        Err(e) => e.category(),
+                    };
+                    observe(controller, label, start.elapsed());
+                    match result {
+                        Ok(Outcome::Done) => queue.forget(&key),
+                        Ok(Outcome::RequeueAfter(d)) => {
                             queue.forget(&key);
+                            queue.add_after(key.clone(), d);
                         }
-                    },
+                        Err(e) => match e.retry() {
+                            Retry::Backoff => {
+                                let delay = queue.add_backoff(key.clone());
+                                let failures = queue.failures(&key);
+                                if failures >= 3 {
+                                    tracing::warn!(controller, %key, failures, ?delay, error = %e, "pass failed");
+                                } else {
+                                    tracing::debug!(controller, %key, ?delay, error = %e, "pass failed");
+                                }
+                            }
+                            Retry::Never => {
+                                tracing::debug!(controller, %key, error = %e, "pass failed; not retried");
+                                queue.forget(&key);
+                            }
+                        },
+                    }
+                    queue.done(&key);
                 }
-                queue.done(&key);
+                // A pass that waited on nothing (a cache read and no write — every pass over
+                // a settled object) never returned to the runtime, nor did `next` with keys
+                // ready: a queue of 100,000 held both runtime threads until it was empty, and
+                // a new leader missed its lease renewal behind its first pass over
+                // everything. Now every worker gives way once its cooperative budget is spent.
+                tokio::task::coop::consume_budget().await;
             }
         });
     }
@@ -236,6 +244,53 @@ mod tests {
         let mut got = seen.lock().unwrap().clone();
         got.sort();
         assert_eq!(got, ["flaky", "flaky", "flaky", "gone", "ok"]);
+        queue.shut_down();
+        runner.await.unwrap();
+    }
+
+    /// Passes that finish without waiting on anything do not hold the runtime thread for the
+    /// whole queue: a timer (the lease's renewal) fires while the queue is still being worked
+    /// off.
+    #[tokio::test(flavor = "current_thread")]
+    async fn workers_give_way_to_other_tasks_between_passes() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        const N: usize = 20_000;
+        let leadership = Leadership::follower();
+        leadership_set(&leadership, true);
+        let gate = Gate::new(leadership, Health::new(Bounds::default()));
+        let queue = Arc::new(Queue::<String>::new(Default::default()));
+        queue.add_all((0..N).map(|i| format!("k{i}")));
+        let done = Arc::new(AtomicUsize::new(0));
+        let runner = {
+            let done = done.clone();
+            tokio::spawn(run(
+                "test",
+                queue.clone(),
+                2,
+                gate,
+                move |_k: String| {
+                    let done = done.clone();
+                    async move {
+                        done.fetch_add(1, Ordering::Relaxed);
+                        Ok::<_, E>(Outcome::Done)
+                    }
+                },
+                Arc::new(|_, _, _| {}),
+            ))
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let at_timer = done.load(Ordering::Relaxed);
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while done.load(Ordering::Relaxed) < N {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .unwrap();
+        assert!(
+            at_timer < N,
+            "the timer fired only after every pass ({at_timer} of {N})"
+        );
         queue.shut_down();
         runner.await.unwrap();
     }
