@@ -198,13 +198,18 @@ pub async fn run(ctx: Arc<Context>, settings: Settings) {
             let ctx = ctx.clone();
             async move {
                 tracing::info!("leading: examining every object");
-                ctx.queues
-                    .addresses
-                    .add_all(ctx.world.addresses.store.keys());
-                ctx.queues.claims.add_all(ctx.world.claims.store.keys());
-                ctx.queues.classes.add_all(ctx.world.classes.store.keys());
+                // Claims first: what a tenant waits for. In chunks: the workers start on the
+                // first keys while the rest are queued.
+                let q = &ctx.queues;
+                q.claims
+                    .add_all_in_chunks(ctx.world.claims.store.keys())
+                    .await;
+                q.addresses
+                    .add_all_in_chunks(ctx.world.addresses.store.keys())
+                    .await;
+                q.classes.add_all(ctx.world.classes.store.keys());
                 if let Some(s) = &ctx.world.services {
-                    ctx.queues.services.add_all(s.store.keys());
+                    q.services.add_all_in_chunks(s.store.keys()).await;
                 }
             }
         })

@@ -73,6 +73,9 @@ struct State<K> {
     wait: WaitHistogram,
 }
 
+/// Keys queued under one lock by [`Queue::add_all_in_chunks`].
+pub const CHUNK: usize = 1_000;
+
 /// Upper bounds (seconds) of the queue-wait histogram's buckets.
 pub const WAIT_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0];
 
@@ -173,6 +176,17 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         drop(s);
         for _ in 0..n {
             self.notify.notify_one();
+        }
+    }
+
+    /// Queues every key of `keys` in chunks of [`CHUNK`], giving way between them — for a
+    /// new leader's every object: 200,000 keys under one lock held every worker waiting on
+    /// it (and the runtime threads they run on) for a second.
+    pub async fn add_all_in_chunks(&self, keys: Vec<K>) {
+        let mut keys = keys.into_iter().peekable();
+        while keys.peek().is_some() {
+            self.add_all(keys.by_ref().take(CHUNK));
+            tokio::task::yield_now().await;
         }
     }
 
@@ -359,9 +373,27 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use std::sync::Arc;
 
     fn q() -> Queue<String> {
         Queue::new(Backoff::default())
+    }
+
+    /// Every key queued once, a chunk at a time: another task runs between the chunks.
+    #[tokio::test(flavor = "current_thread")]
+    async fn keys_added_in_chunks_give_way_between_them() {
+        let q = Arc::new(q());
+        let n = 3 * CHUNK + 7;
+        let mut keys: Vec<String> = (0..n).map(|i| format!("k{i:05}")).collect();
+        keys.push("k00000".into());
+        let seen = {
+            let q = q.clone();
+            // Runs at the first yield: by then one chunk is queued, not all of them.
+            tokio::spawn(async move { q.depth().0 })
+        };
+        q.add_all_in_chunks(keys).await;
+        assert_eq!(seen.await.unwrap(), CHUNK);
+        assert_eq!(q.depth().0, n, "each key once");
     }
 
     #[tokio::test]
