@@ -138,6 +138,8 @@ pub async fn run<K, F, Fut, E>(
                     queue.add(key);
                     continue;
                 }
+                // The pass's result ends in this block, before the yield below: its error
+                // type need not be Send.
                 {
                     let start = Instant::now();
                     let result = reconcile(key.clone()).await;
