@@ -383,7 +383,7 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
             "leadership",
             leadership.acquired().for_each(move |()| {
                 let c = c.clone();
-                async move { queue_everything(&c) }
+                async move { queue_everything(&c).await }
             }),
         );
     }
@@ -508,54 +508,63 @@ fn register<D: Driver>(ctx: &Arc<runner::Ctx<D>>) {
             .classes
             .add_all(c.our_classes().iter().map(|k| k.name_any()));
         if ch.object().is_some_and(|k| c.ours(k)) {
-            queue_claims(&c);
-            queue_addresses(&c);
+            c.queues.claims.add_all(claims_to_examine(&c));
+            c.queues.addresses.add_all(addresses_to_examine(&c));
         }
     });
 }
 
-fn queue_addresses<D: Driver>(c: &runner::Ctx<D>) {
-    c.queues.addresses.add_all(
-        c.world
-            .addresses
-            .store
-            .all()
-            .iter()
-            .filter(|a| c.owns(a) || c.driver.finalizer().is_some())
-            .map(|a| a.name_any()),
-    );
+/// The addresses this driver examines: its own, or every one when it holds a finalizer.
+fn addresses_to_examine<D: Driver>(c: &runner::Ctx<D>) -> Vec<String> {
+    c.world
+        .addresses
+        .store
+        .all()
+        .iter()
+        .filter(|a| c.owns(a) || c.driver.finalizer().is_some())
+        .map(|a| a.name_any())
+        .collect()
 }
 
-fn queue_claims<D: Driver>(c: &runner::Ctx<D>) {
-    c.queues.claims.add_all(
-        c.world
-            .claims
-            .store
-            .all()
-            .iter()
-            .filter(|k| c.stamped(k))
-            .map(|k| key_of(k.as_ref())),
-    );
+/// The claims stamped with a class of this driver.
+fn claims_to_examine<D: Driver>(c: &runner::Ctx<D>) -> Vec<String> {
+    c.world
+        .claims
+        .store
+        .all()
+        .iter()
+        .filter(|k| c.stamped(k))
+        .map(|k| key_of(k.as_ref()))
+        .collect()
 }
 
-fn queue_everything<D: Driver>(c: &runner::Ctx<D>) {
+/// A new leader examines every object of this driver — claims first, what a tenant waits
+/// for — in chunks, so the workers start on the first keys while the rest are queued and the
+/// lease's renewal is not held up behind 100,000 keys under one lock.
+async fn queue_everything<D: Driver>(c: &runner::Ctx<D>) {
     tracing::info!("leading: examining every claim and class of this driver");
-    queue_claims(c);
+    c.queues
+        .claims
+        .add_all_in_chunks(claims_to_examine(c))
+        .await;
     c.queues
         .classes
         .add_all(c.our_classes().iter().map(|k| k.name_any()));
-    queue_addresses(c);
+    c.queues
+        .addresses
+        .add_all_in_chunks(addresses_to_examine(c))
+        .await;
     if let Some(services) = &c.world.services {
-        c.queues.services.add_all(
-            services
-                .store
-                .all()
-                .iter()
-                .filter(|s| {
-                    association::claim_annotation(s).is_some()
-                        || s.annotations().contains_key(&c.marker)
-                })
-                .map(|s| key_of(s.as_ref())),
-        );
+        let keys = services
+            .store
+            .all()
+            .iter()
+            .filter(|s| {
+                association::claim_annotation(s).is_some()
+                    || s.annotations().contains_key(&c.marker)
+            })
+            .map(|s| key_of(s.as_ref()))
+            .collect();
+        c.queues.services.add_all_in_chunks(keys).await;
     }
 }
