@@ -9,92 +9,14 @@
 //! and 100-watcher phases run a fifth of it each. ADDRESS_CONTROLLER_BENCH_RATE (default
 //! 10) is claim changes per second.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use address_controller_tests::bench::{Seen, view_watcher};
 use address_controller_tests::env::env;
 use address_controller_tests::{Cluster, TestNamespace, cpu_time};
-use futures::{StreamExt, TryStreamExt};
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams,
-};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
-
-/// What the watchers saw: when each claim (`namespace/name`) first appeared, per watcher.
-#[derive(Default)]
-struct Seen {
-    first: HashMap<(usize, String), Instant>,
-    events: u64,
-    relists: u64,
-    rewatches: u64,
-}
-
-fn resource() -> ApiResource {
-    ApiResource {
-        group: "view.local.sdn.cozystack.io".into(),
-        version: "v1alpha1".into(),
-        api_version: "view.local.sdn.cozystack.io/v1alpha1".into(),
-        kind: "NamespaceAddresses".into(),
-        plural: "namespaceaddresses".into(),
-    }
-}
-
-fn note(seen: &Mutex<Seen>, watcher: usize, o: &DynamicObject, at: Instant) {
-    let ns = o.metadata.name.clone().unwrap_or_default();
-    let mut s = seen.lock().expect("lock");
-    for c in o.data["claims"].as_array().into_iter().flatten() {
-        if let Some(name) = c["name"].as_str() {
-            s.first
-                .entry((watcher, format!("{ns}/{name}")))
-                .or_insert(at);
-        }
-    }
-}
-
-/// One informer-like watcher until `stop`.
-async fn watcher(client: kube::Client, id: usize, seen: Arc<Mutex<Seen>>, stop: Instant) {
-    let api: Api<DynamicObject> = Api::all_with(client, &resource());
-    let mut rv: Option<String> = None;
-    while Instant::now() < stop {
-        let from = match &rv {
-            Some(v) => v.clone(),
-            None => {
-                let list = api.list(&ListParams::default()).await.expect("list");
-                for o in &list.items {
-                    note(&seen, id, o, Instant::now());
-                }
-                seen.lock().expect("lock").relists += 1;
-                list.metadata.resource_version.unwrap_or_default()
-            }
-        };
-        rv = Some(from.clone());
-        let params = WatchParams::default().timeout(60);
-        let mut stream = api.watch(&params, &from).await.expect("watch").boxed();
-        loop {
-            let next = tokio::time::timeout_at(stop.into(), stream.try_next()).await;
-            match next {
-                Err(_) => return,
-                Ok(Ok(Some(
-                    WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o),
-                ))) => {
-                    note(&seen, id, &o, Instant::now());
-                    seen.lock().expect("lock").events += 1;
-                    rv = o.metadata.resource_version.clone();
-                }
-                Ok(Ok(Some(WatchEvent::Bookmark(b)))) => rv = Some(b.metadata.resource_version),
-                Ok(Ok(Some(WatchEvent::Error(e)))) => {
-                    if e.code == 410 {
-                        rv = None;
-                    }
-                    break;
-                }
-                Ok(Ok(None)) | Ok(Err(_)) => break,
-            }
-        }
-        seen.lock().expect("lock").rewatches += 1;
-    }
-}
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
@@ -138,9 +60,10 @@ async fn main() {
         let stop = Instant::now() + Duration::from_secs(secs);
         let mut tasks = Vec::new();
         for id in 0..watchers {
-            tasks.push(tokio::spawn(watcher(
+            tasks.push(tokio::spawn(view_watcher(
                 client.clone(),
                 id,
+                None,
                 seen.clone(),
                 stop,
             )));

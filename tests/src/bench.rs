@@ -1,14 +1,16 @@
 //! What the benchmarks share: a control plane of their own, kube-apiserver's write counters,
-//! its process, bulk creation, and percentiles.
+//! its process, bulk creation, percentiles, and informer-like watchers of the views.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use anyhow::{Result, bail};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::runtime::watcher::watcher;
 use serde_json::Value;
 
@@ -273,6 +275,114 @@ pub async fn apply_protection_policy(client: &Client) -> Result<()> {
         },
     )
     .await
+}
+
+/// What informer-like watchers of `namespaceaddresses` saw: when each claim
+/// (`namespace/name`) first appeared in a watcher's view, per watcher id.
+#[derive(Default)]
+pub struct Seen {
+    pub first: HashMap<(usize, String), Instant>,
+    pub events: u64,
+    /// Lists, each watcher's first included.
+    pub relists: u64,
+    pub rewatches: u64,
+    /// Lists or watches kube-apiserver refused (a 429 under a burst of lists): retried
+    /// after a pause, as a reflector backs off.
+    pub refused: u64,
+}
+
+/// The `namespaceaddresses` view.
+pub fn namespace_addresses() -> ApiResource {
+    ApiResource {
+        group: "view.local.sdn.cozystack.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "view.local.sdn.cozystack.io/v1alpha1".into(),
+        kind: "NamespaceAddresses".into(),
+        plural: "namespaceaddresses".into(),
+    }
+}
+
+fn note(seen: &Mutex<Seen>, watcher: usize, o: &DynamicObject, at: Instant) {
+    let ns = o.metadata.name.clone().unwrap_or_default();
+    let mut s = seen.lock().expect("lock");
+    for c in o.data["claims"].as_array().into_iter().flatten() {
+        if let Some(name) = c["name"].as_str() {
+            s.first
+                .entry((watcher, format!("{ns}/{name}")))
+                .or_insert(at);
+        }
+    }
+}
+
+/// One informer-like watcher of `namespaceaddresses` — of every namespace's, or of one
+/// namespace's (`only`: a field selector on the object's name, as a tenant's informer has
+/// it) — until `stop`: it lists, then watches from the list's resourceVersion with
+/// bookmarks and a 60 s server timeout, watching again from the last resourceVersion it saw
+/// (a relist only on 410).
+pub async fn view_watcher(
+    client: Client,
+    id: usize,
+    only: Option<String>,
+    seen: Arc<Mutex<Seen>>,
+    stop: Instant,
+) {
+    let api: Api<DynamicObject> = Api::all_with(client, &namespace_addresses());
+    let fields = only.map(|ns| format!("metadata.name={ns}"));
+    let mut lp = ListParams::default();
+    let mut wp = WatchParams::default().timeout(60);
+    if let Some(f) = &fields {
+        lp = lp.fields(f);
+        wp = wp.fields(f);
+    }
+    let refused = || {
+        seen.lock().expect("lock").refused += 1;
+        tokio::time::sleep(Duration::from_millis(200))
+    };
+    let mut rv: Option<String> = None;
+    while Instant::now() < stop {
+        let from = match &rv {
+            Some(v) => v.clone(),
+            None => {
+                let Ok(list) = api.list(&lp).await else {
+                    refused().await;
+                    continue;
+                };
+                for o in &list.items {
+                    note(&seen, id, o, Instant::now());
+                }
+                seen.lock().expect("lock").relists += 1;
+                list.metadata.resource_version.unwrap_or_default()
+            }
+        };
+        rv = Some(from.clone());
+        let Ok(stream) = api.watch(&wp, &from).await else {
+            refused().await;
+            continue;
+        };
+        let mut stream = stream.boxed();
+        loop {
+            let next = tokio::time::timeout_at(stop.into(), stream.try_next()).await;
+            match next {
+                Err(_) => return,
+                Ok(Ok(Some(
+                    WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o),
+                ))) => {
+                    note(&seen, id, &o, Instant::now());
+                    seen.lock().expect("lock").events += 1;
+                    rv = o.metadata.resource_version.clone();
+                }
+                Ok(Ok(Some(WatchEvent::Bookmark(b)))) => rv = Some(b.metadata.resource_version),
+                Ok(Ok(Some(WatchEvent::Error(e)))) => {
+                    if e.code == 410 {
+                        rv = None;
+                    }
+                    break;
+                }
+                Ok(Ok(None)) | Ok(Err(_)) => break,
+            }
+        }
+        seen.lock().expect("lock").rewatches += 1;
+    }
 }
 
 #[cfg(test)]

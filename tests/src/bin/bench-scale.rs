@@ -22,17 +22,23 @@
 //! namespaceaddresses -A` and `kubectl get poolavailabilities` next to `kubectl get
 //! ipaddressclaims -A` (median of 10; of 3 past 20,000); a leader takeover — two replicas
 //! on a 3 s lease, the leader SIGKILLed, a claim created at once: kill → the lease held by
-//! the other replica, and from then to that claim Bound.
+//! the other replica, from then to that claim Bound, and whether the new leader kept the
+//! lease; watch fan-out — `--watchers N` (default 1,000, at most one per namespace)
+//! tenant-style informers of `namespaceaddresses`, each of its namespace, started at once,
+//! then 600 claims created at 20 a second in their namespaces: time to all listed and
+//! watching, change → seen p50 / p99, the controller's and kube-apiserver's cores, and a
+//! `GET` of a namespace's p99 before and during (the cluster around the views).
 //!
 //! Sizes past 20,000 (`--sizes 100000`: the big cluster, not in CI) run with an etcd quota
 //! of 8 GiB: etcd's default of 2 GiB is about what 200,000 objects and their first writes
 //! take before a compaction.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use address_controller_tests::bench::{
-    apply_protection_policy, bound_claims, create_all, create_namespaces, delta, ipv4, kas_pid,
-    on_own_control_plane, writes,
+    Seen, apply_protection_policy, bound_claims, create_all, create_namespaces, delta, ipv4,
+    kas_pid, on_own_control_plane, quantile, view_watcher, writes,
 };
 use address_controller_tests::env::{
     RANGE_PROVISIONER, fast_lease, lease_holder, register_views_at,
@@ -82,10 +88,12 @@ fn main() -> Result<()> {
     let mut driver_sizes = sizes("1000,10000")?;
     let mut protection = true;
     let mut floor = true;
+    let mut watchers = 1_000;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--no-protection-policy" => protection = false,
             "--no-write-floor" => floor = false,
+            "--watchers" => watchers = args.next().context("--watchers needs a value")?.parse()?,
             "--sizes" => static_sizes = sizes(&args.next().context("--sizes needs a value")?)?,
             "--driver-sizes" => {
                 driver_sizes = sizes(&args.next().context("--driver-sizes needs a value")?)?
@@ -100,7 +108,7 @@ fn main() -> Result<()> {
                 let runtime = tokio::runtime::Builder::new_multi_thread()
                     .enable_all()
                     .build()?;
-                let row = runtime.block_on(one(mode, n, protection, floor))?;
+                let row = runtime.block_on(one(mode, n, protection, floor, watchers))?;
                 println!("ROW {row}");
                 return Ok(());
             }
@@ -123,6 +131,7 @@ fn main() -> Result<()> {
         let out = std::process::Command::new(std::env::current_exe()?)
             .args(policy)
             .args((!floor).then_some("--no-write-floor"))
+            .args(["--watchers", &watchers.to_string()])
             .args(["--one", mode.name(), &n.to_string()])
             .stderr(std::process::Stdio::inherit())
             .output()?;
@@ -139,7 +148,7 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-const HEADER: &str = "| run | N | to all Bound | binds/s | writes/bind (claims+addresses) | events/bind | pool intake writes/address | ctl CPU per 1k binds | peak RSS | RSS/object | view store (objects + history) | restart → ready | list floor | writes 10 s after | kube-apiserver CPU/bind | write floor | bind/floor | namespaceaddresses -A | poolavailabilities | ipaddressclaims -A | takeover: kill → lease, lease → first Bound |";
+const HEADER: &str = "| run | N | to all Bound | binds/s | writes/bind (claims+addresses) | events/bind | pool intake writes/address | ctl CPU per 1k binds | peak RSS | RSS/object | view store (objects + history) | restart → ready | list floor | writes 10 s after | kube-apiserver CPU/bind | write floor | bind/floor | namespaceaddresses -A | poolavailabilities | ipaddressclaims -A | takeover: kill → lease, lease → first Bound, kept | fan-out: watchers, synced in, change → seen p50 / p99, ctl + kas cores | GET p99 before / during fan-out |";
 
 fn line(r: &Value) -> String {
     let f = |k: &str, d: usize| match r[k].as_f64() {
@@ -147,7 +156,7 @@ fn line(r: &Value) -> String {
         None => "—".into(),
     };
     format!(
-        "| {} | {} | {} s | {} | {} | {} | {} | {} s | {} MiB | {} KiB | {} + {} MiB | {} s | {} s | {} | {} ms | {} | {} | {} ms | {} ms | {} ms | {} s, {} s |",
+        "| {} | {} | {} s | {} | {} | {} | {} | {} s | {} MiB | {} KiB | {} + {} MiB | {} s | {} s | {} | {} ms | {} | {} | {} ms | {} ms | {} ms | {} s, {} s, {} | {}, {} s, {} / {} ms, {} + {} | {} / {} ms |",
         r["mode"].as_str().unwrap_or(""),
         r["n"],
         f("bind_s", 1),
@@ -174,6 +183,19 @@ fn line(r: &Value) -> String {
         f("claims_list_ms", 0),
         f("takeover_lease_s", 2),
         f("takeover_act_s", 2),
+        match r["takeover_kept"].as_bool() {
+            Some(true) => "kept",
+            Some(false) => "LOST",
+            None => "—",
+        },
+        r["fanout_watchers"],
+        f("fanout_synced_s", 2),
+        f("fanout_seen_p50_ms", 1),
+        f("fanout_seen_p99_ms", 1),
+        f("fanout_ctl_cores", 3),
+        f("fanout_kas_cores", 3),
+        f("get_p99_before_ms", 1),
+        f("get_p99_during_ms", 1),
     )
 }
 
@@ -244,10 +266,11 @@ async fn controller_electing(
 /// A leader takeover at this size: two replicas electing on a 3 s lease, each ready (its
 /// caches hold every object), a free address taken in by the leader; then the leader is
 /// SIGKILLed and a claim created at once. Returns (kill → the lease held by the other,
-/// the lease held → the claim Bound): the first is the lease's duration, whatever the
-/// size; the second is what the new leader does before it acts — at 20,000 claims,
-/// whether its first claim waits behind a pass over everything it caches.
-async fn takeover(client: &Client, n: usize, namespace: &str) -> Result<(f64, f64)> {
+/// the lease held → the claim Bound, whether the new leader still holds the lease two
+/// lease durations later): the first is the lease's duration, whatever the size; the
+/// second is what the new leader does before it acts — whether its first claim waits
+/// behind a pass over everything it caches.
+async fn takeover(client: &Client, n: usize, namespace: &str) -> Result<(f64, f64, bool)> {
     let lease = "bench-takeover";
     let election = fast_lease(lease);
     let a = controller_electing("ctl-takeover-a", free_port(), &election).await?;
@@ -314,20 +337,202 @@ async fn takeover(client: &Client, n: usize, namespace: &str) -> Result<(f64, f6
         },
     )
     .await?;
+    // Did it keep the lease through its first pass over everything? Watched for two lease
+    // durations after the bind: at 100,000 a new leader once lost it there, starved.
+    let mut b = b;
+    let watch_until = Instant::now() + Duration::from_secs(6);
+    let mut kept = true;
+    while Instant::now() < watch_until {
+        if !b.running() || lease_holder(client, lease).await?.as_deref() != Some("ctl-takeover-b") {
+            kept = false;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     drop(b);
-    Ok((held.as_secs_f64(), (bound - held).as_secs_f64()))
+    Ok((held.as_secs_f64(), (bound - held).as_secs_f64(), kept))
 }
 
-async fn one(mode: Mode, n: usize, protection: bool, floor: bool) -> Result<Value> {
+/// What [`fanout`] measured.
+struct Fanout {
+    watchers: usize,
+    /// Watchers started → every one listed and watching.
+    synced_s: f64,
+    /// Claim created → seen by its namespace's watcher (p50, p99, max), ms.
+    seen_ms: [f64; 3],
+    missed: usize,
+    relists: u64,
+    refused: u64,
+    /// Cores used during the change phase.
+    ctl_cores: f64,
+    kas_cores: f64,
+    /// The controller's RSS added by the watchers, KiB per watcher.
+    rss_per_watcher_kib: f64,
+    /// p99 of a `GET` of a namespace through kube-apiserver before the watchers and while
+    /// they watch, ms: the cluster around the views.
+    get_p99_ms: [f64; 2],
+}
+
+/// Watch fan-out: `w` tenant-style informers of `namespaceaddresses` through kube-apiserver,
+/// each of one namespace (a field selector on the object's name), all started at once over
+/// one client; then claims created at 20 a second for 30 s in the watched namespaces.
+async fn fanout(
+    client: &Client,
+    ctl: &ControllerProcess,
+    names: &[String],
+    w: usize,
+) -> Result<Fanout> {
+    let kas = kas_pid()?;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let probe = |n: usize| {
+        let namespaces = namespaces.clone();
+        async move {
+            let mut ms = Vec::new();
+            for _ in 0..n {
+                let t = Instant::now();
+                namespaces.get("default").await?;
+                ms.push(t.elapsed().as_secs_f64() * 1000.0);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            ms.sort_by(f64::total_cmp);
+            anyhow::Ok(quantile(&ms, 0.99).unwrap_or(f64::NAN))
+        }
+    };
+    let get_before = probe(100).await?;
+    let rss0 = rss_bytes(ctl.pid())?;
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let stop = Instant::now() + Duration::from_secs(3600);
+    let started = Instant::now();
+    let tasks: Vec<_> = names
+        .iter()
+        .take(w)
+        .enumerate()
+        .map(|(id, ns)| {
+            tokio::spawn(view_watcher(
+                client.clone(),
+                id,
+                Some(ns.clone()),
+                seen.clone(),
+                stop,
+            ))
+        })
+        .collect();
+    wait_for_every(
+        "every watcher listed",
+        Duration::from_secs(600),
+        Duration::from_millis(50),
+        || async { Ok((seen.lock().expect("lock").relists >= w as u64).then_some(())) },
+    )
+    .await?;
+    let synced = started.elapsed();
+    let (ctl0, kas0) = (cpu_time(ctl.pid())?, cpu_time(kas)?);
+    let t0 = Instant::now();
+    let during = tokio::spawn(probe(200));
+    let mut created = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    for i in 0..600usize {
+        tick.tick().await;
+        let ns = &names[(i * 7) % w];
+        let claims: Api<address_controller_api::IPAddressClaim> =
+            Api::namespaced(client.clone(), ns);
+        let name = format!("fanout-{i}");
+        claims
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(
+                    json!({"metadata": {"name": name}, "spec": {"className": "none"}}),
+                )?,
+            )
+            .await?;
+        created.push(((i * 7) % w, format!("{ns}/{name}"), Instant::now()));
+    }
+    let seen_all = wait_for_every(
+        "every change seen",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || async {
+            let s = seen.lock().expect("lock");
+            Ok(created
+                .iter()
+                .all(|(id, key, _)| s.first.contains_key(&(*id, key.clone())))
+                .then_some(()))
+        },
+    )
+    .await;
+    let elapsed = t0.elapsed().as_secs_f64();
+    let (ctl_cpu, kas_cpu) = (
+        cpu_time(ctl.pid())?.saturating_sub(ctl0),
+        cpu_time(kas)?.saturating_sub(kas0),
+    );
+    let rss1 = rss_bytes(ctl.pid())?;
+    let get_during = during.await??;
+    for t in &tasks {
+        t.abort();
+    }
+    let (mut ms, missed, relists, refused) = {
+        let s = seen.lock().expect("lock");
+        let mut ms = Vec::new();
+        let mut missed = 0;
+        for (id, key, at) in &created {
+            match s.first.get(&(*id, key.clone())) {
+                Some(seen_at) => {
+                    ms.push(seen_at.saturating_duration_since(*at).as_secs_f64() * 1000.0)
+                }
+                None => missed += 1,
+            }
+        }
+        (ms, missed, s.relists - w as u64, s.refused)
+    };
+    if let Err(e) = seen_all {
+        eprintln!("fan-out: {missed} changes never seen: {e:#}");
+    }
+    ms.sort_by(f64::total_cmp);
+    for (_, key, _) in &created {
+        let (ns, name) = key.split_once('/').context("key")?;
+        let claims: Api<address_controller_api::IPAddressClaim> =
+            Api::namespaced(client.clone(), ns);
+        claims.delete(name, &Default::default()).await?;
+    }
+    let q = |p: f64| quantile(&ms, p).unwrap_or(f64::NAN);
+    Ok(Fanout {
+        watchers: w,
+        synced_s: synced.as_secs_f64(),
+        seen_ms: [q(0.5), q(0.99), q(1.0)],
+        missed,
+        relists,
+        refused,
+        ctl_cores: ctl_cpu.as_secs_f64() / elapsed,
+        kas_cores: kas_cpu.as_secs_f64() / elapsed,
+        rss_per_watcher_kib: (rss1 as f64 - rss0 as f64) / 1024.0 / w as f64,
+        get_p99_ms: [get_before, get_during],
+    })
+}
+
+async fn one(
+    mode: Mode,
+    n: usize,
+    protection: bool,
+    floor: bool,
+    watchers: usize,
+) -> Result<Value> {
     let env: &[(&str, &str)] = if n > 20_000 {
         &[("AC_ETCD_QUOTA_BYTES", "8589934592")]
     } else {
         &[]
     };
-    on_own_control_plane("ac-scale", env, || measure(mode, n, protection, floor)).await
+    on_own_control_plane("ac-scale", env, || {
+        measure(mode, n, protection, floor, watchers)
+    })
+    .await
 }
 
-async fn measure(mode: Mode, n: usize, protection: bool, with_floor: bool) -> Result<Value> {
+async fn measure(
+    mode: Mode,
+    n: usize,
+    protection: bool,
+    with_floor: bool,
+    watchers: usize,
+) -> Result<Value> {
     let (_, client) = setup().await;
     if protection {
         apply_protection_policy(&client).await?;
@@ -522,10 +727,25 @@ async fn measure(mode: Mode, n: usize, protection: bool, with_floor: bool) -> Re
     let views_ms = median_ms(&["get", "namespaceaddresses", "-A"], samples)?;
     let pools_ms = median_ms(&["get", "poolavailabilities"], samples)?;
     let claims_ms = median_ms(&["get", "ipaddressclaims", "-A"], samples)?;
-    drop(ctl);
-    let (takeover_lease, takeover_act) = takeover(&client, n, &names[0]).await?;
+    let fan = fanout(&client, &ctl, &names, watchers.clamp(1, names.len())).await?;
     eprintln!(
-        "takeover: SIGKILL → lease held by the other replica {takeover_lease:.2} s; → its first claim Bound {takeover_act:.2} s later"
+        "fan-out: {} watchers listed and watching in {:.2} s; change → seen p50 / p99 / max {:.1?} ms ({} never seen, {} relists, {} refused); controller {:.3} cores, kube-apiserver {:.3} cores; {:.1} KiB per watcher; GET p99 {:.1?} ms (before, during)",
+        fan.watchers,
+        fan.synced_s,
+        fan.seen_ms,
+        fan.missed,
+        fan.relists,
+        fan.refused,
+        fan.ctl_cores,
+        fan.kas_cores,
+        fan.rss_per_watcher_kib,
+        fan.get_p99_ms
+    );
+    drop(ctl);
+    let (takeover_lease, takeover_act, takeover_kept) = takeover(&client, n, &names[0]).await?;
+    eprintln!(
+        "takeover: SIGKILL → lease held by the other replica {takeover_lease:.2} s; → its first claim Bound {takeover_act:.2} s later; lease {} for 6 s after",
+        if takeover_kept { "kept" } else { "LOST" }
     );
 
     // The write floor: the bind's writes by a plain client.
@@ -548,6 +768,13 @@ async fn measure(mode: Mode, n: usize, protection: bool, with_floor: bool) -> Re
         "floor_s": floor, "bind_over_floor": floor.map(|f| secs / f),
         "views_list_ms": views_ms, "pools_list_ms": pools_ms, "claims_list_ms": claims_ms,
         "takeover_lease_s": takeover_lease, "takeover_act_s": takeover_act,
+        "takeover_kept": takeover_kept,
+        "fanout_watchers": fan.watchers, "fanout_synced_s": fan.synced_s,
+        "fanout_seen_p50_ms": fan.seen_ms[0], "fanout_seen_p99_ms": fan.seen_ms[1],
+        "fanout_missed": fan.missed, "fanout_relists": fan.relists,
+        "fanout_ctl_cores": fan.ctl_cores, "fanout_kas_cores": fan.kas_cores,
+        "fanout_kib_per_watcher": fan.rss_per_watcher_kib,
+        "get_p99_before_ms": fan.get_p99_ms[0], "get_p99_during_ms": fan.get_p99_ms[1],
     }))
 }
 
