@@ -278,7 +278,7 @@ async fn takeover(client: &Client, n: usize, namespace: &str) -> Result<(f64, f6
         Ok((lease_holder(client, lease).await?.as_deref() == Some("ctl-takeover-a")).then_some(()))
     })
     .await?;
-    let b = controller_electing("ctl-takeover-b", free_port(), &election).await?;
+    let mut b = controller_electing("ctl-takeover-b", free_port(), &election).await?;
     let addresses: Api<address_controller_api::IPAddress> = Api::all(client.clone());
     let address = "a-takeover";
     addresses
@@ -339,7 +339,6 @@ async fn takeover(client: &Client, n: usize, namespace: &str) -> Result<(f64, f6
     .await?;
     // Did it keep the lease through its first pass over everything? Watched for two lease
     // durations after the bind: at 100,000 a new leader once lost it there, starved.
-    let mut b = b;
     let watch_until = Instant::now() + Duration::from_secs(6);
     let mut kept = true;
     while Instant::now() < watch_until {
@@ -432,7 +431,9 @@ async fn fanout(
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     for i in 0..600usize {
         tick.tick().await;
-        let ns = &names[(i * 7) % w];
+        // Spread over the watched namespaces (a step of 7: 600 different ones of 1,000).
+        let id = (i * 7) % w;
+        let ns = &names[id];
         let claims: Api<address_controller_api::IPAddressClaim> =
             Api::namespaced(client.clone(), ns);
         let name = format!("fanout-{i}");
@@ -444,7 +445,7 @@ async fn fanout(
                 )?,
             )
             .await?;
-        created.push(((i * 7) % w, format!("{ns}/{name}"), Instant::now()));
+        created.push((id, format!("{ns}/{name}"), Instant::now()));
     }
     let seen_all = wait_for_every(
         "every change seen",
