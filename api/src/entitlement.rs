@@ -9,7 +9,9 @@ use kube::ResourceExt;
 
 use crate::family::{Family, family_of};
 use crate::names::{condition, reason};
-use crate::{ClaimPhase, IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota};
+use crate::{
+    ClaimPhase, IPAddress, IPAddressClaim, IPAddressClaimStatus, IPAddressClass, IPAddressQuota,
+};
 
 /// Whether a namespace's change can change what it is entitled to (SPEC §13): it
 /// appeared, it went, or its labels changed (no labels and empty labels are the same).
@@ -135,14 +137,23 @@ impl IPAddressClaim {
             })
     }
 
-    /// The families of the claim its status does not list yet.
-    pub fn unlisted_families(&self) -> Vec<Family> {
-        let have: Vec<Family> = self
+    /// The families of the addresses the claim's status lists (SPEC §4.8: the projection of
+    /// the claimRefs naming it), each once.
+    pub fn listed_families(&self) -> Vec<Family> {
+        let mut have: Vec<Family> = self
             .status
             .iter()
             .flat_map(|s| s.addresses.iter())
             .filter_map(|a| family_of(&a.address).ok())
             .collect();
+        have.sort();
+        have.dedup();
+        have
+    }
+
+    /// The families of the claim its status does not list yet.
+    pub fn unlisted_families(&self) -> Vec<Family> {
+        let have = self.listed_families();
         self.spec
             .family
             .families()
@@ -177,11 +188,20 @@ impl IPAddressClaim {
     /// The entitlement reason refusing the claim (`QuotaExceeded` or
     /// `NamespaceNotAdmitted`), when it is `Pending` with one.
     pub fn entitlement_refusal(&self) -> Option<&'static str> {
-        let s = self.status.as_ref()?;
-        if s.phase != Some(ClaimPhase::Pending) {
+        self.status.as_ref()?.entitlement_refusal()
+    }
+}
+
+impl IPAddressClaimStatus {
+    /// See [`IPAddressClaim::entitlement_refusal`].
+    pub fn entitlement_refusal(&self) -> Option<&'static str> {
+        if self.phase != Some(ClaimPhase::Pending) {
             return None;
         }
-        let bound = s.conditions.iter().find(|c| c.type_ == condition::BOUND)?;
+        let bound = self
+            .conditions
+            .iter()
+            .find(|c| c.type_ == condition::BOUND)?;
         [reason::QUOTA_EXCEEDED, reason::NAMESPACE_NOT_ADMITTED]
             .into_iter()
             .find(|r| *r == bound.reason)

@@ -13,6 +13,16 @@
 //! invitation's timed out: they may have landed), or after [`TAKE_TTL`]. Only the leader binds, so with the takes the
 //! count is exact.
 //!
+//! **Two watches, one count.** Claims and addresses come on two watch streams, and either
+//! may run ahead of the other (a reconnect after a kube-apiserver restart, one of them
+//! waiting out a backoff, a new leader's caches). A pass writes its binds before the
+//! claim's status, but the status can arrive first: the claim is `Bound`, its take ends,
+//! and the address it lists is not in the cache yet. So a claim's status counts too: every
+//! family it lists that no cached address serves is counted, in the class it resolved to,
+//! until an address serving it shows ([`IPAddressClaim::listed_families`]). A pass that
+//! invites or binds replaces the claim's invitation by its listing in one write, so the slot
+//! never goes uncounted between the two caches.
+//!
 //! **Who is woken.** A claim refused for an entitlement is not in the free-address pump
 //! (it would be woken, refused and woken again): it is passed again when its namespace's
 //! labels or quotas change, when its class changes, and when the usage of its namespace and
@@ -58,6 +68,10 @@ struct Inner {
     invited_of: HashMap<String, (Scope, Vec<Family>)>,
     /// Takes of passes in flight.
     taken: HashMap<Scope, HashMap<Slot, Instant>>,
+    /// Slots a claim's status lists that no cached address serves yet: the claim's watch
+    /// ahead of the addresses' (see the module documentation). Per scope, and per claim.
+    ahead: HashMap<Scope, BTreeSet<Slot>>,
+    ahead_of: HashMap<String, (Scope, Vec<Family>)>,
     /// namespace → quota key → quota.
     quotas: HashMap<String, BTreeMap<String, Arc<IPAddressQuota>>>,
     /// namespace → Pending claim key → (its class, the entitlement reason refusing it).
@@ -117,12 +131,38 @@ impl Inner {
                     .map(|(s, _)| s),
             );
         }
+        slots.retain(|slot| slot.0 != exclude);
+        // What a claim's status lists is held, its own claim's included.
+        if let Some(set) = self.ahead.get(scope) {
+            slots.extend(set.iter());
+        }
         for slot in slots {
-            if slot.0 != exclude && !self.served.contains_key(slot) {
+            if !self.served.contains_key(slot) {
                 u.add(slot.1, 1);
             }
         }
         u
+    }
+
+    /// An address serving `slot` shows in the cache: a listing ahead of it is counted
+    /// there now. Returns the scope the listing was counted in.
+    fn catch_up(&mut self, slot: &Slot) -> Option<Scope> {
+        let (scope, families) = self.ahead_of.get_mut(&slot.0)?;
+        if !families.contains(&slot.1) {
+            return None;
+        }
+        families.retain(|f| *f != slot.1);
+        let (scope, emptied) = (scope.clone(), families.is_empty());
+        if emptied {
+            self.ahead_of.remove(&slot.0);
+        }
+        if let Some(set) = self.ahead.get_mut(&scope) {
+            set.remove(slot);
+            if set.is_empty() {
+                self.ahead.remove(&scope);
+            }
+        }
+        Some(scope)
     }
 
     fn limits(&self, ns: &str, class: &str) -> Option<Limits> {
@@ -238,6 +278,7 @@ impl QuotaBook {
                     m.remove(slot);
                 }
                 *s.served.entry(slot.clone()).or_default() += 1;
+                dropped.extend(s.catch_up(slot));
             }
             served
         };
@@ -292,6 +333,38 @@ impl QuotaBook {
                 s.invited_of.insert(key.clone(), (scope, families));
             }
         }
+        // The slots its status lists that no cached address serves yet (a claim's status
+        // is written after its binds; its watch may deliver it first).
+        let ahead = new.and_then(|c| {
+            let class = c.status.as_ref()?.class_name.as_deref()?;
+            let families: Vec<Family> = c
+                .listed_families()
+                .into_iter()
+                .filter(|f| !s.served.contains_key(&(key.clone(), *f)))
+                .collect();
+            (!class.is_empty() && !families.is_empty())
+                .then(|| ((ns.clone(), class.to_string()), families))
+        });
+        if s.ahead_of.get(&key) != ahead.as_ref() {
+            if let Some((scope, families)) = s.ahead_of.remove(&key) {
+                if let Some(set) = s.ahead.get_mut(&scope) {
+                    for f in families {
+                        set.remove(&(key.clone(), f));
+                    }
+                    if set.is_empty() {
+                        s.ahead.remove(&scope);
+                    }
+                }
+                dropped.push(scope);
+            }
+            if let Some((scope, families)) = ahead {
+                let set = s.ahead.entry(scope.clone()).or_default();
+                for f in &families {
+                    set.insert((key.clone(), *f));
+                }
+                s.ahead_of.insert(key.clone(), (scope, families));
+            }
+        }
         match new.and_then(pending_entry) {
             Some(entry) => {
                 s.pending
@@ -306,7 +379,8 @@ impl QuotaBook {
                         s.pending.remove(&ns);
                     }
                 }
-                // No longer waiting: its takes are over (counted by its addresses if bound).
+                // No longer waiting: its takes are over (counted by its addresses if bound, or
+                // by its listing until they show).
                 let scopes = s.drop_takes(&key);
                 dropped.extend(scopes);
             }
@@ -379,6 +453,19 @@ impl QuotaBook {
         let limits = s.limits(ns, class)?;
         let used = s.usage(&(ns.to_string(), class.to_string()), claim);
         Some((limits, used))
+    }
+
+    /// How long until the first take counted in (`ns`, `class`) that is not `claim`'s ends
+    /// by its [`TAKE_TTL`] — a write that never showed. A claim refused over quota passes
+    /// again then: no cache change would wake it.
+    pub fn next_take_expiry(&self, ns: &str, class: &str, claim: &str) -> Option<Duration> {
+        let s = self.lock();
+        s.taken
+            .get(&(ns.to_string(), class.to_string()))?
+            .iter()
+            .filter(|((k, _), _)| k != claim)
+            .filter_map(|(_, at)| TAKE_TTL.checked_sub(at.elapsed()))
+            .min()
     }
 
     /// Takes `families` of `class` for `claim`, if they still fit the limits the pass
@@ -494,6 +581,23 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_claim_learns_when_the_takes_it_waits_behind_expire() {
+        let book = QuotaBook::default();
+        book.quota_changed(None, Some(&quota(json!([{"className": "pub", "ipv4": 1}]))));
+        let (limits, _) = book.standing("t", "pub", "t/y").unwrap();
+        assert_eq!(book.next_take_expiry("t", "pub", "t/z"), None);
+        assert!(book.take("t/y", "pub", &[Family::IPv4], &limits));
+        let left = book.next_take_expiry("t", "pub", "t/z").unwrap();
+        assert!(left <= TAKE_TTL && left > TAKE_TTL - Duration::from_secs(5));
+        assert_eq!(
+            book.next_take_expiry("t", "pub", "t/y"),
+            None,
+            "not its own"
+        );
+        assert_eq!(book.next_take_expiry("t", "other", "t/z"), None);
+    }
+
+    #[test]
     fn invitations_count_until_their_address_serves_the_claim() {
         let book = QuotaBook::default();
         book.quota_changed(
@@ -524,6 +628,62 @@ mod tests {
         let s = book.standings();
         assert_eq!(s.len(), 1);
         assert_eq!(s[0].waiting, 1);
+    }
+
+    fn bound(name: &str, listed: &[(&str, &str)]) -> IPAddressClaim {
+        let addresses: Vec<_> = listed
+            .iter()
+            .map(|(n, ip)| json!({"name": n, "address": ip}))
+            .collect();
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": "t"},
+            "spec": {"className": "pub", "family": if listed.len() == 2 { "Dual" } else { "IPv4" }},
+            "status": {"phase": "Bound", "className": "pub", "addresses": addresses}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_claims_status_counts_before_its_address_shows() {
+        // The CI chaos run's namespace at 4 of 3: a bound claim's status arrived before its
+        // address (kube-apiserver restarted; the address watch reconnected later), its take
+        // ended, and a refused claim woken by that took the slot.
+        let book = QuotaBook::default();
+        book.quota_changed(
+            None,
+            Some(&quota(json!([{"className": "pub", "addresses": 2}]))),
+        );
+        book.claim_changed(None, Some(&claim("r", reason::QUOTA_EXCEEDED)));
+        let (limits, _) = book.standing("t", "pub", "t/x").unwrap();
+        assert!(book.take("t/x", "pub", &[Family::IPv4, Family::IPv6], &limits));
+        // x's status (Bound, listing both) comes first; its addresses not yet.
+        let x = bound("x", &[("a", "192.0.2.1"), ("b", "2001:db8::1")]);
+        book.claim_changed(None, Some(&x));
+        assert_eq!(
+            book.standing("t", "pub", "t/r").unwrap().1,
+            Usage { ipv4: 1, ipv6: 1 },
+            "what the status lists is held"
+        );
+        assert!(!book.take("t/r", "pub", &[Family::IPv4], &limits));
+        // The addresses show: counted once, there.
+        book.address_changed(None, Some(&address("a", "192.0.2.1", Some("x"), "Bound")));
+        book.address_changed(None, Some(&address("b", "2001:db8::1", Some("x"), "Bound")));
+        assert_eq!(
+            book.standing("t", "pub", "t/r").unwrap().1,
+            Usage { ipv4: 1, ipv6: 1 }
+        );
+        assert!(book.lock().ahead.is_empty() && book.lock().ahead_of.is_empty());
+        // A status seen after its address stopped serving (a lagging claim watch) counts the
+        // listing until the claim changes; the claim gone, nothing is left and r is woken.
+        let freed = address("a", "192.0.2.1", None, "Available");
+        book.address_changed(None, Some(&freed));
+        book.claim_changed(Some(&x), Some(&x));
+        assert_eq!(book.standing("t", "pub", "t/r").unwrap().1.ipv4, 1);
+        let woken = book.claim_changed(Some(&x), None);
+        assert_eq!(woken, ["t/r"]);
+        assert_eq!(
+            book.standing("t", "pub", "t/r").unwrap().1,
+            Usage { ipv4: 0, ipv6: 1 }
+        );
+        assert!(book.lock().ahead.is_empty() && book.lock().ahead_of.is_empty());
     }
 
     #[test]

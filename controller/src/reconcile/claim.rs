@@ -77,8 +77,16 @@ async fn pass(ctx: &Context, key: &str) -> Result<Outcome> {
             quota: &quota,
             now: Time(Timestamp::now()),
         });
+        // Refused over quota behind a take that may never show: pass again when it expires.
+        let recheck = plan
+            .status
+            .as_ref()
+            .or(claim.status.as_ref())
+            .filter(|st| st.entitlement_refusal() == Some(reason::QUOTA_EXCEEDED))
+            .and_then(|st| st.class_name.as_deref())
+            .and_then(|class| ctx.quota.next_take_expiry(&ns, class, key));
         if plan.is_empty() {
-            return Ok(Outcome::Done);
+            return Ok(recheck.map_or(Outcome::Done, Outcome::RequeueAfter));
         }
         // Reserve what this plan binds, so other workers plan around it instead of fighting
         // over the lowest name; if another got there first, recompute.
@@ -127,7 +135,7 @@ async fn pass(ctx: &Context, key: &str) -> Result<Outcome> {
                 ctx.queues.claims.add_all(ctx.quota.release(key));
             }
         }
-        return result.map(|()| Outcome::Done);
+        return result.map(|()| recheck.map_or(Outcome::Done, Outcome::RequeueAfter));
     }
     Err(Error::Conflict {
         action: "choosing an address",
