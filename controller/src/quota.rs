@@ -358,6 +358,8 @@ impl QuotaBook {
                 dropped.push(scope);
             }
             if let Some((scope, families)) = ahead {
+                // Rare: the claims' watch ahead of the addresses'.
+                tracing::debug!(claim = %key, ?families, "quota: the claim's status lists addresses the cache has not shown yet; counted by the status");
                 let set = s.ahead.entry(scope.clone()).or_default();
                 for f in &families {
                     set.insert((key.clone(), *f));
