@@ -169,6 +169,19 @@ impl IPAddressClaim {
     pub fn is_deleting(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()
     }
+
+    /// Whether nobody waits on the claim: `Bound` and not being deleted. A new leader (core or
+    /// driver) examines the claims that are not settled first ([`IPAddressClaim::waiting_first`]).
+    pub fn is_settled(&self) -> bool {
+        !self.is_deleting() && self.phase() == Some(ClaimPhase::Bound)
+    }
+
+    /// The keys of `claims`, those not [settled](IPAddressClaim::is_settled) first (new,
+    /// `Pending`, `Lost`, being deleted), each part in the given order.
+    pub fn waiting_first<'a>(claims: impl IntoIterator<Item = &'a IPAddressClaim>) -> Vec<String> {
+        let (settled, waiting): (Vec<_>, Vec<_>) = claims.into_iter().partition(|c| c.is_settled());
+        waiting.into_iter().chain(settled).map(Self::key).collect()
+    }
 }
 
 impl IPAddressClass {
@@ -254,6 +267,29 @@ mod tests {
             }
             (b, p) => *b = p,
         }
+    }
+
+    #[test]
+    fn a_new_leader_examines_the_claims_a_tenant_waits_on_first() {
+        let claim = |name: &str, phase: Option<&str>, deleting: bool| -> IPAddressClaim {
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "t",
+                    "deletionTimestamp": deleting.then_some("2026-01-01T00:00:00Z")},
+                "spec": {}, "status": phase.map(|p| json!({"phase": p}))}))
+            .unwrap()
+        };
+        let claims = [
+            claim("a", Some("Bound"), false),
+            claim("b", None, false),
+            claim("c", Some("Bound"), true),
+            claim("d", Some("Bound"), false),
+            claim("e", Some("Pending"), false),
+            claim("f", Some("Lost"), false),
+        ];
+        assert_eq!(
+            IPAddressClaim::waiting_first(&claims),
+            ["t/b", "t/c", "t/e", "t/f", "t/a", "t/d"]
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@
 
 use std::sync::Arc;
 
+use address_controller_api::IPAddressClaim;
 use address_controller_api::entitlement::namespace_entitlement_changed;
 use address_controller_api::service::may_want_auto_claim;
 use address_controller_runtime::cache::{Change, key_of};
@@ -201,8 +202,13 @@ pub async fn run(ctx: Arc<Context>, settings: Settings) {
                 // Claims first: what a tenant waits for. In chunks: the workers start on the
                 // first keys while the rest are queued.
                 let q = &ctx.queues;
+                // Those a tenant may wait on before the settled ones: at 100,000 Bound claims
+                // a claim created during the takeover waited behind them all (1.2 s).
+                let claims = ctx.world.claims.store.all();
                 q.claims
-                    .add_all_in_chunks(ctx.world.claims.store.keys())
+                    .add_all_in_chunks(IPAddressClaim::waiting_first(
+                        claims.iter().map(Arc::as_ref),
+                    ))
                     .await;
                 q.addresses
                     .add_all_in_chunks(ctx.world.addresses.store.keys())

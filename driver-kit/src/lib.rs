@@ -528,14 +528,13 @@ fn addresses_to_examine<D: Driver>(c: &runner::Ctx<D>) -> Vec<String> {
 
 /// The claims stamped with a class of this driver.
 fn claims_to_examine<D: Driver>(c: &runner::Ctx<D>) -> Vec<String> {
-    c.world
-        .claims
-        .store
-        .all()
-        .iter()
-        .filter(|k| c.stamped(k))
-        .map(|k| key_of(k.as_ref()))
-        .collect()
+    let claims = c.world.claims.store.all();
+    address_controller_api::IPAddressClaim::waiting_first(
+        claims
+            .iter()
+            .filter(|k| c.stamped(k))
+            .map(std::sync::Arc::as_ref),
+    )
 }
 
 /// A new leader examines every object of this driver — claims first, what a tenant waits
