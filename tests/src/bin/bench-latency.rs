@@ -14,8 +14,10 @@
 //! coordinated omission) to what a watch of the bench's own sees: the claim `Bound`, the
 //! Service's `status.loadBalancer.ingress`, the address `Released` or gone after the
 //! claim's delete. Then the **floor**: the controllers and drivers stopped, a plain client
-//! makes the same writes for the same arrivals of the claim paths, in the same order,
-//! ending in the same observed write. Asserts nothing about speed.
+//! makes the same writes for the same arrivals of every path, in the same order, ending in
+//! the same observed write (for the Service paths: the auto-claim's create and the
+//! Service's annotation, the driver's bind, `associatedTo`, the Service's ingress). Asserts
+//! nothing about speed.
 //!
 //!     bench-latency [--base 10000] [--rates 5,10,20,50,100] [--step 20] [--no-protection-policy]
 //!                   [--kube-api-qps Q]   (the core's and drivers' client limit; 0: none)
@@ -108,10 +110,6 @@ impl Path {
             14..=16 => Path::SvcAuto,
             _ => Path::SvcClaim,
         }
-    }
-
-    fn has_floor(self) -> bool {
-        matches!(self, Path::Static | Path::Driver)
     }
 }
 
@@ -331,7 +329,7 @@ impl Load {
                     .await
                     .context("creating the claim")?;
                 let addresses = match &self.floor {
-                    Some(turn) => Some(self.floor_bind(path, ns, name, turn).await?),
+                    Some(turn) => Some(self.floor_bind(path, ns, name, turn).await?.0),
                     None => None,
                 };
                 let Some(seen) = wait_seen(rx).await else {
@@ -339,7 +337,7 @@ impl Load {
                 };
                 sample.served = Some(seen.at.duration_since(t0).as_secs_f64());
                 tokio::time::sleep(lifetime(i)).await;
-                let addresses = addresses.unwrap_or(seen.addresses);
+                let addresses = addresses.map_or(seen.addresses, |a| vec![a]);
                 let Some(address) = addresses.first() else {
                     bail!("{ns}/{name} is Bound with no address");
                 };
@@ -366,12 +364,16 @@ impl Load {
                     json!({})
                 };
                 let rx = self.obs.expect(format!("ingress:{ns}/{name}"));
-                services
+                let svc = services
                     .create(
                         &PostParams::default(),
                         &serde_json::from_value(service_body(name, annotations))?,
                     )
                     .await?;
+                let floor_address = match &self.floor {
+                    Some(turn) => Some(self.floor_associate(path, &svc, turn).await?),
+                    None => None,
+                };
                 let Some(seen) = wait_seen(rx).await else {
                     return Ok(sample);
                 };
@@ -391,22 +393,79 @@ impl Load {
                         .await
                         .context("deleting the claim")?;
                 }
+                if let Some(address) = floor_address {
+                    // The auto-claim goes with its Service (garbage collection); its
+                    // finalizer and the address's as the core and the driver drop them.
+                    self.floor_release(Path::Driver, ns, name, &address).await?;
+                }
             }
         }
         Ok(sample)
     }
 
+    /// The floor's association, in the core's and the driver's order: for an auto-claim the
+    /// claim's create (owned by the Service) and the Service's claim annotation; the
+    /// driver's bind ([`Load::floor_bind`]); the address's `associatedTo`; the Service's
+    /// ingress (the write the watch sees). Returns the address.
+    async fn floor_associate(
+        &self,
+        path: Path,
+        svc: &Service,
+        turn: &std::sync::atomic::AtomicUsize,
+    ) -> Result<String> {
+        let ns = svc.metadata.namespace.as_deref().unwrap_or_default();
+        let name = svc.metadata.name.as_deref().unwrap_or_default();
+        let services: Api<Service> = Api::namespaced(self.client.clone(), ns);
+        let pp = PatchParams::default();
+        if path == Path::SvcAuto {
+            let mut body = claim_body(name, "driver");
+            body["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "Service",
+                "name": name, "uid": svc.metadata.uid, "controller": true}]);
+            Api::<IPAddressClaim>::namespaced(self.client.clone(), ns)
+                .create(&PostParams::default(), &serde_json::from_value(body)?)
+                .await
+                .context("creating the auto-claim")?;
+            services
+                .patch(
+                    name,
+                    &pp,
+                    &Patch::Merge(
+                        json!({"metadata": {"annotations": {SERVICE_CLAIM_ANNOTATION: name}}}),
+                    ),
+                )
+                .await?;
+        }
+        let (address, ip) = self.floor_bind(Path::Driver, ns, name, turn).await?;
+        Api::<IPAddress>::all(self.client.clone())
+            .patch_status(
+                &address,
+                &pp,
+                &Patch::Merge(json!({"status": {"associatedTo":
+                    {"kind": "Service", "namespace": ns, "name": name}}})),
+            )
+            .await?;
+        services
+            .patch_status(
+                name,
+                &pp,
+                &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": [{"ip": ip}]}}})),
+            )
+            .await?;
+        Ok(address)
+    }
+
     /// The floor's bind, in the controller's order: the claim's finalizer and stamp; for a
     /// driver claim its `Pending` status, the address's create (claimRef pre-set) and its
     /// protection finalizer; for a static one the address's claimRef; the claim's status
-    /// `Bound` (the write the watch sees); the address's status `Bound`. Returns the address.
+    /// `Bound` (the write the watch sees); the address's status `Bound`. Returns the address
+    /// and its IP.
     async fn floor_bind(
         &self,
         path: Path,
         ns: &str,
         name: &str,
         turn: &std::sync::atomic::AtomicUsize,
-    ) -> Result<Vec<String>> {
+    ) -> Result<(String, String)> {
         let claims: Api<IPAddressClaim> = Api::namespaced(self.client.clone(), ns);
         let addresses: Api<IPAddress> = Api::all(self.client.clone());
         let pp = PatchParams::default();
@@ -485,7 +544,7 @@ impl Load {
                 &Patch::Merge(json!({"status": {"phase": "Bound"}})),
             )
             .await?;
-        Ok(vec![address])
+        Ok((address, ip))
     }
 
     /// The floor's reclaim: a static address `Released` (the write the watch sees), the
@@ -546,9 +605,6 @@ async fn step(load: Arc<Load>, rate: usize, step: Duration) -> Result<Vec<(Path,
     let mut tasks = Vec::with_capacity(n);
     for i in 0..n {
         let path = Path::of_arrival(i);
-        if load.floor.is_some() && !path.has_floor() {
-            continue;
-        }
         let t0 = start + Duration::from_secs_f64(i as f64 / rate as f64);
         tokio::time::sleep_until(t0.into()).await;
         let ns = format!("load-{:02}", i % LOAD_NAMESPACES);
@@ -758,11 +814,7 @@ fn report(
                 .map(|(_, s)| s)
                 .collect();
             let s = summary(&served(samples, path));
-            let f = floor
-                .samples
-                .get(rate)
-                .filter(|_| path.has_floor())
-                .map(|fs| summary(&served(fs, path)));
+            let f = floor.samples.get(rate).map(|fs| summary(&served(fs, path)));
             let released: Vec<f64> = all.iter().filter_map(|s| s.released).collect();
             let rel = summary(&released);
             let join =
@@ -860,11 +912,7 @@ fn report(
             "knee ({}): ours {}, floor {}",
             path.name(),
             knee(&p99(ours)),
-            if path.has_floor() {
-                knee(&p99(floor))
-            } else {
-                "—".into()
-            }
+            knee(&p99(floor)),
         ));
     }
     out.join("\n")
