@@ -171,16 +171,20 @@ impl IPAddressClaim {
     }
 
     /// Whether nobody waits on the claim: `Bound` and not being deleted. A new leader (core or
-    /// driver) examines the claims that are not settled first ([`IPAddressClaim::waiting_first`]).
+    /// driver) examines the claims that are not settled first
+    /// ([`IPAddressClaim::waiting_and_settled`]).
     pub fn is_settled(&self) -> bool {
         !self.is_deleting() && self.phase() == Some(ClaimPhase::Bound)
     }
 
-    /// The keys of `claims`, those not [settled](IPAddressClaim::is_settled) first (new,
-    /// `Pending`, `Lost`, being deleted), each part in the given order.
-    pub fn waiting_first<'a>(claims: impl IntoIterator<Item = &'a IPAddressClaim>) -> Vec<String> {
+    /// The keys of `claims` not [settled](IPAddressClaim::is_settled) (new, `Pending`,
+    /// `Lost`, being deleted), and those settled, each in the given order.
+    pub fn waiting_and_settled<'a>(
+        claims: impl IntoIterator<Item = &'a IPAddressClaim>,
+    ) -> (Vec<String>, Vec<String>) {
         let (settled, waiting): (Vec<_>, Vec<_>) = claims.into_iter().partition(|c| c.is_settled());
-        waiting.into_iter().chain(settled).map(Self::key).collect()
+        let keys = |v: Vec<&IPAddressClaim>| v.into_iter().map(Self::key).collect();
+        (keys(waiting), keys(settled))
     }
 }
 
@@ -286,10 +290,9 @@ mod tests {
             claim("e", Some("Pending"), false),
             claim("f", Some("Lost"), false),
         ];
-        assert_eq!(
-            IPAddressClaim::waiting_first(&claims),
-            ["t/b", "t/c", "t/e", "t/f", "t/a", "t/d"]
-        );
+        let (waiting, settled) = IPAddressClaim::waiting_and_settled(&claims);
+        assert_eq!(waiting, ["t/b", "t/c", "t/e", "t/f"]);
+        assert_eq!(settled, ["t/a", "t/d"]);
     }
 
     #[test]

@@ -508,7 +508,8 @@ fn register<D: Driver>(ctx: &Arc<runner::Ctx<D>>) {
             .classes
             .add_all(c.our_classes().iter().map(|k| k.name_any()));
         if ch.object().is_some_and(|k| c.ours(k)) {
-            c.queues.claims.add_all(claims_to_examine(&c));
+            let (waiting, settled) = claims_to_examine(&c);
+            c.queues.claims.add_all(waiting.into_iter().chain(settled));
             c.queues.addresses.add_all(addresses_to_examine(&c));
         }
     });
@@ -526,10 +527,11 @@ fn addresses_to_examine<D: Driver>(c: &runner::Ctx<D>) -> Vec<String> {
         .collect()
 }
 
-/// The claims stamped with a class of this driver.
-fn claims_to_examine<D: Driver>(c: &runner::Ctx<D>) -> Vec<String> {
+/// The claims stamped with a class of this driver: those a tenant may wait on, and the
+/// settled ones.
+fn claims_to_examine<D: Driver>(c: &runner::Ctx<D>) -> (Vec<String>, Vec<String>) {
     let claims = c.world.claims.store.all();
-    address_controller_api::IPAddressClaim::waiting_first(
+    address_controller_api::IPAddressClaim::waiting_and_settled(
         claims
             .iter()
             .filter(|k| c.stamped(k))
@@ -538,13 +540,18 @@ fn claims_to_examine<D: Driver>(c: &runner::Ctx<D>) -> Vec<String> {
 }
 
 /// A new leader examines every object of this driver — claims first, what a tenant waits
-/// for — in chunks, so the workers start on the first keys while the rest are queued and the
+/// for, and those waiting alone before the settled ones — in chunks, so the workers start on the first keys while the rest are queued and the
 /// lease's renewal is not held up behind 100,000 keys under one lock.
 async fn queue_everything<D: Driver>(c: &runner::Ctx<D>) {
     tracing::info!("leading: examining every claim and class of this driver");
+    let (waiting, settled) = claims_to_examine(c);
     c.queues
         .claims
-        .add_all_in_chunks(claims_to_examine(c))
+        .add_first_then(
+            waiting,
+            settled,
+            address_controller_runtime::queue::Queue::<String>::FIRST_PATIENCE,
+        )
         .await;
     c.queues
         .classes

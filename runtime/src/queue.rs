@@ -190,6 +190,29 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         }
     }
 
+    /// How long [`Queue::add_first_then`] waits, at most, for the first keys' passes.
+    pub const FIRST_PATIENCE: Duration = Duration::from_secs(1);
+
+    /// Queues `first` (in chunks), waits until the queue has nothing ready or running —
+    /// at most `patience` — then queues `then`. A new leader's claims a tenant waits on
+    /// go first, and alone: queued ahead of 100,000 settled claims but run beside them,
+    /// their passes' round-trips still waited for the two cores those passes kept busy.
+    pub async fn add_first_then(&self, first: Vec<K>, then: Vec<K>, patience: Duration) {
+        let until = tokio::time::Instant::now() + patience;
+        self.add_all_in_chunks(first).await;
+        while tokio::time::Instant::now() < until {
+            let idle = {
+                let s = self.lock();
+                s.ready.is_empty() && s.running.is_empty()
+            };
+            if idle {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.add_all_in_chunks(then).await;
+    }
+
     /// True when the key became ready (it was neither queued nor running).
     fn enqueue(s: &mut State<K>, key: K) -> bool {
         if s.shut_down {
@@ -394,6 +417,36 @@ mod tests {
         q.add_all_in_chunks(keys).await;
         assert_eq!(seen.await.unwrap(), CHUNK);
         assert_eq!(q.depth().0, n, "each key once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_keys_run_alone_until_done_or_out_of_patience() {
+        let q = Arc::new(q());
+        let adding = {
+            let q = q.clone();
+            tokio::spawn(async move {
+                let first = vec!["a".to_string()];
+                let then = vec!["b".to_string(), "c".to_string()];
+                q.add_first_then(first, then, Duration::from_secs(1)).await;
+            })
+        };
+        let a = q.next().await.unwrap();
+        assert_eq!(a, "a");
+        // "a" still running: the others wait.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(q.depth(), (0, 0, 1));
+        q.done(&a);
+        adding.await.unwrap();
+        assert_eq!(q.depth().0, 2, "queued once the first ran");
+        // Out of patience: a first key that never finishes does not hold back the rest.
+        let q = Arc::new(self::q());
+        q.add("x".into());
+        let _x = q.next().await.unwrap();
+        let started = tokio::time::Instant::now();
+        q.add_first_then(vec![], vec!["y".to_string()], Duration::from_secs(1))
+            .await;
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+        assert_eq!(q.depth(), (1, 0, 1));
     }
 
     #[tokio::test]

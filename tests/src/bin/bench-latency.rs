@@ -608,7 +608,10 @@ async fn step(load: Arc<Load>, rate: usize, step: Duration) -> Result<Vec<(Path,
         let t0 = start + Duration::from_secs_f64(i as f64 / rate as f64);
         tokio::time::sleep_until(t0.into()).await;
         let ns = format!("load-{:02}", i % LOAD_NAMESPACES);
-        let name = format!("{}-{rate:04}-{i:05}", path.prefix());
+        // The floor's names apart from ours: an auto-claim of ours may still be in deletion
+        // (garbage collection after its Service, its finalizer left when the core stopped).
+        let run = if load.floor.is_some() { "f" } else { "" };
+        let name = format!("{}-{run}{rate:04}-{i:05}", path.prefix());
         let load = load.clone();
         tasks.push(tokio::spawn(async move {
             let r = load.arrival(path, &ns, &name, t0, i).await;
