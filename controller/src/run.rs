@@ -205,12 +205,22 @@ pub async fn run(ctx: Arc<Context>, settings: Settings) {
                 // before the settled ones: at 100,000 Bound claims a claim created during the
                 // takeover waited 1.2 s behind them.
                 let q = &ctx.queues;
+                // What the queues piled up while following (every change since this
+                // process started) waits too; it is queued again below.
+                let parked_claims = q.claims.take_ready();
+                let parked_addresses = q.addresses.take_ready();
+                let parked_services = ctx.world.services.as_ref().map(|_| q.services.take_ready());
                 let (waiting, settled) = IPAddressClaim::waiting_and_settled(
                     ctx.world.claims.store.all().iter().map(Arc::as_ref),
                 );
                 q.claims
                     .add_first_then(waiting, settled, Queue::<String>::FIRST_PATIENCE)
                     .await;
+                q.claims.add_all_in_chunks(parked_claims).await;
+                q.addresses.add_all_in_chunks(parked_addresses).await;
+                if let Some(parked) = parked_services {
+                    q.services.add_all_in_chunks(parked).await;
+                }
                 q.addresses
                     .add_all_in_chunks(ctx.world.addresses.store.keys())
                     .await;

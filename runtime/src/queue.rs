@@ -193,19 +193,34 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     /// How long [`Queue::add_first_then`] waits, at most, for the first keys' passes.
     pub const FIRST_PATIENCE: Duration = Duration::from_secs(1);
 
-    /// Queues `first` (in chunks), waits until the queue has nothing ready or running —
-    /// at most `patience` — then queues `then`. A new leader's claims a tenant waits on
-    /// go first, and alone: queued ahead of 100,000 settled claims but run beside them,
-    /// their passes' round-trips still waited for the two cores those passes kept busy.
+    /// Takes every ready key out of the queue (delayed and running keys stay), to be queued
+    /// again later — what a follower's queue piled up, held back while a new leader's first
+    /// keys run.
+    pub fn take_ready(&self) -> Vec<K> {
+        let mut s = self.lock();
+        let keys: Vec<K> = s.ready.drain(..).collect();
+        for k in &keys {
+            s.queued.remove(k);
+            s.ready_at.remove(k);
+        }
+        keys
+    }
+
+    /// Queues `first` (in chunks), waits until none of them is queued or running — at most
+    /// `patience` — then queues `then`. A new leader's claims a tenant waits on go first,
+    /// and alone: queued ahead of 20,000 settled claims but run beside them, their passes'
+    /// round-trips still waited for the two cores those passes kept busy.
     pub async fn add_first_then(&self, first: Vec<K>, then: Vec<K>, patience: Duration) {
         let until = tokio::time::Instant::now() + patience;
-        self.add_all_in_chunks(first).await;
+        self.add_all_in_chunks(first.clone()).await;
         while tokio::time::Instant::now() < until {
-            let idle = {
+            let pending = {
                 let s = self.lock();
-                s.ready.is_empty() && s.running.is_empty()
+                first
+                    .iter()
+                    .any(|k| s.queued.contains(k) || s.running.contains(k))
             };
-            if idle {
+            if !pending {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -443,10 +458,20 @@ mod tests {
         q.add("x".into());
         let _x = q.next().await.unwrap();
         let started = tokio::time::Instant::now();
-        q.add_first_then(vec![], vec!["y".to_string()], Duration::from_secs(1))
-            .await;
+        q.add_first_then(
+            vec!["x".to_string()],
+            vec!["y".to_string()],
+            Duration::from_secs(1),
+        )
+        .await;
         assert_eq!(started.elapsed(), Duration::from_secs(1));
         assert_eq!(q.depth(), (1, 0, 1));
+        // What piled up is taken out, and only that.
+        q.add_after("z".into(), Duration::from_secs(5));
+        assert_eq!(q.take_ready(), ["y"]);
+        assert_eq!(q.depth(), (0, 1, 1));
+        q.add("y".into());
+        assert_eq!(q.depth().0, 1, "queued again");
     }
 
     #[tokio::test]
