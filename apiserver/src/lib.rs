@@ -121,6 +121,7 @@ pub fn spawn(
         serving.config.clone(),
         router(state),
         shutdown.wait(),
+        true,
     );
     tasks.spawn("aggregated API server", async move {
         serve.await.context("aggregated API server")

@@ -86,7 +86,8 @@ impl SecureServing {
             },
             render,
         );
-        let serve = tls::serve(addr, self.config.clone(), app, shutdown.wait());
+        // Nothing to drain: a scrape that fails is retried at the next interval.
+        let serve = tls::serve(addr, self.config.clone(), app, shutdown.wait(), false);
         tasks.spawn("metrics server", async move {
             serve.await.context("metrics server")
         });

@@ -762,3 +762,63 @@ async fn the_store_sizes_follow_its_objects_and_its_history() {
     assert_eq!((shrunk.objects, shrunk.object_bytes), held(&store));
     assert!(shrunk.history_changes > grown.history_changes, "{shrunk:?}");
 }
+
+/// After the shutdown signal the server stops accepting; draining, it returns only once
+/// the connections it has are closed (kube-apiserver's keeps being answered while the
+/// endpoint goes), and without draining at once.
+#[tokio::test]
+async fn a_draining_server_returns_once_its_connections_close() {
+    use std::time::Duration;
+    let config = crate::tls::server_config(crate::tls::ServingCert::SelfSigned(vec![
+        "localhost".into(),
+    ]))
+    .unwrap();
+    for drain in [true, false] {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(crate::tls::serve(
+            addr,
+            config.clone(),
+            axum::Router::new(),
+            async move {
+                let _ = stopped.await;
+            },
+            drain,
+        ));
+        // A connection open (its handshake not even begun) when the signal comes.
+        let conn = loop {
+            match tokio::net::TcpStream::connect(addr).await {
+                Ok(c) => break c,
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        stop.send(()).unwrap();
+        let early = tokio::time::timeout(Duration::from_millis(300), async {
+            while !server.is_finished() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .is_ok();
+        assert_eq!(
+            early, !drain,
+            "drain {drain}: returned with a connection open: {early}"
+        );
+        assert!(
+            tokio::net::TcpStream::connect(addr).await.is_err() || !drain,
+            "still accepting while draining"
+        );
+        drop(conn);
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("returned once the connection closed")
+            .unwrap()
+            .unwrap();
+    }
+}

@@ -206,12 +206,16 @@ pub fn server_config(cert: ServingCert) -> Result<Arc<ServerConfig>, TlsError> {
     Ok(Arc::new(config))
 }
 
-/// Serves `app` over TLS on `addr` until `shutdown` resolves.
+/// Serves `app` over TLS on `addr` until `shutdown` resolves; then stops accepting and,
+/// with `drain`, returns once the connections it has are closed (the supervisor's grace
+/// bounds the wait): kube-apiserver's connection to the aggregated API keeps being
+/// answered while the endpoint goes, the process exits no later than that.
 pub async fn serve(
     addr: SocketAddr,
     config: Arc<rustls::ServerConfig>,
     app: Router,
     shutdown: impl std::future::Future<Output = ()>,
+    drain: bool,
 ) -> std::io::Result<()> {
     let listener = match tokio::net::TcpListener::bind(addr).await {
         Ok(l) => l,
@@ -223,11 +227,23 @@ pub async fn serve(
     tracing::info!(%addr, "listening (TLS)");
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     tokio::pin!(shutdown);
+    // The connections open: each holds a clone while it is served.
+    let (open, mut counted) = tokio::sync::watch::channel(());
     loop {
         let (tcp, remote) = tokio::select! {
             r = listener.accept() => r?,
-            _ = &mut shutdown => return Ok(()),
+            _ = &mut shutdown => {
+                // Refused from now on, not queued by the kernel for nobody.
+                drop(listener);
+                drop(open);
+                if drain {
+                    tracing::info!(%addr, "draining the open connections");
+                    let _ = counted.changed().await;
+                }
+                return Ok(());
+            }
         };
+        let serving = open.clone();
         // As Go's net/http does: without it, several small watch events written back to
         // back on kube-apiserver's one HTTP/2 connection wait for a delayed ACK (~40 ms).
         if let Err(e) = tcp.set_nodelay(true) {
@@ -262,6 +278,7 @@ pub async fn serve(
             {
                 tracing::debug!(%remote, error = %e, "connection ended");
             }
+            drop(serving);
         });
     }
 }

@@ -51,7 +51,12 @@ pub enum TaskError {
 
 /// The critical tasks of a process.
 pub struct Tasks {
+    /// Tasks that honour the shutdown: a clean exit waits (within the grace) until they end.
     set: JoinSet<(&'static str, anyhow::Result<()>)>,
+    /// Tasks that run forever (the watches, the view store): they keep going while the
+    /// others finish — the workers their pass in hand, a server its open connections — and
+    /// are aborted once those are done, not waited for.
+    forever: JoinSet<&'static str>,
     shutdown: Shutdown,
 }
 
@@ -59,6 +64,7 @@ impl Tasks {
     pub fn new(shutdown: Shutdown) -> Self {
         Tasks {
             set: JoinSet::new(),
+            forever: JoinSet::new(),
             shutdown,
         }
     }
@@ -71,14 +77,15 @@ impl Tasks {
         self.set.spawn(async move { (name, f.await) });
     }
 
-    /// Spawns a task that runs forever (a watch, a watchdog).
+    /// Spawns a task that runs forever (a watch, a watchdog): it ending before shutdown is
+    /// a failure; at shutdown it runs on until the other tasks are done.
     pub fn spawn_forever<F>(&mut self, name: &'static str, f: F)
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        self.spawn(name, async move {
+        self.forever.spawn(async move {
             f.await;
-            Ok(())
+            name
         });
     }
 
@@ -91,25 +98,33 @@ impl Tasks {
         let failure = loop {
             tokio::select! {
                 () = &mut stop => break None,
-                joined = self.set.join_next() => match joined {
-                    None => break None,
-                    Some(Ok((task, Ok(())))) if shutdown.triggered() => {
+                Some(joined) = self.set.join_next(), if !self.set.is_empty() => match joined {
+                    Ok((task, Ok(()))) if shutdown.triggered() => {
                         tracing::debug!(task, "task finished");
                     }
-                    Some(Ok((task, Ok(())))) => break Some(TaskError::Ended { task }),
-                    Some(Ok((task, Err(error)))) => break Some(TaskError::Failed { task, error }),
-                    Some(Err(e)) => {
+                    Ok((task, Ok(()))) => break Some(TaskError::Ended { task }),
+                    Ok((task, Err(error))) => break Some(TaskError::Failed { task, error }),
+                    Err(e) => {
                         tracing::error!(error = %e, "a task panicked");
                         break Some(TaskError::Panicked { task: "unknown" });
                     }
-                }
+                },
+                Some(ended) = self.forever.join_next(), if !self.forever.is_empty() => match ended {
+                    Ok(task) if shutdown.triggered() => tracing::debug!(task, "task finished"),
+                    Ok(task) => break Some(TaskError::Ended { task }),
+                    Err(e) => {
+                        tracing::error!(error = %e, "a task panicked");
+                        break Some(TaskError::Panicked { task: "unknown" });
+                    }
+                },
             }
         };
         if let Some(e) = &failure {
             tracing::error!(error = %e, "a critical task stopped; shutting down");
         }
         shutdown.trigger();
-        // Tasks that honour the shutdown finish on their own; the rest are aborted. After a
+        // Tasks that honour the shutdown finish on their own, the forever ones running on
+        // meanwhile; then (or at the end of the grace) everything left is aborted. After a
         // failure there is nothing worth waiting long for: restart quickly.
         let grace = if failure.is_some() {
             grace.min(std::time::Duration::from_secs(2))
@@ -121,6 +136,13 @@ impl Tasks {
         })
         .await;
         self.set.abort_all();
+        self.forever.abort_all();
+        // Aborted tasks end at their next await; one stuck in a blocking call is left.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), async {
+            while self.set.join_next().await.is_some() {}
+            while self.forever.join_next().await.is_some() {}
+        })
+        .await;
         failure.map_or(Ok(()), Err)
     }
 }
@@ -315,5 +337,49 @@ mod tests {
         tasks.spawn_forever("watch", std::future::pending());
         shutdown.trigger();
         assert!(tasks.supervise(Duration::from_millis(50)).await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_clean_shutdown_waits_for_the_work_in_hand_not_for_the_watches() {
+        let shutdown = Shutdown::default();
+        let mut tasks = Tasks::new(shutdown.clone());
+        // A watch runs until the work in hand is done (what it feeds may still be read).
+        let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let w = watching.clone();
+        tasks.spawn_forever("watch", async move {
+            struct Stopped(std::sync::Arc<std::sync::atomic::AtomicBool>);
+            impl Drop for Stopped {
+                fn drop(&mut self) {
+                    self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+            let _stopped = Stopped(w);
+            std::future::pending::<()>().await;
+        });
+        // A worker finishing the pass in hand: 1 s after the signal, the watch still there.
+        let (stopped, w) = (shutdown.wait(), watching.clone());
+        tasks.spawn("workers", async move {
+            stopped.await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            anyhow::ensure!(
+                w.load(std::sync::atomic::Ordering::SeqCst),
+                "the watch stopped first"
+            );
+            Ok(())
+        });
+        let grace = Duration::from_secs(10);
+        let start = tokio::time::Instant::now();
+        shutdown.trigger();
+        tasks.supervise(grace).await.unwrap();
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_secs(1),
+            "the work in hand was cut off: {took:?}"
+        );
+        assert!(took < grace, "waited the whole grace for a watch: {took:?}");
+        assert!(
+            !watching.load(std::sync::atomic::Ordering::SeqCst),
+            "the watch was left running"
+        );
     }
 }

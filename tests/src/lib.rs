@@ -592,12 +592,19 @@ impl ControllerProcess {
         let _ = self.child.wait();
     }
 
-    /// SIGTERM and wait: a clean shutdown.
-    pub fn stop(&mut self) {
+    /// SIGTERM and wait: a clean shutdown. Returns how long the process took to exit.
+    pub fn stop(&mut self) -> Duration {
+        let t = std::time::Instant::now();
+        self.terminate();
+        let _ = self.child.wait();
+        t.elapsed()
+    }
+
+    /// SIGTERM, without waiting for the process to exit.
+    pub fn terminate(&self) {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
-        let _ = self.child.wait();
     }
 
     /// Whether the process is still running.

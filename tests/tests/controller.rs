@@ -111,8 +111,13 @@ async fn static_binding_costs_four_writes_and_converges_to_zero_also_after_resta
     );
 
     // Across a restart: a new process re-examines everything and writes nothing (up to a
-    // barrier it handled after its start-up pass).
-    e.ctl.stop();
+    // barrier it handled after its start-up pass). The old one exits at once on SIGTERM:
+    // its watches do not hold it for the 10 s of grace (they did, every rolling update).
+    let took = e.ctl.stop();
+    assert!(
+        took < Duration::from_secs(5),
+        "SIGTERM → exit took {took:?}"
+    );
     let user = format!("ctl-bind-restart-{}", e.sfx);
     let again = ControllerProcess::start(&user, &["--leader-elect=false"])
         .await
