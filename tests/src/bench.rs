@@ -111,6 +111,72 @@ pub fn kas_pid() -> Result<u32> {
     Ok(pid.trim().parse()?)
 }
 
+/// One garbage collection of a Go component of the control plane, from the line
+/// `GODEBUG=gctrace=1` makes it print: when it began (the wall clock), how long it took (the
+/// wall-clock sum of its phases: mostly the concurrent mark, when it takes a share of the
+/// cores and makes allocating goroutines help), and the live heap after it.
+#[derive(Debug, Clone, Copy)]
+pub struct GoGc {
+    pub at: k8s_openapi::jiff::Timestamp,
+    pub ms: f64,
+    pub heap_mb: f64,
+}
+
+/// The garbage collections of a component of the local control plane (`kube-apiserver`,
+/// `etcd`, `kube-controller-manager`) started with `GODEBUG=gctrace=1`, from its log. A
+/// line's `@T` is seconds since the process started, which `/proc` dates (clock ticks of
+/// 10 ms).
+pub fn go_gcs(component: &str) -> Result<Vec<GoGc>> {
+    let dir = &Cluster::get().dir;
+    let pid = std::fs::read_to_string(dir.join("pids").join(component))?;
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()))?;
+    // Field 22 (starttime), counted after the command's closing parenthesis (field 2).
+    let ticks: f64 = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(19)?.parse().ok())
+        .context("/proc/PID/stat: no starttime")?;
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")?
+        .split_whitespace()
+        .next()
+        .and_then(|u| u.parse().ok())
+        .context("/proc/uptime")?;
+    let started = k8s_openapi::jiff::Timestamp::now()
+        - Duration::from_secs_f64((uptime - ticks / 100.0).max(0.0));
+    let log = std::fs::read_to_string(dir.join("logs").join(format!("{component}.log")))?;
+    Ok(log
+        .lines()
+        .filter_map(|l| {
+            let t: Vec<&str> = l.split_whitespace().collect();
+            if t.first() != Some(&"gc") {
+                return None;
+            }
+            let since: f64 = t
+                .get(2)?
+                .strip_prefix('@')?
+                .strip_suffix('s')?
+                .parse()
+                .ok()?;
+            let ms = t
+                .get(4)?
+                .split('+')
+                .filter_map(|p| p.parse::<f64>().ok())
+                .sum();
+            let heap_mb = t
+                .iter()
+                .find(|x| x.contains("->"))?
+                .rsplit("->")
+                .next()?
+                .parse()
+                .ok()?;
+            Some(GoGc {
+                at: started + Duration::from_secs_f64(since),
+                ms,
+                heap_mb,
+            })
+        })
+        .collect())
+}
+
 /// The `i`-th address of 10.0.0.0/8.
 pub fn ipv4(i: usize) -> String {
     let i = u32::try_from(i).unwrap_or(u32::MAX);

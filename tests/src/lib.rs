@@ -808,6 +808,8 @@ pub struct AuditedWrite {
     pub user: String,
     pub user_agent: String,
     pub received: Option<k8s_openapi::jiff::Timestamp>,
+    /// When kube-apiserver finished answering it (the audit's `stageTimestamp`).
+    pub completed: Option<k8s_openapi::jiff::Timestamp>,
 }
 
 /// Every finished request of the audit log, in order — the one reader of it.
@@ -837,6 +839,7 @@ pub fn audit_log() -> Result<Vec<AuditedWrite>> {
             received: v["requestReceivedTimestamp"]
                 .as_str()
                 .and_then(|t| t.parse().ok()),
+            completed: v["stageTimestamp"].as_str().and_then(|t| t.parse().ok()),
         });
     }
     Ok(out)

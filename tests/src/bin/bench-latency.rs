@@ -21,6 +21,7 @@
 //!
 //!     bench-latency [--base 10000] [--rates 5,10,20,50,100] [--step 20] [--no-protection-policy]
 //!                   [--kube-api-qps Q]   (the core's and drivers' client limit; 0: none)
+//!                   [--takeover RATE]    (then a step at RATE through four leader takeovers)
 //!
 //! As a default install has it, the chart's protection policy puts the core's finalizers on
 //! at creation (`--no-protection-policy`: the core writes them).
@@ -30,6 +31,17 @@
 //! and kube-apiserver per arrival, and the writes (claims, addresses, Services, events) of
 //! the controllers and drivers per arrival of each path (from the audit log). The knee:
 //! the first rate whose p99 is over twice the lowest rate's.
+//!
+//! And the profile of the claim paths' tails, ours and the floor's, from the audit log's
+//! request and answer times of every write on an arrival's claim and address: where the
+//! wait went — before the first write reached kube-apiserver, in kube-apiserver, between one
+//! answer and the next request (watches, queues, the work), after the observed write until
+//! the bench's watch saw it — for every arrival and for the slowest 1%, and the slowest
+//! arrival's writes in turn.
+//!
+//! `--takeover RATE`: after our steps, one more at RATE through the end of each leader — the
+//! core's, then the driver's; each stopped cleanly (SIGTERM) and killed (SIGKILL) — with the
+//! time until the other replica held the Lease and what the next 40 s of arrivals waited.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -40,11 +52,13 @@ use address_controller_api::names::{
 };
 use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClaim};
 use address_controller_tests::bench::{
-    apply_protection_policy, bound_claims, create_all, create_namespaces, delta, ipv4, kas_pid,
-    on_own_control_plane, quantile, writes,
+    GoGc, apply_protection_policy, bound_claims, create_all, create_namespaces, delta, go_gcs,
+    ipv4, kas_pid, on_own_control_plane, quantile, writes,
 };
 use address_controller_tests::env::RANGE_PROVISIONER;
-use address_controller_tests::{ControllerProcess, audit_log, cpu_time, setup};
+use address_controller_tests::{
+    AuditedWrite, ControllerProcess, audit_log, cpu_time, http_get, setup, sum_samples,
+};
 use anyhow::{Context, Result, anyhow, bail};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
@@ -129,7 +143,7 @@ struct Observer {
     waiters: Mutex<HashMap<String, oneshot::Sender<Seen>>>,
     /// Address → the claims its claimRef named, in turn, each with when the watch last
     /// saw the address serving it (for the write attribution: addresses are recycled).
-    claims_of: Mutex<HashMap<String, Vec<(String, Timestamp)>>>,
+    claims_of: Mutex<Turns>,
 }
 
 impl Observer {
@@ -266,6 +280,26 @@ struct Sample {
     /// The bench's delete found the Service gone (someone else deleted it): its namespace
     /// and name.
     vanished: Option<(String, String)>,
+    /// A claim path's arrival: its claim and, by the wall clock (the audit log's), when it
+    /// was scheduled and when the watch saw it `Bound`.
+    trace: Option<Trace>,
+}
+
+#[derive(Debug, Clone)]
+struct Trace {
+    claim: String,
+    arrived: Timestamp,
+    seen: Timestamp,
+}
+
+/// `at` by the wall clock.
+fn wall(at: Instant) -> Timestamp {
+    let now = Instant::now();
+    if at <= now {
+        Timestamp::now() - now.duration_since(at)
+    } else {
+        Timestamp::now() + at.duration_since(now)
+    }
 }
 
 /// A pseudo-random lifetime of 1–5 s from the arrival's index.
@@ -336,6 +370,11 @@ impl Load {
                     return Ok(sample);
                 };
                 sample.served = Some(seen.at.duration_since(t0).as_secs_f64());
+                sample.trace = Some(Trace {
+                    claim: name.to_string(),
+                    arrived: wall(t0),
+                    seen: wall(seen.at),
+                });
                 tokio::time::sleep(lifetime(i)).await;
                 let addresses = addresses.map_or(seen.addresses, |a| vec![a]);
                 let Some(address) = addresses.first() else {
@@ -599,7 +638,15 @@ fn pool_name(i: usize) -> String {
 }
 
 /// One rate's run: arrivals at `rate` per second for `step`, every life to its end.
-async fn step(load: Arc<Load>, rate: usize, step: Duration) -> Result<Vec<(Path, Sample)>> {
+/// `run` marks the names of its objects (`f`: the floor's, `t`: the takeover's) apart from
+/// those of other runs: an auto-claim may still be in deletion (garbage collection after its
+/// Service, its finalizer left when the core stopped).
+async fn step(
+    load: Arc<Load>,
+    rate: usize,
+    step: Duration,
+    run: &'static str,
+) -> Result<Vec<(Path, Sample)>> {
     let n = (rate as f64 * step.as_secs_f64()) as usize;
     let start = Instant::now() + Duration::from_millis(100);
     let mut tasks = Vec::with_capacity(n);
@@ -608,9 +655,6 @@ async fn step(load: Arc<Load>, rate: usize, step: Duration) -> Result<Vec<(Path,
         let t0 = start + Duration::from_secs_f64(i as f64 / rate as f64);
         tokio::time::sleep_until(t0.into()).await;
         let ns = format!("load-{:02}", i % LOAD_NAMESPACES);
-        // The floor's names apart from ours: an auto-claim of ours may still be in deletion
-        // (garbage collection after its Service, its finalizer left when the core stopped).
-        let run = if load.floor.is_some() { "f" } else { "" };
         let name = format!("{}-{run}{rate:04}-{i:05}", path.prefix());
         let load = load.clone();
         tasks.push(tokio::spawn(async move {
@@ -650,29 +694,17 @@ fn cpu(pids: &[u32]) -> f64 {
 /// saw at or after the write).
 #[allow(clippy::type_complexity)]
 fn audited(
-    obs: &Observer,
-) -> Result<(BTreeMap<(Path, usize), f64>, BTreeMap<(Path, String), f64>)> {
-    let claims_of = obs.claims_of.lock().map(|m| m.clone()).unwrap_or_default();
+    log: &[AuditedWrite],
+    claims_of: &Turns,
+) -> (BTreeMap<(Path, usize), f64>, BTreeMap<(Path, String), f64>) {
     let (mut by_rate, mut by_kind) = (BTreeMap::new(), BTreeMap::new());
-    for w in audit_log()? {
+    for w in log {
         if !PROCESSES.contains(&w.impersonated.as_str()) || w.resource == "services" {
             continue;
         }
-        let name = w.name.as_deref().unwrap_or("");
-        let claim = match w.resource.as_str() {
-            "ipaddresses" => {
-                let turns = claims_of.get(name);
-                w.received.zip(turns).and_then(|(at, turns)| {
-                    turns
-                        .iter()
-                        .find(|(_, seen)| *seen >= at)
-                        .or(turns.last())
-                        .map(|(c, _)| c.as_str())
-                })
-            }
-            _ => Some(name),
+        let Some(claim) = claim_of(w, claims_of) else {
+            continue;
         };
-        let Some(claim) = claim else { continue };
         let (Some(path), Some(rate)) = (
             Path::of_name(claim),
             claim
@@ -694,7 +726,201 @@ fn audited(
         );
         *by_kind.entry((path, kind)).or_default() += 1.0;
     }
-    Ok((by_rate, by_kind))
+    (by_rate, by_kind)
+}
+
+/// Address → the claims its claimRef named, in turn, with when the watch last saw each.
+type Turns = HashMap<String, Vec<(String, Timestamp)>>;
+
+/// The claim a write to a claim or an address was for: a claim's own name; for an address
+/// the claim it served when written (the first turn the watch still saw at or after it).
+fn claim_of<'a>(w: &'a AuditedWrite, claims_of: &'a Turns) -> Option<&'a str> {
+    let name = w.name.as_deref()?;
+    match w.resource.as_str() {
+        "ipaddresses" => {
+            let turns = claims_of.get(name)?;
+            let at = w.received?;
+            turns
+                .iter()
+                .find(|(_, seen)| *seen >= at)
+                .or(turns.last())
+                .map(|(c, _)| c.as_str())
+        }
+        "ipaddressclaims" => Some(name),
+        _ => None,
+    }
+}
+
+/// Where one arrival's wait went, in ms: before its first write reached kube-apiserver
+/// (the bench's create), in kube-apiserver (the union of its writes' request → answer),
+/// between the writes (watch deliveries, queues, the controllers' and drivers' work, the
+/// clients' limits), after the observed write was answered until the bench's watch saw it.
+#[derive(Debug, Default, Clone, Copy)]
+struct Split {
+    before: f64,
+    api: f64,
+    between: f64,
+    after: f64,
+    writes: f64,
+}
+
+impl Split {
+    fn of(t: &Trace, chain: &[&AuditedWrite]) -> Option<Split> {
+        let ms = |a: Timestamp, b: Timestamp| b.duration_since(a).as_secs_f64() * 1000.0;
+        let spans: Vec<(Timestamp, Timestamp)> = chain
+            .iter()
+            .filter_map(|w| w.received.zip(w.completed))
+            .filter(|(r, c)| *r >= t.arrived && *c <= t.seen)
+            .collect();
+        let first = spans.iter().map(|s| s.0).min()?;
+        let last = spans.iter().map(|s| s.1).max()?;
+        let (mut api, mut reach) = (0.0, first);
+        let mut sorted = spans.clone();
+        sorted.sort();
+        for (r, c) in sorted {
+            let from = r.max(reach);
+            if c > from {
+                api += ms(from, c);
+                reach = c;
+            }
+        }
+        Some(Split {
+            before: ms(t.arrived, first),
+            api,
+            between: ms(first, last) - api,
+            after: ms(last, t.seen),
+            writes: spans.len() as f64,
+        })
+    }
+
+    fn mean(splits: &[Split]) -> Split {
+        let n = splits.len().max(1) as f64;
+        let sum = |f: fn(&Split) -> f64| splits.iter().map(f).sum::<f64>() / n;
+        Split {
+            before: sum(|s| s.before),
+            api: sum(|s| s.api),
+            between: sum(|s| s.between),
+            after: sum(|s| s.after),
+            writes: sum(|s| s.writes),
+        }
+    }
+
+    fn row(&self) -> String {
+        format!(
+            "{:.0} / {:.0} / {:.0} / {:.0} ({:.1} writes)",
+            self.before, self.api, self.between, self.after, self.writes
+        )
+    }
+}
+
+/// The profile of the claim paths' tails: per run, rate and path, where the wait of every
+/// arrival and of the slowest 1% went ([`Split`]), and the slowest arrival's writes in turn.
+fn profile(
+    ours: &Run,
+    floor: &Run,
+    log: &[AuditedWrite],
+    claims_of: &Turns,
+    gcs: &[(&str, Vec<GoGc>)],
+) -> String {
+    let mut chains: HashMap<&str, Vec<&AuditedWrite>> = HashMap::new();
+    for w in log {
+        if let Some(c) = claim_of(w, claims_of) {
+            chains.entry(c).or_default().push(w);
+        }
+    }
+    let mut table = vec![
+        "| run | rate/s | path | all: before / in kube-apiserver / between / after ms | slowest 1%: the same | the slowest | the slowest 1% arrived (s into the step) | etcd compactions in the step |".to_string(),
+        "|---|---|---|---|---|---|---|---|".to_string(),
+    ];
+    let mut slowest = Vec::new();
+    for (label, run) in [("ours", ours), ("floor", floor)] {
+        for (rate, samples) in &run.samples {
+            for path in [Path::Static, Path::Driver] {
+                let mut traced: Vec<(f64, &Trace, Split)> = samples
+                    .iter()
+                    .filter(|(p, _)| *p == path)
+                    .filter_map(|(_, s)| {
+                        let t = s.trace.as_ref()?;
+                        let chain = chains.get(t.claim.as_str())?;
+                        Some((s.served?, t, Split::of(t, chain)?))
+                    })
+                    .collect();
+                if traced.is_empty() {
+                    continue;
+                }
+                traced.sort_by(|a, b| b.0.total_cmp(&a.0));
+                let tail = traced.len().div_ceil(100);
+                let all: Vec<Split> = traced.iter().map(|t| t.2).collect();
+                let (served, t, split) = traced[0];
+                let (began, compactions) = run.steps.get(rate).copied().unwrap_or_default();
+                let mut when: Vec<f64> = traced[..tail]
+                    .iter()
+                    .map(|(_, t, _)| t.arrived.duration_since(began).as_secs_f64())
+                    .collect();
+                when.sort_by(f64::total_cmp);
+                table.push(format!(
+                    "| {label} | {rate} | {} | {} | {} | {:.0} ms: {} | {} | {} |",
+                    path.name(),
+                    Split::mean(&all).row(),
+                    Split::mean(&all[..tail]).row(),
+                    served * 1000.0,
+                    split.row(),
+                    when.iter()
+                        .map(|w| format!("{w:.1}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    if compactions.count > 0.0 {
+                        format!(
+                            "{:.0}, {:.0} ms, the last ended ~{:.0} s in",
+                            compactions.count, compactions.ms, compactions.last
+                        )
+                    } else {
+                        "none".into()
+                    },
+                ));
+                let mut chain = chains.get(t.claim.as_str()).cloned().unwrap_or_default();
+                chain.retain(|w| w.received.is_some_and(|r| r >= t.arrived && r <= t.seen));
+                chain.sort_by_key(|w| w.received);
+                let at = |ts: Timestamp| ts.duration_since(t.arrived).as_secs_f64() * 1000.0;
+                let steps: Vec<String> = chain
+                    .iter()
+                    .map(|w| {
+                        format!(
+                            "+{:.0} {} {} {}{} {:.0}",
+                            w.received.map(at).unwrap_or(0.0),
+                            if w.impersonated.is_empty() {
+                                "bench"
+                            } else {
+                                w.impersonated.as_str()
+                            },
+                            w.verb,
+                            w.resource,
+                            w.subresource
+                                .as_deref()
+                                .map(|s| format!("/{s}"))
+                                .unwrap_or_default(),
+                            w.received
+                                .zip(w.completed)
+                                .map(|(r, c)| c.duration_since(r).as_secs_f64() * 1000.0)
+                                .unwrap_or(0.0),
+                        )
+                    })
+                    .collect();
+                slowest.push(format!(
+                    "  {label} {rate}/s {}: {} | seen +{:.0}",
+                    t.claim,
+                    steps.join(" | "),
+                    at(t.seen)
+                ));
+            }
+        }
+    }
+    format!(
+        "Where the claim paths' wait went (mean ms; writes by their arrival at kube-apiserver, `between` is the watches, queues and work between one answer and the next request):\n\n{}\n\nThe slowest arrival of each (+ms from its scheduled arrival, who, the request, ms in kube-apiserver):\n{}\n\n{}",
+        table.join("\n"),
+        slowest.join("\n"),
+        collections(ours, floor, gcs),
+    )
 }
 
 /// Services the bench found deleted when it came to delete them, and who deleted them
@@ -730,8 +956,33 @@ fn vanished(run: &Run) -> Result<String> {
     Ok(out)
 }
 
+/// etcd's compactions (kube-apiserver asks for one every 5 minutes): how many, their total
+/// ms, and the unix time of the last one.
+#[derive(Debug, Default, Clone, Copy)]
+struct Compactions {
+    count: f64,
+    ms: f64,
+    last: f64,
+}
+
+impl Compactions {
+    async fn now() -> Result<Compactions> {
+        let port = address_controller_tests::Cluster::get().env_var("ETCD_PORT")?;
+        let (_, m) = http_get(&format!("http://127.0.0.1:{port}/metrics")).await?;
+        let v = |name: &str| sum_samples(&m, name, |l| l.starts_with(&format!("{name} ")));
+        Ok(Compactions {
+            count: v("etcd_debugging_mvcc_db_compaction_total_duration_milliseconds_count"),
+            ms: v("etcd_debugging_mvcc_db_compaction_total_duration_milliseconds_sum"),
+            last: v("etcd_debugging_mvcc_db_compaction_last"),
+        })
+    }
+}
+
 struct Run {
     samples: BTreeMap<usize, Vec<(Path, Sample)>>,
+    /// Per rate: when the step began (the wall clock), and etcd's compactions during it
+    /// (`last`: the last one's seconds into the step).
+    steps: BTreeMap<usize, (Timestamp, Compactions)>,
     /// Per rate: CPU seconds of (controllers, drivers, kube-apiserver).
     cpu: BTreeMap<usize, (f64, f64, f64)>,
     /// Per rate: writes kube-apiserver counted during the step, by resource.
@@ -747,14 +998,30 @@ async fn run(
     let kas = kas_pid()?;
     let mut r = Run {
         samples: BTreeMap::new(),
+        steps: BTreeMap::new(),
         cpu: BTreeMap::new(),
         writes: BTreeMap::new(),
     };
     for &rate in rates {
         let (c0, d0, k0) = (cpu(pids.0), cpu(pids.1), cpu(&[kas]));
         let w0 = writes()?;
-        let t = Instant::now();
-        let samples = step(load.clone(), rate, dur).await?;
+        let e0 = Compactions::now().await?;
+        let (t, began) = (Instant::now(), Timestamp::now());
+        let marker = if load.floor.is_some() { "f" } else { "" };
+        let samples = step(load.clone(), rate, dur, marker).await?;
+        let e1 = Compactions::now().await?;
+        let began_s = began.as_millisecond() as f64 / 1000.0;
+        r.steps.insert(
+            rate,
+            (
+                began,
+                Compactions {
+                    count: e1.count - e0.count,
+                    ms: e1.ms - e0.ms,
+                    last: e1.last - began_s,
+                },
+            ),
+        );
         let served = samples.iter().filter(|(_, s)| s.served.is_some()).count();
         eprintln!(
             "{} {rate}/s: {} arrivals, {served} served, in {:.1?}",
@@ -921,11 +1188,178 @@ fn report(
     out.join("\n")
 }
 
+/// Each replica's end, as a platform's operations bring it, with arrivals going on: the
+/// leading core and then the leading driver, each stopped cleanly (a rolling update:
+/// SIGTERM, the Lease released) and killed (a node lost: SIGKILL, the Lease runs out —
+/// production's 15 s), each started again once the other replica holds the Lease. Per
+/// event: how long until the other replica held the Lease, and per path what the arrivals
+/// of the next 40 s waited.
+async fn takeover(
+    load: Arc<Load>,
+    rate: usize,
+    client: &Client,
+    mut procs: Vec<ControllerProcess>,
+) -> Result<(String, Vec<ControllerProcess>)> {
+    const LEAD_IN: Duration = Duration::from_secs(10);
+    const WINDOW: Duration = Duration::from_secs(40);
+    let events = [
+        ("core", "bench-ctl", false),
+        ("core", "bench-ctl", true),
+        ("driver", "bench-drv", false),
+        ("driver", "bench-drv", true),
+    ];
+    let dur = LEAD_IN + WINDOW * events.len() as u32;
+    let began = Instant::now();
+    let arrivals = tokio::spawn(step(load, rate, dur, "t"));
+    let mut done = Vec::new();
+    for (k, (who, lease, kill)) in events.into_iter().enumerate() {
+        tokio::time::sleep_until((began + LEAD_IN + WINDOW * k as u32).into()).await;
+        let holder = address_controller_tests::env::lease_holder(client, lease)
+            .await?
+            .ok_or_else(|| anyhow!("nobody holds {lease}"))?;
+        let p = procs
+            .iter_mut()
+            .find(|p| p.user == holder)
+            .ok_or_else(|| anyhow!("{holder} holds {lease}: not one of ours"))?;
+        let at = Instant::now();
+        if kill {
+            p.kill();
+        } else {
+            p.terminate();
+        }
+        let moved = loop {
+            let now = address_controller_tests::env::lease_holder(client, lease).await?;
+            if now.as_ref().is_some_and(|h| *h != holder) {
+                break at.elapsed();
+            }
+            if at.elapsed() > Duration::from_secs(60) {
+                bail!("{lease}: no other replica took it within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        p.restart().await?;
+        done.push((
+            format!(
+                "{who} leader {holder} {}",
+                if kill { "SIGKILL" } else { "SIGTERM" }
+            ),
+            at.duration_since(began)
+                .saturating_sub(Duration::from_millis(100)),
+            moved,
+        ));
+    }
+    let samples = arrivals.await??;
+    let mut out = vec![
+        format!("A takeover with arrivals going on ({rate}/s; production's Lease: 15 s, renewed within 10 s, tried every 2 s). Per path: how many arrived in the 40 s from the event, served p50 / p99 / max ms, and how many waited over 1 s:"),
+        String::new(),
+        "| event | s into the step | another replica held the Lease after | static | driver | svc-auto | svc-claim |".into(),
+        "|---|---|---|---|---|---|---|".into(),
+    ];
+    for (event, at, moved) in done {
+        let in_window = |path: Path| -> String {
+            let served: Vec<f64> = samples
+                .iter()
+                .enumerate()
+                .filter(|(i, (p, _))| {
+                    let t = Duration::from_secs_f64(*i as f64 / rate as f64);
+                    *p == path && t >= at && t < at + WINDOW
+                })
+                .filter_map(|(_, (_, s))| s.served)
+                .collect();
+            let q = summary(&served);
+            format!(
+                "{}: {} / {} / {}, {} over 1 s",
+                served.len(),
+                ms(q[0]),
+                ms(q[2]),
+                ms(q[3]),
+                served.iter().filter(|s| **s > 1.0).count()
+            )
+        };
+        out.push(format!(
+            "| {event} | {:.1} | {:.2} s | {} | {} | {} | {} |",
+            at.as_secs_f64(),
+            moved.as_secs_f64(),
+            in_window(Path::Static),
+            in_window(Path::Driver),
+            in_window(Path::SvcAuto),
+            in_window(Path::SvcClaim),
+        ));
+    }
+    let timed_out = samples.iter().filter(|(_, s)| s.served.is_none()).count();
+    out.push(String::new());
+    out.push(format!(
+        "{} arrivals, {timed_out} not served within {} s.",
+        samples.len(),
+        PATIENCE.as_secs()
+    ));
+    Ok((out.join("\n"), procs))
+}
+
+/// The Go components' garbage collections during each step, and how many of the claim
+/// paths' arrivals waited through one: of all, and of the slowest 1%.
+fn collections(ours: &Run, floor: &Run, gcs: &[(&str, Vec<GoGc>)]) -> String {
+    let mut out = vec![
+        "Garbage collections of the control plane's Go components (GODEBUG=gctrace=1) during each step: how many, their wall-clock ms (the share of the step), the live heap after them, and of the claim paths' arrivals how many waited through one — all, and the slowest 1%:".to_string(),
+        String::new(),
+        "| run | rate/s | component | GCs | ms (share of the step) | live heap MB | all arrivals during one | slowest 1% during one |".into(),
+        "|---|---|---|---|---|---|---|---|".into(),
+    ];
+    for (label, run) in [("ours", ours), ("floor", floor)] {
+        for (rate, samples) in &run.samples {
+            let mut traced: Vec<(f64, &Trace)> = samples
+                .iter()
+                .filter(|(p, _)| matches!(p, Path::Static | Path::Driver))
+                .filter_map(|(_, s)| Some((s.served?, s.trace.as_ref()?)))
+                .collect();
+            traced.sort_by(|a, b| b.0.total_cmp(&a.0));
+            let (Some(began), Some(ended)) = (
+                run.steps.get(rate).map(|s| s.0),
+                traced.iter().map(|(_, t)| t.seen).max(),
+            ) else {
+                continue;
+            };
+            let tail = traced.len().div_ceil(100);
+            for (component, all) in gcs {
+                let step: Vec<&GoGc> = all
+                    .iter()
+                    .filter(|g| g.at >= began && g.at <= ended)
+                    .collect();
+                let during = |t: &Trace| {
+                    step.iter().any(|g| {
+                        let end = g.at + Duration::from_secs_f64(g.ms / 1000.0);
+                        g.at <= t.seen && end >= t.arrived
+                    })
+                };
+                let count = |ts: &[(f64, &Trace)]| ts.iter().filter(|(_, t)| during(t)).count();
+                let ms: f64 = step.iter().map(|g| g.ms).sum();
+                let span = ended.duration_since(began).as_secs_f64() * 1000.0;
+                out.push(format!(
+                    "| {label} | {rate} | {component} | {} | {ms:.0} ({:.1}%) | {} | {} of {} | {} of {} |",
+                    step.len(),
+                    100.0 * ms / span.max(1.0),
+                    step.iter()
+                        .map(|g| g.heap_mb)
+                        .fold(None, |m: Option<f64>, h| Some(m.map_or(h, |m| m.max(h))))
+                        .map(|h| format!("≤ {h:.0}"))
+                        .unwrap_or_else(|| "—".into()),
+                    count(&traced),
+                    traced.len(),
+                    count(&traced[..tail]),
+                    tail,
+                ));
+            }
+        }
+    }
+    out.join("\n")
+}
+
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let (mut base, mut rates, mut dur) = (10_000usize, vec![5, 10, 20, 50, 100], 20u64);
     let mut protection = true;
     let mut qps: Option<String> = None;
+    let mut takeover_rate: Option<usize> = None;
     while let Some(a) = args.next() {
         let mut value = || args.next().ok_or_else(|| anyhow!("{a} needs a value"));
         match a.as_str() {
@@ -933,6 +1367,7 @@ fn main() -> Result<()> {
             "--step" => dur = value()?.parse()?,
             "--no-protection-policy" => protection = false,
             "--kube-api-qps" => qps = Some(value()?),
+            "--takeover" => takeover_rate = Some(value()?.parse().context("--takeover")?),
             "--rates" => {
                 rates = value()?
                     .split(',')
@@ -947,8 +1382,18 @@ fn main() -> Result<()> {
         .build()?;
     let out = runtime.block_on(on_own_control_plane(
         "ac-latency",
-        &[("SERVICE_CIDR", "172.20.0.0/16")],
-        || measure(base, rates, Duration::from_secs(dur), protection, qps),
+        // GODEBUG: the Go components print each garbage collection (the tails' profile).
+        &[("SERVICE_CIDR", "172.20.0.0/16"), ("GODEBUG", "gctrace=1")],
+        || {
+            measure(
+                base,
+                rates,
+                Duration::from_secs(dur),
+                protection,
+                qps,
+                takeover_rate,
+            )
+        },
     ))?;
     println!("{out}");
     Ok(())
@@ -960,6 +1405,7 @@ async fn measure(
     dur: Duration,
     protection: bool,
     qps: Option<String>,
+    takeover_rate: Option<usize>,
 ) -> Result<String> {
     let (_, client) = setup().await;
     if protection {
@@ -1046,23 +1492,39 @@ async fn measure(
     });
     let ctls = [ctl_a.pid(), ctl_b.pid()];
     let drvs = [drv_a.pid(), drv_b.pid()];
-    let ours_run = run(ours, &rates, dur, (&ctls, &drvs)).await?;
-    let writes = audited(&obs)?;
+    let ours_run = run(ours.clone(), &rates, dur, (&ctls, &drvs)).await?;
     let vanished = vanished(&ours_run)?;
-    for mut p in [ctl_a, ctl_b, drv_a, drv_b] {
+    let mut procs = vec![ctl_a, ctl_b, drv_a, drv_b];
+    let mut takeover_report = String::new();
+    if let Some(rate) = takeover_rate {
+        let (report, back) = takeover(ours, rate, &client, procs).await?;
+        takeover_report = format!("\n\n{report}");
+        procs = back;
+    }
+    for mut p in procs {
         p.kill();
     }
     let floor = Arc::new(Load {
         client: client.clone(),
-        obs,
+        obs: obs.clone(),
         floor: Some(Arc::new(std::sync::atomic::AtomicUsize::new(0))),
     });
     let floor_run = run(floor, &rates, dur, (&[], &[])).await?;
+    let log = audit_log()?;
+    let claims_of = obs.claims_of.lock().map(|m| m.clone()).unwrap_or_default();
+    let writes = audited(&log, &claims_of);
+    let mut gcs = Vec::new();
+    for component in ["kube-apiserver", "etcd", "kube-controller-manager"] {
+        gcs.push((component, go_gcs(component)?));
+    }
     Ok(format!(
         "base: {base} bound claims and addresses; {} namespaces; client qps {} of the core and the drivers; the chart's protection policy {}\n\n{}",
         base_namespaces + LOAD_NAMESPACES,
         qps.as_deref().unwrap_or("200 (the default)"),
         if protection { "applied" } else { "not applied" },
         report(&ours_run, &floor_run, &writes),
-    ) + &vanished)
+    ) + &vanished
+        + "\n\n"
+        + &profile(&ours_run, &floor_run, &log, &claims_of, &gcs)
+        + &takeover_report)
 }
