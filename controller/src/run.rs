@@ -22,7 +22,6 @@ use address_controller_api::IPAddressClaim;
 use address_controller_api::entitlement::namespace_entitlement_changed;
 use address_controller_api::service::may_want_auto_claim;
 use address_controller_runtime::cache::{Change, key_of};
-use address_controller_runtime::queue::Queue;
 use address_controller_runtime::workers::{self, Observe};
 use futures::StreamExt;
 use kube::ResourceExt;
@@ -205,22 +204,12 @@ pub async fn run(ctx: Arc<Context>, settings: Settings) {
                 // before the settled ones: at 100,000 Bound claims a claim created during the
                 // takeover waited 1.2 s behind them.
                 let q = &ctx.queues;
-                // What the queues piled up while following (every change since this
-                // process started) waits too; it is queued again below.
-                let parked_claims = q.claims.take_ready();
-                let parked_addresses = q.addresses.take_ready();
-                let parked_services = ctx.world.services.as_ref().map(|_| q.services.take_ready());
                 let (waiting, settled) = IPAddressClaim::waiting_and_settled(
                     ctx.world.claims.store.all().iter().map(Arc::as_ref),
                 );
                 q.claims
-                    .add_first_then(waiting, settled, Queue::<String>::FIRST_PATIENCE)
+                    .lead(waiting, settled, &[&q.addresses, &q.services])
                     .await;
-                q.claims.add_all_in_chunks(parked_claims).await;
-                q.addresses.add_all_in_chunks(parked_addresses).await;
-                if let Some(parked) = parked_services {
-                    q.services.add_all_in_chunks(parked).await;
-                }
                 q.addresses
                     .add_all_in_chunks(ctx.world.addresses.store.keys())
                     .await;

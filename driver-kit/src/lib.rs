@@ -545,24 +545,11 @@ fn claims_to_examine<D: Driver>(c: &runner::Ctx<D>) -> (Vec<String>, Vec<String>
 /// lease's renewal is not held up behind 100,000 keys under one lock.
 async fn queue_everything<D: Driver>(c: &runner::Ctx<D>) {
     tracing::info!("leading: examining every claim and class of this driver");
-    // What the queues piled up while following waits too; it is queued again below.
     let q = &c.queues;
-    let parked = (
-        q.claims.take_ready(),
-        q.addresses.take_ready(),
-        q.services.take_ready(),
-    );
     let (waiting, settled) = claims_to_examine(c);
     q.claims
-        .add_first_then(
-            waiting,
-            settled,
-            address_controller_runtime::queue::Queue::<String>::FIRST_PATIENCE,
-        )
+        .lead(waiting, settled, &[&q.addresses, &q.services])
         .await;
-    q.claims.add_all_in_chunks(parked.0).await;
-    q.addresses.add_all_in_chunks(parked.1).await;
-    q.services.add_all_in_chunks(parked.2).await;
     c.queues
         .classes
         .add_all(c.our_classes().iter().map(|k| k.name_any()));

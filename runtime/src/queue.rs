@@ -228,6 +228,22 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         self.add_all_in_chunks(then).await;
     }
 
+    /// A new leader's first passes, the same for the core and every driver: what this
+    /// queue and `others` piled up while following (every change since the process
+    /// started) is taken out, the keys a tenant waits on (`waiting`) run alone — at most
+    /// [`Queue::FIRST_PATIENCE`] — then `settled` and what was taken out are queued again,
+    /// this queue's first.
+    pub async fn lead(&self, waiting: Vec<K>, settled: Vec<K>, others: &[&Queue<K>]) {
+        let parked = self.take_ready();
+        let parked_others: Vec<Vec<K>> = others.iter().map(|q| q.take_ready()).collect();
+        self.add_first_then(waiting, settled, Self::FIRST_PATIENCE)
+            .await;
+        self.add_all_in_chunks(parked).await;
+        for (q, keys) in others.iter().zip(parked_others) {
+            q.add_all_in_chunks(keys).await;
+        }
+    }
+
     /// True when the key became ready (it was neither queued nor running).
     fn enqueue(s: &mut State<K>, key: K) -> bool {
         if s.shut_down {
@@ -472,6 +488,36 @@ mod tests {
         assert_eq!(q.depth(), (0, 1, 1));
         q.add("y".into());
         assert_eq!(q.depth().0, 1, "queued again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_leader_runs_the_waiting_keys_before_what_piled_up() {
+        let (claims, addresses) = (Arc::new(q()), Arc::new(q()));
+        // A follower's queues hold every change it saw.
+        claims.add("piled".into());
+        addresses.add("address".into());
+        let leading = {
+            let (claims, addresses) = (claims.clone(), addresses.clone());
+            tokio::spawn(async move {
+                let (waiting, settled) = (vec!["new".to_string()], vec!["settled".to_string()]);
+                claims.lead(waiting, settled, &[&addresses]).await;
+            })
+        };
+        // The new leader's pass begins before its workers take a key.
+        tokio::task::yield_now().await;
+        let first = claims.next().await.unwrap();
+        assert_eq!(first, "new");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(claims.depth(), (0, 0, 1), "the waiting key runs alone");
+        assert_eq!(addresses.depth().0, 0, "held back too");
+        claims.done(&first);
+        leading.await.unwrap();
+        assert_eq!(
+            claims.depth().0,
+            2,
+            "the settled and the piled-up keys, queued again"
+        );
+        assert_eq!(addresses.next().await.unwrap(), "address");
     }
 
     #[tokio::test]
