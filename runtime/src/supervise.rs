@@ -56,8 +56,27 @@ pub struct Tasks {
     /// Tasks that run forever (the watches, the view store): they keep going while the
     /// others finish — the workers their pass in hand, a server its open connections — and
     /// are aborted once those are done, not waited for.
-    forever: JoinSet<&'static str>,
+    forever: JoinSet<(&'static str, anyhow::Result<()>)>,
     shutdown: Shutdown,
+}
+
+/// A task's end: nothing while shutting down, a failure before.
+fn ended(
+    joined: Result<(&'static str, anyhow::Result<()>), tokio::task::JoinError>,
+    shutting_down: bool,
+) -> Option<TaskError> {
+    match joined {
+        Ok((task, Ok(()))) if shutting_down => {
+            tracing::debug!(task, "task finished");
+            None
+        }
+        Ok((task, Ok(()))) => Some(TaskError::Ended { task }),
+        Ok((task, Err(error))) => Some(TaskError::Failed { task, error }),
+        Err(e) => {
+            tracing::error!(error = %e, "a task panicked");
+            Some(TaskError::Panicked { task: "unknown" })
+        }
+    }
 }
 
 impl Tasks {
@@ -85,7 +104,7 @@ impl Tasks {
     {
         self.forever.spawn(async move {
             f.await;
-            name
+            (name, Ok(()))
         });
     }
 
@@ -98,25 +117,16 @@ impl Tasks {
         let failure = loop {
             tokio::select! {
                 () = &mut stop => break None,
-                Some(joined) = self.set.join_next(), if !self.set.is_empty() => match joined {
-                    Ok((task, Ok(()))) if shutdown.triggered() => {
-                        tracing::debug!(task, "task finished");
+                Some(joined) = self.set.join_next(), if !self.set.is_empty() => {
+                    if let Some(e) = ended(joined, shutdown.triggered()) {
+                        break Some(e);
                     }
-                    Ok((task, Ok(()))) => break Some(TaskError::Ended { task }),
-                    Ok((task, Err(error))) => break Some(TaskError::Failed { task, error }),
-                    Err(e) => {
-                        tracing::error!(error = %e, "a task panicked");
-                        break Some(TaskError::Panicked { task: "unknown" });
+                }
+                Some(joined) = self.forever.join_next(), if !self.forever.is_empty() => {
+                    if let Some(e) = ended(joined, shutdown.triggered()) {
+                        break Some(e);
                     }
-                },
-                Some(ended) = self.forever.join_next(), if !self.forever.is_empty() => match ended {
-                    Ok(task) if shutdown.triggered() => tracing::debug!(task, "task finished"),
-                    Ok(task) => break Some(TaskError::Ended { task }),
-                    Err(e) => {
-                        tracing::error!(error = %e, "a task panicked");
-                        break Some(TaskError::Panicked { task: "unknown" });
-                    }
-                },
+                }
             }
         };
         if let Some(e) = &failure {
