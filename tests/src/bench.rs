@@ -107,7 +107,12 @@ pub fn delta(
 
 /// The pid of the control plane's kube-apiserver.
 pub fn kas_pid() -> Result<u32> {
-    let pid = std::fs::read_to_string(Cluster::get().dir.join("pids/kube-apiserver"))?;
+    component_pid("kube-apiserver")
+}
+
+/// The process of a component of the local control plane (`etcd`, `kube-apiserver`, …).
+pub fn component_pid(component: &str) -> Result<u32> {
+    let pid = std::fs::read_to_string(Cluster::get().dir.join("pids").join(component))?;
     Ok(pid.trim().parse()?)
 }
 
@@ -127,22 +132,13 @@ pub struct GoGc {
 /// line's `@T` is seconds since the process started, which `/proc` dates (clock ticks of
 /// 10 ms).
 pub fn go_gcs(component: &str) -> Result<Vec<GoGc>> {
-    let dir = &Cluster::get().dir;
-    let pid = std::fs::read_to_string(dir.join("pids").join(component))?;
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()))?;
-    // Field 22 (starttime), counted after the command's closing parenthesis (field 2).
-    let ticks: f64 = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(19)?.parse().ok())
-        .context("/proc/PID/stat: no starttime")?;
-    let uptime: f64 = std::fs::read_to_string("/proc/uptime")?
-        .split_whitespace()
-        .next()
-        .and_then(|u| u.parse().ok())
-        .context("/proc/uptime")?;
-    let started = k8s_openapi::jiff::Timestamp::now()
-        - Duration::from_secs_f64((uptime - ticks / 100.0).max(0.0));
-    let log = std::fs::read_to_string(dir.join("logs").join(format!("{component}.log")))?;
+    let started = crate::started_at(component_pid(component)?)?;
+    let log = std::fs::read_to_string(
+        Cluster::get()
+            .dir
+            .join("logs")
+            .join(format!("{component}.log")),
+    )?;
     Ok(log
         .lines()
         .filter_map(|l| {

@@ -904,25 +904,44 @@ pub mod image;
 pub mod metallb;
 pub mod node;
 
-/// CPU time (user + system) a process has used, from `/proc/<pid>/stat`.
-pub fn cpu_time(pid: u32) -> Result<Duration> {
+/// Fields `line_fields` of `/proc/<pid>/stat` (numbered as in proc(5), from 1), as clock
+/// ticks — USER_HZ, 100 on Linux, so 10 ms each.
+fn stat_ticks<const N: usize>(pid: u32, line_fields: [usize; N]) -> Result<[u64; N]> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name (which may hold spaces) in parentheses.
+    // Fields after the command name (field 2, which may hold spaces) in parentheses.
     let rest = stat
         .rsplit_once(')')
         .map(|(_, r)| r)
         .ok_or_else(|| anyhow!("unreadable /proc/{pid}/stat"))?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| -> Result<u64> {
-        Ok(fields
-            .get(i)
+    let mut out = [0; N];
+    for (o, f) in out.iter_mut().zip(line_fields) {
+        *o = fields
+            .get(f - 3)
             .ok_or_else(|| anyhow!("short stat"))?
-            .parse()?)
-    };
-    // utime and stime are fields 14 and 15 of the line: 11 and 12 after the name.
-    let total = ticks(11)? + ticks(12)?;
-    // The kernel reports clock ticks of USER_HZ, 100 on Linux.
-    Ok(Duration::from_millis(total * 10))
+            .parse()?;
+    }
+    Ok(out)
+}
+
+/// CPU time (user + system) a process has used, from `/proc/<pid>/stat`.
+pub fn cpu_time(pid: u32) -> Result<Duration> {
+    // utime and stime.
+    let [user, system] = stat_ticks(pid, [14, 15])?;
+    Ok(Duration::from_millis((user + system) * 10))
+}
+
+/// When a process started, by the wall clock: its start time in clock ticks since boot
+/// (`/proc/<pid>/stat`) against the uptime now.
+pub fn started_at(pid: u32) -> Result<k8s_openapi::jiff::Timestamp> {
+    let [ticks] = stat_ticks(pid, [22])?;
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")?
+        .split_whitespace()
+        .next()
+        .and_then(|u| u.parse().ok())
+        .ok_or_else(|| anyhow!("unreadable /proc/uptime"))?;
+    Ok(k8s_openapi::jiff::Timestamp::now()
+        - Duration::from_secs_f64((uptime - ticks as f64 / 100.0).max(0.0)))
 }
 
 /// Resident memory of a process, from `/proc/<pid>/status`.
@@ -981,5 +1000,26 @@ impl Drop for PrivateCluster {
             .arg(&self.dir)
             .output();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod proc_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn this_process_started_just_now_and_has_used_some_cpu() {
+        let pid = std::process::id();
+        let started = started_at(pid).unwrap();
+        let ago = k8s_openapi::jiff::Timestamp::now().duration_since(started);
+        // A wrong field (the boot time, a zero) would be hours off, or in the future.
+        assert!(
+            ago.as_secs_f64() > -0.05 && ago.as_secs() < 600,
+            "started {ago:?} ago"
+        );
+        let spin = std::time::Instant::now();
+        while spin.elapsed() < Duration::from_millis(50) {}
+        assert!(cpu_time(pid).unwrap() >= Duration::from_millis(30));
     }
 }
