@@ -292,6 +292,11 @@ struct Trace {
     seen: Timestamp,
 }
 
+/// Milliseconds from `a` to `b`.
+fn ms_between(a: Timestamp, b: Timestamp) -> f64 {
+    b.duration_since(a).as_secs_f64() * 1000.0
+}
+
 /// `at` by the wall clock.
 fn wall(at: Instant) -> Timestamp {
     let now = Instant::now();
@@ -766,29 +771,27 @@ struct Split {
 
 impl Split {
     fn of(t: &Trace, chain: &[&AuditedWrite]) -> Option<Split> {
-        let ms = |a: Timestamp, b: Timestamp| b.duration_since(a).as_secs_f64() * 1000.0;
-        let spans: Vec<(Timestamp, Timestamp)> = chain
+        let mut spans: Vec<(Timestamp, Timestamp)> = chain
             .iter()
             .filter_map(|w| w.received.zip(w.completed))
             .filter(|(r, c)| *r >= t.arrived && *c <= t.seen)
             .collect();
-        let first = spans.iter().map(|s| s.0).min()?;
+        spans.sort();
+        let first = spans.first()?.0;
         let last = spans.iter().map(|s| s.1).max()?;
         let (mut api, mut reach) = (0.0, first);
-        let mut sorted = spans.clone();
-        sorted.sort();
-        for (r, c) in sorted {
+        for &(r, c) in &spans {
             let from = r.max(reach);
             if c > from {
-                api += ms(from, c);
+                api += ms_between(from, c);
                 reach = c;
             }
         }
         Some(Split {
-            before: ms(t.arrived, first),
+            before: ms_between(t.arrived, first),
             api,
-            between: ms(first, last) - api,
-            after: ms(last, t.seen),
+            between: ms_between(first, last) - api,
+            after: ms_between(last, t.seen),
             writes: spans.len() as f64,
         })
     }
@@ -881,7 +884,7 @@ fn profile(
                 let mut chain = chains.get(t.claim.as_str()).cloned().unwrap_or_default();
                 chain.retain(|w| w.received.is_some_and(|r| r >= t.arrived && r <= t.seen));
                 chain.sort_by_key(|w| w.received);
-                let at = |ts: Timestamp| ts.duration_since(t.arrived).as_secs_f64() * 1000.0;
+                let at = |ts: Timestamp| ms_between(t.arrived, ts);
                 let steps: Vec<String> = chain
                     .iter()
                     .map(|w| {
@@ -901,7 +904,7 @@ fn profile(
                                 .unwrap_or_default(),
                             w.received
                                 .zip(w.completed)
-                                .map(|(r, c)| c.duration_since(r).as_secs_f64() * 1000.0)
+                                .map(|(r, c)| ms_between(r, c))
                                 .unwrap_or(0.0),
                         )
                     })
@@ -925,7 +928,7 @@ fn profile(
 
 /// Services the bench found deleted when it came to delete them, and who deleted them
 /// (the audit log).
-fn vanished(run: &Run) -> Result<String> {
+fn vanished(run: &Run, log: &[AuditedWrite]) -> String {
     let gone: Vec<&(String, String)> = run
         .samples
         .values()
@@ -933,10 +936,10 @@ fn vanished(run: &Run) -> Result<String> {
         .filter_map(|(_, s)| s.vanished.as_ref())
         .collect();
     if gone.is_empty() {
-        return Ok(String::new());
+        return String::new();
     }
     let mut out = format!("\n\n{} Services were deleted by someone else:", gone.len());
-    for w in audit_log()? {
+    for w in log {
         if w.verb == "delete"
             && w.resource == "services"
             && gone
@@ -953,7 +956,7 @@ fn vanished(run: &Run) -> Result<String> {
             ));
         }
     }
-    Ok(out)
+    out
 }
 
 /// etcd's compactions (kube-apiserver asks for one every 5 minutes): how many, their total
@@ -1333,14 +1336,14 @@ fn collections(ours: &Run, floor: &Run, gcs: &[(&str, Vec<GoGc>)]) -> String {
                 };
                 let count = |ts: &[(f64, &Trace)]| ts.iter().filter(|(_, t)| during(t)).count();
                 let ms: f64 = step.iter().map(|g| g.ms).sum();
-                let span = ended.duration_since(began).as_secs_f64() * 1000.0;
+                let span = ms_between(began, ended);
                 out.push(format!(
                     "| {label} | {rate} | {component} | {} | {ms:.0} ({:.1}%) | {} | {} of {} | {} of {} |",
                     step.len(),
                     100.0 * ms / span.max(1.0),
                     step.iter()
                         .map(|g| g.heap_mb)
-                        .fold(None, |m: Option<f64>, h| Some(m.map_or(h, |m| m.max(h))))
+                        .reduce(f64::max)
                         .map(|h| format!("≤ {h:.0}"))
                         .unwrap_or_else(|| "—".into()),
                     count(&traced),
@@ -1493,7 +1496,6 @@ async fn measure(
     let ctls = [ctl_a.pid(), ctl_b.pid()];
     let drvs = [drv_a.pid(), drv_b.pid()];
     let ours_run = run(ours.clone(), &rates, dur, (&ctls, &drvs)).await?;
-    let vanished = vanished(&ours_run)?;
     let mut procs = vec![ctl_a, ctl_b, drv_a, drv_b];
     let mut takeover_report = String::new();
     if let Some(rate) = takeover_rate {
@@ -1513,6 +1515,7 @@ async fn measure(
     let log = audit_log()?;
     let claims_of = obs.claims_of.lock().map(|m| m.clone()).unwrap_or_default();
     let writes = audited(&log, &claims_of);
+    let vanished = vanished(&ours_run, &log);
     let mut gcs = Vec::new();
     for component in ["kube-apiserver", "etcd", "kube-controller-manager"] {
         gcs.push((component, go_gcs(component)?));
