@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use address_controller_apiserver::Views;
-use address_controller_apiserver::secure::SecureServing;
+use address_controller_apiserver::limits::ServingLimitArgs;
+use address_controller_apiserver::secure::{SecureServing, Serving};
 use address_controller_controller::context::Context;
 use address_controller_controller::metrics::Metrics;
 use address_controller_controller::run;
@@ -154,6 +155,8 @@ struct ApiServerArgs {
     /// Testing only: serve this file as /openapi/v2 instead of the generated document.
     #[arg(long, hide = true)]
     testing_openapi_v2: Option<PathBuf>,
+    #[command(flatten)]
+    limits: ServingLimitArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -255,9 +258,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let a = &args.apiserver;
     let serving = if a.enabled || !a.metrics_address.is_empty() {
         Some(SecureServing::start(
-            &p.client,
-            a.tls_cert_file.clone().zip(a.tls_private_key_file.clone()),
-            a.auth_cache_size,
+            Serving {
+                reviews: &p.reviews,
+                cert: a.tls_cert_file.clone().zip(a.tls_private_key_file.clone()),
+                cache_size: a.auth_cache_size,
+                limits: &a.limits,
+                servers: u64::from(a.enabled) + u64::from(!a.metrics_address.is_empty()),
+            },
             &metrics.registry,
             true,
             &mut p.tasks,

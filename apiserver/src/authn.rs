@@ -14,6 +14,8 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use rustls::pki_types::{CertificateDer, TrustAnchor, UnixTime};
 
+use crate::limits::ReviewGate;
+
 /// An authenticated user.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct UserInfo {
@@ -199,7 +201,9 @@ fn percent_decode(s: &str) -> String {
 
 /// Authentication state: the watched front-proxy settings and a TokenReview cache.
 pub struct Authenticator {
+    /// The reviews' own client: no other call of the process waits behind them.
     client: Client,
+    gate: Arc<ReviewGate>,
     front_proxy: RwLock<Option<Arc<FrontProxy>>>,
     /// Review results by the SHA-256 of the token (never the token itself): bounded in size
     /// and time, concurrent reviews of one token made once. A failed review is not kept.
@@ -220,13 +224,24 @@ fn token_digest(token: &str) -> [u8; 32] {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AuthnError {
     Unauthorized(String),
+    /// No room for the TokenReview now ([`ReviewGate`]): 429, the client retries.
+    Overloaded,
+}
+
+/// Why a TokenReview was not made or gave no answer; neither is cached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ReviewError {
+    Overloaded,
+    Failed(String),
 }
 
 impl Authenticator {
-    /// `capacity`: most tokens kept — a flood of distinct tokens cannot grow memory past it.
-    pub fn new(client: Client, capacity: u64) -> Arc<Self> {
+    /// `capacity`: most tokens kept — a flood of distinct tokens cannot grow memory past it;
+    /// `gate`: the process's budget of reviews (shared with the [`crate::authz::Authorizer`]).
+    pub fn new(client: Client, capacity: u64, gate: Arc<ReviewGate>) -> Arc<Self> {
         Arc::new(Authenticator {
             client,
+            gate,
             front_proxy: RwLock::new(None),
             tokens: moka::future::Cache::builder()
                 .max_capacity(capacity)
@@ -310,8 +325,15 @@ impl Authenticator {
             .filter(|t| !t.is_empty());
         if let Some(token) = bearer {
             return match self.review(token).await {
-                Some(user) => Ok(user.authenticated()),
-                None => Err(AuthnError::Unauthorized("invalid bearer token".into())),
+                Ok(Some(user)) => Ok(user.authenticated()),
+                Ok(None) => Err(AuthnError::Unauthorized("invalid bearer token".into())),
+                Err(ReviewError::Overloaded) => Err(AuthnError::Overloaded),
+                Err(ReviewError::Failed(e)) => {
+                    tracing::warn!(error = %e, "TokenReview failed");
+                    Err(AuthnError::Unauthorized(
+                        "the token could not be reviewed".into(),
+                    ))
+                }
             };
         }
         match cert_error {
@@ -320,14 +342,16 @@ impl Authenticator {
         }
     }
 
-    async fn review(&self, token: &str) -> Option<UserInfo> {
+    /// The user of a token: from the cache (a rejected token is cached too, as kube caches
+    /// both answers), else by a TokenReview when the gate has room.
+    async fn review(&self, token: &str) -> Result<Option<UserInfo>, ReviewError> {
         self.tokens
-            .try_get_with(token_digest(token), self.token_review(token))
-            .await
-            .unwrap_or_else(|e: Arc<String>| {
-                tracing::warn!(error = %e, "TokenReview failed");
-                None
+            .try_get_with(token_digest(token), async {
+                let _permit = self.gate.enter().ok_or(ReviewError::Overloaded)?;
+                self.token_review(token).await.map_err(ReviewError::Failed)
             })
+            .await
+            .map_err(|e: Arc<ReviewError>| (*e).clone())
     }
 
     async fn token_review(&self, token: &str) -> Result<Option<UserInfo>, String> {

@@ -2,6 +2,7 @@
 //! (verb, group, version, resource, subresource, namespace, name; or a non-resource path),
 //! `system:masters` allowed without a review, and decisions cached briefly.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::authorization::v1::{
@@ -11,6 +12,7 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 
 use crate::authn::UserInfo;
+use crate::limits::ReviewGate;
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -31,7 +33,9 @@ pub enum Attributes {
 }
 
 pub struct Authorizer {
+    /// The reviews' own client: no other call of the process waits behind them.
     client: Client,
+    gate: Arc<ReviewGate>,
     /// Decisions by a hash of (user, attributes): bounded in size and time; concurrent
     /// identical reviews are made once.
     cache: moka::future::Cache<[u8; 32], bool>,
@@ -46,6 +50,9 @@ pub enum AuthzError {
     Review(#[from] kube::Error),
     #[error("SubjectAccessReview timed out after {0:?}")]
     Timeout(Duration),
+    /// No room for the review now ([`ReviewGate`]): 429, the client retries.
+    #[error("too many reviews in flight")]
+    Overloaded,
 }
 
 /// A digest of what a decision depends on.
@@ -65,10 +72,11 @@ fn cache_key(user: &UserInfo, attrs: &Attributes) -> [u8; 32] {
 }
 
 impl Authorizer {
-    /// `capacity`: most decisions kept.
-    pub fn new(client: Client, capacity: u64) -> Self {
+    /// `capacity`: most decisions kept; `gate`: the process's budget of reviews.
+    pub fn new(client: Client, capacity: u64, gate: Arc<ReviewGate>) -> Self {
         Authorizer {
             client,
+            gate,
             cache: moka::future::Cache::builder()
                 .max_capacity(capacity)
                 .time_to_live(TTL)
@@ -90,7 +98,7 @@ impl Authorizer {
         &self,
         user: &UserInfo,
         attrs: &Attributes,
-    ) -> Result<bool, std::sync::Arc<AuthzError>> {
+    ) -> Result<bool, Arc<AuthzError>> {
         if user.groups.iter().any(|g| g == "system:masters") {
             return Ok(true);
         }
@@ -100,6 +108,7 @@ impl Authorizer {
     }
 
     async fn review(&self, user: &UserInfo, attrs: &Attributes) -> Result<bool, AuthzError> {
+        let _permit = self.gate.enter().ok_or(AuthzError::Overloaded)?;
         let mut spec = SubjectAccessReviewSpec {
             user: Some(user.name.clone()),
             uid: user.uid.clone(),

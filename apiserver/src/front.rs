@@ -1,7 +1,7 @@
 //! The front door: what every request passes before a handler sees it, as tower layers in
 //! the order kube-apiserver's filters run — what the request asks for ([`describe`], parsed
 //! once), request metrics ([`metered`]), errors in the client's encoding ([`yaml_errors`]),
-//! authentication and authorization ([`authenticate`]). The views' router and the secure
+//! a place in flight ([`admit`]), authentication and authorization ([`authenticate`]). The views' router and the secure
 //! `/metrics` router use the same layers.
 
 use std::sync::Arc;
@@ -14,7 +14,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::authn::{self, Authenticator, PeerCerts, UserInfo};
-use crate::authz::{Attributes, Authorizer};
+use crate::authz::{Attributes, Authorizer, AuthzError};
+use crate::limits::{Holding, InFlight};
 use crate::negotiate;
 use crate::request::{Query, RequestInfo};
 use crate::state::State;
@@ -45,6 +46,14 @@ impl Described {
             .cloned()
             .unwrap_or_else(|| Arc::new(Described::of(&parts.method, &parts.uri)))
     }
+
+    /// [`Described::from_parts`] of a whole request.
+    pub fn from_parts_of(req: &Request) -> Arc<Described> {
+        req.extensions()
+            .get::<Arc<Described>>()
+            .cloned()
+            .unwrap_or_else(|| Arc::new(Described::of(req.method(), req.uri())))
+    }
 }
 
 /// Layer: parse what the request asks for and attach it as an extension.
@@ -73,11 +82,25 @@ pub fn without_trailing_slash(mut req: Request) -> Request {
     req
 }
 
-/// The delegated authentication and authorization of a server.
+/// The delegated authentication and authorization of a server, and its places for
+/// requests in flight.
 #[derive(Clone)]
 pub struct Access {
     pub authn: Arc<Authenticator>,
     pub authz: Arc<Authorizer>,
+    pub inflight: Arc<InFlight>,
+}
+
+/// Layer: a place in flight for the request — a watch among the watches, any other among
+/// the requests — held until its response body is done; none left: 429 with
+/// `Retry-After: 1` at once, before any review is asked for (kube-apiserver's max-in-flight
+/// filter).
+pub async fn admit(AxumState(access): AxumState<Access>, req: Request, next: Next) -> Response {
+    let watch = Described::from_parts_of(&req).query.watch();
+    let Some(place) = access.inflight.admit(watch) else {
+        return ApiError::too_many_requests().into_response();
+    };
+    next.run(req).await.map(|body| Holding::body(body, place))
 }
 
 /// Layer: authenticate (front-proxy certificate or bearer token) and authorize
@@ -100,6 +123,9 @@ pub async fn authenticate(
         Err(authn::AuthnError::Unauthorized(why)) => {
             tracing::debug!(path = %parts.uri.path(), why, "unauthorized");
             return ApiError::unauthorized().into_response();
+        }
+        Err(authn::AuthnError::Overloaded) => {
+            return ApiError::too_many_requests().into_response();
         }
     };
     let attrs = attributes(&parts.method, parts.uri.path(), described.info.as_ref());
@@ -155,6 +181,9 @@ async fn decide(authz: &Authorizer, user: &UserInfo, attrs: &Attributes) -> Resu
             Attributes::Path { verb, path } => ApiError::forbidden_path(&user.name, verb, path),
         }
         .into_response()),
+        Err(e) if matches!(*e, AuthzError::Overloaded) => {
+            Err(ApiError::too_many_requests().into_response())
+        }
         Err(e) => {
             tracing::warn!(error = %e, "SubjectAccessReview failed");
             Err(ApiError::unavailable("authorization is unavailable").into_response())

@@ -9,7 +9,7 @@
 //! [`selector`], [`negotiate`], [`render`], [`serve`] (list/get/subresources), [`watch`],
 //! [`store`] (materialized views and their change history), [`resources`] (one module per
 //! view), [`discovery`] (and the OpenAPI documents' handlers), [`openapi`],
-//! [`authn`]/[`authz`] (delegated, cached), [`secure`] (certificate, auth and `/metrics`
+//! [`authn`]/[`authz`] (delegated, cached), [`limits`] (what the network may have), [`secure`] (certificate, auth and `/metrics`
 //! shared by every binary), [`tls`], [`metrics`], [`group`], [`state`]. This file only assembles the
 //! router and spawns the server.
 
@@ -18,6 +18,7 @@ pub mod authz;
 pub mod discovery;
 pub mod front;
 pub mod group;
+pub mod limits;
 pub mod metrics;
 pub mod negotiate;
 pub mod openapi;
@@ -49,11 +50,7 @@ pub use crate::state::State;
 
 /// The router. Requests carry the TLS peer's certificates as a [`authn::PeerCerts`]
 /// extension. Probes answer anonymously; everything else passes the [`front`] layers.
-pub fn router(state: Arc<State>) -> Router {
-    let access = front::Access {
-        authn: state.authn.clone(),
-        authz: state.authz.clone(),
-    };
+pub fn router(state: Arc<State>, access: front::Access) -> Router {
     let api = Router::new()
         .route("/apis", any(discovery::apis))
         .route("/apis/{group}", any(discovery::group))
@@ -66,7 +63,8 @@ pub fn router(state: Arc<State>) -> Router {
         )
         // Every resource path (and any other): the target is read from the description.
         .fallback(serve::resource)
-        .layer(from_fn_with_state(access, front::authenticate))
+        .layer(from_fn_with_state(access.clone(), front::authenticate))
+        .layer(from_fn_with_state(access, front::admit))
         .layer(from_fn(front::yaml_errors))
         .layer(from_fn_with_state(state.clone(), front::metered))
         .layer(from_fn(front::describe));
@@ -119,9 +117,11 @@ pub fn spawn(
     let serve = tls::serve(
         views.address,
         serving.config.clone(),
-        router(state),
+        router(state, serving.access()),
         shutdown.wait(),
         true,
+        "views",
+        serving.limits,
     );
     tasks.spawn("aggregated API server", async move {
         serve.await.context("aggregated API server")

@@ -7,6 +7,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use address_controller_runtime::process::open_files_limit;
 use address_controller_runtime::supervise::{Shutdown, Tasks};
 use anyhow::Context as _;
 use kube::Client;
@@ -20,15 +21,32 @@ use axum::routing::any;
 use crate::authn::Authenticator;
 use crate::authz::Authorizer;
 use crate::front;
+use crate::limits::{InFlight, Limits, ServingLimitArgs, ServingMetrics};
 use crate::metrics::AuthCaches;
 use crate::status::page_not_found;
 use crate::tls::{self, ServingCert};
 
-/// The certificate and the delegated auth of a process.
+/// The certificate, the delegated auth and the serving limits of a process.
 pub struct SecureServing {
     pub config: Arc<rustls::ServerConfig>,
     pub authn: Arc<Authenticator>,
     pub authz: Arc<Authorizer>,
+    /// The limits of each of its TLS servers.
+    pub limits: Limits,
+}
+
+/// Where a process's secure serving comes from.
+pub struct Serving<'a> {
+    /// The reviews' own client (TokenReview, SubjectAccessReview, the front-proxy
+    /// settings): nothing else of the process waits behind a stranger's reviews.
+    pub reviews: &'a Client,
+    /// The serving certificate and key; without them a self-signed one for localhost.
+    pub cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// Most entries of each auth cache.
+    pub cache_size: u64,
+    pub limits: &'a ServingLimitArgs,
+    /// How many TLS servers the process runs (they share the open-file limit).
+    pub servers: u64,
 }
 
 impl SecureServing {
@@ -38,21 +56,23 @@ impl SecureServing {
     /// that makes front-proxy client certificates count (an aggregated API server needs it;
     /// `/metrics` alone takes bearer tokens).
     pub fn start(
-        client: &Client,
-        cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
-        cache_size: u64,
+        serving: Serving<'_>,
         registry: &Registry,
         front_proxy: bool,
         tasks: &mut Tasks,
     ) -> anyhow::Result<SecureServing> {
-        let cert = match cert {
+        let cert = match serving.cert {
             Some((cert, key)) => ServingCert::Files { cert, key },
             None => ServingCert::SelfSigned(vec!["localhost".into()]),
         };
         let config = tls::server_config(cert)?;
-        let authn = Authenticator::new(client.clone(), cache_size);
-        let authz = Arc::new(Authorizer::new(client.clone(), cache_size));
+        let gate = serving.limits.review_gate();
+        let client = serving.reviews;
+        let authn = Authenticator::new(client.clone(), serving.cache_size, gate.clone());
+        let authz = Arc::new(Authorizer::new(client.clone(), serving.cache_size, gate));
         registry.register(Box::new(AuthCaches::new(authn.clone(), authz.clone())?))?;
+        ServingMetrics::register(registry)?;
+        let limits = serving.limits.limits(open_files_limit(), serving.servers);
         if front_proxy {
             tasks.spawn_forever("front-proxy settings watch", authn.clone().watch_config());
         }
@@ -64,7 +84,18 @@ impl SecureServing {
             config,
             authn,
             authz,
+            limits,
         })
+    }
+
+    /// The front door of one of its servers: the delegated auth, and places in flight of
+    /// its own.
+    pub fn access(&self) -> front::Access {
+        front::Access {
+            authn: self.authn.clone(),
+            authz: self.authz.clone(),
+            inflight: Arc::new(InFlight::new(&self.limits)),
+        }
     }
 
     /// Serves `/metrics` (rendered by `render`) over HTTPS on `addr` to principals allowed
@@ -79,15 +110,17 @@ impl SecureServing {
         let addr: SocketAddr = addr
             .parse()
             .with_context(|| format!("metrics address {addr:?}"))?;
-        let app = metrics_router(
-            front::Access {
-                authn: self.authn.clone(),
-                authz: self.authz.clone(),
-            },
-            render,
-        );
+        let app = metrics_router(self.access(), render);
         // Nothing to drain: a scrape that fails is retried at the next interval.
-        let serve = tls::serve(addr, self.config.clone(), app, shutdown.wait(), false);
+        let serve = tls::serve(
+            addr,
+            self.config.clone(),
+            app,
+            shutdown.wait(),
+            false,
+            "metrics",
+            self.limits,
+        );
         tasks.spawn("metrics server", async move {
             serve.await.context("metrics server")
         });
@@ -127,7 +160,8 @@ pub fn metrics_router(
                 }
             }),
         )
-        .route_layer(from_fn_with_state(access, front::authenticate))
+        .route_layer(from_fn_with_state(access.clone(), front::authenticate))
+        .route_layer(from_fn_with_state(access, front::admit))
         .route_layer(from_fn(front::describe))
         .fallback(|| async { page_not_found() })
 }

@@ -2,7 +2,7 @@
 //! (`labels.Parse`, `fields.ParseSelector`): what kube-apiserver accepts, refuses (400) and
 //! matches, so that a view answers a selector exactly as a CRD would.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A parse error; the API answers it with 400 BadRequest.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -379,39 +379,32 @@ impl Parser {
         }
     }
 
+    /// The values of a set (`in (...)`, `notin (...)`): sorted and without duplicates, as
+    /// apimachinery's `sets.String` keeps them — in O(n log n), whatever a client sends.
     fn identifiers(&mut self) -> Result<Vec<String>, String> {
-        let mut set: Vec<String> = Vec::new();
-        let insert = |set: &mut Vec<String>, v: String| {
-            if !set.contains(&v) {
-                set.push(v);
-            }
-        };
+        let mut set: BTreeSet<String> = BTreeSet::new();
         loop {
             match self.next(true) {
                 Token::Identifier(v) => {
-                    insert(&mut set, v);
+                    set.insert(v);
                     match self.peek(true) {
                         Token::Comma => continue,
-                        Token::ClosedPar => {
-                            set.sort();
-                            return Ok(set);
-                        }
+                        Token::ClosedPar => return Ok(set.into_iter().collect()),
                         t => return Err(format!("found '{}', expected: ',' or ')'", t.literal())),
                     }
                 }
                 Token::Comma => {
                     if set.is_empty() {
-                        insert(&mut set, String::new());
+                        set.insert(String::new());
                     }
                     match self.peek(true) {
                         Token::ClosedPar => {
-                            insert(&mut set, String::new());
-                            set.sort();
-                            return Ok(set);
+                            set.insert(String::new());
+                            return Ok(set.into_iter().collect());
                         }
                         Token::Comma => {
                             self.next(true);
-                            insert(&mut set, String::new());
+                            set.insert(String::new());
                         }
                         _ => {}
                     }
@@ -474,8 +467,11 @@ impl LabelSelector {
         self.0.iter().all(|r| {
             let v = labels.get(&r.key);
             match r.op {
-                Op::In | Op::Equals | Op::DoubleEquals => v.is_some_and(|v| r.values.contains(v)),
-                Op::NotIn | Op::NotEquals => v.is_none_or(|v| !r.values.contains(v)),
+                // The values are sorted (one value, or a set): a lookup is O(log n).
+                Op::In | Op::Equals | Op::DoubleEquals => {
+                    v.is_some_and(|v| r.values.binary_search(v).is_ok())
+                }
+                Op::NotIn | Op::NotEquals => v.is_none_or(|v| r.values.binary_search(v).is_err()),
                 Op::Exists => v.is_some(),
                 Op::DoesNotExist => v.is_none(),
                 Op::GreaterThan | Op::LessThan => {
@@ -569,15 +565,18 @@ fn split_unescaped(s: &str, sep: char) -> Vec<String> {
     out
 }
 
+/// Where the ASCII operator `op` first stands unescaped in `s`. Compared as bytes: `i` may
+/// fall inside a multi-byte character (never where an ASCII operator starts), and a
+/// string slice there would panic.
 fn find_unescaped(s: &str, op: &str) -> Option<usize> {
-    let b = s.as_bytes();
+    let (b, op) = (s.as_bytes(), op.as_bytes());
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'\\' {
             i += 2;
             continue;
         }
-        if s[i..].starts_with(op) {
+        if b[i..].starts_with(op) {
             return Some(i);
         }
         i += 1;
@@ -614,6 +613,31 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn hostile_selectors_are_answered_not_panicked_on() {
+        // A multi-byte character where an operator is looked for (this sliced inside it).
+        for s in [
+            "metadata.name=\u{e9}",
+            "\u{e9}=x",
+            "metadata.name!=\u{e9}\u{e9}",
+            "\\\u{e9}=x",
+            "\u{1f600}",
+        ] {
+            let _ = FieldSelector::parse(s);
+        }
+        assert!(FieldSelector::parse("metadata.name=\u{e9}").is_ok());
+        // A huge set: duplicates collapse, the values stay sorted (looked up by bisection).
+        let values: Vec<String> = (0..10_500).map(|i| format!("v{}", i % 7_000)).collect();
+        let sel = LabelSelector::parse(&format!("k in ({})", values.join(","))).unwrap();
+        assert_eq!(sel.0[0].values.len(), 7_000);
+        assert!(sel.0[0].values.windows(2).all(|w| w[0] < w[1]));
+        assert!(sel.matches(&labels(&[("k", "v6999")])));
+        assert!(!sel.matches(&labels(&[("k", "v7000")])));
+        let not = LabelSelector::parse(&format!("k notin ({})", values.join(","))).unwrap();
+        assert!(!not.matches(&labels(&[("k", "v1")])));
+        assert!(not.matches(&labels(&[("k", "w")])));
     }
 
     #[test]

@@ -195,6 +195,18 @@ impl ApiError {
         }
     }
 
+    /// 429 as kube-apiserver's max-in-flight filter answers it (the response also carries
+    /// `Retry-After: 1`, see [`IntoResponse`]).
+    pub fn too_many_requests() -> Self {
+        Self {
+            code: StatusCode::TOO_MANY_REQUESTS,
+            reason: "TooManyRequests",
+            message: "Too many requests, please try again later.".into(),
+            details: Some(json!({"retryAfterSeconds": 1})),
+            continue_: None,
+        }
+    }
+
     /// 500 without a reason, as kube-apiserver reports an encoding it cannot do.
     pub fn internal(message: &str) -> Self {
         Self {
@@ -246,6 +258,18 @@ fn list_options_causes(field: &str, reason: &str, message: &str) -> serde_json::
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.code, Json(self.body())).into_response()
+        let retry = self
+            .details
+            .as_ref()
+            .and_then(|d| d.get("retryAfterSeconds"))
+            .and_then(serde_json::Value::as_u64);
+        let mut response = (self.code, Json(self.body())).into_response();
+        if let Some(secs) = retry.filter(|_| self.code == StatusCode::TOO_MANY_REQUESTS) {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(secs),
+            );
+        }
+        response
     }
 }

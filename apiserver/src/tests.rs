@@ -22,6 +22,7 @@ use tower::ServiceExt;
 
 use crate::authn::{Authenticator, FrontProxy, PeerCerts};
 use crate::authz::Authorizer;
+use crate::limits::{InFlight, Limits, ReviewGate};
 use crate::metrics::ApiMetrics;
 use crate::store::{HistoryBound, ViewStore};
 use crate::{State, router};
@@ -88,6 +89,15 @@ fn app_with(pki: &Pki) -> (axum::Router, World, Arc<ViewStore>) {
 
 /// The app, its caches and its store, keeping `history` changes.
 fn app_keeping(pki: &Pki, history: HistoryBound) -> (axum::Router, World, Arc<ViewStore>) {
+    app_limited(pki, history, Limits::default())
+}
+
+/// [`app_keeping`] within `limits`.
+fn app_limited(
+    pki: &Pki,
+    history: HistoryBound,
+    limits: Limits,
+) -> (axum::Router, World, Arc<ViewStore>) {
     let world = World::new(false, Health::new(Bounds::default()));
     // The store sees the caches from their first object on, as in the binary.
     let store = ViewStore::new(world.clone(), crate::resources::all(), history);
@@ -117,20 +127,29 @@ fn app_keeping(pki: &Pki, history: HistoryBound) -> (axum::Router, World, Arc<Vi
     world.revision.store(77, Ordering::Release);
     store.recompute();
     let client = offline_client();
-    let authn = Authenticator::new(client.clone(), 100);
+    let authn = Authenticator::new(client.clone(), 100, ReviewGate::unlimited());
     let cm: ConfigMap = serde_json::from_value(json!({"data": {
         "requestheader-client-ca-file": pki.ca_pem, "requestheader-allowed-names": "[\"front-proxy-client\"]",
         "requestheader-username-headers": "[\"X-Remote-User\"]", "requestheader-group-headers": "[\"X-Remote-Group\"]",
         "requestheader-extra-headers-prefix": "[\"X-Remote-Extra-\"]"}}))
     .unwrap();
     authn.set_front_proxy(Some(FrontProxy::from_config_map(&cm).unwrap()));
-    let app = router(Arc::new(State {
-        store: store.clone(),
-        authn,
-        authz: Arc::new(Authorizer::new(client, 100)),
-        metrics: ApiMetrics::unregistered(),
-        openapi: crate::openapi::Served::new(None),
-    }));
+    let authz = Arc::new(Authorizer::new(client, 100, ReviewGate::unlimited()));
+    let access = crate::front::Access {
+        authn: authn.clone(),
+        authz: authz.clone(),
+        inflight: Arc::new(InFlight::new(&limits)),
+    };
+    let app = router(
+        Arc::new(State {
+            store: store.clone(),
+            authn,
+            authz,
+            metrics: ApiMetrics::unregistered(),
+            openapi: crate::openapi::Served::new(None),
+        }),
+        access,
+    );
     (app, world, store)
 }
 
@@ -572,7 +591,7 @@ async fn pages_are_consistent_and_an_expired_list_continues_from_now() {
 async fn the_metrics_endpoint_passes_the_same_front_door() {
     let pki = pki();
     let client = offline_client();
-    let authn = Authenticator::new(client.clone(), 100);
+    let authn = Authenticator::new(client.clone(), 100, ReviewGate::unlimited());
     let cm: ConfigMap = serde_json::from_value(json!({"data": {
         "requestheader-client-ca-file": pki.ca_pem, "requestheader-allowed-names": "[\"front-proxy-client\"]",
         "requestheader-username-headers": "[\"X-Remote-User\"]", "requestheader-group-headers": "[\"X-Remote-Group\"]"}}))
@@ -580,7 +599,8 @@ async fn the_metrics_endpoint_passes_the_same_front_door() {
     authn.set_front_proxy(Some(FrontProxy::from_config_map(&cm).unwrap()));
     let access = crate::front::Access {
         authn,
-        authz: Arc::new(Authorizer::new(client, 100)),
+        authz: Arc::new(Authorizer::new(client, 100, ReviewGate::unlimited())),
+        inflight: Arc::new(InFlight::new(&Limits::default())),
     };
     let app = crate::secure::metrics_router(access, Arc::new(|| "up 1\n".to_string()));
     // An allowed principal reads the metrics.
@@ -789,6 +809,8 @@ async fn a_draining_server_returns_once_its_connections_close() {
                 let _ = stopped.await;
             },
             drain,
+            "test",
+            crate::limits::Limits::default(),
         ));
         // A connection open (its handshake not even begun) when the signal comes.
         let conn = loop {
@@ -821,4 +843,91 @@ async fn a_draining_server_returns_once_its_connections_close() {
             .unwrap()
             .unwrap();
     }
+}
+
+/// A GET as the admin whose response is returned as it comes (its body not read).
+async fn open(
+    app: &axum::Router,
+    certs: &[CertificateDer<'static>],
+    uri: &str,
+) -> axum::response::Response {
+    let mut req = Request::builder().method("GET").uri(uri);
+    for (k, v) in ADMIN {
+        req = req.header(k, v);
+    }
+    let mut req = req.body(Body::empty()).unwrap();
+    req.extensions_mut().insert(PeerCerts(certs.to_vec()));
+    app.clone().oneshot(req).await.unwrap()
+}
+
+#[tokio::test]
+async fn hostile_list_options_are_answered_and_watches_are_bounded() {
+    let pki = pki();
+    let limits = Limits {
+        max_watches: 1,
+        ..Limits::default()
+    };
+    let (app, _, _) = app_limited(&pki, HistoryBound::changes(100), limits);
+    // A non-ASCII field selector (it panicked inside the selector parser): an answer.
+    let (code, _, _) = call(
+        &app,
+        &pki.proxy,
+        "GET",
+        &format!("{BASE}/namespaceaddresses?fieldSelector=metadata.name%3D%C3%A9"),
+        &ADMIN,
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK);
+    // The largest timeoutSeconds (its deadline overflowed an Instant): a watch, held open.
+    let first = open(
+        &app,
+        &pki.proxy,
+        &format!("{BASE}/namespaceaddresses?watch=true&timeoutSeconds=9223372036854775807"),
+    )
+    .await;
+    assert_eq!(first.status(), StatusCode::OK);
+    // The one place for a watch is taken: 429 with Retry-After, at once.
+    let second = open(
+        &app,
+        &pki.proxy,
+        &format!("{BASE}/namespaceaddresses?watch=1"),
+    )
+    .await;
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        second
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap()),
+        Some("1")
+    );
+    let body: Value = serde_json::from_slice(
+        &axum::body::to_bytes(second.into_body(), 1 << 20)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(body["reason"], "TooManyRequests");
+    // Lists are counted apart from watches.
+    assert_eq!(
+        call(
+            &app,
+            &pki.proxy,
+            "GET",
+            &format!("{BASE}/namespaceaddresses"),
+            &ADMIN
+        )
+        .await
+        .0,
+        StatusCode::OK
+    );
+    // The place is freed when the first watch's body goes.
+    drop(first);
+    let third = open(
+        &app,
+        &pki.proxy,
+        &format!("{BASE}/namespaceaddresses?watch=1&timeoutSeconds=1"),
+    )
+    .await;
+    assert_eq!(third.status(), StatusCode::OK);
 }

@@ -158,6 +158,8 @@ pub async fn serve(
         .into_response());
     }
     let store = state.store.clone();
+    // About 30 years: a deadline no watch reaches.
+    const FOREVER: Duration = Duration::from_secs(1 << 30);
     // kube-apiserver ends a watch after a random time in [30 min, 60 min] unless asked.
     let timeout = opts.timeout.unwrap_or_else(|| {
         let jitter = u64::from(std::process::id()) % 1800;
@@ -175,7 +177,11 @@ pub async fn serve(
         queue: VecDeque::new(),
         columns_sent: false,
         next_bookmark: Instant::now() + BOOKMARK_EVERY,
-        deadline: Instant::now() + timeout,
+        // A client's timeoutSeconds can be anything up to i64::MAX: past what an Instant
+        // holds the watch simply never times out by itself.
+        deadline: Instant::now()
+            .checked_add(timeout)
+            .unwrap_or_else(|| Instant::now() + FOREVER),
         done: false,
     };
     let from = w.opts.resource_version.filter(|rv| *rv > 0);

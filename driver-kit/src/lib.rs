@@ -112,6 +112,8 @@ pub struct MetricsArgs {
         default_value_t = 1000
     )]
     pub auth_cache_size: u64,
+    #[command(flatten)]
+    pub limits: address_controller_apiserver::limits::ServingLimitArgs,
 }
 
 #[derive(Parser)]
@@ -294,12 +296,17 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
     }
     if !args.metrics.metrics_address.is_empty() {
         let serving = address_controller_apiserver::secure::SecureServing::start(
-            &client,
-            args.metrics
-                .tls_cert_file
-                .clone()
-                .zip(args.metrics.tls_private_key_file.clone()),
-            args.metrics.auth_cache_size,
+            address_controller_apiserver::secure::Serving {
+                reviews: &p.reviews,
+                cert: args
+                    .metrics
+                    .tls_cert_file
+                    .clone()
+                    .zip(args.metrics.tls_private_key_file.clone()),
+                cache_size: args.metrics.auth_cache_size,
+                limits: &args.metrics.limits,
+                servers: 1,
+            },
             &metrics.registry,
             false,
             &mut p.tasks,

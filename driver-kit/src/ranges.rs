@@ -247,13 +247,13 @@ pub fn first_free(
     for c in cidrs.iter().filter(|c| c.family() == family) {
         let (first, last) = c.usable();
         let end = last.min(first.saturating_add(SCAN_LIMIT));
-        let mut n = first;
-        while n <= end {
-            let ip = from_bits(c.network.is_ipv4(), n);
-            if !in_use(ip) {
-                return Some(ip);
-            }
-            n += 1;
+        // An inclusive range: `end` may be the last address of the space (`ffff:…:ffff`),
+        // where a `n += 1` loop would overflow.
+        if let Some(ip) = (first..=end)
+            .map(|n| from_bits(c.network.is_ipv4(), n))
+            .find(|ip| !in_use(*ip))
+        {
+            return Some(ip);
         }
     }
     None
@@ -398,6 +398,26 @@ mod tests {
         );
         // Without ranges, a dash is not a CIDR.
         assert!(parse_parameters(Some(&json!({"cidrs": ["192.0.2.10-192.0.2.12"]}))).is_err());
+    }
+
+    #[test]
+    fn the_top_of_the_ipv6_space_is_exhausted_not_wrapped() {
+        let top = parse_parameters(Some(
+            &json!({"cidrs": ["ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffc/126"]}),
+        ))
+        .unwrap();
+        let mut used: Vec<IpAddr> = Vec::new();
+        while let Some(ip) = first_free(&top, Family::IPv6, &|ip| used.contains(&ip)) {
+            assert!(top[0].contains(ip), "{ip} is outside the class");
+            used.push(ip);
+        }
+        // Four addresses, then exhausted (a `n += 1` past ffff:…:ffff overflowed here).
+        assert_eq!(used.len(), 4);
+        assert_eq!(
+            used.last().copied(),
+            Some("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff".parse().unwrap())
+        );
+        assert_eq!(capacity(&top), (0, 4));
     }
 
     #[test]

@@ -138,13 +138,26 @@ impl ClientArgs {
     /// limited and counted ([`ClientMetrics`]). The limiter is outside the timeout: waiting
     /// for a token does not count against `--api-timeout`.
     pub async fn client(&self) -> Result<Client, ClientError> {
+        self.build(Some(Bucket::new(
+            self.kube_api_qps,
+            self.kube_api_burst,
+            Instant::now(),
+        )))
+        .await
+    }
+
+    /// A client bounded and counted as [`ClientArgs::client`], without its rate limiter:
+    /// for the Lease (which must never wait behind the controllers) and for the delegated
+    /// auth reviews (bounded by their own gate, which refuses instead of queueing). Its
+    /// requests are not observed by the limiter's histogram.
+    pub async fn unlimited_client(&self) -> Result<Client, ClientError> {
+        self.build(None).await
+    }
+
+    async fn build(&self, bucket: Option<Bucket>) -> Result<Client, ClientError> {
         let config = self.config().await?;
         let instrument = Instrument {
-            bucket: Arc::new(Mutex::new(Bucket::new(
-                self.kube_api_qps,
-                self.kube_api_burst,
-                Instant::now(),
-            ))),
+            bucket: bucket.map(|b| Arc::new(Mutex::new(b))),
         };
         Ok(ClientBuilder::try_from(config)?
             .with_layer(&tower::timeout::TimeoutLayer::new(self.api_timeout))
@@ -253,7 +266,8 @@ fn client_metrics() -> Option<&'static ClientMetrics> {
 /// The client's rate limiter and request metrics, outermost in the stack.
 #[derive(Clone)]
 struct Instrument {
-    bucket: Arc<Mutex<Bucket>>,
+    /// `None`: no limiter (and none observed).
+    bucket: Option<Arc<Mutex<Bucket>>>,
 }
 
 impl<S> tower::Layer<S> for Instrument {
@@ -269,7 +283,7 @@ impl<S> tower::Layer<S> for Instrument {
 #[derive(Clone)]
 struct Instrumented<S> {
     inner: S,
-    bucket: Arc<Mutex<Bucket>>,
+    bucket: Option<Arc<Mutex<Bucket>>>,
 }
 
 fn method_label(req: &http::Request<kube::client::Body>) -> &'static str {
@@ -310,10 +324,11 @@ where
 
     fn call(&mut self, req: http::Request<kube::client::Body>) -> Self::Future {
         let method = method_label(&req);
-        let wait = self
-            .bucket
-            .lock()
-            .map_or(Duration::ZERO, |mut b| b.reserve(Instant::now()));
+        let limited = self.bucket.is_some();
+        let wait = self.bucket.as_ref().map_or(Duration::ZERO, |b| {
+            b.lock()
+                .map_or(Duration::ZERO, |mut b| b.reserve(Instant::now()))
+        });
         // The inner future does nothing until polled (hyper sends when polled), so the
         // request leaves only after the wait.
         let fut = self.inner.call(req);
@@ -322,7 +337,7 @@ where
             if !wait.is_zero() {
                 tokio::time::sleep(wait).await;
             }
-            if let Some(m) = metrics {
+            if let Some(m) = metrics.filter(|_| limited) {
                 m.limiter.observe(wait.as_secs_f64());
             }
             let start = Instant::now();

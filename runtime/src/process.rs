@@ -38,9 +38,51 @@ impl Acting {
     }
 }
 
+/// The soft limit on open files, raised to the hard limit as Go's runtime does at start (a
+/// container gets 1024 soft under containerd 2.x: one client holding that many idle
+/// connections would otherwise exhaust the process). Returns the limit now in force
+/// (`u64::MAX` when unlimited or unknown).
+pub fn raise_open_files_limit() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => {
+                tracing::info!(
+                    from = soft,
+                    to = hard,
+                    "open-file limit raised to the hard limit"
+                );
+                hard
+            }
+            Err(e) => {
+                tracing::warn!(soft, hard, error = %e, "raising the open-file limit");
+                soft
+            }
+        },
+        Ok((soft, _)) => soft,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the open-file limit");
+            u64::MAX
+        }
+    }
+}
+
+/// The soft limit on open files now in force (`u64::MAX` when unknown).
+pub fn open_files_limit() -> u64 {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(u64::MAX, |(soft, _)| soft)
+}
+
 /// A running binary's shared parts.
 pub struct Process {
+    /// The controllers' client: rate limited (--kube-api-qps).
     pub client: Client,
+    /// The client of the delegated-auth reviews, without the controllers' rate limit: the
+    /// secure serving's review gate bounds them instead, refusing rather than queueing.
+    pub reviews: Client,
+    /// The Lease's own client: no request of a stranger and no burst of the controllers
+    /// delays a renewal.
+    lease_client: Client,
     pub shutdown: Shutdown,
     pub tasks: Tasks,
     pub health: Arc<Health>,
@@ -57,6 +99,11 @@ impl Process {
         liveness: &LivenessArgs,
         acting: Acting,
     ) -> anyhow::Result<Process> {
+        raise_open_files_limit();
+        let (reviews, lease_client) = (
+            client.unlimited_client().await?,
+            client.unlimited_client().await?,
+        );
         let client = client.client().await?;
         let shutdown = Shutdown::default();
         let tasks = Tasks::new(shutdown.clone());
@@ -66,6 +113,8 @@ impl Process {
         };
         Ok(Process {
             client,
+            reviews,
+            lease_client,
             shutdown,
             tasks,
             health: Health::new(liveness.bounds()),
@@ -89,7 +138,7 @@ impl Process {
         if self.acting == Acting::Elected {
             let cfg = lease.config()?;
             let (client, leadership, stop) = (
-                self.client.clone(),
+                self.lease_client.clone(),
                 self.leadership.clone(),
                 self.shutdown.wait(),
             );
