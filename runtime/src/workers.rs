@@ -3,6 +3,9 @@
 
 use std::fmt::Display;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
+
+use futures::FutureExt;
 use std::hash::Hash;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -142,12 +145,24 @@ pub async fn run<K, F, Fut, E>(
                 // type need not be Send.
                 {
                     let start = Instant::now();
-                    let result = reconcile(key.clone()).await;
+                    // A pass that panics is a failed pass: retried with backoff, its worker
+                    // and its key's place in flight kept (a panic here used to end the
+                    // worker and leave the key in flight for good).
+                    let result = AssertUnwindSafe(reconcile(key.clone()))
+                        .catch_unwind()
+                        .await;
                     let label = match &result {
-                        Ok(_) => "success",
-                        Err(e) => e.category(),
+                        Ok(Ok(_)) => "success",
+                        Ok(Err(e)) => e.category(),
+                        Err(_) => "panic",
                     };
                     observe(controller, label, start.elapsed());
+                    let Ok(result) = result else {
+                        let delay = queue.add_backoff(key.clone());
+                        tracing::error!(controller, %key, ?delay, "pass panicked; retried with backoff");
+                        queue.done(&key);
+                        continue;
+                    };
                     match result {
                         Ok(Outcome::Done) => queue.forget(&key),
                         Ok(Outcome::RequeueAfter(d)) => {
@@ -208,7 +223,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn only_the_leader_acts_and_errors_retry_by_kind() {
+    async fn only_the_leader_acts_and_errors_and_panics_retry_by_kind() {
         let leadership = Leadership::follower();
         let gate = Gate::new(leadership.clone(), Health::new(Bounds::default()));
         let queue = Arc::new(Queue::<String>::new(Default::default()));
@@ -230,6 +245,7 @@ mod tests {
                         };
                         match (k.as_str(), n) {
                             ("flaky", 1 | 2) => Err(E(Retry::Backoff)),
+                            ("panics", 1) => panic!("a pass panicked"),
                             ("gone", _) => Err(E(Retry::Never)),
                             _ => Ok(Outcome::Done),
                         }
@@ -238,14 +254,18 @@ mod tests {
                 Arc::new(|_, _, _| {}),
             ))
         };
-        queue.add_all(["flaky".to_string(), "gone".to_string(), "ok".to_string()]);
+        queue.add_all(["flaky", "gone", "ok", "panics"].map(String::from));
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(seen.lock().unwrap().is_empty(), "a follower does nothing");
         leadership_set(&leadership, true);
         tokio::time::sleep(Duration::from_secs(1)).await;
         let mut got = seen.lock().unwrap().clone();
         got.sort();
-        assert_eq!(got, ["flaky", "flaky", "flaky", "gone", "ok"]);
+        // The pass that panicked was retried (and its worker lived on to do it).
+        assert_eq!(
+            got,
+            ["flaky", "flaky", "flaky", "gone", "ok", "panics", "panics"]
+        );
         queue.shut_down();
         runner.await.unwrap();
     }
