@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
@@ -133,6 +133,29 @@ impl IPAddress {
         self.phase() == Some(AddressPhase::Available) && self.spec.claim_ref.is_some()
     }
 
+    /// Whether a driver provisioned the address for `claim` (SPEC §6): marked
+    /// `provisioned-by`, its claimRef carrying the claim's uid, and created no earlier than
+    /// the claim. An admin's static or reserved address fails it, and so does a driver's
+    /// address recycled (after its release delay) to a later claim: their reclaim policy is
+    /// the admin's, whatever the claim's owner references say.
+    pub fn provisioned_for(&self, claim: &IPAddressClaim) -> bool {
+        let marked = self
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(names::PROVISIONED_BY_ANNOTATION));
+        let uid = self.spec.claim_ref.as_ref().and_then(|r| r.uid.as_deref());
+        let created = |m: &kube::api::ObjectMeta| m.creation_timestamp.as_ref().map(|t| t.0);
+        marked
+            && self.names(claim)
+            && uid.is_some()
+            && uid == claim.metadata.uid.as_deref()
+            && matches!(
+                (created(&self.metadata), created(&claim.metadata)),
+                (Some(a), Some(c)) if a >= c
+            )
+    }
+
     /// Whether the claimRef carries no uid: a pre-binding, or — while no such claim
     /// exists — a reservation (SPEC §5.6).
     pub fn is_prebound(&self) -> bool {
@@ -168,6 +191,19 @@ impl IPAddressClaim {
 
     pub fn is_deleting(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()
+    }
+
+    /// The owner reference the core writes on an auto-claim (SPEC §7): the controller
+    /// reference to the `v1` Service the claim is named after. Any other controller
+    /// reference is the tenant's own (a tenant may add one to its claim) and makes no
+    /// auto-claim: reclaim never deletes an address for it (SPEC §6).
+    pub fn auto_claim_owner(&self) -> Option<&OwnerReference> {
+        self.metadata.owner_references.as_ref()?.iter().find(|r| {
+            r.controller == Some(true)
+                && r.api_version == "v1"
+                && r.kind == "Service"
+                && r.name == self.name_any()
+        })
     }
 
     /// Whether nobody waits on the claim: `Bound` and not being deleted. A new leader (core or

@@ -495,7 +495,8 @@ async fn reclaim_retain_delete_driver_finalizer_and_owned_claims() {
         "{events:?}"
     );
 
-    // A claim with a controller owner always deletes its addresses, even under Retain.
+    // A claim with a controller owner of the tenant's own making (here a ConfigMap) is no
+    // auto-claim: the admin's Retain holds (SPEC §6; this deleted the address before).
     let owned_addr = e.address("owned", "192.0.2.51", &class, json!({})).await;
     let owner: k8s_openapi::api::core::v1::ConfigMap =
         Api::namespaced(e.client.clone(), &e.ns.name)
@@ -517,8 +518,11 @@ async fn reclaim_retain_delete_driver_finalizer_and_owned_claims() {
         .delete("auto", &DeleteParams::default())
         .await
         .unwrap();
-    e.wait_address(&owned_addr, "deleted despite Retain", |x| x.is_none())
-        .await;
+    e.wait_claim_gone("auto").await;
+    e.wait_address(&owned_addr, "Released under its Retain", |x| {
+        aphase(x) == Some(AddressPhase::Released)
+    })
+    .await;
     e.check().await;
 }
 

@@ -80,13 +80,9 @@ pub enum ServicePlan {
 
 /// Whether the claim is controlled by this Service.
 pub fn owned_by(claim: &IPAddressClaim, service: &Service) -> bool {
-    let uid = service.metadata.uid.as_deref();
-    claim.owner_references().iter().any(|r| {
-        r.controller == Some(true)
-            && r.kind == "Service"
-            && r.api_version == "v1"
-            && Some(r.uid.as_str()) == uid
-    })
+    claim
+        .auto_claim_owner()
+        .is_some_and(|r| Some(r.uid.as_str()) == service.metadata.uid.as_deref())
 }
 
 /// The family a Service asks for: two families → Dual, one → that one.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use address_controller_api::entitlement::{Limits, usage_by_class};
 use address_controller_api::names::{
     ADDRESS_FINALIZER, CLAIM_FINALIZER, DEFAULT_CLASS_ANNOTATION, HELD_ANNOTATION,
-    PROVISIONER_ANNOTATION, event, reason, released,
+    PROVISIONED_BY_ANNOTATION, PROVISIONER_ANNOTATION, event, reason, released,
 };
 use address_controller_api::{
     AddressPhase, ClaimPhase, ClaimRef, IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota,
@@ -953,15 +953,68 @@ fn reclaim_rows() {
         [("r", released::RECLAIMED), ("s", released::SURPLUS)]
     );
 
-    // An auto-claim (controller owner) deletes whatever the policy.
-    let p = plan(&claim(owned), &[retain, delete, other], &[]);
-    let deletes: Vec<&str> = p.address_writes.iter().map(|w| w.address_name()).collect();
-    assert_eq!(deletes, ["d", "r"]);
-    assert!(
-        p.address_writes
-            .iter()
-            .all(|w| matches!(w, AddressWrite::Delete { .. }))
+    // An auto-claim (the core's owner reference: a v1 Service of the claim's name) deletes
+    // what a driver provisioned for it, whatever the policy; an admin's static address and
+    // one recycled from an earlier claim keep their own policy (SPEC §6).
+    let created = |t: &str| json!({"metadata": {"creationTimestamp": t}});
+    let with = |a: &Arc<IPAddress>, extra: Value| {
+        let mut v = serde_json::to_value(a.as_ref()).unwrap();
+        merge(&mut v, extra);
+        Arc::new(serde_json::from_value::<IPAddress>(v).unwrap())
+    };
+    let mut owned_claim = claim(owned);
+    owned_claim.metadata.creation_timestamp =
+        serde_json::from_value(json!("2026-01-01T00:00:00Z")).unwrap();
+    let provisioned = with(
+        &addr("p", "192.0.2.6", "pub", bound_to(Some("claim-uid"))),
+        json!({"metadata": {"creationTimestamp": "2026-01-01T00:00:01Z",
+            "annotations": {PROVISIONED_BY_ANNOTATION: "range.drivers.local.sdn.cozystack.io"}}}),
     );
+    let recycled = with(
+        &provisioned,
+        json!({"metadata": {"name": "q", "creationTimestamp": "2025-12-31T23:00:00Z"}}),
+    );
+    let static_retain = with(&retain, created("2026-01-01T00:00:02Z"));
+    let p = plan(
+        &owned_claim,
+        &[
+            static_retain.clone(),
+            delete.clone(),
+            provisioned.clone(),
+            recycled,
+            other,
+        ],
+        &[],
+    );
+    let writes: Vec<(&str, bool)> = p
+        .address_writes
+        .iter()
+        .map(|w| (w.address_name(), matches!(w, AddressWrite::Delete { .. })))
+        .collect();
+    assert_eq!(
+        writes,
+        [("d", true), ("p", true), ("q", false), ("r", false)],
+        "delete: the Delete policy and the address provisioned for the auto-claim; release the rest"
+    );
+    // A tenant's own controller owner reference (a ConfigMap, or a Service of another
+    // name) makes no auto-claim: the admin's Retain holds.
+    for forged in [
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "c", "uid": "cm", "controller": true}),
+        json!({"apiVersion": "v1", "kind": "Service", "name": "other", "uid": "svc", "controller": true}),
+    ] {
+        let mut c = claim(
+            json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z", "ownerReferences": [forged]}}),
+        );
+        c.metadata.creation_timestamp = owned_claim.metadata.creation_timestamp.clone();
+        let p = plan(&c, &[static_retain.clone(), provisioned.clone()], &[]);
+        assert!(
+            p.address_writes
+                .iter()
+                .all(|w| matches!(w, AddressWrite::Release { .. })),
+            "{:?}",
+            p.address_writes
+        );
+    }
 
     // Without our finalizer there is nothing left to do.
     let mut gone = claim(deleting);

@@ -25,7 +25,6 @@ use kube::ResourceExt;
 use super::holdings::Holdings;
 use super::{Now, PlannedEvent, with_finalizer};
 pub use matching::pin_of;
-pub use reclaim::has_controller_owner;
 pub use resolve::{Resolution, named_class, resolve_class};
 
 /// What the claim reconciler sees.

@@ -1,7 +1,7 @@
-//! The reclaim flow behind the claim finalizer (SPEC §6): every address of the claim is
-//! deleted when the claim is an auto-claim (controller owner reference) or the address says
-//! `Delete`; otherwise it is retained as `Released` with its claimRef kept. The finalizer
-//! goes last, after those writes succeeded.
+//! The reclaim flow behind the claim finalizer (SPEC §6): an address a driver provisioned
+//! for an auto-claim is deleted whatever its policy; every other address follows its own
+//! policy — `Delete` deletes it, `Retain` keeps it as `Released` with its claimRef. The
+//! finalizer goes last, after those writes succeeded.
 
 use address_controller_api::names::{CLAIM_FINALIZER, event, released};
 use address_controller_api::{IPAddressClaim, ReclaimPolicy};
@@ -11,22 +11,13 @@ use super::{AddressWrite, ClaimPlan};
 use crate::decide::holdings::Holdings;
 use crate::decide::{PlannedEvent, without_finalizer};
 
-/// Whether a controller owner reference makes this an auto-claim (SPEC §6, §7).
-pub fn has_controller_owner(claim: &IPAddressClaim) -> bool {
-    claim
-        .metadata
-        .owner_references
-        .as_ref()
-        .is_some_and(|refs| refs.iter().any(|r| r.controller == Some(true)))
-}
-
 /// Plans the reclaim of a claim being deleted.
 pub fn reclaim(claim: &IPAddressClaim, holdings: &Holdings<'_>) -> ClaimPlan {
     let mut plan = ClaimPlan::default();
     let Some(remaining) = without_finalizer(claim.finalizers(), CLAIM_FINALIZER) else {
         return plan;
     };
-    let owned = has_controller_owner(claim);
+    let auto_claim = claim.auto_claim_owner().is_some();
     let mut all: Vec<_> = holdings
         .held
         .iter()
@@ -37,15 +28,19 @@ pub fn reclaim(claim: &IPAddressClaim, holdings: &Holdings<'_>) -> ClaimPlan {
     all.sort_by_key(|a| a.name_any());
     for a in all {
         let name = a.name_any();
-        if owned || a.spec.reclaim_policy == ReclaimPolicy::Delete {
+        // The admin's Retain is waived only for what a driver provisioned for this very
+        // auto-claim: a tenant's own owner reference, or a static, reserved or recycled
+        // address, never makes the core delete an address.
+        let provisioned_for_auto_claim = auto_claim && a.provisioned_for(claim);
+        if provisioned_for_auto_claim || a.spec.reclaim_policy == ReclaimPolicy::Delete {
             plan.address_writes.push(AddressWrite::Delete {
                 name: name.clone(),
                 uid: a.metadata.uid.clone(),
             });
-            let why = if owned {
-                "the claim is owned by a controller"
-            } else {
+            let why = if a.spec.reclaim_policy == ReclaimPolicy::Delete {
                 "reclaim policy Delete"
+            } else {
+                "provisioned for the auto-claim of a deleted Service"
             };
             plan.events.push(PlannedEvent::normal(
                 event::ADDRESS_DELETED,
