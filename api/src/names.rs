@@ -119,6 +119,9 @@ pub mod event {
     pub const DELETION_BLOCKED: &str = "DeletionBlocked";
     pub const RECLAIMED: &str = "Reclaimed";
     pub const RELEASE_DELAY_ELAPSED: &str = "ReleaseDelayElapsed";
+    /// A claim pins (`spec.addressName`) an address another claim holds: the detail, on the
+    /// cluster-scoped address an admin reads — the claim itself reads only "not available".
+    pub const PIN_REFUSED: &str = "PinRefused";
 }
 
 /// What a driver reports (SPEC §8): the driver kit publishes these and the driver

@@ -260,11 +260,18 @@ async fn pinned_address_waits_with_a_reason_then_binds() {
             condition(c, "Bound").is_some_and(|x| x.reason == "WaitingForAddress")
         })
         .await;
+    // What the second claim's owner reads names no other claim; the admin reads who holds
+    // it on the address.
+    let message = &condition(&c, "Bound").unwrap().message;
     assert!(
-        condition(&c, "Bound")
-            .unwrap()
-            .message
-            .contains("already bound to claim")
+        message.contains("is not available to this claim"),
+        "{message}"
+    );
+    assert!(!message.contains("first"), "{message}");
+    let note = e.wait_event("default", &held, "PinRefused").await;
+    assert!(
+        note.contains(&format!("bound to claim {}/first", e.ns.name)),
+        "{note}"
     );
 
     // Conflict (driver-owned) on a free address is refused too.

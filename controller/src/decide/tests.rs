@@ -731,7 +731,7 @@ fn pinned_address_rows() {
                 "pub",
                 json!({"spec": {"claimRef": {"namespace": "x", "name": "y", "uid": "u"}}}),
             )),
-            Some("already bound to claim x/y"),
+            Some("does not exist or is not available to this claim"),
         ),
         (
             "conflict",
@@ -1929,11 +1929,18 @@ fn a_reservation_is_available_and_kept_for_its_claim() {
     other.spec.address_name = Some("a".into());
     let p = plan(&other, std::slice::from_ref(&r), &[class("pub", json!({}))]);
     assert!(binds(&p).is_empty());
+    // The tenant reads "not available", never the other claim's name; the name goes to a
+    // Warning on the (cluster-scoped) address.
+    let (_, _, message) = condition(&p, "Bound");
     assert!(
-        condition(&p, "Bound")
-            .2
-            .contains("already bound to claim t/c")
+        message.contains("is not available to this claim"),
+        "{message}"
     );
+    assert!(!message.contains("t/c"), "{message}");
+    assert_eq!(p.address_events.len(), 1);
+    assert_eq!(p.address_events[0].0, "a");
+    assert_eq!(p.address_events[0].1.reason, event::PIN_REFUSED);
+    assert!(p.address_events[0].1.note.contains("bound to claim t/c"));
     // The claim appears: it is pre-bound (Pending), and the claim completes the uid.
     let c = claim(json!({}));
     assert_eq!(

@@ -270,6 +270,11 @@ async fn apply(ctx: &Context, claim: &Arc<IPAddressClaim>, plan: ClaimPlan) -> R
         tracing::info!(claim = %key, reason = ev.reason, "{}", ev.note);
         ctx.events.publish(claim.as_ref(), ev).await;
     }
+    for (name, ev) in &plan.address_events {
+        if let Some(a) = ctx.world.addresses.get(name) {
+            ctx.events.publish_once(a.as_ref(), Some(ev)).await;
+        }
+    }
     Ok(())
 }
 

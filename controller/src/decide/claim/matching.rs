@@ -4,16 +4,39 @@
 use std::sync::Arc;
 
 use address_controller_api::family::Family;
-use address_controller_api::names::reason;
+use address_controller_api::names::{event, reason};
 use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass};
 use kube::ResourceExt;
+
+use crate::decide::PlannedEvent;
 
 /// The address a claim is pinned to (`spec.addressName`; the schema refuses an empty one).
 pub fn pin_of(claim: &IPAddressClaim) -> Option<&str> {
     claim.spec.address_name.as_deref()
 }
 
-/// Why a pinned address cannot be bound, or `None` when it can.
+/// What a tenant reads about a pinned address that is not its to have: the same words
+/// whether the address does not exist, is another claim's, or is being bound by another
+/// claim — a tenant learns nothing of other namespaces' holdings by pinning names.
+pub fn not_available(pin: &str) -> String {
+    format!("IPAddress {pin:?} does not exist or is not available to this claim")
+}
+
+/// The detail of a pinned address another claim holds, for a Warning event on the address
+/// (cluster-scoped: tenants cannot read it), or `None` when it is not another's.
+pub fn held_by_another(a: &IPAddress, claim: &IPAddressClaim) -> Option<String> {
+    let r = a.spec.claim_ref.as_ref().filter(|_| !a.belongs_to(claim))?;
+    Some(format!(
+        "claim {} pins this address (spec.addressName), which is bound to claim {}/{}",
+        claim.key(),
+        r.namespace,
+        r.name
+    ))
+}
+
+/// Why a pinned address cannot be bound, or `None` when it can. What is about another
+/// claim is said as [`not_available`]; the rest (class, family, phase) is about an address
+/// offered to this claim.
 pub fn pin_problem(
     a: Option<&IPAddress>,
     pin: &str,
@@ -22,18 +45,13 @@ pub fn pin_problem(
     wanted: Family,
 ) -> Option<String> {
     let Some(a) = a else {
-        return Some(format!("IPAddress {pin:?} does not exist"));
+        return Some(not_available(pin));
     };
+    if a.spec.claim_ref.is_some() && !a.belongs_to(claim) {
+        return Some(not_available(pin));
+    }
     if a.is_deleting() {
         return Some(format!("IPAddress {pin:?} is being deleted"));
-    }
-    if let Some(r) = &a.spec.claim_ref
-        && !a.belongs_to(claim)
-    {
-        return Some(format!(
-            "IPAddress {pin:?} is already bound to claim {}/{}",
-            r.namespace, r.name
-        ));
     }
     if let Some(p) = a.phase().filter(|p| p.is_driver_owned()) {
         return Some(format!("IPAddress {pin:?} is in phase {}", p.as_str()));
@@ -67,6 +85,8 @@ pub struct Matches {
     pub needs_provisioning: bool,
     /// The families that wait for the driver.
     pub provision: Vec<Family>,
+    /// Warnings for the pinned address (name, event): what the claim may not read.
+    pub address_events: Vec<(String, PlannedEvent)>,
 }
 
 /// Matches every missing family of `claim` in `class`.
@@ -83,11 +103,20 @@ pub fn match_families(
     for f in missing {
         match pin_of(claim) {
             Some(pin) => match pin_problem(pinned, pin, claim, &class_name, *f) {
-                Some(p) => m.waiting.push((reason::WAITING_FOR_ADDRESS, p)),
-                None if pinned_taken => m.waiting.push((
-                    reason::WAITING_FOR_ADDRESS,
-                    format!("IPAddress {pin:?} is being bound by another claim"),
-                )),
+                Some(p) => {
+                    if let Some(detail) = pinned.and_then(|a| held_by_another(a, claim))
+                        && m.address_events.is_empty()
+                    {
+                        m.address_events.push((
+                            pin.to_string(),
+                            PlannedEvent::warning(event::PIN_REFUSED, detail),
+                        ));
+                    }
+                    m.waiting.push((reason::WAITING_FOR_ADDRESS, p))
+                }
+                None if pinned_taken => m
+                    .waiting
+                    .push((reason::WAITING_FOR_ADDRESS, not_available(pin))),
                 None => m.bind.extend(pinned.cloned()),
             },
             None => match candidate(&class_name, *f) {

@@ -121,6 +121,9 @@ pub struct ClaimPlan {
     /// Reclaim done: the finalizer list without ours, written last (SPEC §6).
     pub finalize: Option<Vec<String>>,
     pub events: Vec<PlannedEvent>,
+    /// Events on addresses (by name), published once per episode: what the claim's owner
+    /// may not read (SPEC §9's tenants read claims, admins read addresses).
+    pub address_events: Vec<(String, PlannedEvent)>,
     /// Taken from the namespace's quota before any write.
     pub quota_take: Option<QuotaTake>,
 }
@@ -132,6 +135,7 @@ impl ClaimPlan {
             && self.status.is_none()
             && self.finalize.is_none()
             && self.events.is_empty()
+            && self.address_events.is_empty()
             && self.quota_take.is_none()
     }
 
@@ -247,6 +251,7 @@ pub fn plan_claim(s: &ClaimSnapshot<'_>) -> ClaimPlan {
                     }
                 }
                 bind = m.bind;
+                plan.address_events = m.address_events;
             }
             Resolution::Failed { reason, message } => waiting = Some((reason, message.clone())),
         }
