@@ -123,8 +123,11 @@ impl IPAddress {
 
 impl IPAddressClaim {
     /// Whether the core invited a driver to provision for this claim: `Pending`, not being
-    /// deleted, not pinned, with `Bound` reason `WaitingForProvisioning`. The driver kit
-    /// provisions only for such a claim; the quota counts it.
+    /// deleted, not pinned, with `Bound` reason `WaitingForProvisioning` judged for the
+    /// spec the claim has now (the condition's `observedGeneration` is the claim's
+    /// generation). The driver kit provisions only for such a claim; the quota counts it. A
+    /// family changed after the invitation is no invitation until the core judged it again
+    /// (the entitlement and the quota were counted for the family before).
     pub fn waits_for_provisioning(&self) -> bool {
         let Some(status) = self.status.as_ref() else {
             return false;
@@ -133,7 +136,10 @@ impl IPAddressClaim {
             && self.spec.address_name.is_none()
             && status.phase == Some(ClaimPhase::Pending)
             && status.conditions.iter().any(|c| {
-                c.type_ == condition::BOUND && c.reason == reason::WAITING_FOR_PROVISIONING
+                c.type_ == condition::BOUND
+                    && c.reason == reason::WAITING_FOR_PROVISIONING
+                    && c.observed_generation.is_some()
+                    && c.observed_generation == self.metadata.generation
             })
     }
 
@@ -399,6 +405,30 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn an_invitation_is_for_the_spec_the_core_judged() {
+        let claim = |generation: i64, observed: Option<i64>| -> IPAddressClaim {
+            serde_json::from_value(json!({
+                "metadata": {"name": "c", "namespace": "t", "generation": generation},
+                "spec": {"family": "IPv6"},
+                "status": {"phase": "Pending", "className": "pub", "conditions": [{
+                    "type": "Bound", "status": "False", "reason": "WaitingForProvisioning",
+                    "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    "observedGeneration": observed}]}
+            }))
+            .unwrap()
+        };
+        assert!(claim(1, Some(1)).waits_for_provisioning());
+        assert_eq!(
+            claim(1, Some(1)).invitation(),
+            Some(("pub", vec![Family::IPv6]))
+        );
+        // The family changed after the invitation (generation 2): re-judged first.
+        assert!(!claim(2, Some(1)).waits_for_provisioning());
+        assert_eq!(claim(2, Some(1)).invitation(), None);
+        assert!(!claim(1, None).waits_for_provisioning());
+    }
+
+    #[test]
     fn a_namespace_change_is_news_when_it_appears_goes_or_relabels() {
         let ns = |v: serde_json::Value| -> k8s_openapi::api::core::v1::Namespace {
             serde_json::from_value(v).unwrap()
@@ -545,10 +575,10 @@ mod tests {
             .unwrap()
         };
         let waiting = |name: &str, family: &str| -> IPAddressClaim {
-            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "t"},
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "t", "generation": 1},
                 "spec": {"family": family},
                 "status": {"phase": "Pending", "className": "pub", "conditions": [{"type": "Bound",
-                    "status": "False", "reason": "WaitingForProvisioning", "message": "",
+                    "status": "False", "reason": "WaitingForProvisioning", "message": "", "observedGeneration": 1,
                     "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}))
             .unwrap()
         };

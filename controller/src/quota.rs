@@ -551,11 +551,13 @@ mod tests {
     }
 
     fn claim(name: &str, reason: &str) -> IPAddressClaim {
-        serde_json::from_value(json!({"metadata": {"name": name, "namespace": "t"},
+        serde_json::from_value(
+            json!({"metadata": {"name": name, "namespace": "t", "generation": 1},
             "spec": {"className": "pub"},
             "status": {"phase": "Pending", "className": "pub", "conditions": [{"type": "Bound",
-                "status": "False", "reason": reason, "message": "",
-                "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}))
+                "status": "False", "reason": reason, "message": "", "observedGeneration": 1,
+                "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}),
+        )
         .unwrap()
     }
 

@@ -58,11 +58,12 @@ fn ctx_with<D: Driver>(driver: D, more: &[&str]) -> Ctx<D> {
 }
 
 fn claim(extra: serde_json::Value) -> IPAddressClaim {
-    let mut v = json!({"metadata": {"name": "c", "namespace": "t", "uid": "u1",
+    let mut v = json!({"metadata": {"name": "c", "namespace": "t", "uid": "u1", "generation": 1,
             "annotations": {PROVISIONER_ANNOTATION: "p.example"}},
         "spec": {"family": "Dual"},
         "status": {"phase": "Pending", "className": "ours", "conditions": [{"type": "Bound", "status": "False",
-            "reason": "WaitingForProvisioning", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+            "reason": "WaitingForProvisioning", "message": "", "observedGeneration": 1,
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
     merge(&mut v, extra);
     serde_json::from_value(v).unwrap()
 }
