@@ -524,6 +524,23 @@ impl Env {
 
     /// [`Env::serve_views`] with extra arguments for the controller.
     pub async fn serve_views_with(&mut self, extra: &[&str]) -> (ControllerProcess, u16, u16) {
+        self.serve_views_in(None, extra).await
+    }
+
+    /// [`Env::serve_views_with`], the controller's open-file limit set to `soft:hard`.
+    pub async fn serve_views_with_open_files(
+        &mut self,
+        soft_hard: &str,
+        extra: &[&str],
+    ) -> (ControllerProcess, u16, u16) {
+        self.serve_views_in(Some(soft_hard), extra).await
+    }
+
+    async fn serve_views_in(
+        &mut self,
+        open_files: Option<&str>,
+        extra: &[&str],
+    ) -> (ControllerProcess, u16, u16) {
         self.ctl.kill();
         let cluster = Cluster::get();
         let port = free_port();
@@ -544,9 +561,12 @@ impl Env {
             &metrics,
         ];
         args.extend(extra);
-        let ctl = ControllerProcess::start(&format!("ctl-views-{}-{}", self.sfx, port), &args)
-            .await
-            .unwrap();
+        let user = format!("ctl-views-{}-{}", self.sfx, port);
+        let ctl = match open_files {
+            None => ControllerProcess::start(&user, &args).await,
+            Some(limit) => ControllerProcess::start_with_open_files(&user, limit, &args).await,
+        }
+        .unwrap();
         register_views(self, port).await;
         (ctl, port, metrics_port)
     }

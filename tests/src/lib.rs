@@ -415,6 +415,34 @@ impl ControllerProcess {
         groups: &[&str],
         extra: &[&str],
     ) -> Result<ControllerProcess> {
+        Self::start_wrapped(&[], user, groups, extra).await
+    }
+
+    /// [`ControllerProcess::start`] with its open-file limit set to `soft:hard` (as a
+    /// container runtime sets it), by `prlimit`.
+    pub async fn start_with_open_files(
+        user: &str,
+        soft_hard: &str,
+        extra: &[&str],
+    ) -> Result<ControllerProcess> {
+        let nofile = format!("--nofile={soft_hard}");
+        Self::start_wrapped(
+            &["prlimit", &nofile, "--"],
+            user,
+            &["system:masters"],
+            extra,
+        )
+        .await
+    }
+
+    /// [`ControllerProcess::start_as`] run by `wrapper` (a program and its arguments, the
+    /// controller's command line appended; empty: none).
+    async fn start_wrapped(
+        wrapper: &[&str],
+        user: &str,
+        groups: &[&str],
+        extra: &[&str],
+    ) -> Result<ControllerProcess> {
         // Every process gets its own loopback ports unless the test chose them.
         let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         for flag in ["--apiserver-address", "--metrics-address"] {
@@ -424,7 +452,7 @@ impl ControllerProcess {
             }
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Self::spawn("address-controller", &["run"], user, groups, &args).await
+        Self::spawn_in(wrapper, "address-controller", &["run"], user, groups, &args).await
     }
 
     /// Starts the reference `range-driver` as user `user` (group `system:masters`).
@@ -438,6 +466,17 @@ impl ControllerProcess {
     }
 
     async fn spawn(
+        bin: &str,
+        pre: &[&str],
+        user: &str,
+        groups: &[&str],
+        extra: &[&str],
+    ) -> Result<ControllerProcess> {
+        Self::spawn_in(&[], bin, pre, user, groups, extra).await
+    }
+
+    async fn spawn_in(
+        wrapper: &[&str],
         bin: &str,
         pre: &[&str],
         user: &str,
@@ -471,7 +510,14 @@ impl ControllerProcess {
             .map(str::to_string),
         );
         args.extend(extra.iter().map(|s| s.to_string()));
-        Self::launch(bin, user, &kubeconfig, &args, &probe).await
+        let Some((program, before)) = wrapper.split_first() else {
+            return Self::launch(bin, user, &kubeconfig, &args, &probe).await;
+        };
+        let mut argv: Vec<String> = before.iter().map(|s| s.to_string()).collect();
+        argv.push(binary(bin).display().to_string());
+        argv.extend(args.iter().cloned());
+        argv.extend(["--kubeconfig".to_string(), kubeconfig.display().to_string()]);
+        Self::launch_program(Path::new(program), user, &argv, None, &args, &probe).await
     }
 
     /// Starts `bin ARGS --kubeconfig KUBECONFIG` exactly as given — for a process that
