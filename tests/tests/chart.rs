@@ -1874,16 +1874,17 @@ fn every_schema_property_has_a_documented_default_and_vice_versa() {
     assert_eq!(schema["additionalProperties"], false);
 }
 
-/// The MetalLB driver's policy: only its ServiceAccount introduces, changes or removes
-/// MetalLB's pin annotations and spec.loadBalancerIP on Services of the selected namespaces;
-/// unchanged values always pass.
+/// The MetalLB driver's policy, on by default with the driver: only the drivers'
+/// ServiceAccounts introduce, change or remove MetalLB's pin annotations,
+/// spec.loadBalancerIP and the drivers' own keys (a forged record of the kit's) on Services
+/// of the selected namespaces; unchanged values always pass.
 #[tokio::test]
 async fn the_metallb_policy_reserves_metallb_pins_to_the_driver() {
     let _one = INSTALL.lock().await;
     let (cluster, client) = setup().await;
     let release = Release::new(
         free_port(),
-        &json!({"metallbDriver": {"enabled": true, "admissionPolicy": {"enabled": true,
+        &json!({"metallbDriver": {"enabled": true, "admissionPolicy": {
             "namespaceSelector": {"matchLabels": {"address-controller.test/metallb": "guarded"}}}}}),
     )
     .await;
@@ -1979,6 +1980,21 @@ async fn the_metallb_policy_reserves_metallb_pins_to_the_driver() {
     )
     .unwrap_err();
     assert!(err.contains("MetalLB pin annotations"), "{err}");
+    // A forged record of the kit's (the driver's marker, or any key of a driver's).
+    for key in [
+        "metallb.drivers.local.sdn.cozystack.io/pinned",
+        "someone.drivers.local.sdn.cozystack.io/anything",
+    ] {
+        let err = tenant(
+            &create,
+            &svc(g, "forged", json!({key: "198.18.90.1"}), json!({})),
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("drivers.local.sdn.cozystack.io"),
+            "{key}: {err}"
+        );
+    }
     tenant(&create, &svc(g, "plain", json!({}), json!({}))).unwrap();
     // The driver's ServiceAccount pins; the tenant then edits the rest but not the pin.
     kubectl_as(

@@ -117,8 +117,13 @@ pub(crate) async fn plan<D: Driver>(ctx: &Ctx<D>, claim: &IPAddressClaim, key: &
         let taken: Vec<IpAddr> = chosen.iter().map(|(_, a)| a.address).collect();
         let busy: Vec<IpAddr> = fresh(&ctx.in_flight_ips).keys().copied().collect();
         let inventory = &ctx.inventory;
-        let in_use =
-            move |ip: IpAddr| inventory.in_use(ip) || taken.contains(&ip) || busy.contains(&ip);
+        // Taken: in the ledger, chosen or being created — or shown by a Service already
+        // (a tenant's own pin that the backend honoured outside the ledger): never handed
+        // to another claim (#45 item 7; the Service turns the address Conflict once bound).
+        let shown = |ip: IpAddr| !crate::association::pass::shown_by(ctx, ip).is_empty();
+        let in_use = move |ip: IpAddr| {
+            inventory.in_use(ip) || taken.contains(&ip) || busy.contains(&ip) || shown(ip)
+        };
         let req = Request {
             class: &class,
             params: params.as_ref(),

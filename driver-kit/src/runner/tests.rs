@@ -268,3 +268,76 @@ async fn a_claims_plan_is_all_families_or_a_reason_and_writes_nothing() {
         ClaimPlan::Nothing
     ));
 }
+
+/// Allocates the first of 192.0.2.7 and 192.0.2.8 not in use.
+struct TwoIpv4;
+
+impl Driver for TwoIpv4 {
+    type Params = ();
+    fn provisioner(&self) -> &str {
+        "p.example"
+    }
+    fn parameters(&self, classes: &[Arc<IPAddressClass>]) -> Vec<Result<(), String>> {
+        classes.iter().map(|_| Ok(())).collect()
+    }
+    fn capacity(&self, _: &()) -> crate::Capacity {
+        crate::Capacity::default()
+    }
+    async fn allocate(&self, r: Request<'_, ()>) -> Result<Allocation, AllocateError> {
+        ["192.0.2.7", "192.0.2.8"]
+            .into_iter()
+            .map(|a| a.parse().unwrap())
+            .find(|ip| !(r.in_use)(*ip))
+            .map(|address| Allocation {
+                address,
+                source: serde_json::from_value(json!({"fromClass": {}})).unwrap(),
+                name: None,
+            })
+            .ok_or(AllocateError::Exhausted)
+    }
+}
+
+#[tokio::test]
+async fn an_address_a_service_already_shows_is_never_allocated() {
+    let health = Health::new(Bounds::default());
+    let world = World::new(true, health.clone());
+    let ctx = Ctx::new(
+        TwoIpv4,
+        offline(),
+        world,
+        Gate::new(Leadership::always(), health),
+        "test",
+        "t".into(),
+    );
+    let class: IPAddressClass = serde_json::from_value(
+        json!({"metadata": {"name": "ours"}, "spec": {"provisioner": "p.example"}}),
+    )
+    .unwrap();
+    ctx.world
+        .classes
+        .apply(key_of(&class), Some(Arc::new(class)));
+    // A tenant's Service showing 192.0.2.7, which no claim holds (its own pin, honoured
+    // by the backend outside the ledger).
+    let squatter: k8s_openapi::api::core::v1::Service = serde_json::from_value(json!({
+        "metadata": {"name": "squat", "namespace": "other"},
+        "spec": {"type": "LoadBalancer"},
+        "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.7"}]}}}))
+    .unwrap();
+    let key = key_of(&squatter);
+    let entry = crate::services::Entry::of(
+        &squatter,
+        address_controller_api::service::ingress_addresses(&squatter),
+        &ctx.marker,
+    );
+    ctx.services.changed(&key, None, Some(&entry));
+    if let Some(services) = ctx.world.services.as_ref() {
+        services.apply(key, Some(Arc::new(squatter)));
+    }
+    let c = claim(json!({"spec": {"family": "IPv4"}}));
+    match plan(&ctx, &c, "t/c").await {
+        ClaimPlan::Create { chosen, .. } => {
+            assert_eq!(chosen[0].1.address.to_string(), "192.0.2.8");
+        }
+        other => panic!("{other:?}"),
+    }
+}
