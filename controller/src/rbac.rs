@@ -1,7 +1,9 @@
 //! The permissions the binary needs, in one list. `make manifests` renders them as the
 //! chart's ClusterRole; a test fails when the committed file differs.
 
-use address_controller_runtime::rbac::{Rule, cluster_role_of, render};
+use address_controller_runtime::rbac::{
+    LEADER_ELECTION_RULES, RUNTIME_RULES, Rule, cluster_role_of, render,
+};
 use k8s_openapi::api::rbac::v1::ClusterRole;
 
 /// Name of the generated ClusterRole.
@@ -65,20 +67,8 @@ const RULES: &[Rule] = &[
     Rule {
         group: "coordination.k8s.io",
         resources: &["leases"],
-        verbs: &["get", "create", "update"],
-        why: "leader election",
-    },
-    Rule {
-        group: "coordination.k8s.io",
-        resources: &["leases"],
         verbs: &["list", "watch"],
         why: "DriverAvailable: the drivers' Leases (label local.sdn.cozystack.io/component=driver)",
-    },
-    Rule {
-        group: "events.k8s.io",
-        resources: &["events"],
-        verbs: &["create", "patch"],
-        why: "events",
     },
     Rule {
         group: "authentication.k8s.io",
@@ -94,15 +84,27 @@ const RULES: &[Rule] = &[
     },
 ];
 
-/// The ClusterRole of the binary.
-pub fn cluster_role() -> ClusterRole {
-    cluster_role_of(CLUSTER_ROLE, RULES)
+/// Everything the binary needs cluster-wide: its own rules and the runtime's (events).
+fn cluster_rules() -> Vec<&'static Rule> {
+    RULES.iter().chain(RUNTIME_RULES).collect()
 }
 
-/// The ClusterRole as committed under `chart/address-controller/templates/role.yaml`,
-/// with a comment per rule saying why it is needed.
+/// The ClusterRole of the binary.
+pub fn cluster_role() -> ClusterRole {
+    cluster_role_of(CLUSTER_ROLE, &cluster_rules())
+}
+
+/// The ClusterRole and the Role of its own namespace (its Lease) as committed under
+/// `chart/address-controller/templates/role.yaml`, with a comment per rule saying why it is
+/// needed.
 pub fn cluster_role_yaml() -> Result<String, serde_yaml::Error> {
-    render(CLUSTER_ROLE, "controller/src/rbac.rs", RULES)
+    let own: Vec<&Rule> = LEADER_ELECTION_RULES.iter().collect();
+    render(
+        CLUSTER_ROLE,
+        "controller/src/rbac.rs",
+        &cluster_rules(),
+        &own,
+    )
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@
 //! | `own-namespace` | a Service naming the claim from another namespace gets `ClaimNotFound` and nothing (with `--associate`) |
 //! | `withdraw` | the annotation removed, the addresses leave the Service and `associatedTo` goes; the claim stays Bound (with `--associate`) |
 //! | `conflict` | another load balancer's Service showing a claimed address turns it `Conflict`, the rightful Service keeps it; the thief gone, it is `Bound` again (with `--associate`) |
+//! | `conflict-forged-record` | the same thief carrying a forged record of the kit's (`*.drivers.local.sdn.cozystack.io/pinned` naming the address): `Conflict` all the same — the ledger alone says who may show an address (with `--associate`) |
 //!
 //! Every case ends with the invariant checker over the suite's namespace and the class.
 //! The suite changes the class's `reclaimPolicy` for the cases that need one and restores
@@ -505,6 +506,9 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Report> {
         ("own-namespace", |s| Box::pin(own_namespace(s))),
         ("withdraw", |s| Box::pin(withdraw(s))),
         ("conflict", |s| Box::pin(conflict(s))),
+        ("conflict-forged-record", |s| {
+            Box::pin(conflict_forged_record(s))
+        }),
     ];
     let mut results = Vec::new();
     for (case, f) in cases {
@@ -1139,17 +1143,42 @@ async fn withdraw(s: &mut Suite<'_>) -> Result<Option<String>> {
 }
 
 async fn conflict(s: &mut Suite<'_>) -> Result<Option<String>> {
+    thief(s, "cf", false).await
+}
+
+/// The thief carries a forged record of the kit's (the rightful Service's
+/// `*.drivers.local.sdn.cozystack.io/pinned` annotation, naming the stolen address): the
+/// ledger alone says who may show an address, so it is a thief all the same.
+async fn conflict_forged_record(s: &mut Suite<'_>) -> Result<Option<String>> {
+    thief(s, "cff", true).await
+}
+
+async fn thief(s: &mut Suite<'_>, prefix: &str, forge: bool) -> Result<Option<String>> {
     if let Some(skip) = skip_association(s) {
         return Ok(skip);
     }
-    let claim = format!("cf-{}", s.sfx);
+    let claim = format!("{prefix}-{}", s.sfx);
     let (names, ips) = s.bound_claim(&claim).await?;
     let ns = s.ns.clone();
     s.service(&ns, "web", Some(&claim)).await?;
-    s.shows(&ns, "web", &ips).await?;
+    let web = s.shows(&ns, "web", &ips).await?;
     // Another load balancer's Service shows the first address.
-    let thief = json!({"metadata": {"name": "thief"}, "spec": {"type": "LoadBalancer",
-        "loadBalancerClass": "conformance.test/thief", "ports": [{"port": 80}]}});
+    let mut records: BTreeMap<String, String> = web
+        .annotations()
+        .keys()
+        .filter(|k| k.ends_with(".drivers.local.sdn.cozystack.io/pinned"))
+        .map(|k| (k.clone(), ips[0].clone()))
+        .collect();
+    if records.is_empty() {
+        records.insert(
+            "conformance.drivers.local.sdn.cozystack.io/pinned".into(),
+            ips[0].clone(),
+        );
+    }
+    let annotations = if forge { records } else { BTreeMap::new() };
+    let thief = json!({"metadata": {"name": "thief", "annotations": annotations},
+        "spec": {"type": "LoadBalancer", "loadBalancerClass": "conformance.test/thief",
+        "ports": [{"port": 80}]}});
     let api = s.services_in(&ns);
     api.create(&PostParams::default(), &serde_json::from_value(thief)?)
         .await?;

@@ -24,7 +24,7 @@ use address_controller_runtime::leader::ElectionArgs;
 use address_controller_runtime::logging::LogArgs;
 use address_controller_runtime::probes::ProbeArgs;
 use address_controller_runtime::process::{Acting, Lease, Process};
-use address_controller_runtime::rbac::{RUNTIME_RULES, Rule, render};
+use address_controller_runtime::rbac::{LEADER_ELECTION_RULES, RUNTIME_RULES, Rule, render};
 use address_controller_runtime::workers::{self, Gate};
 use address_controller_runtime::world::World;
 use clap::{Args, CommandFactory, FromArgMatches, Parser};
@@ -48,6 +48,9 @@ pub struct Info {
     pub source: &'static str,
     /// Rules it needs besides the kit's own (a backend's API, say).
     pub extra_rules: &'static [Rule],
+    /// Rules it needs in its own namespace only, besides its Lease (the MetalLB driver's
+    /// holds): granted by a Role there, never cluster-wide.
+    pub own_namespace_rules: &'static [Rule],
 }
 
 /// The flags of every driver built on the kit.
@@ -191,23 +194,19 @@ pub fn cluster_role_file_is_current(info: &Info, path: &std::path::Path) -> Resu
     }
 }
 
-/// The driver's ClusterRole as YAML (`--print-cluster-role`).
+/// The driver's ClusterRole and the Role of its own namespace as YAML
+/// (`--print-cluster-role`).
 pub fn cluster_role_yaml(info: &Info) -> Result<String, serde_yaml::Error> {
-    let rules: Vec<&Rule> = KIT_RULES
+    let cluster: Vec<&Rule> = KIT_RULES
         .iter()
         .chain(RUNTIME_RULES)
         .chain(info.extra_rules)
         .collect();
-    let owned: Vec<Rule> = rules
-        .into_iter()
-        .map(|r| Rule {
-            group: r.group,
-            resources: r.resources,
-            verbs: r.verbs,
-            why: r.why,
-        })
+    let own: Vec<&Rule> = LEADER_ELECTION_RULES
+        .iter()
+        .chain(info.own_namespace_rules)
         .collect();
-    render(info.cluster_role, info.source, &owned)
+    render(info.cluster_role, info.source, &cluster, &own)
 }
 
 /// The whole `main` of a driver: flags, logging, runtime, [`run`]. Exits non-zero when a

@@ -336,7 +336,9 @@ async fn grant_generated_role(e: &Env, user: &str) {
         address_controller_tests::repo_root().join("chart/address-controller/templates/role.yaml"),
     )
     .unwrap();
-    let mut role: ClusterRole = serde_yaml::from_str(&yaml).unwrap();
+    // The first document is the ClusterRole (the Role of the release namespace follows).
+    let first = yaml.split("\n---\n").next().unwrap();
+    let mut role: ClusterRole = serde_yaml::from_str(first).unwrap();
     let role_name = format!("address-controller-{}", e.sfx);
     role.metadata.name = Some(role_name.clone());
     let params = PatchParams::apply(FIELD_MANAGER).force();

@@ -1546,6 +1546,170 @@ async fn the_admission_policy_reserves_address_name_to_the_allowlist() {
     drop(release);
 }
 
+/// Least privilege (#45): each component's ServiceAccount, read by SubjectAccessReviews
+/// against the installed chart, has exactly the rights of this written table — its Lease in
+/// the release namespace only (a Role), the MetalLB driver's holds there only, no Service
+/// created or deleted by anyone else, no event ever patched.
+#[tokio::test]
+async fn each_components_service_account_has_exactly_its_written_rights() {
+    let _one = INSTALL.lock().await;
+    let (_, client) = setup().await;
+    let release = Release::new(
+        free_port(),
+        &json!({"rangeDriver": {"enabled": true}, "metallbDriver": {"enabled": true}}),
+    )
+    .await;
+    let tenant = TestNamespace::create(&client, "chart-least").await.unwrap();
+    let (rel, t) = (release.ns.as_str(), tenant.name.as_str());
+    let sa = |name: &str| format!("system:serviceaccount:{rel}:{name}");
+    let can = |user: &str, verb: &str, resource: &str, ns: &str| {
+        let (resource, group) = resource.split_once('.').unwrap_or((resource, ""));
+        let (resource, sub) = resource.split_once('/').unwrap_or((resource, ""));
+        let sar = json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {"user": user, "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{rel}"), "system:authenticated"],
+                "resourceAttributes": {"verb": verb, "group": group, "resource": resource, "subresource": sub, "namespace": ns}}});
+        kubectl_as(
+            "admin",
+            &["system:masters"],
+            &["create", "-f", "-", "-o", "jsonpath={.status.allowed}"],
+            &sar.to_string(),
+        )
+        .unwrap()
+            == "true"
+    };
+    const LEASES: &str = "leases.coordination.k8s.io";
+    const EVENTS: &str = "events.events.k8s.io";
+    let (core, range, metallb) = (
+        sa("address-controller"),
+        sa("address-controller-range-driver"),
+        sa("address-controller-metallb-driver"),
+    );
+    let table: Vec<(&str, &str, &str, &str, bool)> = vec![
+        // Every component: its Lease in the release namespace, no other.
+        (&core, "create", LEASES, rel, true),
+        (&core, "update", LEASES, rel, true),
+        (&core, "create", LEASES, "default", false),
+        (&core, "update", LEASES, t, false),
+        (&range, "update", LEASES, rel, true),
+        (&range, "create", LEASES, "kube-system", false),
+        (&metallb, "update", LEASES, rel, true),
+        (&metallb, "update", LEASES, t, false),
+        // The core reads the drivers' Leases anywhere (DriverAvailable), writes none.
+        (&core, "list", LEASES, "", true),
+        (&core, "delete", LEASES, rel, false),
+        // Events are created, never patched.
+        (&core, "create", EVENTS, t, true),
+        (&core, "patch", EVENTS, t, false),
+        (&range, "patch", EVENTS, t, false),
+        // Services: the MetalLB driver's holds in the release namespace only; nobody else
+        // creates or deletes any.
+        (&metallb, "create", "services", rel, true),
+        (&metallb, "delete", "services", rel, true),
+        (&metallb, "create", "services", t, false),
+        (&metallb, "delete", "services", t, false),
+        (&core, "create", "services", t, false),
+        (&core, "delete", "services", t, false),
+        (&range, "create", "services", t, false),
+        (&range, "delete", "services", t, false),
+        // Who writes what on a tenant's Service: the range driver its status; the core
+        // and the drivers patch (each its own keys, docs/operations.md "Threat model").
+        (&range, "patch", "services/status", t, true),
+        (&metallb, "patch", "services/status", t, false),
+        (&core, "patch", "services/status", t, false),
+        (&core, "patch", "services", t, true),
+        // The ledger: the core deletes addresses, the drivers create them, nobody else.
+        (
+            &core,
+            "delete",
+            "ipaddresses.local.sdn.cozystack.io",
+            "",
+            true,
+        ),
+        (
+            &range,
+            "create",
+            "ipaddresses.local.sdn.cozystack.io",
+            "",
+            true,
+        ),
+        (
+            &range,
+            "delete",
+            "ipaddresses.local.sdn.cozystack.io",
+            "",
+            false,
+        ),
+        (
+            &metallb,
+            "delete",
+            "ipaddresses.local.sdn.cozystack.io",
+            "",
+            false,
+        ),
+        (
+            &core,
+            "create",
+            "ipaddresses.local.sdn.cozystack.io",
+            "",
+            false,
+        ),
+        // Quotas are the admin's: read by the core, written by no component.
+        (
+            &core,
+            "list",
+            "ipaddressquotas.local.sdn.cozystack.io",
+            "",
+            true,
+        ),
+        (
+            &core,
+            "update",
+            "ipaddressquotas.local.sdn.cozystack.io",
+            t,
+            false,
+        ),
+        (
+            &range,
+            "list",
+            "ipaddressquotas.local.sdn.cozystack.io",
+            "",
+            false,
+        ),
+        // MetalLB's objects: only the MetalLB driver.
+        (
+            &metallb,
+            "create",
+            "ipaddresspools.metallb.io",
+            "metallb-system",
+            true,
+        ),
+        (
+            &range,
+            "create",
+            "ipaddresspools.metallb.io",
+            "metallb-system",
+            false,
+        ),
+        (
+            &core,
+            "create",
+            "ipaddresspools.metallb.io",
+            "metallb-system",
+            false,
+        ),
+    ];
+    let wrong: Vec<String> = table
+        .iter()
+        .filter(|(user, verb, resource, ns, want)| can(user, verb, resource, ns) != *want)
+        .map(|(user, verb, resource, ns, want)| {
+            format!("{user} {verb} {resource} in {ns:?}: want {want}")
+        })
+        .collect();
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    drop(tenant);
+    drop(release);
+}
+
 #[tokio::test]
 async fn aggregated_roles_give_a_namespace_editor_exactly_claims_and_views() {
     let _one = INSTALL.lock().await;

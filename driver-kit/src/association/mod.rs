@@ -17,8 +17,10 @@
 //!   from the Service — cleared first, the Service would look like a thief. A handoff waits
 //!   for the old holder to let go before the new one is written.
 //! * **Conflict.** A Service that shows a claimed address of this driver's classes, which
-//!   `associatedTo` does not name and the kit did not pin there, makes the address
-//!   `Conflict`; nothing is re-pinned. When no such Service remains, the address gets the
+//!   `associatedTo` does not name, makes the address `Conflict`; nothing is re-pinned. The
+//!   ledger alone judges: the kit's record on a Service (its annotation) says what to
+//!   unpin, never who may show an address — a tenant can write its own Service's
+//!   annotations where no admission policy fences them. When no such Service remains, the address gets the
 //!   phase the core would compute ([`IPAddress::resting_phase`]).
 //! * **Lost.** The backend says an address is missing: `Lost`; present again: its resting
 //!   phase.
@@ -365,8 +367,8 @@ pub struct AddressSnapshot<'a> {
     pub address: &'a IPAddress,
     /// The backend's word on it (`Unknown` when the class's parameters are unusable).
     pub presence: Presence,
-    /// Services that show the address, with whether the kit pinned it there (its record).
-    pub shown_by: &'a [(String, bool)],
+    /// Services that show the address.
+    pub shown_by: &'a [String],
     /// Whether the Service its `associatedTo` names exists.
     pub associated_exists: bool,
 }
@@ -427,14 +429,12 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
         (_, Some(AddressPhase::Lost)) => return plan,
         _ => {}
     }
-    // Conflict: Services that show a claimed address without the ledger's word or a pin of
-    // the kit's.
+    // Conflict: Services that show a claimed address without the ledger's word.
     let claimed = a.spec.claim_ref.is_some();
     let offenders: Vec<&String> = s
         .shown_by
         .iter()
-        .filter(|(svc, pinned)| !*pinned && Some(svc) != associated.as_ref())
-        .map(|(svc, _)| svc)
+        .filter(|svc| Some(*svc) != associated.as_ref())
         .collect();
     let claim = a
         .spec
@@ -769,14 +769,8 @@ mod tests {
         assert_eq!(p.pin.unwrap().1, [ip("192.0.2.1"), ip("2001:db8::1")]);
     }
 
-    fn health(
-        a: &IPAddress,
-        presence: Presence,
-        shown_by: &[(&str, bool)],
-        exists: bool,
-    ) -> AddressPlan {
-        let shown_by: Vec<(String, bool)> =
-            shown_by.iter().map(|(s, p)| (s.to_string(), *p)).collect();
+    fn health(a: &IPAddress, presence: Presence, shown_by: &[&str], exists: bool) -> AddressPlan {
+        let shown_by: Vec<String> = shown_by.iter().map(|s| s.to_string()).collect();
         plan_address(&AddressSnapshot {
             address: a,
             presence,
@@ -788,22 +782,14 @@ mod tests {
     #[test]
     fn a_thief_makes_a_claimed_address_conflict_until_it_lets_go() {
         let x = addr("x", "192.0.2.1", at("web"));
-        // The rightful Service, and a pin of the kit's elsewhere (a withdrawal): no conflict.
+        // The rightful Service: no conflict.
         assert_eq!(
-            health(&x, Presence::Present, &[("t/web", true)], true),
+            health(&x, Presence::Present, &["t/web"], true),
             AddressPlan::default()
         );
-        assert_eq!(
-            health(&x, Presence::Present, &[("t/old", true)], true),
-            AddressPlan::default()
-        );
-        // Someone else's Service shows it.
-        let p = health(
-            &x,
-            Presence::Present,
-            &[("t/web", true), ("u/thief", false)],
-            true,
-        );
+        // Someone else's Service shows it — whatever record of the kit's it carries (a
+        // tenant may forge one on its own Service): the ledger alone says who may.
+        let p = health(&x, Presence::Present, &["t/web", "u/thief"], true);
         let (phase, cond, on, why) = p.phase.clone().unwrap();
         assert_eq!(
             (phase, cond, on),
@@ -819,11 +805,11 @@ mod tests {
             v
         });
         assert_eq!(
-            health(&c, Presence::Present, &[("u/thief", false)], true),
+            health(&c, Presence::Present, &["u/thief"], true),
             AddressPlan::default()
         );
         // The thief let go: the phase the core would compute.
-        let p = health(&c, Presence::Present, &[("t/web", true)], true);
+        let p = health(&c, Presence::Present, &["t/web"], true);
         assert_eq!(p.phase.unwrap().0, AddressPhase::Bound);
         // An unclaimed address is nobody's to defend.
         let free = addr(
@@ -832,7 +818,7 @@ mod tests {
             json!({"spec": {"claimRef": null}, "status": {"phase": "Available"}}),
         );
         assert_eq!(
-            health(&free, Presence::Present, &[("u/thief", false)], false),
+            health(&free, Presence::Present, &["u/thief"], false),
             AddressPlan::default()
         );
         // A Released one is: and it goes back to Released.
@@ -864,12 +850,7 @@ mod tests {
         assert_eq!(p.events[0].reason, reason::ADDRESS_LOST);
         let lost = addr("x", "192.0.2.1", json!({"status": {"phase": "Lost"}}));
         assert_eq!(
-            health(
-                &lost,
-                Presence::Missing("x".into()),
-                &[("u/thief", false)],
-                false
-            ),
+            health(&lost, Presence::Missing("x".into()), &["u/thief"], false),
             AddressPlan::default()
         );
         assert_eq!(

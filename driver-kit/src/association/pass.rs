@@ -45,23 +45,17 @@ async fn patch_address_status(
     Ok(())
 }
 
-/// The Services that show `ip` (by the backend's word), with whether the kit pinned it
-/// there (its record on the Service).
-pub(crate) fn shown_by<D: Driver>(ctx: &Ctx<D>, ip: IpAddr) -> Vec<(String, bool)> {
+/// The Services that show `ip` (by the backend's word), the backend's own (a hold) left out.
+pub(crate) fn shown_by<D: Driver>(ctx: &Ctx<D>, ip: IpAddr) -> Vec<String> {
     ctx.services
         .mentioning(ip)
         .into_iter()
-        .filter_map(|k| {
-            let s = ctx.world.services.as_ref()?.get(&k)?;
-            // The backend's own Services (a hold) are neither associated nor offenders.
-            if ctx.driver.internal(&s) {
-                return None;
-            }
-            ctx.driver.shown(&s).contains(&ip).then(|| {
-                let pinned = parse_marker(s.annotations().get(&ctx.marker).map(String::as_str))
-                    .contains(&ip);
-                (k, pinned)
-            })
+        .filter(|k| {
+            ctx.world
+                .services
+                .as_ref()
+                .and_then(|c| c.get(k))
+                .is_some_and(|s| !ctx.driver.internal(&s) && ctx.driver.shown(&s).contains(&ip))
         })
         .collect()
 }

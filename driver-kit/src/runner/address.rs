@@ -54,7 +54,7 @@ pub(crate) async fn address_pass<D: Driver>(
     // withdrawn first): the backend's state is what withdraws it.
     if let Some(ip) = crate::association::ip_of(&a) {
         let shown = crate::association::pass::shown_by(&ctx, ip);
-        if let Some((svc, _)) = shown.first() {
+        if let Some(svc) = shown.first() {
             return Err(Error::Backend {
                 object: name.clone(),
                 message: format!(

@@ -14,20 +14,18 @@ const INFO: Info = Info {
     name: "metallb-driver",
     cluster_role: "address-controller-metallb-driver",
     source: "drivers/metallb/src/main.rs (the driver kit's rules and MetalLB's)",
-    extra_rules: &[
-        Rule {
-            group: "metallb.io",
-            resources: &["ipaddresspools", "l2advertisements", "bgpadvertisements"],
-            verbs: &["get", "list", "watch", "create", "patch", "delete"],
-            why: "one pool and one advertisement per class, owned by the class",
-        },
-        Rule {
-            group: "",
-            resources: &["services"],
-            verbs: &["create", "delete"],
-            why: "the holds: placeholder Services that keep each address in MetalLB's books",
-        },
-    ],
+    extra_rules: &[Rule {
+        group: "metallb.io",
+        resources: &["ipaddresspools", "l2advertisements", "bgpadvertisements"],
+        verbs: &["get", "list", "watch", "create", "patch", "delete"],
+        why: "one pool and one advertisement per class, owned by the class",
+    }],
+    own_namespace_rules: &[Rule {
+        group: "",
+        resources: &["services"],
+        verbs: &["create", "delete"],
+        why: "the holds: placeholder Services that keep each address in MetalLB's books (--hold-namespace, the release's)",
+    }],
 };
 
 /// The MetalLB driver's own flags.

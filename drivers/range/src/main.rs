@@ -21,6 +21,7 @@ const INFO: Info = Info {
         verbs: &["patch"],
         why: "the range driver is the load balancer: it writes status.loadBalancer.ingress",
     }],
+    own_namespace_rules: &[],
 };
 
 /// The range driver's own flags.
