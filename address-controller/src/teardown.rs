@@ -1,19 +1,25 @@
 //! `address-controller teardown`: what an operator runs after `helm uninstall` to remove
 //! the product for good. Claims and addresses carry finalizers that only the controller
 //! and the drivers remove; with them gone, deleting a tenant namespace or the CRDs would
-//! wait forever. Teardown refuses while a component still holds a live Lease (it would
-//! put the finalizers back), then removes this project's finalizers from every claim and
-//! address, deletes the views' APIService when nothing serves it (an unavailable
-//! APIService stalls namespace deletion cluster-wide), and with `--delete-crds` deletes
-//! the CRDs — and so every claim, address and class. Without `--yes` it only says what it
-//! would do.
+//! wait forever. Teardown refuses while a component still runs — a Deployment of the chart
+//! exists, or a live Lease (it would put the finalizers back) — writes a YAML backup of the
+//! ledger before it changes anything, then removes this project's finalizers from every
+//! claim and address (those already being deleted only with `--force`: a finalizer there
+//! may still have work, a reclaim or a driver's backend teardown), deletes the views'
+//! APIService when nothing serves it (an unavailable APIService stalls namespace deletion
+//! cluster-wide), and with `--delete-crds --objects N` deletes the CRDs — and so every
+//! claim, address, class and quota, whose count N must be. Without `--yes` it only says
+//! what it would do.
+
+use std::path::PathBuf;
 
 use address_controller_api::names::{
     LEASE_COMPONENT_ANNOTATION, VIEWS_APISERVICE, is_project_finalizer,
 };
-use address_controller_api::{IPAddress, IPAddressClaim};
+use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota};
 use address_controller_runtime::client::ClientArgs;
 use address_controller_runtime::leader::lease_liveness;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
@@ -28,9 +34,23 @@ pub struct TeardownArgs {
     /// Do it (without: print what would be done, change nothing).
     #[arg(long)]
     yes: bool,
-    /// Also delete the CRDs, and with them every claim, address and class (the ledger).
+    /// Also remove the finalizers of claims and addresses already being deleted (a
+    /// reclaim or a driver's backend teardown may still be due there; a tenant namespace
+    /// being deleted waits for its claims).
+    #[arg(long)]
+    force: bool,
+    /// Also delete the CRDs, and with them every claim, address, class and quota (the
+    /// ledger); needs --objects.
     #[arg(long)]
     delete_crds: bool,
+    /// With --delete-crds: how many objects (claims, addresses, classes, quotas) you
+    /// confirm destroying — the dry run says; a different count refuses.
+    #[arg(long)]
+    objects: Option<usize>,
+    /// Where the YAML backup of the ledger is written before anything changes [default:
+    /// ./address-controller-ledger-<time>.yaml].
+    #[arg(long)]
+    backup_file: Option<PathBuf>,
 }
 
 /// Why teardown stopped before changing anything.
@@ -40,24 +60,41 @@ pub enum Refusal {
         "{0} still runs (it would put the finalizers back): `helm uninstall` (or stop it) first"
     )]
     Running(String),
+    #[error(
+        "--delete-crds destroys {0} objects (claims, addresses, classes, quotas): pass --objects {0} to confirm"
+    )]
+    Count(usize),
+}
+
+/// What [`strip`] did (or would do): objects whose finalizers it removed, and those it
+/// left because they are being deleted (without `--force`).
+#[derive(Default)]
+struct Stripped {
+    done: usize,
+    left: usize,
 }
 
 /// Removes this project's finalizers from every object of `api` (`at` gives the Api for
-/// an object's namespace); how many objects had some.
+/// an object's namespace) — from one being deleted only with `force`.
 async fn strip<K>(
     api: &Api<K>,
     at: impl Fn(Option<String>) -> Api<K>,
     yes: bool,
-) -> anyhow::Result<usize>
+    force: bool,
+) -> anyhow::Result<Stripped>
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let mut n = 0;
+    let mut n = Stripped::default();
     for obj in api.list(&ListParams::default()).await?.items {
         if !obj.finalizers().iter().any(|f| is_project_finalizer(f)) {
             continue;
         }
-        n += 1;
+        if obj.meta().deletion_timestamp.is_some() && !force {
+            n.left += 1;
+            continue;
+        }
+        n.done += 1;
         if !yes {
             continue;
         }
@@ -94,8 +131,29 @@ where
     Ok(n)
 }
 
-/// The components of this project whose Lease is live.
+/// The components of this project that still run: the chart's Deployments (whatever their
+/// pods do: a Deployment brings its pods back), and whoever holds a live Lease.
 async fn running(client: &Client) -> anyhow::Result<Vec<String>> {
+    let chart = ListParams::default().labels("app.kubernetes.io/name=address-controller");
+    let mut running: Vec<String> = Api::<Deployment>::all(client.clone())
+        .list(&chart)
+        .await?
+        .items
+        .iter()
+        .map(|d| {
+            format!(
+                "the Deployment {}/{}",
+                d.namespace().unwrap_or_default(),
+                d.name_any()
+            )
+        })
+        .collect();
+    running.extend(live_leases(client).await?);
+    Ok(running)
+}
+
+/// The components of this project whose Lease is live.
+async fn live_leases(client: &Client) -> anyhow::Result<Vec<String>> {
     let now = Timestamp::now();
     Ok(Api::<Lease>::all(client.clone())
         .list(&ListParams::default())
@@ -114,7 +172,39 @@ async fn running(client: &Client) -> anyhow::Result<Vec<String>> {
         .collect())
 }
 
-/// Runs the teardown; Err(Refusal) when a component still runs.
+/// Every object of `api`, as written back by `kubectl apply` (no managed fields, no
+/// status-only noise is removed: the backup is the ledger as it is).
+async fn backup_items<K>(api: Api<K>, kind: &str) -> anyhow::Result<Vec<serde_json::Value>>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+{
+    let mut out = Vec::new();
+    for mut obj in api.list(&ListParams::default()).await?.items {
+        obj.meta_mut().managed_fields = None;
+        let mut v = serde_json::to_value(&obj)?;
+        v["apiVersion"] = json!("local.sdn.cozystack.io/v1alpha1");
+        v["kind"] = json!(kind);
+        out.push(v);
+    }
+    Ok(out)
+}
+
+/// The ledger — classes, quotas, claims, addresses — as one YAML `List`.
+async fn ledger(client: &Client) -> anyhow::Result<Vec<serde_json::Value>> {
+    let mut items =
+        backup_items(Api::<IPAddressClass>::all(client.clone()), "IPAddressClass").await?;
+    items.extend(backup_items(Api::<IPAddressQuota>::all(client.clone()), "IPAddressQuota").await?);
+    items.extend(backup_items(Api::<IPAddressClaim>::all(client.clone()), "IPAddressClaim").await?);
+    items.extend(backup_items(Api::<IPAddress>::all(client.clone()), "IPAddress").await?);
+    Ok(items)
+}
+
+/// Runs the teardown; Err(Refusal) when a component still runs or the count to destroy is
+/// not confirmed.
 pub async fn run(args: &TeardownArgs) -> anyhow::Result<()> {
     let client = args.kube.client().await?;
     let live = running(&client).await?;
@@ -133,23 +223,57 @@ pub async fn run(args: &TeardownArgs) -> anyhow::Result<()> {
         .get_opt("ipaddressclaims.local.sdn.cozystack.io")
         .await?
         .is_some();
+    let items = if installed {
+        ledger(&client).await?
+    } else {
+        Vec::new()
+    };
+    if args.delete_crds && installed && args.yes && args.objects != Some(items.len()) {
+        return Err(Refusal::Count(items.len()).into());
+    }
+    if installed && args.yes {
+        let path = args.backup_file.clone().unwrap_or_else(|| {
+            PathBuf::from(format!(
+                "address-controller-ledger-{}.yaml",
+                Timestamp::now().as_second()
+            ))
+        });
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+        std::fs::write(&path, serde_yaml::to_string(&list)?)
+            .map_err(|e| anyhow::anyhow!("writing the backup {}: {e}", path.display()))?;
+        println!(
+            "wrote the ledger ({} objects) to {} (kubectl apply -f restores it)",
+            items.len(),
+            path.display()
+        );
+    }
     if installed {
         let claims = strip(
             &Api::<IPAddressClaim>::all(client.clone()),
             |ns| Api::namespaced(client.clone(), ns.as_deref().unwrap_or_default()),
             args.yes,
+            args.force,
         )
         .await?;
         let addresses = strip(
             &Api::<IPAddress>::all(client.clone()),
             |_| Api::all(client.clone()),
             args.yes,
+            args.force,
         )
         .await?;
         println!(
-            "{} from {claims} claim(s) and {addresses} address(es)",
-            say("removed the finalizers", "remove the finalizers")
+            "{} from {} claim(s) and {} address(es)",
+            say("removed the finalizers", "remove the finalizers"),
+            claims.done,
+            addresses.done
         );
+        if claims.left + addresses.left > 0 {
+            println!(
+                "left {} claim(s) and {} address(es) already being deleted (a reclaim or a driver's teardown may still be due); --force removes theirs too",
+                claims.left, addresses.left
+            );
+        }
     } else {
         println!("no CRDs: nothing carries a finalizer of this project");
     }
@@ -166,6 +290,11 @@ pub async fn run(args: &TeardownArgs) -> anyhow::Result<()> {
         );
     }
     if args.delete_crds && installed {
+        println!(
+            "{} {} objects with the CRDs (claims, addresses, classes, quotas)",
+            say("destroyed", "destroy"),
+            items.len()
+        );
         for crd in address_controller_api::manifests::crds() {
             let name = crd.name_any();
             if args.yes {

@@ -113,9 +113,47 @@ spec:
         assert!(c.finalizers().iter().any(|f| is_project_finalizer(f)));
     }
 
+    // A Deployment of the chart still there (its pods would come back and put the
+    // finalizers back): refused too, even with no Lease held.
+    core.stop();
+    cluster
+        .kubectl_ok(&[
+            "create",
+            "deployment",
+            "address-controller",
+            "--image=registry.invalid/address-controller:0",
+            "-n",
+            "default",
+        ])
+        .unwrap();
+    cluster
+        .kubectl_ok(&[
+            "label",
+            "deployment",
+            "address-controller",
+            "-n",
+            "default",
+            "app.kubernetes.io/name=address-controller",
+        ])
+        .unwrap();
+    let (code, out) = teardown(&kc, &["--yes"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("the Deployment default/address-controller"),
+        "{out}"
+    );
+    cluster
+        .kubectl_ok(&[
+            "delete",
+            "deployment",
+            "address-controller",
+            "-n",
+            "default",
+        ])
+        .unwrap();
+
     // 2. The controller gone, as after `helm uninstall`: deleting the tenant's namespace
     // hangs on the claims' finalizer (the trap).
-    core.stop();
     Api::<Namespace>::all(client.clone())
         .delete("tenant", &DeleteParams::default())
         .await
@@ -141,7 +179,8 @@ spec:
     let (code, out) = teardown(&kc, &[]);
     assert_eq!(code, 0, "{out}");
     assert!(
-        out.contains("would remove the finalizers from 2 claim(s) and 2 address(es)")
+        out.contains("would remove the finalizers from 0 claim(s) and 2 address(es)")
+            && out.contains("left 2 claim(s) and 0 address(es) already being deleted")
             && out.contains("would delete the APIService")
             && out.contains("dry run"),
         "{out}"
@@ -156,12 +195,49 @@ spec:
         2
     );
 
-    // 4. Teardown: the namespace goes, the addresses are free of finalizers, the
-    // APIService nothing serves is gone.
-    let (code, out) = teardown(&kc, &["--yes"]);
+    // 4. Teardown: first a backup of the ledger; the claims being deleted (their
+    // namespace is) are left without --force — their reclaim is still due.
+    let backup = private.dir.join("ledger.yaml");
+    let backup_arg = backup.to_str().unwrap();
+    let (code, out) = teardown(&kc, &["--yes", "--backup-file", backup_arg]);
     assert_eq!(code, 0, "{out}");
     assert!(
-        out.contains("removed the finalizers from 2 claim(s) and 2 address(es)"),
+        out.contains("removed the finalizers from 0 claim(s) and 2 address(es)")
+            && out.contains("left 2 claim(s) and 0 address(es) already being deleted"),
+        "{out}"
+    );
+    let ledger: serde_json::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&backup).unwrap()).unwrap();
+    let mut kinds: Vec<String> = ledger["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            format!(
+                "{}/{}",
+                o["kind"].as_str().unwrap(),
+                o["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        [
+            "IPAddress/a1",
+            "IPAddress/a2",
+            "IPAddressClaim/db",
+            "IPAddressClaim/web",
+            "IPAddressClass/public"
+        ],
+        "the backup holds the ledger as it was"
+    );
+    // With --force the namespace goes, the addresses are free of finalizers, the
+    // APIService nothing serves is gone.
+    let (code, out) = teardown(&kc, &["--yes", "--force", "--backup-file", backup_arg]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("removed the finalizers from 2 claim(s) and 0 address(es)"),
         "{out}"
     );
     wait_for("the namespace deleted", WAIT, || async {
@@ -193,9 +269,31 @@ spec:
     ]);
     assert_eq!(apiservice.unwrap().trim(), "");
 
-    // 5. And the CRDs, with the ledger.
-    let (code, out) = teardown(&kc, &["--yes", "--delete-crds"]);
+    // 5. And the CRDs, with the ledger: only with the count of what goes confirmed (the
+    // two addresses and the class).
+    let backup = private.dir.join("ledger-2.yaml");
+    let backup_arg = backup.to_str().unwrap();
+    for wrong in [vec![], vec!["--objects", "2"]] {
+        let mut args = vec!["--yes", "--delete-crds", "--backup-file", backup_arg];
+        args.extend(wrong);
+        let (code, out) = teardown(&kc, &args);
+        assert_eq!(code, 2, "{out}");
+        assert!(out.contains("pass --objects 3 to confirm"), "{out}");
+    }
+    assert!(!backup.exists(), "refused before anything was written");
+    let (code, out) = teardown(
+        &kc,
+        &[
+            "--yes",
+            "--delete-crds",
+            "--objects",
+            "3",
+            "--backup-file",
+            backup_arg,
+        ],
+    );
     assert_eq!(code, 0, "{out}");
+    assert!(out.contains("destroyed 3 objects with the CRDs"), "{out}");
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     wait_for("the CRDs deleted", WAIT, || async {
         for crd in address_controller_api::manifests::crds() {
