@@ -11,7 +11,7 @@ use address_controller_api::names::SERVICE_CLAIM_ANNOTATION;
 use address_controller_api::{AddressPhase, ClaimPhase};
 use address_controller_tests::env::{Env, WAIT, aphase, env, phase, purge};
 use address_controller_tests::metallb::{MetalLb, NAMESPACE};
-use address_controller_tests::{ControllerProcess, TestNamespace, wait_for};
+use address_controller_tests::{ControllerProcess, TestNamespace, sum_samples, wait_for};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
@@ -38,6 +38,7 @@ async fn setup(prefix: &str, addresses: Value, class_extra: Value) -> Setup {
     let holds = TestNamespace::create(&e.client, &format!("{prefix}-holds"))
         .await
         .unwrap();
+    let metrics = format!("127.0.0.1:{}", address_controller_tests::free_port());
     let driver = ControllerProcess::metallb_driver(
         &format!("drv-{prefix}-{}", e.sfx),
         &[
@@ -46,6 +47,8 @@ async fn setup(prefix: &str, addresses: Value, class_extra: Value) -> Setup {
             NAMESPACE,
             "--hold-namespace",
             &holds.name,
+            "--metrics-address",
+            &metrics,
         ],
     )
     .await
@@ -976,5 +979,139 @@ async fn a_takeover_from_another_driver_reallocates_nothing() {
         )
         .await
         .unwrap();
+    e.check().await;
+}
+
+/// #45 finding 7, with the fence off (as here: the chart's admission policy is not
+/// installed): a tenant's own MetalLB pin takes a free address of the class outside the
+/// ledger. Before, the driver then provisioned that very address for another namespace's
+/// claim (`Bound`, not `Conflict`), and a forged record of the kit's
+/// (`metallb-driver.drivers.local.sdn.cozystack.io/pinned`) exempted the squatter from
+/// Conflict. Now the address is never handed out while a Service shows it; once the ledger
+/// has it, the squatter makes it `Conflict`; and a forged record only makes the kit
+/// withdraw the forger's own pin.
+#[tokio::test]
+async fn a_tenants_own_pin_is_never_handed_to_another_and_a_forged_record_is_no_excuse() {
+    let mut s = setup(
+        "mlb-squat",
+        json!(["198.18.92.1/32", "198.18.92.2/32"]),
+        json!({"spec": {"reclaimPolicy": "Delete"}}),
+    )
+    .await;
+    purge(&s.e, &["198.18.92."]).await;
+    let e = &mut s.e;
+    let class = s.class.clone();
+    let squatters = TestNamespace::create(&e.client, "mlb-squatters")
+        .await
+        .unwrap();
+    let sq = squatters.name.clone();
+    wait_for("the class's MetalLB pool", WAIT, || async {
+        Ok(pools(e).get_opt(&format!("ipaddressclass-{class}")).await?)
+    })
+    .await
+    .unwrap();
+    // The squatter pins .1 itself; MetalLB gives it.
+    service(
+        e,
+        &sq,
+        "squat",
+        json!({"metallb.io/loadBalancerIPs": "198.18.92.1"}),
+        json!({}),
+    )
+    .await;
+    wait_ingress(e, &sq, "squat", &["198.18.92.1"]).await;
+    // Another tenant's claim gets .2, never the squatted .1; a second one finds the class
+    // exhausted rather than .1.
+    e.claim("first", json!({"className": class})).await;
+    let c = e
+        .wait_claim("first", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    assert_eq!(listed(&c)[0].1, "198.18.92.2");
+    e.claim("second", json!({"className": class})).await;
+    e.wait_event(&e.ns.name, "second", "Exhausted").await;
+    assert!(
+        e.claims()
+            .get("second")
+            .await
+            .unwrap()
+            .status
+            .is_none_or(|st| st.addresses.is_empty())
+    );
+    e.claims()
+        .delete("second", &DeleteParams::default())
+        .await
+        .unwrap();
+    e.wait_claim_gone("second").await;
+    // The admin enters .1 in the ledger and a claim pins it: the squatter is a thief.
+    let admins = e
+        .address("squatted", "198.18.92.1", &class, json!({}))
+        .await;
+    e.claim(
+        "rightful",
+        json!({"className": class, "addressName": admins}),
+    )
+    .await;
+    e.wait_claim("rightful", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    e.wait_address(&admins, "Conflict", |a| {
+        aphase(a) == Some(AddressPhase::Conflict)
+    })
+    .await;
+    e.wait_event(&sq, "squat", "Conflict").await;
+    // It forges the kit's record of a pin. Once the driver has passed over the address
+    // since (its address passes counted, its queues empty), the address is still
+    // Conflict while the squatter shows it: the record is no excuse. (Before, a Service
+    // carrying the record was no offender: the address went Bound again.)
+    let passes = |m: &str| {
+        sum_samples(m, "address_controller_reconcile_total{", |l| {
+            l.contains("controller=\"address\"")
+        })
+    };
+    let before = passes(&s.driver.metrics().await.unwrap());
+    services(e, &sq)
+        .patch(
+            "squat",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "metallb-driver.drivers.local.sdn.cozystack.io/pinned": "198.18.92.1"}}})),
+        )
+        .await
+        .unwrap();
+    let driver = &s.driver;
+    wait_for("the driver's pass over the address since", WAIT, || async {
+        let m = driver.metrics().await?;
+        let idle = sum_samples(&m, "address_controller_workqueue_depth{", |_| true) == 0.0;
+        Ok((passes(&m) > before && idle).then_some(()))
+    })
+    .await
+    .unwrap();
+    let shown = ingress(&services(e, &sq).get("squat").await.unwrap());
+    let now = aphase(e.addresses().get_opt(&admins).await.unwrap().as_ref());
+    assert!(
+        (shown.is_empty() && now == Some(AddressPhase::Bound))
+            || now == Some(AddressPhase::Conflict),
+        "the squatter shows {shown:?}, the address is {now:?}"
+    );
+    // The squatter lets go: the address is the claim's again.
+    services(e, &sq)
+        .delete("squat", &DeleteParams::default())
+        .await
+        .unwrap();
+    e.wait_address(&admins, "Bound again", |a| {
+        aphase(a) == Some(AddressPhase::Bound)
+    })
+    .await;
+    for c in ["first", "rightful"] {
+        e.claims()
+            .delete(c, &DeleteParams::default())
+            .await
+            .unwrap();
+        e.wait_claim_gone(c).await;
+    }
+    let _ = e
+        .addresses()
+        .delete(&admins, &DeleteParams::default())
+        .await;
+    drop(squatters);
     e.check().await;
 }
