@@ -27,7 +27,7 @@ use address_controller_tests::env::{
 use address_controller_tests::{
     Cleanup, Cluster, TestNamespace, free_port, random_suffix, repo_root, setup, wait_for,
 };
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -1543,6 +1543,197 @@ async fn the_admission_policy_reserves_address_name_to_the_allowlist() {
     let core = format!("system:serviceaccount:{}:address-controller", release.ns);
     run(&core, &["system:masters"], point("")).unwrap();
     drop(cleanup);
+    drop(release);
+}
+
+/// The component policy (on by default): each component's own ServiceAccount changes on a
+/// tenant's Service only what is its own — the core the claim annotation, a driver its
+/// record (the MetalLB driver also MetalLB's pins), the range driver the status — and no
+/// component changes its spec or labels.
+#[tokio::test]
+async fn each_component_changes_only_its_own_keys_on_a_tenants_service() {
+    let _one = INSTALL.lock().await;
+    let (cluster, client) = setup().await;
+    let release = Release::new(
+        free_port(),
+        &json!({"rangeDriver": {"enabled": true}, "metallbDriver": {"enabled": true,
+            "admissionPolicy": {"enabled": false}}}),
+    )
+    .await;
+    let tenant = TestNamespace::create(&client, "chart-writes")
+        .await
+        .unwrap();
+    let t = tenant.name.as_str();
+    cluster
+        .kubectl_ok(&[
+            "create",
+            "service",
+            "loadbalancer",
+            "web",
+            "--tcp=80:80",
+            "-n",
+            t,
+        ])
+        .unwrap();
+    let groups = [
+        "system:serviceaccounts".to_string(),
+        format!("system:serviceaccounts:{}", release.ns),
+    ];
+    let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+    let as_sa = |name: &str, args: &[&str]| {
+        kubectl_as(
+            &format!("system:serviceaccount:{}:{name}", release.ns),
+            &groups,
+            args,
+            "",
+        )
+    };
+    let annotate =
+        |key: &str, value: &str| json!({"metadata": {"annotations": {key: value}}}).to_string();
+    let patch = |sa: &str, body: &str| {
+        as_sa(
+            sa,
+            &["patch", "svc", "web", "-n", t, "--type=merge", "-p", body],
+        )
+    };
+    let core = "address-controller";
+    let range = "address-controller-range-driver";
+    let metallb = "address-controller-metallb-driver";
+    // The policy is active within moments: the core writing a key not its own is refused.
+    let refused = wait_for(
+        "the policy refuses the core a foreign key",
+        WAIT,
+        || async {
+            match patch(core, &annotate("metallb.io/loadBalancerIPs", "198.18.93.1")) {
+                Ok(_) => {
+                    // Undo as the admin and try again.
+                    cluster
+                        .kubectl_ok(&[
+                            "annotate",
+                            "svc",
+                            "web",
+                            "-n",
+                            t,
+                            "metallb.io/loadBalancerIPs-",
+                        ])
+                        .map_err(|e| anyhow::anyhow!(e))?;
+                    Ok(None)
+                }
+                Err(e) if e.contains("ValidatingAdmissionPolicy") => Ok(Some(e)),
+                Err(e) => Err(anyhow::anyhow!(e)),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(refused.contains("the core may change only"), "{refused}");
+    let cases: &[(&str, String, bool)] = &[
+        (
+            core,
+            annotate("local.sdn.cozystack.io/ip-address-claim", "web"),
+            true,
+        ),
+        (
+            core,
+            annotate(
+                "range-driver.drivers.local.sdn.cozystack.io/pinned",
+                "198.18.93.1",
+            ),
+            false,
+        ),
+        (
+            core,
+            json!({"spec": {"externalTrafficPolicy": "Local"}}).to_string(),
+            false,
+        ),
+        (
+            range,
+            annotate(
+                "range-driver.drivers.local.sdn.cozystack.io/pinned",
+                "198.18.93.1",
+            ),
+            true,
+        ),
+        (
+            range,
+            annotate("metallb.io/loadBalancerIPs", "198.18.93.1"),
+            false,
+        ),
+        (
+            range,
+            annotate("local.sdn.cozystack.io/ip-address-claim", "other"),
+            false,
+        ),
+        (
+            metallb,
+            annotate("metallb.io/loadBalancerIPs", "198.18.93.1"),
+            true,
+        ),
+        (
+            metallb,
+            annotate(
+                "metallb-driver.drivers.local.sdn.cozystack.io/pinned",
+                "198.18.93.1",
+            ),
+            true,
+        ),
+        (
+            metallb,
+            annotate(
+                "range-driver.drivers.local.sdn.cozystack.io/pinned",
+                "198.18.93.2",
+            ),
+            false,
+        ),
+        (
+            metallb,
+            json!({"metadata": {"labels": {"tier": "x"}}}).to_string(),
+            false,
+        ),
+    ];
+    let wrong: Vec<String> = cases
+        .iter()
+        .filter_map(|(sa, body, allowed)| {
+            let got = patch(sa, body);
+            (got.is_ok() != *allowed).then(|| format!("{sa} {body}: {got:?}"))
+        })
+        .collect();
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    // The status: the range driver's (the load balancer) alone. (kubectl reads the status
+    // before it patches, which no driver may: a client impersonating the ServiceAccount
+    // patches it as the driver does.)
+    let status = json!({"status": {"loadBalancer": {"ingress": [{"ip": "198.18.93.1"}]}}});
+    let on_status = |sa: &'static str| {
+        let status = status.clone();
+        let ns = release.ns.clone();
+        async move {
+            let kubeconfig = kube::config::Kubeconfig::read_from(&cluster.kubeconfig).unwrap();
+            let mut config = kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .unwrap();
+            config.auth_info.impersonate = Some(format!("system:serviceaccount:{ns}:{sa}"));
+            config.auth_info.impersonate_groups = Some(vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{ns}"),
+            ]);
+            let services: Api<k8s_openapi::api::core::v1::Service> =
+                Api::namespaced(kube::Client::try_from(config).unwrap(), t);
+            services
+                .patch_status("web", &PatchParams::default(), &Patch::Merge(&status))
+                .await
+        }
+    };
+    on_status(range).await.unwrap();
+    let err = on_status(metallb).await.unwrap_err();
+    assert!(err.to_string().contains("forbidden"), "{err}");
+    // A tenant's own edits are not the policy's business.
+    cluster
+        .kubectl_ok(&["label", "svc", "web", "-n", t, "tier=web"])
+        .unwrap();
+    drop(tenant);
     drop(release);
 }
 
