@@ -128,6 +128,15 @@ pub struct Stats {
     pub named_services_created: AtomicUsize,
     pub reannotated: AtomicUsize,
     pub thieves: AtomicUsize,
+    /// The hostile tenant (#45): thieves carrying a forged record of a driver's, pins of
+    /// addresses other namespaces hold, claims given controller owner references of the
+    /// tenant's own.
+    pub forged_thieves: AtomicUsize,
+    pub foreign_pins: AtomicUsize,
+    pub self_owned_claims: AtomicUsize,
+    /// What the hostile tenant got that it must not (an admin's static address deleted):
+    /// each one fails the run.
+    pub hostile_wins: std::sync::Mutex<Vec<String>>,
     pub services_deleted: AtomicUsize,
     pub api_errors: AtomicUsize,
     pub leader_kills: AtomicUsize,
@@ -168,7 +177,16 @@ impl Outcome {
         self.report.ok()
             && self.unexpected_exits().is_empty()
             && self.reservation_failures().is_empty()
+            && self.hostile_wins().is_empty()
             && self.lost_claims.is_empty()
+    }
+
+    pub fn hostile_wins(&self) -> Vec<String> {
+        self.stats
+            .hostile_wins
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default()
     }
 
     pub fn reservation_failures(&self) -> Vec<String> {
@@ -253,6 +271,15 @@ impl Outcome {
         for e in self.reservation_failures() {
             out.push_str(&format!("RESERVATION NOT KEPT: {e}\n"));
         }
+        out.push_str(&format!(
+            "hostile tenant: thieves with a forged record {}, pins of other namespaces' addresses {}, claims owned by the tenant's own objects {}\n",
+            n(&s.forged_thieves),
+            n(&s.foreign_pins),
+            n(&s.self_owned_claims)
+        ));
+        for e in self.hostile_wins() {
+            out.push_str(&format!("HOSTILE TENANT WON: {e}\n"));
+        }
         out.push_str(&self.report.table());
         out
     }
@@ -313,7 +340,7 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
     }
     // Static addresses of the Retain class (outside the driver's range) to pin claims to.
     let addresses: Api<IPAddress> = Api::all(client.clone());
-    for i in 0..30 {
+    for i in 0..STATICS {
         let name = format!("chaos-static-{sfx}-{i}");
         let body = json!({"metadata": {"name": name}, "spec": {"address": format!("10.203.0.{}", i + 1), "className": retain, "source": {"fromClass": {}}}});
         addresses
@@ -492,6 +519,7 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
         (surplus.len(), gone)
     };
     check_reservations(&client, &reserved.into_inner().unwrap_or_default(), &stats).await?;
+    hostile_wins(&client, &format!("chaos-static-{sfx}-"), STATICS, &stats).await?;
 
     // Leave nothing behind: claims and Services go with their namespaces while the
     // replicas still run; then the release.
@@ -529,6 +557,9 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
         took: started.elapsed(),
     })
 }
+
+/// Static addresses of the Retain class an admin made: none may be deleted by the run.
+const STATICS: usize = 30;
 
 /// Whether the run's `i`-th namespace is held to an IPAddressQuota (every other one).
 fn held_to_quota(i: usize) -> bool {
@@ -704,7 +735,7 @@ async fn workload(
                 // A thief: a Service of another load balancer whose status someone sets to a
                 // claimed address of the chaos classes. The address must turn Conflict and
                 // its rightful Service keep it; the thief goes a few operations later.
-                thief(client, ns, &format!("thief{w}-{i}"), &[retain, delete], &mut rng)
+                thief(client, ns, &format!("thief{w}-{i}"), &[retain, delete], false, &mut rng)
                     .await
                     .map(|made| {
                         if let Some(name) = made {
@@ -712,6 +743,40 @@ async fn workload(
                             named.push((ns.clone(), name));
                         }
                     })
+            } else if roll < 94 {
+                // The hostile tenant (#45): a thief forging a driver's record of its pins, a
+                // pin of an address another namespace holds, or a claim whose controller
+                // owner reference is an object of its own (it must not waive the admin's
+                // Retain when deleted by the churn later).
+                match rng.below(3) {
+                    0 => thief(client, ns, &format!("thief{w}-{i}"), &[retain, delete], true, &mut rng)
+                        .await
+                        .map(|made| {
+                            if let Some(name) = made {
+                                stats.forged_thieves.fetch_add(1, Ordering::Relaxed);
+                                named.push((ns.clone(), name));
+                            }
+                        }),
+                    1 => foreign_pin(client, ns, &format!("f{w}-{i}"), &mut rng)
+                        .await
+                        .map(|made| {
+                            if let Some(name) = made {
+                                stats.foreign_pins.fetch_add(1, Ordering::Relaxed);
+                                claims.push((ns.clone(), name));
+                            }
+                        }),
+                    _ => {
+                        let name = format!("o{w}-{i}");
+                        let target = pick_pin_target(client, retain, &mut rng).await;
+                        self_owned_claim(client, ns, &name, retain, target.as_deref())
+                            .await
+                            .map(|()| {
+                                stats.self_owned_claims.fetch_add(1, Ordering::Relaxed);
+                                stats.claims_created.fetch_add(1, Ordering::Relaxed);
+                                claims.push((ns.clone(), name));
+                            })
+                    }
+                }
             } else if !services.is_empty() || !named.is_empty() {
                 let pool = if named.is_empty() || (!services.is_empty() && rng.below(2) == 0) {
                     &mut services
@@ -795,11 +860,110 @@ async fn association_events(
 
 /// Creates a Service `name` of another load balancer in `ns` and writes a claimed, Bound
 /// address of `classes` into its status; `None` when there is no such address right now.
+/// The records the kit keeps on a Service of its pins, for both shipped drivers: what a
+/// hostile tenant forges.
+const FORGED_RECORDS: [&str; 2] = [
+    "range-driver.drivers.local.sdn.cozystack.io/pinned",
+    "metallb-driver.drivers.local.sdn.cozystack.io/pinned",
+];
+
+/// A claim of the hostile tenant pinned to an address another namespace's claim holds: it
+/// must never bind while that claim holds it (the invariants' `address-listed-twice`).
+async fn foreign_pin(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    rng: &mut Rng,
+) -> Result<Option<String>, kube::Error> {
+    let all = Api::<IPAddress>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let held: Vec<&IPAddress> = all
+        .iter()
+        .filter(|a| {
+            a.phase() == Some(AddressPhase::Bound)
+                && a.spec.claim_ref.as_ref().is_some_and(|r| r.namespace != ns)
+        })
+        .collect();
+    let Some(victim) = held.get(rng.below(held.len().max(1))) else {
+        return Ok(None);
+    };
+    let body = json!({"metadata": {"name": name},
+        "spec": {"className": victim.spec.class_name, "addressName": victim.name_any()}});
+    let claim: IPAddressClaim = serde_json::from_value(body).map_err(kube::Error::SerdeError)?;
+    Api::<IPAddressClaim>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &claim)
+        .await?;
+    Ok(Some(name.to_string()))
+}
+
+/// A claim of the hostile tenant with a controller owner reference to a ConfigMap of its
+/// own, pinned to `target` (a static address of the Retain class) when there is one.
+async fn self_owned_claim(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    class: &str,
+    target: Option<&str>,
+) -> Result<(), kube::Error> {
+    let owner = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap_or_default(),
+        )
+        .await?;
+    let mut spec = json!({"className": class});
+    if let Some(t) = target {
+        spec["addressName"] = json!(t);
+    }
+    let body = json!({"metadata": {"name": name, "ownerReferences": [{"apiVersion": "v1",
+        "kind": "ConfigMap", "name": name, "uid": owner.metadata.uid, "controller": true}]},
+        "spec": spec});
+    let claim: IPAddressClaim = serde_json::from_value(body).map_err(kube::Error::SerdeError)?;
+    Api::<IPAddressClaim>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &claim)
+        .await?;
+    Ok(())
+}
+
+/// What the hostile tenant must never have won, read at the end: every static address of
+/// the Retain class still there (`statics` of them: its self-owned claims pinned some, and
+/// the churn deleted those claims). A foreign pin that bound while the address was
+/// another's would list it twice — the invariants' rule — and one that bound after its
+/// victim let go and the release delay recycled the address bound legitimately.
+async fn hostile_wins(
+    client: &Client,
+    static_prefix: &str,
+    statics: usize,
+    stats: &Stats,
+) -> Result<()> {
+    let left = Api::<IPAddress>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|a| {
+            a.name_any().starts_with(static_prefix) && a.metadata.deletion_timestamp.is_none()
+        })
+        .count();
+    if left != statics
+        && let Ok(mut v) = stats.hostile_wins.lock()
+    {
+        v.push(format!(
+            "{} of the admin's {statics} static Retain addresses deleted",
+            statics - left.min(statics)
+        ));
+    }
+    Ok(())
+}
+
 async fn thief(
     client: &Client,
     ns: &str,
     name: &str,
     classes: &[&str],
+    forge: bool,
     rng: &mut Rng,
 ) -> Result<Option<String>, kube::Error> {
     let all = Api::<IPAddress>::all(client.clone())
@@ -818,7 +982,12 @@ async fn thief(
         return Ok(None);
     };
     let api: Api<Service> = Api::namespaced(client.clone(), ns);
-    let body = json!({"metadata": {"name": name}, "spec": {"type": "LoadBalancer",
+    let records: serde_json::Map<String, serde_json::Value> = FORGED_RECORDS
+        .iter()
+        .filter(|_| forge)
+        .map(|k| (k.to_string(), json!(victim.spec.address)))
+        .collect();
+    let body = json!({"metadata": {"name": name, "annotations": records}, "spec": {"type": "LoadBalancer",
         "loadBalancerClass": "chaos.test/thief", "ports": [{"port": 80}]}});
     api.create(
         &PostParams::default(),

@@ -34,5 +34,11 @@ async fn the_ledger_survives_churn_leader_kills_and_an_apiserver_restart() {
         "the driver put addresses on Services: {:?}",
         outcome.association_events
     );
+    // The hostile tenant acted (its wins, if any, fail `ok`).
+    assert!(
+        n(&s.self_owned_claims) >= 1 && n(&s.forged_thieves) + n(&s.foreign_pins) >= 1,
+        "the hostile tenant did nothing: {}",
+        outcome.summary()
+    );
     assert!(outcome.ok(), "{}", outcome.summary());
 }
