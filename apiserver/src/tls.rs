@@ -319,6 +319,10 @@ pub async fn serve(
     }
 }
 
+/// The most bytes of a request's head, as kube-apiserver's `MaxHeaderBytes` (1 MiB): a
+/// 10,500-value selector is about 42 KiB.
+const MAX_HEADER_BYTES: usize = 1 << 20;
+
 /// One TLS connection: HTTP/1.1 or HTTP/2, each request with its peer's certificates, a
 /// panic in a handler answered 500, the connection closed once idle past its deadline.
 async fn serve_connection(
@@ -360,7 +364,11 @@ async fn serve_connection(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
+        .header_read_timeout(limits.header_timeout)
+        .max_buf_size(MAX_HEADER_BYTES + 4096);
+    // hyper's HTTP/2 default is 16 KiB: kube-apiserver's requests for a long selector were
+    // reset (the aggregator answered 503) where a CRD answers them.
+    builder.http2().max_header_list_size(MAX_HEADER_BYTES as u32);
     let conn = builder.serve_connection(TokioIo::new(tls), service);
     tokio::pin!(conn);
     let mut closing = false;
