@@ -368,7 +368,9 @@ async fn serve_connection(
         .max_buf_size(MAX_HEADER_BYTES + 4096);
     // hyper's HTTP/2 default is 16 KiB: kube-apiserver's requests for a long selector were
     // reset (the aggregator answered 503) where a CRD answers them.
-    builder.http2().max_header_list_size(MAX_HEADER_BYTES as u32);
+    builder
+        .http2()
+        .max_header_list_size(MAX_HEADER_BYTES as u32);
     let conn = builder.serve_connection(TokioIo::new(tls), service);
     tokio::pin!(conn);
     let mut closing = false;

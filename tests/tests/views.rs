@@ -240,8 +240,15 @@ async fn security_front_proxy_tokens_and_rbac() {
     let mut e = env("views-sec").await;
     // Small auth caches, so that a flood fills them.
     const CACHE: usize = 50;
+    // A review budget the flood below fits in (the gate that refuses past it is
+    // hostile.rs's): this test is about the caches' bound.
     let (_ctl, _, metrics_port) = e
-        .serve_views_with(&["--auth-cache-size", &CACHE.to_string()])
+        .serve_views_with(&[
+            "--auth-cache-size",
+            &CACHE.to_string(),
+            "--auth-review-burst",
+            "1000",
+        ])
         .await;
     let cluster = Cluster::get();
     let ns_a = e.ns.name.clone();
