@@ -1929,17 +1929,28 @@ fn a_reservation_is_available_and_kept_for_its_claim() {
     other.spec.address_name = Some("a".into());
     let p = plan(&other, std::slice::from_ref(&r), &[class("pub", json!({}))]);
     assert!(binds(&p).is_empty());
-    // The tenant reads "not available", never the other claim's name; the name goes to a
-    // Warning on the (cluster-scoped) address.
+    // A claim of the tenant's own namespace is named; the admin reads it on the
+    // (cluster-scoped) address too.
+    let (_, _, message) = condition(&p, "Bound");
+    assert!(message.contains("already bound to claim t/c"), "{message}");
+    assert_eq!(p.address_events.len(), 1);
+    assert_eq!(p.address_events[0].0, "a");
+    assert_eq!(p.address_events[0].1.reason, event::PIN_REFUSED);
+    assert!(p.address_events[0].1.note.contains("bound to claim t/c"));
+    // From another namespace the tenant reads "not available", never the claim's name.
+    let mut stranger = other.clone();
+    stranger.metadata.namespace = Some("u".into());
+    let p = plan(
+        &stranger,
+        std::slice::from_ref(&r),
+        &[class("pub", json!({}))],
+    );
     let (_, _, message) = condition(&p, "Bound");
     assert!(
         message.contains("is not available to this claim"),
         "{message}"
     );
     assert!(!message.contains("t/c"), "{message}");
-    assert_eq!(p.address_events.len(), 1);
-    assert_eq!(p.address_events[0].0, "a");
-    assert_eq!(p.address_events[0].1.reason, event::PIN_REFUSED);
     assert!(p.address_events[0].1.note.contains("bound to claim t/c"));
     // The claim appears: it is pre-bound (Pending), and the claim completes the uid.
     let c = claim(json!({}));

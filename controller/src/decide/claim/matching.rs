@@ -16,8 +16,8 @@ pub fn pin_of(claim: &IPAddressClaim) -> Option<&str> {
 }
 
 /// What a tenant reads about a pinned address that is not its to have: the same words
-/// whether the address does not exist, is another claim's, or is being bound by another
-/// claim — a tenant learns nothing of other namespaces' holdings by pinning names.
+/// whether the address does not exist, is another namespace's claim's, or is being bound by
+/// another claim — a tenant learns nothing of other namespaces' holdings by pinning names.
 pub fn not_available(pin: &str) -> String {
     format!("IPAddress {pin:?} does not exist or is not available to this claim")
 }
@@ -47,8 +47,19 @@ pub fn pin_problem(
     let Some(a) = a else {
         return Some(not_available(pin));
     };
-    if a.spec.claim_ref.is_some() && !a.belongs_to(claim) {
-        return Some(not_available(pin));
+    if let Some(r) = a.spec.claim_ref.as_ref().filter(|_| !a.belongs_to(claim)) {
+        // A claim of the tenant's own namespace may be named (the tenant reads its claims
+        // anyway); another namespace's never.
+        return Some(
+            if Some(r.namespace.as_str()) == claim.metadata.namespace.as_deref() {
+                format!(
+                    "IPAddress {pin:?} is already bound to claim {}/{}",
+                    r.namespace, r.name
+                )
+            } else {
+                not_available(pin)
+            },
+        );
     }
     if a.is_deleting() {
         return Some(format!("IPAddress {pin:?} is being deleted"));
