@@ -19,7 +19,7 @@
 //! | `own-namespace` | a Service naming the claim from another namespace gets `ClaimNotFound` and nothing (with `--associate`) |
 //! | `withdraw` | the annotation removed, the addresses leave the Service and `associatedTo` goes; the claim stays Bound (with `--associate`) |
 //! | `conflict` | another load balancer's Service showing a claimed address turns it `Conflict`, the rightful Service keeps it; the thief gone, it is `Bound` again (with `--associate`) |
-//! | `conflict-forged-record` | the same thief carrying a forged record of the kit's (`*.drivers.local.sdn.cozystack.io/pinned` naming the address): `Conflict` all the same — the ledger alone says who may show an address (with `--associate`) |
+//! | `conflict-forged-record` | the same thief carrying a forged record of the kit's (`*.drivers.local.sdn.cozystack.io/pinned` naming the address): `Conflict` all the same — the ledger alone says who may show an address — or the thief's pin withdrawn on the record's word; the rightful Service keeps the address (with `--associate`) |
 //!
 //! Every case ends with the invariant checker over the suite's namespace and the class.
 //! The suite changes the class's `reclaimPolicy` for the cases that need one and restores
@@ -1188,9 +1188,32 @@ async fn thief(s: &mut Suite<'_>, prefix: &str, forge: bool) -> Result<Option<St
         &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": [{"ip": ips[0]}]}}})),
     )
     .await?;
-    s.phase_is(&names[0], address_controller_api::AddressPhase::Conflict)
+    if forge {
+        // Either the address turns Conflict, or the driver — taking the record on the
+        // thief at its word — withdraws "its" pin from the thief (a driver that is the load
+        // balancer clears the thief's status): the thief does not keep the address
+        // unjudged, and the rightful Service keeps it throughout.
+        let addresses: Api<IPAddress> = Api::all(s.client.clone());
+        until(
+            "the forged thief Conflict, or withdrawn",
+            s.opts.timeout,
+            || async {
+                let a = addresses.get(&names[0]).await?;
+                let shown = api.get("thief").await?;
+                let shows =
+                    address_controller_api::service::ingress_ips(&shown).any(|ip| ip == ips[0]);
+                Ok(
+                    (a.phase() == Some(address_controller_api::AddressPhase::Conflict) || !shows)
+                        .then_some(()),
+                )
+            },
+        )
         .await?;
-    s.event("thief", driver::CONFLICT).await?;
+    } else {
+        s.phase_is(&names[0], address_controller_api::AddressPhase::Conflict)
+            .await?;
+        s.event("thief", driver::CONFLICT).await?;
+    }
     s.shows(&ns, "web", &ips).await?;
     s.bound(&claim).await?;
     s.delete_service(&ns, "thief").await?;

@@ -155,6 +155,9 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
         "Deployment/address-controller",
         "PodDisruptionBudget/address-controller",
         "RoleBinding/address-controller:extension-apiserver-authentication-reader",
+        // Its Lease, in the release namespace only (generated with the ClusterRole).
+        "Role/address-controller",
+        "RoleBinding/address-controller",
         "Secret/address-controller-api-tls",
         "Service/address-controller-api",
         "Service/address-controller-metrics",
@@ -162,6 +165,9 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
         // The entitlement policy (SPEC §13), on by default.
         "ValidatingAdmissionPolicy/address-controller-class-namespaces",
         "ValidatingAdmissionPolicyBinding/address-controller-class-namespaces",
+        // Each component's own keys on a tenant's Service (#45), on by default.
+        "ValidatingAdmissionPolicy/address-controller-component-writes",
+        "ValidatingAdmissionPolicyBinding/address-controller-component-writes",
         // `helm test`: `check` in a Pod, as a read-only ServiceAccount of its own.
         "ServiceAccount/address-controller-test",
         "ClusterRole/address-controller-test-address-controller-system",
@@ -469,13 +475,18 @@ fn the_range_driver_is_opt_in_with_its_generated_role_and_its_own_pods() {
     )
     .unwrap();
     let name = "address-controller-range-driver";
-    let generated: Value = serde_yaml::from_str(
-        &std::fs::read_to_string(chart_dir().join("files/range-driver-role.yaml")).unwrap(),
-    )
-    .unwrap();
+    // The generated file: the ClusterRole, then the Role of the release namespace.
+    let file = std::fs::read_to_string(chart_dir().join("files/range-driver-role.yaml")).unwrap();
+    let docs: Vec<Value> = file
+        .split("\n---\n")
+        .map(|d| serde_yaml::from_str(d).unwrap())
+        .collect();
+    assert_eq!(find(&objs, "ClusterRole", name)["rules"], docs[0]["rules"]);
+    assert_eq!(find(&objs, "Role", name)["rules"], docs[1]["rules"]);
     assert_eq!(
-        find(&objs, "ClusterRole", name)["rules"],
-        generated["rules"]
+        find(&objs, "RoleBinding", name)["roleRef"]["name"],
+        name,
+        "the Role is bound"
     );
     let crb = find(&objs, "ClusterRoleBinding", name);
     assert_eq!(crb["roleRef"]["name"], name);
@@ -738,7 +749,8 @@ fn monitoring_objects_follow_values_and_capabilities() {
 
 #[test]
 fn admission_policy_renders_only_when_enabled() {
-    // By default only the entitlement policy; the pinning policies are opt-in.
+    // By default the entitlement and the component policies; the pinning policies are
+    // opt-in (the MetalLB fence comes with the MetalLB driver).
     let objs = render(&json!({}), &[]).unwrap();
     let policies: BTreeSet<String> = kind_names(&objs)
         .into_iter()
@@ -747,11 +759,21 @@ fn admission_policy_renders_only_when_enabled() {
     assert_eq!(
         policies,
         BTreeSet::from([
-            "ValidatingAdmissionPolicy/address-controller-class-namespaces".to_string()
+            "ValidatingAdmissionPolicy/address-controller-class-namespaces".to_string(),
+            "ValidatingAdmissionPolicy/address-controller-component-writes".to_string(),
         ])
     );
-    let objs = render(&json!({"entitlementPolicy": {"enabled": false}}), &[]).unwrap();
+    let objs = render(
+        &json!({"entitlementPolicy": {"enabled": false}, "componentPolicy": {"enabled": false}}),
+        &[],
+    )
+    .unwrap();
     assert!(!has(&objs, "ValidatingAdmissionPolicy"));
+    let objs = render(&json!({"metallbDriver": {"enabled": true}}), &[]).unwrap();
+    assert!(
+        kind_names(&objs).contains("ValidatingAdmissionPolicy/address-controller-metallb-pins"),
+        "the MetalLB fence is on with the MetalLB driver"
+    );
     let objs = render(
         &json!({"admissionPolicy": {"enabled": true, "allowedUsernames": ["ip-admin"],
             "allowedGroups": ["ip-admins"], "validationActions": ["Warn", "Audit"],
@@ -2351,12 +2373,23 @@ async fn the_metallb_policy_reserves_metallb_pins_to_the_driver() {
         );
     }
     tenant(&create, &svc(g, "plain", json!({}), json!({}))).unwrap();
-    // The driver's ServiceAccount pins; the tenant then edits the rest but not the pin.
+    // The driver's ServiceAccount pins (on a Service the tenant made: the driver creates
+    // Services in its hold namespace only); the tenant then edits the rest but not the pin.
+    tenant(&create, &svc(g, "web", json!({}), json!({}))).unwrap();
     kubectl_as(
         &driver_sa,
         &["system:serviceaccounts"],
-        &create,
-        &svc(g, "web", pin.clone(), json!({})),
+        &[
+            "patch",
+            "svc",
+            "web",
+            "-n",
+            g,
+            "--type=merge",
+            "-p",
+            &json!({"metadata": {"annotations": pin.clone()}}).to_string(),
+        ],
+        "",
     )
     .unwrap();
     tenant(
