@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use address_controller_runtime::client::Bucket;
 use clap::Args;
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -266,46 +267,14 @@ pub struct ReviewGate {
     bucket: Mutex<Bucket>,
 }
 
-#[derive(Debug)]
-struct Bucket {
-    qps: f64,
-    burst: f64,
-    tokens: f64,
-    last: Instant,
-}
-
-impl Bucket {
-    /// Takes a token if one is there (refilled at `qps` since the last call).
-    fn take(&mut self, now: Instant) -> bool {
-        if self.qps <= 0.0 {
-            return true;
-        }
-        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
-        self.last = now;
-        self.tokens = (self.tokens + elapsed * self.qps).min(self.burst);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
 /// A review under way (see [`ReviewGate::enter`]).
 pub type ReviewPermit = OwnedSemaphorePermit;
 
 impl ReviewGate {
     pub fn new(inflight: usize, qps: f64, burst: u32) -> ReviewGate {
-        let burst = f64::from(burst.max(1));
         ReviewGate {
             inflight: Arc::new(Semaphore::new(inflight.max(1))),
-            bucket: Mutex::new(Bucket {
-                qps,
-                burst,
-                tokens: burst,
-                last: Instant::now(),
-            }),
+            bucket: Mutex::new(Bucket::new(qps, burst, Instant::now())),
         }
     }
 
@@ -318,8 +287,11 @@ impl ReviewGate {
     /// `address_controller_apiserver_refused_total{reason="reviews"}`.
     pub fn enter(&self) -> Option<ReviewPermit> {
         let permit = self.inflight.clone().try_acquire_owned().ok();
-        let admitted =
-            permit.filter(|_| self.bucket.lock().is_ok_and(|mut b| b.take(Instant::now())));
+        let admitted = permit.filter(|_| {
+            self.bucket
+                .lock()
+                .is_ok_and(|mut b| b.try_take(Instant::now()))
+        });
         if admitted.is_none() {
             ServingMetrics::refused("any", "reviews");
         }

@@ -139,7 +139,7 @@ impl ClientArgs {
     /// for a token does not count against `--api-timeout`.
     pub async fn client(&self) -> Result<Client, ClientError> {
         self.build(Some(Bucket::new(
-            self.kube_api_qps,
+            f64::from(self.kube_api_qps),
             self.kube_api_burst,
             Instant::now(),
         )))
@@ -166,11 +166,12 @@ impl ClientArgs {
     }
 }
 
-/// A token bucket as client-go's: `qps` tokens a second, at most `burst` saved up; a request
-/// takes one, waiting (in its own future, never holding the client) when none is left.
-/// `qps` 0 turns it off.
+/// A token bucket as client-go's: `qps` tokens a second, at most `burst` saved up. Two ways
+/// to spend: [`Bucket::reserve`] goes into debt and says how long to wait (the client's
+/// limiter: a request waits its turn), [`Bucket::try_take`] never does (a gate that refuses
+/// rather than queue). `qps` 0 turns it off.
 #[derive(Debug)]
-struct Bucket {
+pub struct Bucket {
     qps: f64,
     burst: f64,
     tokens: f64,
@@ -178,29 +179,49 @@ struct Bucket {
 }
 
 impl Bucket {
-    fn new(qps: f32, burst: u32, now: Instant) -> Self {
+    pub fn new(qps: f64, burst: u32, now: Instant) -> Self {
         let burst = f64::from(burst.max(1));
         Bucket {
-            qps: f64::from(qps),
+            qps,
             burst,
             tokens: burst,
             last: now,
         }
     }
 
+    /// The tokens grown since the last call, capped at the burst.
+    fn refill(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + elapsed * self.qps).min(self.burst);
+    }
+
     /// Takes a token; how long the caller must wait before using it (0 while tokens are
     /// left). Tokens go negative under load, so waiting callers are spaced 1/qps apart.
-    fn reserve(&mut self, now: Instant) -> Duration {
+    pub fn reserve(&mut self, now: Instant) -> Duration {
         if self.qps <= 0.0 {
             return Duration::ZERO;
         }
-        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
-        self.last = now;
-        self.tokens = (self.tokens + elapsed * self.qps).min(self.burst) - 1.0;
+        self.refill(now);
+        self.tokens -= 1.0;
         if self.tokens >= 0.0 {
             Duration::ZERO
         } else {
             Duration::from_secs_f64(-self.tokens / self.qps)
+        }
+    }
+
+    /// Takes a token if one is there now; never goes into debt.
+    pub fn try_take(&mut self, now: Instant) -> bool {
+        if self.qps <= 0.0 {
+            return true;
+        }
+        self.refill(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
         }
     }
 }

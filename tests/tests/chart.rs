@@ -1568,6 +1568,25 @@ async fn the_admission_policy_reserves_address_name_to_the_allowlist() {
     drop(release);
 }
 
+/// Whether `user` (in `groups`) may `verb` `resource` (`plural[.group][/subresource]`) in
+/// namespace `ns` (empty: the cluster scope), by a SubjectAccessReview with these explicit
+/// attributes (no discovery involved, so the answer does not depend on an aggregated API).
+fn allowed(user: &str, groups: &[String], verb: &str, resource: &str, ns: &str) -> bool {
+    let (resource, sub) = resource.split_once('/').unwrap_or((resource, ""));
+    let (resource, group) = resource.split_once('.').unwrap_or((resource, ""));
+    let sar = json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": user, "groups": groups, "resourceAttributes": {"verb": verb,
+            "group": group, "resource": resource, "subresource": sub, "namespace": ns}}});
+    kubectl_as(
+        "admin",
+        &["system:masters"],
+        &["create", "-f", "-", "-o", "jsonpath={.status.allowed}"],
+        &sar.to_string(),
+    )
+    .unwrap()
+        == "true"
+}
+
 /// The component policy (on by default): each component's own ServiceAccount changes on a
 /// tenant's Service only what is its own — the core the claim annotation, a driver its
 /// record (the MetalLB driver also MetalLB's pins), the range driver the status — and no
@@ -1775,20 +1794,13 @@ async fn each_components_service_account_has_exactly_its_written_rights() {
     let tenant = TestNamespace::create(&client, "chart-least").await.unwrap();
     let (rel, t) = (release.ns.as_str(), tenant.name.as_str());
     let sa = |name: &str| format!("system:serviceaccount:{rel}:{name}");
+    let groups = [
+        "system:serviceaccounts".to_string(),
+        format!("system:serviceaccounts:{rel}"),
+        "system:authenticated".to_string(),
+    ];
     let can = |user: &str, verb: &str, resource: &str, ns: &str| {
-        let (resource, group) = resource.split_once('.').unwrap_or((resource, ""));
-        let (resource, sub) = resource.split_once('/').unwrap_or((resource, ""));
-        let sar = json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-            "spec": {"user": user, "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{rel}"), "system:authenticated"],
-                "resourceAttributes": {"verb": verb, "group": group, "resource": resource, "subresource": sub, "namespace": ns}}});
-        kubectl_as(
-            "admin",
-            &["system:masters"],
-            &["create", "-f", "-", "-o", "jsonpath={.status.allowed}"],
-            &sar.to_string(),
-        )
-        .unwrap()
-            == "true"
+        allowed(user, &groups, verb, resource, ns)
     };
     const LEASES: &str = "leases.coordination.k8s.io";
     const EVENTS: &str = "events.events.k8s.io";
@@ -1957,21 +1969,8 @@ async fn aggregated_roles_give_a_namespace_editor_exactly_claims_and_views() {
     }
     // SubjectAccessReviews with explicit attributes: no discovery involved, so the answer
     // does not depend on the (here unavailable) aggregated API.
-    let can = |user: &str, verb: &str, resource: &str, ns: &str| {
-        let (resource, sub) = resource.split_once('/').unwrap_or((resource, ""));
-        let (resource, group) = resource.split_once('.').unwrap_or((resource, ""));
-        let sar = json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-            "spec": {"user": user, "resourceAttributes": {"verb": verb, "group": group,
-                "resource": resource, "subresource": sub, "namespace": ns}}});
-        kubectl_as(
-            "admin",
-            &["system:masters"],
-            &["create", "-f", "-", "-o", "jsonpath={.status.allowed}"],
-            &sar.to_string(),
-        )
-        .unwrap()
-            == "true"
-    };
+    let can =
+        |user: &str, verb: &str, resource: &str, ns: &str| allowed(user, &[], verb, resource, ns);
     const CLAIMS: &str = "ipaddressclaims.local.sdn.cozystack.io";
     const QUOTAS: &str = "ipaddressquotas.local.sdn.cozystack.io";
     const HOLDINGS: &str = "namespaceaddresses.view.local.sdn.cozystack.io";

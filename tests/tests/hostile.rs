@@ -15,7 +15,9 @@ use address_controller_tests::env::{
     WAIT, aphase, condition, env, fast_lease, lease_holder, phase, purge, range_class,
     wait_lease_holder,
 };
-use address_controller_tests::{Cluster, ControllerProcess, sample, sum_samples, wait_for};
+use address_controller_tests::{
+    Cluster, ControllerProcess, random_suffix, sample, sum_samples, wait_for,
+};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -204,7 +206,7 @@ async fn a_flood_of_strangers_tokens_never_reaches_the_controllers_budget_or_the
                     .uri("/apis/view.local.sdn.cozystack.io/v1alpha1/namespaceaddresses")
                     .header(
                         "Authorization",
-                        format!("Bearer flood-{worker}-{i}-{}", rand()),
+                        format!("Bearer flood-{worker}-{i}-{}", random_suffix()),
                     )
                     .body(kube::client::Body::empty())
                     .unwrap();
@@ -259,19 +261,6 @@ async fn a_flood_of_strangers_tokens_never_reaches_the_controllers_budget_or_the
     drop(ctl);
     e.cleanup
         .add("leases.coordination.k8s.io", &format!("default/{lease}"));
-}
-
-/// A pseudo-random number (the flood's tokens must all differ).
-fn rand() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos(),
-    );
-    h.finish()
 }
 
 /// Finding 3: a tenant pinned an admin's static `Retain` address, gave its claim a

@@ -40,8 +40,13 @@ fn ctx() -> Ctx<Null> {
 
 /// A context for `driver`, with the classes `ours` (its), `theirs` and `more` (its too).
 fn ctx_with<D: Driver>(driver: D, more: &[&str]) -> Ctx<D> {
+    ctx_of(driver, more, false)
+}
+
+/// [`ctx_with`], with a Service cache when `services`.
+fn ctx_of<D: Driver>(driver: D, more: &[&str], services: bool) -> Ctx<D> {
     let health = Health::new(Bounds::default());
-    let world = World::new(false, health.clone());
+    let world = World::new(services, health.clone());
     let gate = Gate::new(Leadership::always(), health);
     let ctx = Ctx::new(driver, offline(), world, gate, "test", "t".into());
     let classes = [("ours", "p.example"), ("theirs", "q.example")]
@@ -299,23 +304,7 @@ impl Driver for TwoIpv4 {
 
 #[tokio::test]
 async fn an_address_a_service_already_shows_is_never_allocated() {
-    let health = Health::new(Bounds::default());
-    let world = World::new(true, health.clone());
-    let ctx = Ctx::new(
-        TwoIpv4,
-        offline(),
-        world,
-        Gate::new(Leadership::always(), health),
-        "test",
-        "t".into(),
-    );
-    let class: IPAddressClass = serde_json::from_value(
-        json!({"metadata": {"name": "ours"}, "spec": {"provisioner": "p.example"}}),
-    )
-    .unwrap();
-    ctx.world
-        .classes
-        .apply(key_of(&class), Some(Arc::new(class)));
+    let ctx = ctx_of(TwoIpv4, &[], true);
     // A tenant's Service showing 192.0.2.7, which no claim holds (its own pin, honoured
     // by the backend outside the ledger).
     let squatter: k8s_openapi::api::core::v1::Service = serde_json::from_value(json!({
