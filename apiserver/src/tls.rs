@@ -245,18 +245,17 @@ pub async fn serve(
     let (open, mut counted) = tokio::sync::watch::channel(());
     let mut backoff = Duration::ZERO;
     loop {
-        let accepted = tokio::select! {
-            r = listener.accept() => r,
-            _ = &mut shutdown => {
-                // Refused from now on, not queued by the kernel for nobody.
-                drop(listener);
-                drop(open);
-                if drain {
-                    tracing::info!(%addr, "draining the open connections");
-                    let _ = counted.changed().await;
-                }
-                return Ok(());
+        // After an accept error, the next accept waits: Go's net/http backs off 5 ms,
+        // doubling, at most 1 s; the listener stays.
+        let accept = async {
+            if !backoff.is_zero() {
+                tokio::time::sleep(backoff).await;
             }
+            listener.accept().await
+        };
+        let accepted = tokio::select! {
+            r = accept => r,
+            _ = &mut shutdown => break,
         };
         let (tcp, remote) = match accepted {
             Ok(a) => {
@@ -264,21 +263,10 @@ pub async fn serve(
                 a
             }
             Err(e) => {
-                // Go's net/http: 5 ms, doubling, at most 1 s; the listener stays.
                 backoff = (backoff * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
                 ServingMetrics::refused(server, "accept");
                 tracing::warn!(%addr, server, error = %e, retry_in = ?backoff, "accept failed");
-                tokio::select! {
-                    () = tokio::time::sleep(backoff) => continue,
-                    _ = &mut shutdown => {
-                        drop(listener);
-                        drop(open);
-                        if drain {
-                            let _ = counted.changed().await;
-                        }
-                        return Ok(());
-                    }
-                }
+                continue;
             }
         };
         let Ok(place) = places.clone().try_acquire_owned() else {
@@ -317,6 +305,14 @@ pub async fn serve(
             drop(serving);
         });
     }
+    // Refused from now on, not queued by the kernel for nobody.
+    drop(listener);
+    drop(open);
+    if drain {
+        tracing::info!(%addr, "draining the open connections");
+        let _ = counted.changed().await;
+    }
+    Ok(())
 }
 
 /// The most bytes of a request's head, as kube-apiserver's `MaxHeaderBytes` (1 MiB): a
