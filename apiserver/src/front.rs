@@ -1,8 +1,8 @@
 //! The front door: what every request passes before a handler sees it, as tower layers in
 //! the order kube-apiserver's filters run — what the request asks for ([`describe`], parsed
 //! once), request metrics ([`metered`]), errors in the client's encoding ([`yaml_errors`]),
-//! a place in flight ([`admit`]), authentication and authorization ([`authenticate`]). The views' router and the secure
-//! `/metrics` router use the same layers.
+//! a place in flight ([`admit`]), authentication and authorization ([`authenticate`]). The
+//! views' router and the secure `/metrics` router use the same layers.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -39,20 +39,21 @@ impl Described {
 
     /// The description the [`describe`] layer attached (or a fresh one, for a request
     /// that did not pass it).
-    pub fn from_parts(parts: &Parts) -> Arc<Described> {
-        parts
-            .extensions
+    fn attached(extensions: &http::Extensions, method: &Method, uri: &Uri) -> Arc<Described> {
+        extensions
             .get::<Arc<Described>>()
             .cloned()
-            .unwrap_or_else(|| Arc::new(Described::of(&parts.method, &parts.uri)))
+            .unwrap_or_else(|| Arc::new(Described::of(method, uri)))
     }
 
-    /// [`Described::from_parts`] of a whole request.
-    pub fn from_parts_of(req: &Request) -> Arc<Described> {
-        req.extensions()
-            .get::<Arc<Described>>()
-            .cloned()
-            .unwrap_or_else(|| Arc::new(Described::of(req.method(), req.uri())))
+    /// [`Described::attached`] to a request's parts.
+    pub fn from_parts(parts: &Parts) -> Arc<Described> {
+        Self::attached(&parts.extensions, &parts.method, &parts.uri)
+    }
+
+    /// [`Described::attached`] to a whole request.
+    pub fn of_request(req: &Request) -> Arc<Described> {
+        Self::attached(req.extensions(), req.method(), req.uri())
     }
 }
 
@@ -96,7 +97,7 @@ pub struct Access {
 /// `Retry-After: 1` at once, before any review is asked for (kube-apiserver's max-in-flight
 /// filter).
 pub async fn admit(AxumState(access): AxumState<Access>, req: Request, next: Next) -> Response {
-    let watch = Described::from_parts_of(&req).query.watch();
+    let watch = Described::of_request(&req).query.watch();
     let Some(place) = access.inflight.admit(watch) else {
         return ApiError::too_many_requests().into_response();
     };

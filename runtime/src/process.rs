@@ -38,32 +38,23 @@ impl Acting {
     }
 }
 
-/// The soft limit on open files, raised to the hard limit as Go's runtime does at start (a
+/// Raises the soft limit on open files to the hard limit, as Go's runtime does at start (a
 /// container gets 1024 soft under containerd 2.x: one client holding that many idle
-/// connections would otherwise exhaust the process). Returns the limit now in force
-/// (`u64::MAX` when unlimited or unknown).
-pub fn raise_open_files_limit() -> u64 {
+/// connections would otherwise exhaust the process). What is in force after is
+/// [`open_files_limit`].
+pub fn raise_open_files_limit() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            Ok(()) => {
-                tracing::info!(
-                    from = soft,
-                    to = hard,
-                    "open-file limit raised to the hard limit"
-                );
-                hard
-            }
-            Err(e) => {
-                tracing::warn!(soft, hard, error = %e, "raising the open-file limit");
-                soft
-            }
+            Ok(()) => tracing::info!(
+                from = soft,
+                to = hard,
+                "open-file limit raised to the hard limit"
+            ),
+            Err(e) => tracing::warn!(soft, hard, error = %e, "raising the open-file limit"),
         },
-        Ok((soft, _)) => soft,
-        Err(e) => {
-            tracing::warn!(error = %e, "reading the open-file limit");
-            u64::MAX
-        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "reading the open-file limit"),
     }
 }
 
