@@ -172,9 +172,9 @@ async fn live_leases(client: &Client) -> anyhow::Result<Vec<String>> {
         .collect())
 }
 
-/// Every object of `api`, as written back by `kubectl apply` (no managed fields, no
-/// status-only noise is removed: the backup is the ledger as it is).
-async fn backup_items<K>(api: Api<K>, kind: &str) -> anyhow::Result<Vec<serde_json::Value>>
+/// Every object of `api`, managed fields left out, with its `apiVersion` and `kind`: items
+/// of a List that `kubectl apply` takes back.
+async fn backup_items<K>(api: Api<K>) -> anyhow::Result<Vec<serde_json::Value>>
 where
     K: Resource<DynamicType = ()>
         + Clone
@@ -186,8 +186,8 @@ where
     for mut obj in api.list(&ListParams::default()).await?.items {
         obj.meta_mut().managed_fields = None;
         let mut v = serde_json::to_value(&obj)?;
-        v["apiVersion"] = json!("local.sdn.cozystack.io/v1alpha1");
-        v["kind"] = json!(kind);
+        v["apiVersion"] = json!(K::api_version(&()));
+        v["kind"] = json!(K::kind(&()));
         out.push(v);
     }
     Ok(out)
@@ -195,11 +195,10 @@ where
 
 /// The ledger — classes, quotas, claims, addresses — as one YAML `List`.
 async fn ledger(client: &Client) -> anyhow::Result<Vec<serde_json::Value>> {
-    let mut items =
-        backup_items(Api::<IPAddressClass>::all(client.clone()), "IPAddressClass").await?;
-    items.extend(backup_items(Api::<IPAddressQuota>::all(client.clone()), "IPAddressQuota").await?);
-    items.extend(backup_items(Api::<IPAddressClaim>::all(client.clone()), "IPAddressClaim").await?);
-    items.extend(backup_items(Api::<IPAddress>::all(client.clone()), "IPAddress").await?);
+    let mut items = backup_items(Api::<IPAddressClass>::all(client.clone())).await?;
+    items.extend(backup_items(Api::<IPAddressQuota>::all(client.clone())).await?);
+    items.extend(backup_items(Api::<IPAddressClaim>::all(client.clone())).await?);
+    items.extend(backup_items(Api::<IPAddress>::all(client.clone())).await?);
     Ok(items)
 }
 

@@ -110,7 +110,6 @@ pub fn spawn(
     let state = Arc::new(State {
         store,
         authn: serving.authn.clone(),
-        authz: serving.authz.clone(),
         metrics: metrics::ApiMetrics::new(registry)?,
         openapi: openapi::Served::new(views.openapi_v2),
     });

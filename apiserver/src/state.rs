@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use crate::authn::Authenticator;
-use crate::authz::Authorizer;
 use crate::metrics::ApiMetrics;
 use crate::openapi;
 use crate::store::ViewStore;
@@ -12,7 +11,6 @@ use crate::store::ViewStore;
 pub struct State {
     pub store: Arc<ViewStore>,
     pub authn: Arc<Authenticator>,
-    pub authz: Arc<Authorizer>,
     pub metrics: ApiMetrics,
     pub openapi: openapi::Served,
 }

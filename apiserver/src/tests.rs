@@ -134,17 +134,15 @@ fn app_limited(
         "requestheader-extra-headers-prefix": "[\"X-Remote-Extra-\"]"}}))
     .unwrap();
     authn.set_front_proxy(Some(FrontProxy::from_config_map(&cm).unwrap()));
-    let authz = Arc::new(Authorizer::new(client, 100, ReviewGate::unlimited()));
     let access = crate::front::Access {
         authn: authn.clone(),
-        authz: authz.clone(),
+        authz: Arc::new(Authorizer::new(client, 100, ReviewGate::unlimited())),
         inflight: Arc::new(InFlight::new(&limits)),
     };
     let app = router(
         Arc::new(State {
             store: store.clone(),
             authn,
-            authz,
             metrics: ApiMetrics::unregistered(),
             openapi: crate::openapi::Served::new(None),
         }),
