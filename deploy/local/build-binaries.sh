@@ -3,7 +3,7 @@
 # Go module proxy) into a version-keyed cache outside the repository. A binary that is already
 # cached at the pinned version is not rebuilt. Prints where the binaries are.
 #
-# Usage: deploy/local/build-binaries.sh [--print-env] [etcd|helm|kube ...]   (default: all)
+# Usage: deploy/local/build-binaries.sh [--print-env] [etcd|helm|kube|prometheus|metallb|node|wire ...]   (default: all)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=build-times.sh
@@ -49,6 +49,23 @@ build_kube() {
 # they share most packages).
 build_node() {
   go_build_kube "$NODE_BIN" kubelet/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler
+}
+
+# kube-proxy (iptables mode) and MetalLB's speaker for the node tier's wire: separate cache
+# directories, so a node cache built before them stays valid and only these two are added.
+build_wire() {
+  go_build_kube "$KUBE_PROXY_BIN" kube-proxy k8s.io/kubernetes/cmd/kube-proxy
+  local out="$METALLB_SPEAKER_BIN"
+  if cached "$out"; then log "metallb speaker $METALLB_VERSION: cached in $out"; return; fi
+  log "metallb speaker $METALLB_VERSION: building"
+  mkdir -p "$out.tmp"
+  (cd "$here/tools/metallb" && CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "-s -w" \
+     -o "$out.tmp/metallb-speaker" go.universe.tf/metallb/speaker)
+  # The interfaces MetalLB's manifests keep out of L2 announcements (its excludel2 ConfigMap).
+  local dir
+  dir="$(cd "$here/tools/metallb" && go list -mod=readonly -m -f '{{.Dir}}' go.universe.tf/metallb)"
+  grep -o 'announcedInterfacesToExclude: .*' "$dir/config/native/exclude-l2-config.yaml" > "$out.tmp/excludel2.yaml"
+  rm -rf "$out" && mv "$out.tmp" "$out" && touch "$out/.complete"
 }
 
 build_etcd() {
@@ -107,14 +124,15 @@ components=()
 for arg in "$@"; do
   case "$arg" in
     --print-env) print_env=1 ;;
-    etcd|helm|kube|prometheus|metallb|node) components+=("$arg") ;;
-    *) log "unknown argument: $arg (expected --print-env, etcd, helm, kube, prometheus, metallb or node)"; exit 2 ;;
+    etcd|helm|kube|prometheus|metallb|node|wire) components+=("$arg") ;;
+    *) log "unknown argument: $arg (expected --print-env, etcd, helm, kube, prometheus, metallb, node or wire)"; exit 2 ;;
   esac
 done
 # Small ones first so a failure in the module graph shows up quickly.
-[ ${#components[@]} -gt 0 ] || components=(etcd helm metallb prometheus kube node)
+[ ${#components[@]} -gt 0 ] || components=(etcd helm metallb prometheus kube node wire)
 for c in "${components[@]}"; do "build_$c"; done
 log "done in $(( $(date +%s) - start ))s"
 if [ -n "$print_env" ]; then
-  printf 'KUBE_BIN=%s\nETCD_BIN=%s\nHELM_BIN=%s\nPROMETHEUS_BIN=%s\nMETALLB_BIN=%s\n' "$KUBE_BIN" "$ETCD_BIN" "$HELM_BIN" "$PROMETHEUS_BIN" "$METALLB_BIN"
+  printf 'KUBE_BIN=%s\nETCD_BIN=%s\nHELM_BIN=%s\nPROMETHEUS_BIN=%s\nMETALLB_BIN=%s\nMETALLB_SPEAKER_BIN=%s\n' \
+    "$KUBE_BIN" "$ETCD_BIN" "$HELM_BIN" "$PROMETHEUS_BIN" "$METALLB_BIN" "$METALLB_SPEAKER_BIN"
 fi

@@ -10,7 +10,7 @@
 #                                             a network namespace of its own (deploy/local/node.sh)
 #   cluster.sh down [DIR]                     stop it and remove DIR
 #   cluster.sh status [DIR]                   exit 0 when it answers /readyz
-#   cluster.sh restart DIR COMPONENT          kill etcd or kube-apiserver and start it again
+#   cluster.sh restart DIR COMPONENT          kill a component (see below) and start it again
 #                                             (same flags, same data), wait until ready
 #   cluster.sh pause|resume DIR COMPONENT     SIGSTOP / SIGCONT a component (a hung server)
 #   cluster.sh import DIR ARCHIVE             (--node) an OCI image archive into the node's containerd
@@ -18,7 +18,16 @@
 #                                             namespace with --node (e.g. exec DIR kubectl get pods -A)
 #   cluster.sh metallb DIR                    run the real MetalLB controller (v$METALLB_VERSION, the IPAM
 #                                             half of MetalLB) against the cluster: its CRDs, namespace
-#                                             metallb-system and the Pod object it reads; stopped by `down`
+#                                             metallb-system and the Pod object it reads; stopped by `down`.
+#                                             With --node, also MetalLB's speaker on the node (L2 mode)
+#   cluster.sh client DIR CMD...              (--node) CMD on the client host, the far end of the wire
+#                                             (e.g. client DIR curl http://192.0.2.1/)
+#   cluster.sh route DIR CIDR on-link|via-node|none
+#                                             (--node) how the client host reaches CIDR: on the segment
+#                                             (MetalLB L2 answers ARP/NDP) or via the node (routed)
+#
+# A component restarted by `restart` (etcd, kube-apiserver, and with --node kube-proxy,
+# metallb-speaker, metallb-controller) runs the same command again and is waited for.
 #
 # SERVICE_CIDR (IPv4, default 10.0.0.0/24) sizes the Services' ClusterIP range (the latency
 # bench keeps hundreds of LoadBalancer Services alive at once); AC_ETCD_QUOTA_BYTES
@@ -46,7 +55,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --watch-pid) watch_pid="$2"; shift 2 ;;
     --node) node=1; shift ;;
-    *) if [ -z "$dir" ]; then dir="$1"; shift; elif [ "$cmd" = exec ]; then rest=("$@"); break;
+    *) if [ -z "$dir" ]; then dir="$1"; shift; elif [ "$cmd" = exec ] || [ "$cmd" = client ] || [ "$cmd" = route ]; then rest=("$@"); break;
        elif [ -z "$component" ] && [ "${1#-}" = "$1" ]; then component="$1"; shift; else die "unknown argument $1"; fi ;;
   esac
 done
@@ -173,7 +182,12 @@ stop_one() {
 # restart COMPONENT: stop it and start it again with the recorded command.
 restart() {
   local name="$1"
-  case "$name" in etcd|kube-apiserver) ;; *) die "restart: etcd or kube-apiserver, not '$name'" ;; esac
+  case "$name" in
+    etcd|kube-apiserver) ;;
+    kube-proxy|metallb-speaker|metallb-controller)
+      [ -f "$dir/pids/$name" ] || die "$name does not run in $dir"; restart_with_health "$name"; return ;;
+    *) die "restart: etcd, kube-apiserver, kube-proxy, metallb-speaker or metallb-controller, not '$name'" ;;
+  esac
   [ -f "$dir/cmds/$name" ] || die "no recorded command for $name in $dir"
   # shellcheck disable=SC1091
   . "$dir/env"
@@ -190,6 +204,19 @@ restart() {
   log "restarted $name (pid $(cat "$dir/pids/$name"))"
 }
 
+# restart_with_health NAME: a component with a recorded health URL, stopped (TERM, as a
+# kubelet stops a container) and started again with the same command, until healthy.
+restart_with_health() {
+  local name="$1"
+  load_env
+  stop_one "$name"
+  local -a argv
+  eval "argv=($(cat "$dir/cmds/$name"))"
+  start "$name" "${argv[@]}"
+  wait_health "$name" 60
+  log "restarted $name (pid $(cat "$dir/pids/$name"))"
+}
+
 signal_component() {
   local sig="$1" name="$2" f="$dir/pids/$2"
   [ -f "$f" ] || die "$name is not running in $dir"
@@ -201,7 +228,7 @@ stop_all() {
   # Reverse start order: controller-manager, apiserver, etcd; watcher last.
   local name
   node_down
-  for name in metallb-controller kube-controller-manager kube-apiserver etcd watcher; do
+  for name in metallb-speaker metallb-controller kube-controller-manager kube-apiserver etcd watcher; do
     stop_one "$name"
   done
 }
@@ -259,6 +286,13 @@ METALLB_BIN=$METALLB_BIN
 NODE=$node
 NODE_NETNS=${node:+$NODE_NETNS}
 NODE_IP=${node:+$NODE_IP}
+CLIENT_NETNS=${node:+$CLIENT_NETNS}
+WIRE_NODE_IF=${node:+$WIRE_NODE_IF}
+WIRE_NODE_IP=${node:+$WIRE_NODE_IP}
+WIRE_NODE_IP6=${node:+$WIRE_NODE_IP6}
+WIRE_CLIENT_IP=${node:+$WIRE_CLIENT_IP}
+WIRE_CLIENT_IP6=${node:+$WIRE_CLIENT_IP6}
+METALLB_SPEAKER_BIN=$METALLB_SPEAKER_BIN
 ENV
   write_kubeconfig "$kas_port"
   # Audit every write to this project's resources (metadata only): tests count the
@@ -371,11 +405,17 @@ metallb() {
   load_env || die "no cluster in $dir; run: cluster.sh up $dir"
   [ -f "$METALLB_BIN/.complete" ] || "$here/build-binaries.sh" metallb
   export KUBECONFIG="$dir/admin.kubeconfig"
+  if [ -f "$dir/pids/metallb-controller" ] && kill -0 "$(cat "$dir/pids/metallb-controller")" 2>/dev/null; then
+    log "metallb-controller already running"
+  else
+    metallb_controller
+  fi
+  if [ -n "$node" ]; then metallb_speaker; fi
+}
+
+metallb_controller() {
   local -a ns=()
   if [ -n "$node" ]; then ns=(nsenter --net="/run/netns/$NODE_NETNS" --); fi
-  if [ -f "$dir/pids/metallb-controller" ] && kill -0 "$(cat "$dir/pids/metallb-controller")" 2>/dev/null; then
-    log "metallb-controller already running"; return
-  fi
   netns kubectl apply --server-side -f "$METALLB_BIN/crds/" >/dev/null
   netns kubectl wait --for=condition=Established --timeout=60s -f "$METALLB_BIN/crds/" >/dev/null
   netns kubectl apply -f - >/dev/null <<YAML
@@ -395,12 +435,43 @@ YAML
   start metallb-controller "${ns[@]}" "$METALLB_BIN/metallb-controller" --kubeconfig="$dir/admin.kubeconfig" \
     --namespace=metallb-system --pod-name=controller --webhook-mode=disabled \
     --port="$metrics_port" --health-probe-port="$health" --log-level=warn
-  for _ in $(seq 1 60); do
-    netns curl -fs "http://127.0.0.1:$health/readyz" >/dev/null 2>&1 && { log "metallb-controller $METALLB_VERSION ready"; return; }
-    kill -0 "$(cat "$dir/pids/metallb-controller")" 2>/dev/null || die "metallb-controller exited; log: $dir/logs/metallb-controller.log"
-    sleep 0.5
-  done
-  die "metallb-controller not ready; log: $dir/logs/metallb-controller.log"
+  echo "http://127.0.0.1:$health/readyz" > "$dir/pids/metallb-controller.health"
+  wait_health metallb-controller 30
+  log "metallb-controller $METALLB_VERSION ready"
+}
+
+# MetalLB's speaker on the node, as MetalLB's DaemonSet runs it: in the node's network
+# namespace (its host network), as the node (--node-name), L2 mode (no BGP peers are ever
+# configured), memberlist disabled — one node, and MetalLB's own rule for a disabled
+# memberlist ("the speaker pods must run on all nodes") holds. It reads its own Pod at start
+# (the owner of its ServiceL2Status objects): the object exists, never scheduled, as the
+# controller's. The interfaces MetalLB's manifests exclude from L2 announcements (its
+# excludel2 ConfigMap, taken from the same module: cni*, veth*, lo, ...) are excluded here
+# too: a private mount namespace shows that file at the path the speaker reads.
+metallb_speaker() {
+  if [ -f "$dir/pids/metallb-speaker" ] && kill -0 "$(cat "$dir/pids/metallb-speaker")" 2>/dev/null; then
+    log "metallb-speaker already running"; return
+  fi
+  [ -f "$METALLB_SPEAKER_BIN/.complete" ] || "$here/build-binaries.sh" wire
+  netns kubectl apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: speaker, namespace: metallb-system, labels: {app: metallb, component: speaker}}
+spec: {nodeSelector: {address-controller.local/metallb-runs-out-of-cluster: "true"},
+       containers: [{name: speaker, image: "quay.io/metallb/speaker:$METALLB_VERSION"}]}
+YAML
+  mkdir -p "$dir/metallb"
+  cp "$METALLB_SPEAKER_BIN/excludel2.yaml" "$dir/metallb/excludel2.yaml"
+  local health metrics_port
+  { read -r health; read -r metrics_port; } < <(free_ports 2)
+  start metallb-speaker nsenter --net="/run/netns/$NODE_NETNS" -- unshare --mount --propagation slave -- \
+    bash -c 'mkdir -p /etc/metallb && mount --bind "$1" /etc/metallb && shift && exec "$@"' _ "$dir/metallb" \
+    "$METALLB_SPEAKER_BIN/metallb-speaker" --kubeconfig="$dir/admin.kubeconfig" \
+    --namespace=metallb-system --pod-name=speaker --node-name="$NODE_NAME" \
+    --port="$metrics_port" --health-probe-port="$health" --log-level=info
+  echo "http://127.0.0.1:$health/readyz" > "$dir/pids/metallb-speaker.health"
+  wait_health metallb-speaker 30
+  log "metallb-speaker $METALLB_VERSION ready on node $NODE_NAME (L2; announces on $WIRE_NODE_IF)"
 }
 
 case "$cmd" in
@@ -410,6 +481,10 @@ case "$cmd" in
   exec) load_env || die "no cluster in $dir"; [ ${#rest[@]} -gt 0 ] || die "exec DIR CMD..."
     KUBECONFIG="$dir/admin.kubeconfig" netns "${rest[@]}" ;;
   metallb) metallb ;;
+  client) load_env || die "no cluster in $dir"; [ -n "$node" ] || die "$dir has no node (cluster.sh up DIR --node)"
+    [ ${#rest[@]} -gt 0 ] || die "client DIR CMD..."; in_client "${rest[@]}" ;;
+  route) load_env || die "no cluster in $dir"; [ -n "$node" ] || die "$dir has no node (cluster.sh up DIR --node)"
+    [ ${#rest[@]} -eq 2 ] || die "route DIR CIDR on-link|via-node|none"; wire_route "${rest[0]}" "${rest[1]}" ;;
   down)
     # Do not kill ourselves when the watcher runs `down`.
     if [ -f "$dir/pids/watcher" ] && [ "$(cat "$dir/pids/watcher")" = "$$" ]; then rm -f "$dir/pids/watcher"; fi
@@ -419,5 +494,5 @@ case "$cmd" in
   restart) restart "$component" ;;
   pause) signal_component STOP "$component"; log "paused $component" ;;
   resume) signal_component CONT "$component"; log "resumed $component" ;;
-  *) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -8,9 +8,10 @@
 # prints the ledger and leaves everything running. Safe to re-run while it is up.
 # METALLB=1: the real MetalLB controller runs too, and the class is the MetalLB driver's —
 # MetalLB writes the Services' EXTERNAL-IP and holds every address in its own books.
-# NODE=1 (root): the cluster gets a real node (kubelet, containerd; cluster.sh --node) and
-# the chart's own pods run there, from the image `make image` builds — nothing runs in
-# their place. Everything is inside the network namespace address-controller-node; use
+# NODE=1 (root): the cluster gets a real node (kubelet, containerd, kube-proxy; cluster.sh
+# --node) and the chart's own pods run there, from the image `make image` builds — nothing
+# runs in their place; the demo ends on the wire: a client host curls each Service's
+# EXTERNAL-IP and a tenant's pod answers (with METALLB=1 through MetalLB's speaker). Everything is inside the network namespace address-controller-node; use
 # `deploy/local/cluster.sh exec DIR kubectl ...` to look around.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -162,6 +163,7 @@ YAML
   echo; echo "\$ kubectl get ipaddressclasses"; kubectl get ipaddressclasses
   echo; echo "\$ kubectl get namespaceaddresses -A"; kubectl get namespaceaddresses -A
   echo; echo "\$ kubectl get poolavailabilities"; kubectl get poolavailabilities
+  if [ -n "$node" ]; then wire; fi
   if [ -n "$node" ]; then
     cat <<MSG
 
@@ -175,6 +177,7 @@ network namespace address-controller-node only; explore from there:
   k describe svc -n tenant-a web                          # Associated (the driver's event)
   k get namespaceaddresses -A -o wide                     # through the aggregator, from the pods
   k logs -n address-controller-system deploy/address-controller
+  $here/cluster.sh client $dir curl -s http://192.0.2.1/   # the client host: tenant-a's pods answer
 
 Logs of the control plane and the node: $dir/logs/    Stop everything with: make demo-down NODE=1
 MSG
@@ -274,6 +277,75 @@ node_install() {
     || fail "APIService Available" "$dir/logs/"
   echo "\$ kubectl get pods -n $ns -o wide"
   kubectl get pods -n "$ns" -o wide
+}
+
+# NODE=1: the last step of the journey. Each tenant's Service gets pods that answer HTTP with
+# their name (the node's hello image), and a client host on the provider's network — the
+# network namespace address-controller-client, one L2 segment away from the node — curls
+# each EXTERNAL-IP: through MetalLB's speaker (METALLB=1: it answers ARP for the address)
+# or a route to the node (the range driver: its ranges are routed to the nodes), then
+# kube-proxy on the node, to a pod.
+wire() {
+  local how=via-node s ip port
+  if [ -n "$metallb" ]; then how=on-link; fi
+  step "the wire: a client host curls each Service's EXTERNAL-IP and reaches the tenant's pods"
+  for s in tenant-a/web tenant-b/shop; do
+    kubectl apply -f - >/dev/null <<YAML || fail "the workload of $s"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: ${s#*/}, namespace: ${s%/*}}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: ${s#*/}}}
+  template:
+    metadata: {labels: {app: ${s#*/}}}
+    spec:
+      automountServiceAccountToken: false
+      securityContext: {runAsNonRoot: true, runAsUser: 65535, seccompProfile: {type: RuntimeDefault}}
+      containers:
+      - name: hello
+        image: localhost/address-controller/hello:1
+        imagePullPolicy: Never
+        ports: [{containerPort: 8080, name: http}]
+        readinessProbe: {httpGet: {path: /, port: http}, periodSeconds: 1}
+        securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
+YAML
+  done
+  for s in tenant-a/web tenant-b/shop; do
+    kubectl rollout status -n "${s%/*}" "deployment/${s#*/}" --timeout=120s >/dev/null || fail "the pods of $s" "$dir/logs/kubelet.log"
+  done
+  if [ -n "$metallb" ]; then
+    echo "# the class's addresses are on the client's segment: it asks for them by ARP, MetalLB's speaker answers"
+  else
+    echo "# the range driver's addresses are routed to the node, as an upstream router would"
+  fi
+  echo "\$ ip route replace 192.0.2.0/28 $([ "$how" = on-link ] && echo "dev acw-client" || echo "via 10.255.1.1")   # on the client host"
+  "$here/cluster.sh" route "$dir" 192.0.2.0/28 "$how" || fail "the client's route"
+  for s in tenant-a/web tenant-b/shop; do
+    ip="$(kubectl get svc -n "${s%/*}" "${s#*/}" -o jsonpath='{.status.loadBalancer.ingress[0].ip}')"
+    port="$(kubectl get svc -n "${s%/*}" "${s#*/}" -o jsonpath='{.spec.ports[0].port}')"
+    client_curl "$ip" "$port" || fail "curl http://$ip:$port/ from the client host" "$dir/logs/"
+  done
+  if [ -n "$metallb" ]; then
+    echo "\$ ip neigh show dev acw-client   # the addresses' MAC: the node's side of the segment"
+    "$here/cluster.sh" client "$dir" ip neigh show dev acw-client
+  fi
+  ip="$(kubectl get svc -n tenant-a web -o jsonpath='{.status.loadBalancer.ingress[0].ip}')"
+  echo; echo "\$ kubectl delete svc -n tenant-a web && kubectl apply -f demo.yaml   # the same address answers again"
+  kubectl delete svc -n tenant-a web --wait=true >/dev/null || fail "delete Service tenant-a/web"
+  apply_demo
+  client_curl "$ip" 80 || fail "the recreated Service answers at $ip" "$dir/logs/"
+}
+
+# client_curl IP PORT: curl from the client host until a pod answers (bounded: 60 s).
+client_curl() {
+  local out
+  echo "\$ curl http://$1:$2/   # on the client host"
+  for _ in $(seq 1 120); do
+    if out="$("$here/cluster.sh" client "$dir" curl -s --max-time 2 "http://$1:$2/")"; then echo "$out"; return 0; fi
+    sleep 0.5
+  done
+  return 1
 }
 
 # The demo's objects: demo.yaml, whose class is the range driver's — or, with METALLB=1, the

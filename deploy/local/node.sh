@@ -6,9 +6,17 @@
 # CNI bridge. The whole cluster — etcd, kube-apiserver, controller-manager, scheduler,
 # kubelet, containerd, the pods — runs inside the network namespace $NODE_NETNS, whose
 # loopback also carries the node's address ($NODE_IP) and the `kubernetes` Service's
-# ClusterIP (10.0.0.1, where pods find kube-apiserver, listening on :443 there: the one
-# ClusterIP anything dials, so no kube-proxy is needed). Nothing outside that namespace
-# is dialled.
+# ClusterIP (10.0.0.1, where pods find kube-apiserver, listening on :443 there).
+# kube-proxy (v$KUBE_VERSION, iptables mode) steers Services to pods inside that namespace.
+#
+# The wire: a second network namespace, $CLIENT_NETNS, is the client host — a tenant's
+# customer on the provider's network. A veth pair joins it to the node on one L2 segment
+# ($WIRE_NODE_IP on the node's $WIRE_NODE_IF, $WIRE_CLIENT_IP on the client's
+# $WIRE_CLIENT_IF; $WIRE_NODE_IP6 / $WIRE_CLIENT_IP6 for IPv6). How the client reaches a
+# class's addresses is the class's matter: on the segment (an on-link route, answered by
+# MetalLB's speaker over ARP/NDP) or routed via the node (`cluster.sh route DIR CIDR
+# via-node`, as an upstream router would for the range driver). Nothing outside these two
+# namespaces is dialled.
 #
 # Root only. One node per machine at a time (flock on $NODE_LOCK). containerd and the
 # kubelet share a private mount namespace (held by the process node-holder) in which
@@ -32,7 +40,17 @@ NODE_POD_CIDR=10.244.0.0/24
 NODE_CGROUP=address-controller-node
 NODE_LOCK=/run/address-controller-node.lock
 NODE_PAUSE_IMAGE=localhost/address-controller/pause:1
-NODE_PACKAGES=(containerd runc containernetworking-plugins)
+# The wire's workload: answers HTTP with its pod's name (node/hello.c).
+NODE_HELLO_IMAGE=localhost/address-controller/hello:1
+# conntrack: kube-proxy clears stale UDP flows with it.
+NODE_PACKAGES=(containerd runc containernetworking-plugins conntrack)
+CLIENT_NETNS=address-controller-client
+WIRE_NODE_IF=acw-node
+WIRE_CLIENT_IF=acw-client
+WIRE_NODE_IP=10.255.1.1
+WIRE_CLIENT_IP=10.255.1.2
+WIRE_NODE_IP6=fd00:255:1::1
+WIRE_CLIENT_IP6=fd00:255:1::2
 NODE_CNI_BIN=/usr/lib/cni
 # Host paths containerd, the kubelet and CNI use regardless of their flags.
 NODE_HOST_PATHS=(/var/lib/kubelet /var/log/pods /var/log/containers /var/lib/cni /run/containerd /run/netns)
@@ -42,6 +60,8 @@ NODE_SYSCTLS=(vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel/pa
 
 # in_netns CMD...: CMD in the cluster's network namespace.
 in_netns() { nsenter --net="/run/netns/$NODE_NETNS" -- "$@"; }
+# in_client CMD...: CMD on the client host (the wire's other end).
+in_client() { nsenter --net="/run/netns/$CLIENT_NETNS" -- "$@"; }
 # in_node CMD...: CMD in the namespaces of containerd and the kubelet (network + mounts).
 in_node() { nsenter --target "$(cat "$dir/pids/node-holder")" --net --mount -- "$@"; }
 
@@ -100,7 +120,7 @@ node_preflight() {
       die "apt-get install ${missing[*]} failed"
   fi
   command -v gcc >/dev/null || die "gcc is needed to build the pod-sandbox (pause) binary"
-  [ -f "$NODE_BIN/.complete" ] || "$here/build-binaries.sh" node
+  if [ ! -f "$NODE_BIN/.complete" ] || [ ! -f "$KUBE_PROXY_BIN/.complete" ]; then "$here/build-binaries.sh" node wire; fi
   # One node per machine: the lock is held by every process of the node (fd 9 is
   # inherited), so it frees itself when the last one is gone.
   exec 9>>"$NODE_LOCK"
@@ -115,6 +135,10 @@ node_preflight() {
     ip netns pids "$NODE_NETNS" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
     ip netns delete "$NODE_NETNS" || die "cannot delete the stale network namespace $NODE_NETNS"
   fi
+  if [ -e "/run/netns/$CLIENT_NETNS" ]; then
+    ip netns pids "$CLIENT_NETNS" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+    ip netns delete "$CLIENT_NETNS" || die "cannot delete the stale network namespace $CLIENT_NETNS"
+  fi
 }
 
 node_netns_up() {
@@ -123,6 +147,37 @@ node_netns_up() {
   in_netns ip link set lo up
   in_netns ip addr add "$NODE_IP/32" dev lo
   in_netns ip addr add 10.0.0.1/32 dev lo
+  # The node forwards what arrives on the wire to its pods (kube-proxy's DNAT), per namespace.
+  in_netns sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1
+  wire_up
+}
+
+# The client host and its veth pair to the node (both ends named, both namespaces ours).
+wire_up() {
+  ip netns add "$CLIENT_NETNS"
+  in_client ip link set lo up
+  ip link add "$WIRE_CLIENT_IF" netns "$CLIENT_NETNS" type veth peer name "$WIRE_NODE_IF" netns "$NODE_NETNS"
+  in_netns ip addr add "$WIRE_NODE_IP/24" dev "$WIRE_NODE_IF"
+  in_netns ip addr add "$WIRE_NODE_IP6/64" dev "$WIRE_NODE_IF" nodad
+  in_netns ip link set "$WIRE_NODE_IF" up
+  in_client ip addr add "$WIRE_CLIENT_IP/24" dev "$WIRE_CLIENT_IF"
+  in_client ip addr add "$WIRE_CLIENT_IP6/64" dev "$WIRE_CLIENT_IF" nodad
+  in_client ip link set "$WIRE_CLIENT_IF" up
+}
+
+# wire_route CIDR on-link|via-node: how the client host reaches CIDR — on the segment
+# (it asks for each address by ARP/NDP: MetalLB's L2 mode) or through the node as its
+# router (the range driver's addresses, routed to the nodes upstream). Replaces a route
+# for the same CIDR.
+wire_route() {
+  local cidr="$1" how="$2" via
+  case "$cidr" in *:*) via="$WIRE_NODE_IP6" ;; *) via="$WIRE_NODE_IP" ;; esac
+  case "$how" in
+    on-link) in_client ip route replace "$cidr" dev "$WIRE_CLIENT_IF" ;;
+    via-node) in_client ip route replace "$cidr" via "$via" dev "$WIRE_CLIENT_IF" ;;
+    none) in_client ip route del "$cidr" 2>/dev/null || true ;;
+    *) die "route DIR CIDR on-link|via-node|none, not '$how'" ;;
+  esac
 }
 
 # Certificates of the node, from the cluster CA: the kubelet's client identity
@@ -138,12 +193,16 @@ keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
 subjectAltName=IP:$NODE_IP,DNS:$NODE_NAME"
   cert apiserver-kubelet-client ca "/CN=kube-apiserver-kubelet-client" "$client_ext"
+  # kube-proxy's identity: the user the built-in binding system:node-proxier names.
+  cert kube-proxy ca "/CN=system:kube-proxy" "$client_ext"
 }
 
-node_pause_image() {
+node_images() {
   local nd="$dir/node"
   gcc -static -Os -s -o "$nd/pause" "$here/node/pause.c"
   python3 "$here/node/oci-archive.py" "$nd/pause" /pause "$NODE_PAUSE_IMAGE" "$nd/pause.oci.tar"
+  gcc -static -Os -s -o "$nd/hello" "$here/node/hello.c"
+  python3 "$here/node/oci-archive.py" "$nd/hello" /hello "$NODE_HELLO_IMAGE" "$nd/hello.oci.tar"
 }
 
 node_write_configs() {
@@ -233,23 +292,67 @@ nodeStatusUpdateFrequency: 5s
 syncFrequency: 10s
 serializeImagePulls: false
 YAML
-  cat > "$nd/kubelet.kubeconfig" <<KCFG
+  node_kubeconfig "$nd/kubelet.kubeconfig" kubelet-client
+  node_kubeconfig "$nd/kube-proxy.kubeconfig" kube-proxy
+  # iptables mode: kube-proxy's default on Linux and what the platform runs; the iptables
+  # binaries are on every Debian machine (nftables mode would need the nft tool and a
+  # newer kernel feature set than some hosts give). The conntrack limits and timeouts are
+  # left as they are (0): nf_conntrack_max is host-wide and never the test's to change.
+  cat > "$nd/kube-proxy.yaml" <<YAML
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $nd/kube-proxy.kubeconfig}
+mode: iptables
+hostnameOverride: $NODE_NAME
+clusterCIDR: $NODE_POD_CIDR
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s, udpTimeout: 0s, udpStreamTimeout: 0s}
+YAML
+  local kv
+  for kv in "${NODE_SYSCTLS[@]}"; do
+    printf '%s\n' "${kv#*=}" > "$nd/sysctl/$(echo "${kv%%=*}" | tr / .)"
+  done
+}
+
+# node_kubeconfig FILE CERT: a kubeconfig for kube-apiserver at NODE_IP with the client
+# certificate DIR/pki/CERT.
+node_kubeconfig() {
+  cat > "$1" <<KCFG
 apiVersion: v1
 kind: Config
 clusters:
 - name: local
   cluster: {server: "https://$NODE_IP:443", certificate-authority: $dir/pki/ca.crt}
 users:
-- name: kubelet
-  user: {client-certificate: $dir/pki/kubelet-client.crt, client-key: $dir/pki/kubelet-client.key}
+- name: $2
+  user: {client-certificate: $dir/pki/$2.crt, client-key: $dir/pki/$2.key}
 contexts:
 - name: local
-  context: {cluster: local, user: kubelet}
+  context: {cluster: local, user: $2}
 current-context: local
 KCFG
-  local kv
-  for kv in "${NODE_SYSCTLS[@]}"; do
-    printf '%s\n' "${kv#*=}" > "$nd/sysctl/$(echo "${kv%%=*}" | tr / .)"
+}
+
+# kube-proxy in the node's network namespace (its host network), as a DaemonSet's
+# hostNetwork pod runs it; ready when its healthz answers.
+node_kube_proxy() {
+  log "kube-proxy $KUBE_VERSION (iptables mode)"
+  start kube-proxy nsenter --net="/run/netns/$NODE_NETNS" -- "$KUBE_PROXY_BIN/kube-proxy" \
+    --config="$dir/node/kube-proxy.yaml" --v=1
+  echo "http://127.0.0.1:10256/healthz" > "$dir/pids/kube-proxy.health"
+  wait_health kube-proxy 60
+}
+
+# wait_health NAME SECONDS: until the component's health URL (DIR/pids/NAME.health, inside
+# the cluster's namespace) answers 2xx; fails when the process exits first.
+wait_health() {
+  local name="$1" url deadline=$(( $(date +%s) + $2 ))
+  url="$(cat "$dir/pids/$name.health")"
+  until netns curl -fs --max-time 2 "$url" >/dev/null 2>&1; do
+    kill -0 "$(cat "$dir/pids/$name")" 2>/dev/null || { tail -20 "$dir/logs/$name.log" >&2; die "$name exited; log: $dir/logs/$name.log"; }
+    [ "$(date +%s)" -lt "$deadline" ] || die "$name not healthy after $2s; log: $dir/logs/$name.log"
+    sleep 0.2
   done
 }
 
@@ -257,7 +360,7 @@ node_start() {
   local nd="$dir/node" p
   mkdir -p "$nd"
   node_write_configs
-  node_pause_image
+  node_images
   # Mount points of the host paths: created if missing, recorded, removed by `down`.
   : > "$nd/created-host-paths"
   for p in "${NODE_HOST_PATHS[@]}"; do
@@ -291,6 +394,7 @@ node_start() {
   for _ in $(seq 1 100); do if ctr --address "$sock" version >/dev/null 2>&1; then break; fi; sleep 0.1; done
   ctr --address "$sock" version >/dev/null 2>&1 || die "containerd did not start; log: $dir/logs/containerd.log"
   ctr --address "$sock" -n k8s.io images import "$nd/pause.oci.tar" >/dev/null
+  ctr --address "$sock" -n k8s.io images import "$nd/hello.oci.tar" >/dev/null
 
   # kube-apiserver's calls to the kubelet (logs, exec, port-forward) as kubeadm grants them.
   KUBECONFIG="$dir/admin.kubeconfig" in_netns kubectl create clusterrolebinding kube-apiserver-kubelet-client \
@@ -323,6 +427,7 @@ node_start() {
     sleep 0.5
   done
   log "node $NODE_NAME Ready"
+  node_kube_proxy
 }
 
 # node_import ARCHIVE: an OCI archive into the node's containerd (namespace k8s.io), under
@@ -336,6 +441,8 @@ node_import() {
 node_down() {
   [ -d "$dir/node" ] || [ -f "$dir/pids/node-holder" ] || return 0
   local nd="$dir/node" p
+  stop_one metallb-speaker
+  stop_one kube-proxy
   stop_one kubelet
   stop_one kube-scheduler
   # The pods' processes, then the shims containerd started for them, then containerd.
@@ -360,6 +467,8 @@ node_netns_down() {
   [ "$(cat "$NODE_LOCK" 2>/dev/null)" = "$dir" ] || return 0
   ip netns pids "$NODE_NETNS" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
   ip netns delete "$NODE_NETNS" 2>/dev/null || true
+  ip netns pids "$CLIENT_NETNS" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+  ip netns delete "$CLIENT_NETNS" 2>/dev/null || true
   # `ip netns add` made /run/netns (a mount point of its own) if there was none.
   if [ -f "$dir/created-run-netns" ] && [ -z "$(ls -A /run/netns 2>/dev/null)" ]; then
     umount /run/netns 2>/dev/null || true

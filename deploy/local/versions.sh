@@ -20,3 +20,7 @@ PROMETHEUS_BIN="$AC_CACHE/bin/prometheus-$PROMETHEUS_VERSION"
 METALLB_BIN="$AC_CACHE/bin/metallb-$METALLB_VERSION"
 # kubelet and kube-scheduler of the same Kubernetes version: the node tier (deploy/local/node.sh).
 NODE_BIN="$AC_CACHE/bin/kubernetes-node-$KUBE_VERSION"
+# kube-proxy of the same Kubernetes version: the node tier's Services (iptables mode).
+KUBE_PROXY_BIN="$AC_CACHE/bin/kube-proxy-$KUBE_VERSION"
+# MetalLB's speaker of the same MetalLB version: the node tier's L2 announcements.
+METALLB_SPEAKER_BIN="$AC_CACHE/bin/metallb-speaker-$METALLB_VERSION"

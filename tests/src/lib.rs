@@ -949,6 +949,7 @@ pub mod env;
 pub mod image;
 pub mod metallb;
 pub mod node;
+pub mod wire;
 
 /// Fields `line_fields` of `/proc/<pid>/stat` (numbered as in proc(5), from 1), as clock
 /// ticks — USER_HZ, 100 on Linux, so 10 ms each.

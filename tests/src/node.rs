@@ -93,6 +93,11 @@ where
     rt.block_on(body(node));
 }
 
+/// The node of this process, once started.
+pub fn current() -> Option<&'static Node> {
+    NODE.get().and_then(|r| r.as_ref().ok())
+}
+
 /// Where the node tests' figures are collected (`make test` prints the file at the end).
 pub fn figures_file() -> PathBuf {
     repo_root().join("target/node-figures.txt")
@@ -302,6 +307,21 @@ impl Node {
             .unwrap_or_default()
             .to_string())
     }
+}
+
+/// Every replica of the controller, for the invariant checker's gauge comparison.
+pub fn replicas(node: &Node) -> Vec<crate::invariants::Replica> {
+    let token = crate::metrics_token().unwrap();
+    node.pods("controller")
+        .unwrap()
+        .iter()
+        .map(|p| crate::invariants::Replica {
+            name: pod_name(p),
+            url: format!("https://{}:8443/metrics", pod_ip(p)),
+            token: token.clone(),
+            pid: container_pid(p).ok(),
+        })
+        .collect()
 }
 
 /// Sends SIG (`KILL`, `STOP`, ...) to a process of this host.

@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 use address_controller_api::{IPAddressClaim, IPAddressClass};
 use address_controller_tests::env::tempdir;
 use address_controller_tests::image::{container_argv, proc_status, proc_strings};
-use address_controller_tests::invariants::{Replica, Scope, assert_invariants};
+use address_controller_tests::invariants::{Scope, assert_invariants};
 use address_controller_tests::node::{
     self, CONTROLLER, DRIVER, NAMESPACE, Node, container_pid, file_fingerprint, pod_ip, pod_name,
-    restarts, served_fingerprint, until,
+    replicas, restarts, served_fingerprint, until,
 };
-use address_controller_tests::{Cleanup, TestNamespace, metrics_token, random_suffix, wait_for};
+use address_controller_tests::{Cleanup, TestNamespace, random_suffix, wait_for};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
@@ -29,21 +29,6 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
 const LEASE: &str = "address-controller";
-
-/// Every replica of the controller, for the invariant checker's gauge comparison.
-fn replicas(node: &Node) -> Vec<Replica> {
-    let token = metrics_token().unwrap();
-    node.pods("controller")
-        .unwrap()
-        .iter()
-        .map(|p| Replica {
-            name: pod_name(p),
-            url: format!("https://{}:8443/metrics", pod_ip(p)),
-            token: token.clone(),
-            pid: container_pid(p).ok(),
-        })
-        .collect()
-}
 
 /// The invariant checker over the whole node cluster (its tests run one at a time, so
 /// everything on it is theirs), with every controller replica's gauges.
