@@ -36,7 +36,9 @@
 NODE_NETNS=address-controller-node
 NODE_NAME=address-controller-node
 NODE_IP=10.255.0.1
+NODE_IP6=fd00:255::1
 NODE_POD_CIDR=10.244.0.0/24
+NODE_POD_CIDR6=fd00:10:244::/64
 NODE_CGROUP=address-controller-node
 NODE_LOCK=/run/address-controller-node.lock
 NODE_PAUSE_IMAGE=localhost/address-controller/pause:1
@@ -146,6 +148,7 @@ node_netns_up() {
   ip netns add "$NODE_NETNS"
   in_netns ip link set lo up
   in_netns ip addr add "$NODE_IP/32" dev lo
+  in_netns ip addr add "$NODE_IP6/128" dev lo nodad
   in_netns ip addr add 10.0.0.1/32 dev lo
   # The node forwards what arrives on the wire to its pods (kube-proxy's DNAT), per namespace.
   in_netns sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1
@@ -191,7 +194,7 @@ extendedKeyUsage=clientAuth'
   cert kubelet ca "/CN=$NODE_NAME" "basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=IP:$NODE_IP,DNS:$NODE_NAME"
+subjectAltName=IP:$NODE_IP,IP:$NODE_IP6,DNS:$NODE_NAME"
   cert apiserver-kubelet-client ca "/CN=kube-apiserver-kubelet-client" "$client_ext"
   # kube-proxy's identity: the user the built-in binding system:node-proxier names.
   cert kube-proxy ca "/CN=system:kube-proxy" "$client_ext"
@@ -250,7 +253,8 @@ TOML
   "plugins": [
     {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
      "ipam": {"type": "host-local", "dataDir": "$nd/cni/ipam",
-              "ranges": [[{"subnet": "$NODE_POD_CIDR"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+              "ranges": [[{"subnet": "$NODE_POD_CIDR"}], [{"subnet": "$NODE_POD_CIDR6"}]],
+              "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]}},
     {"type": "loopback"}
   ]
 }
@@ -304,7 +308,7 @@ kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: $nd/kube-proxy.kubeconfig}
 mode: iptables
 hostnameOverride: $NODE_NAME
-clusterCIDR: $NODE_POD_CIDR
+clusterCIDR: $NODE_POD_CIDR,$NODE_POD_CIDR6
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s, udpTimeout: 0s, udpStreamTimeout: 0s}
@@ -410,7 +414,7 @@ node_start() {
   start kubelet nsenter --target "$(cat "$dir/pids/node-holder")" --net --mount -- "$NODE_BIN/kubelet" \
     --config="$nd/kubelet.yaml" --kubeconfig="$nd/kubelet.kubeconfig" \
     --root-dir=/var/lib/kubelet --cert-dir="$nd/kubelet-pki" \
-    --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" \
+    --hostname-override="$NODE_NAME" --node-ip="$NODE_IP,$NODE_IP6" \
     --volume-plugin-dir="$nd/volume-plugins" --v=1
   local deadline=$(( $(date +%s) + 120 ))
   until [ "$(KUBECONFIG="$dir/admin.kubeconfig" in_netns kubectl get node "$NODE_NAME" \

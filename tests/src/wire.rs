@@ -63,7 +63,30 @@ pub fn ready(node: &Node) {
             node.helm_upgrade(&wire_values(), &[])?;
             node.wait_rollout(METALLB_DRIVER, Duration::from_secs(120))?;
             node.wait_rollout(crate::node::DRIVER, Duration::from_secs(120))?;
-            node.wait_rollout(crate::node::CONTROLLER, Duration::from_secs(120))
+            node.wait_rollout(crate::node::CONTROLLER, Duration::from_secs(120))?;
+            // A pod of this rollout leads each driver (the figures measure the path, not a
+            // lease left by pods of an earlier release expiring).
+            for (lease, component) in [
+                (METALLB_DRIVER, "metallb-driver"),
+                (crate::node::DRIVER, "range-driver"),
+            ] {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                loop {
+                    let pods: Vec<String> = node
+                        .pods(component)?
+                        .iter()
+                        .map(crate::node::pod_name)
+                        .collect();
+                    if pods.contains(&node.lease_holder(lease).unwrap_or_default()) {
+                        break;
+                    }
+                    if Instant::now() > deadline {
+                        bail!("no pod of {component} ({pods:?}) leads {lease}");
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+            Ok(())
         })()
         .map_err(|e| format!("{e:#}"))
     });

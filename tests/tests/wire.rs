@@ -43,10 +43,10 @@ impl Driver {
             Driver::Range => "range.drivers.local.sdn.cozystack.io",
         }
     }
-    fn parameters(self, cidr: &str) -> Value {
+    fn parameters(self, cidrs: &[&str]) -> Value {
         match self {
-            Driver::MetalLb => json!({"addresses": [cidr]}),
-            Driver::Range => json!({"cidrs": [cidr]}),
+            Driver::MetalLb => json!({"addresses": cidrs}),
+            Driver::Range => json!({"cidrs": cidrs}),
         }
     }
     /// The Services' `spec` fields the driver needs (the range driver's load-balancer class).
@@ -64,19 +64,19 @@ impl Driver {
     }
 }
 
-/// One test's world: a tenant, a stranger, a class of DRIVER over CIDR reached by the
+/// One test's world: a tenant, a stranger, a class of DRIVER over CIDRS reached by the
 /// client host as the driver needs.
 struct World {
     client: Client,
     tenant: TestNamespace,
     stranger: TestNamespace,
     class: String,
-    cidr: String,
+    cidrs: Vec<String>,
     _cleanup: Cleanup,
 }
 
 impl World {
-    async fn new(node: &Node, driver: Driver, cidr: &str) -> World {
+    async fn new(node: &Node, driver: Driver, cidrs: &[&str]) -> World {
         wire::ready(node);
         let client = node.cluster.client().await.unwrap();
         let tenant = TestNamespace::create(&client, "wire-tenant").await.unwrap();
@@ -89,18 +89,20 @@ impl World {
             &json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddressClass",
                 "metadata": {"name": class},
                 "spec": {"provisioner": driver.provisioner(), "reclaimPolicy": "Retain",
-                         "releaseDelay": "24h", "parameters": driver.parameters(cidr)}}),
+                         "releaseDelay": "24h", "parameters": driver.parameters(cidrs)}}),
         )
         .unwrap();
         let mut cleanup = Cleanup::default();
         cleanup.add("ipaddressclasses.local.sdn.cozystack.io", &class);
-        route(node, cidr, driver.route());
+        for cidr in cidrs {
+            route(node, cidr, driver.route());
+        }
         World {
             client,
             tenant,
             stranger,
             class,
-            cidr: cidr.to_string(),
+            cidrs: cidrs.iter().map(|c| c.to_string()).collect(),
             _cleanup: cleanup,
         }
     }
@@ -125,16 +127,19 @@ impl World {
 
     /// Waits until the claim is Bound; its (first) address.
     async fn bound(&self, name: &str) -> String {
+        self.bound_all(name).await.remove(0)
+    }
+
+    /// Waits until the claim is Bound; all its addresses.
+    async fn bound_all(&self, name: &str) -> Vec<String> {
         let api = self.claims();
         wait_for(&format!("claim {name} Bound"), WAIT, || {
             let api = api.clone();
             async move {
                 let st = api.get(name).await?.status.unwrap_or_default();
-                Ok(
-                    (st.phase.map(|p| format!("{p:?}")).as_deref() == Some("Bound"))
-                        .then(|| st.addresses.first().map(|a| a.address.clone()))
-                        .flatten(),
-                )
+                let bound = st.phase.map(|p| format!("{p:?}")).as_deref() == Some("Bound");
+                Ok((bound && !st.addresses.is_empty())
+                    .then(|| st.addresses.iter().map(|a| a.address.clone()).collect()))
             }
         })
         .await
@@ -157,7 +162,9 @@ impl World {
 impl Drop for World {
     fn drop(&mut self) {
         if let Some(node) = node::current() {
-            route(node, &self.cidr, "none");
+            for cidr in &self.cidrs {
+                route(node, cidr, "none");
+            }
         }
     }
 }
@@ -184,7 +191,7 @@ fn kubectl(node: &Node, args: &[&str]) {
 /// never receives a packet; the claim deleted under Retain: silent, and the address stays
 /// held (a new claim gets another one).
 async fn journey(node: &'static Node, driver: Driver, cidr: &str, label: &str) {
-    let w = World::new(node, driver, cidr).await;
+    let w = World::new(node, driver, &[cidr]).await;
     let t = &w.tenant.name;
     let s = &w.stranger.name;
     let pods = workload(node, t, "web", 2).unwrap();
@@ -348,7 +355,7 @@ async fn range_journey(node: &'static Node) {
 /// again (bounds measured). The speaker stopped for good: the address falls silent for a
 /// client that asks anew (the positive control: it is the speaker that answers).
 async fn restarts(node: &'static Node) {
-    let w = World::new(node, Driver::MetalLb, "192.0.2.48/28").await;
+    let w = World::new(node, Driver::MetalLb, &["192.0.2.48/28"]).await;
     let t = &w.tenant.name;
     let pods = workload(node, t, "web", 1).unwrap();
     w.create_claim("web", json!({})).await;
@@ -394,7 +401,7 @@ async fn restarts(node: &'static Node) {
 /// with `metallb.io/loadBalancerIPs` to a pool of its own, the same speaker).
 async fn latency(node: &'static Node) {
     const N: usize = 20;
-    let w = World::new(node, Driver::MetalLb, "192.0.2.64/27").await;
+    let w = World::new(node, Driver::MetalLb, &["192.0.2.64/27"]).await;
     let t = &w.tenant.name;
     let pods = workload(node, t, "web", 1).unwrap();
     let mut driver = Vec::new();
@@ -476,6 +483,50 @@ async fn latency(node: &'static Node) {
     w.check(node).await;
 }
 
+/// A Dual claim on a dual-stack Service answers on both families: over MetalLB (the IPv6
+/// address asked for by NDP, answered with the node's MAC) and over the range driver (both
+/// ranges routed to the node).
+async fn dual_stack(node: &'static Node) {
+    for (driver, cidrs, label) in [
+        (
+            Driver::MetalLb,
+            ["192.0.2.160/28", "2001:db8:100:10::/124"],
+            "metallb l2",
+        ),
+        (
+            Driver::Range,
+            ["198.51.100.160/28", "2001:db8:200:10::/124"],
+            "range routed",
+        ),
+    ] {
+        let w = World::new(node, driver, &cidrs).await;
+        let t = &w.tenant.name;
+        let pods = workload(node, t, "web", 2).unwrap();
+        let t0 = Instant::now();
+        w.create_claim("web", json!({"family": "Dual"})).await;
+        let mut spec = driver.spec();
+        spec["ipFamilyPolicy"] = json!("RequireDualStack");
+        service(node, t, "web", "web", claim_annotation("web"), spec).unwrap();
+        let ips = w.bound_all("web").await;
+        assert_eq!(ips.len(), 2, "a Dual claim holds two addresses: {ips:?}");
+        for ip in &ips {
+            until_answered(ip, 80, &pods, WAIT);
+            if let Driver::MetalLb = driver {
+                assert_eq!(
+                    client_neighbour(ip).as_deref(),
+                    Some(node_mac().as_str()),
+                    "the ARP/NDP answer for {ip} comes from the node's MAC"
+                );
+            }
+        }
+        figure(&format!(
+            "{label}: Dual claim and dual-stack Service → both {ips:?} answering: {:.2}s",
+            t0.elapsed().as_secs_f64()
+        ));
+        w.check(node).await;
+    }
+}
+
 fn trial<F, Fut>(name: &'static str, body: F) -> Trial
 where
     F: FnOnce(&'static Node) -> Fut + Send + 'static,
@@ -506,6 +557,7 @@ fn main() {
             "the_speaker_and_kube_proxy_restarted_the_address_answers_again",
             restarts,
         ),
+        trial("a_dual_claim_answers_on_both_families", dual_stack),
         trial("claim_to_first_answer_against_plain_metallb", latency),
     ];
     let trials = trials
