@@ -6,4 +6,5 @@ COLD_KUBE_MIN=10           # kube-apiserver and kube-controller-manager, part of
 COLD_PROMETHEUS_MIN=4      # prometheus and promtool, part of the above
 COLD_METALLB_MIN=2         # the MetalLB controller, part of the above
 COLD_NODE_MIN=4.5          # kubelet and kube-scheduler (the node tier), after the above
+COLD_WIRE_MIN=1            # kube-proxy and MetalLB's speaker (the node tier's wire), after the above (10 s each warm; estimated)
 COLD_IMAGE_MIN=6           # make image: the release build of the binaries

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # A real, minimal Kubernetes control plane on 127.0.0.1: etcd + kube-apiserver (RBAC,
 # service-account tokens, aggregation layer) + kube-controller-manager (garbage collector,
-# namespace controller). No kubelet, no kube-proxy: nothing ever dials a ClusterIP.
+# namespace controller). No kubelet, no kube-proxy (unless --node): nothing dials a ClusterIP.
 #
 #   cluster.sh up   [DIR] [--watch-pid PID] [--node]
 #                                             start (or reuse, if already up) a cluster in DIR;
 #                                             --node (root only): with a real node — kubelet,
-#                                             kube-scheduler, containerd, pods — all of it inside
-#                                             a network namespace of its own (deploy/local/node.sh)
+#                                             kube-scheduler, containerd, kube-proxy, pods — all of
+#                                             it inside a network namespace of its own, and a client
+#                                             host on a veth segment to it (deploy/local/node.sh)
 #   cluster.sh down [DIR]                     stop it and remove DIR
 #   cluster.sh status [DIR]                   exit 0 when it answers /readyz
 #   cluster.sh restart DIR COMPONENT          kill a component (see below) and start it again
@@ -494,5 +495,5 @@ case "$cmd" in
   restart) restart "$component" ;;
   pause) signal_component STOP "$component"; log "paused $component" ;;
   resume) signal_component CONT "$component"; log "resumed $component" ;;
-  *) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

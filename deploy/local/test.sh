@@ -44,9 +44,9 @@ step "start the local control plane in $cluster"
 
 step "cargo test (unit + integration; the node tier too when root)"
 if [ "$(id -u)" = 0 ]; then
-  printf 'the node tier (tests/tests/node.rs) runs: a real kubelet node, in the network namespace address-controller-node\n'
+  printf 'the node tier (tests/tests/node.rs, tests/tests/wire.rs) runs: a real kubelet node, in the network namespace address-controller-node\n'
 else
-  printf 'the node tier (tests/tests/node.rs) is skipped: it needs root (its tests pass without running)\n'
+  printf 'the node tier is skipped: it needs root (node.rs: its tests pass without running; wire.rs: reported ignored)\n'
 fi
 rm -f "$root/target/node-figures.txt"
 export ADDRESS_CONTROLLER_TEST_CLUSTER="$cluster"

@@ -47,6 +47,10 @@ fn readme_build_figures_are_the_measured_ones() {
             "≤ {} min more for kubelet and kube-scheduler",
             t["COLD_NODE_MIN"]
         ),
+        format!(
+            "~{} min for kube-proxy and MetalLB's speaker",
+            t["COLD_WIRE_MIN"]
+        ),
     ] {
         assert!(test.contains(&want), "{want:?} not in {test:?}");
     }
