@@ -46,7 +46,7 @@ step "cargo test (unit + integration; the node tier too when root)"
 if [ "$(id -u)" = 0 ]; then
   printf 'the node tier (tests/tests/node.rs, tests/tests/wire.rs) runs: a real kubelet node, in the network namespace address-controller-node\n'
 else
-  printf 'the node tier is skipped: it needs root (node.rs: its tests pass without running; wire.rs: reported ignored)\n'
+  printf 'the node tier is skipped: it needs root (its tests are reported ignored, counted as skipped below)\n'
 fi
 rm -f "$root/target/node-figures.txt"
 export ADDRESS_CONTROLLER_TEST_CLUSTER="$cluster"

@@ -7,7 +7,7 @@
 //! Everything the cluster answers on lives inside that network namespace, so a test's
 //! thread joins it (`setns`, per thread) before it builds its runtime: every socket the
 //! test opens and every `kubectl` or `helm` it spawns is inside the namespace too. Root
-//! only; without root the tests print why they are skipped and pass.
+//! only; without root the tests are reported ignored, with the reason ([`main`]).
 
 #![allow(clippy::unwrap_used)] // test support: a failed step fails the test loudly
 
@@ -67,17 +67,49 @@ pub fn enter_netns() -> Result<()> {
     Ok(())
 }
 
-/// Runs one node test: skipped (with the reason printed) without root; otherwise alone
-/// (the tests share the one release), on this thread moved into the node's namespace, on a
-/// runtime built there. The node starts with the first test.
+/// The `main` of a node-tier test file (`harness = false`): runs TESTS with libtest's
+/// arguments and output; without root every one is reported *ignored*, with the reason
+/// printed first — never passed.
+pub fn main(tests: Vec<(&'static str, fn())>) {
+    let args = libtest_mimic::Arguments::from_args();
+    let skip = skip_reason();
+    if let Some(why) = &skip {
+        println!("node tier skipped (its tests are reported ignored): {why}");
+    }
+    let trials = tests
+        .into_iter()
+        .map(|(name, test)| {
+            libtest_mimic::Trial::test(name, move || {
+                test();
+                Ok(())
+            })
+            .with_ignored_flag(skip.is_some())
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit();
+}
+
+/// The `main` of a node-tier test file: `node_main![test_a, test_b]` runs those functions
+/// by their names through [`main`].
+#[macro_export]
+macro_rules! node_main {
+    ($($test:ident),* $(,)?) => {
+        fn main() {
+            $crate::node::main(vec![$((stringify!($test), $test as fn())),*]);
+        }
+    };
+}
+
+/// Runs one node test alone (the tests share the one release), on this thread moved into
+/// the node's namespace, on a runtime built there. The node starts with the first test.
+/// Only [`main`] calls the tests, and it ignores them without root.
 pub fn run<F, Fut>(body: F)
 where
     F: FnOnce(&'static Node) -> Fut,
     Fut: Future<Output = ()>,
 {
     if let Some(why) = skip_reason() {
-        println!("node tier skipped: {why}");
-        return;
+        panic!("a node test ran where it cannot: {why}");
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let node = match NODE.get_or_init(|| Node::start().map_err(|e| format!("{e:#}"))) {

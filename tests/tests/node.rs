@@ -186,7 +186,6 @@ impl Watcher {
     }
 }
 
-#[test]
 fn the_chart_on_a_real_node_serves_a_tenant_from_its_pods() {
     node::run(|node| async move {
         let client = node.cluster.client().await.unwrap();
@@ -311,7 +310,6 @@ fn the_chart_on_a_real_node_serves_a_tenant_from_its_pods() {
     });
 }
 
-#[test]
 fn the_pods_run_with_the_charts_security_context() {
     node::run(|node| async move {
         for (component, binary) in [
@@ -415,7 +413,6 @@ async fn lease_history(
     task
 }
 
-#[test]
 fn deleting_the_leader_pod_hands_over_at_once_and_a_crash_within_the_lease() {
     node::run(|node| async move {
         let client = node.cluster.client().await.unwrap();
@@ -494,7 +491,6 @@ fn deleting_the_leader_pod_hands_over_at_once_and_a_crash_within_the_lease() {
     });
 }
 
-#[test]
 fn a_rolling_upgrade_keeps_the_views_answering() {
     node::run(|node| async move {
         node.wait_rollout(CONTROLLER, WAIT).unwrap();
@@ -552,7 +548,6 @@ fn a_rolling_upgrade_keeps_the_views_answering() {
     });
 }
 
-#[test]
 fn the_serving_certificate_rotated_in_place_is_served_without_a_restart() {
     node::run(|node| async move {
         node.wait_rollout(CONTROLLER, WAIT).unwrap();
@@ -660,7 +655,6 @@ fn the_serving_certificate_rotated_in_place_is_served_without_a_restart() {
     });
 }
 
-#[test]
 fn the_liveness_probe_restarts_a_hung_replica() {
     node::run(|node| async move {
         let client = node.cluster.client().await.unwrap();
@@ -725,7 +719,6 @@ fn the_liveness_probe_restarts_a_hung_replica() {
     });
 }
 
-#[test]
 fn a_node_drain_is_held_back_by_the_disruption_budget_and_the_views_keep_answering() {
     node::run(|node| async move {
         node.wait_rollout(CONTROLLER, WAIT).unwrap();
@@ -822,7 +815,6 @@ fn helm_test(node: &Node) -> (bool, String) {
     )
 }
 
-#[test]
 fn helm_test_runs_check_in_a_pod_and_fails_when_a_check_fails() {
     node::run(|node| async move {
         let client = node.cluster.client().await.unwrap();
@@ -883,7 +875,6 @@ fn helm_test_runs_check_in_a_pod_and_fails_when_a_check_fails() {
 /// run, with the chart's default priority class outside kube-system (the helm-test Pod is
 /// admitted there too: `helm_test_runs_check_in_a_pod_and_fails_when_a_check_fails`). The
 /// control: a pod that breaks `restricted` is refused in that namespace.
-#[test]
 fn the_pods_are_admitted_under_the_restricted_pod_security_standard() {
     node::run(|node| async move {
         let ns = node.json(&["get", "namespace", NAMESPACE]).unwrap();
@@ -926,3 +917,15 @@ fn the_pods_are_admitted_under_the_restricted_pod_security_standard() {
         check_everything(node).await;
     });
 }
+
+address_controller_tests::node_main![
+    the_chart_on_a_real_node_serves_a_tenant_from_its_pods,
+    the_pods_run_with_the_charts_security_context,
+    deleting_the_leader_pod_hands_over_at_once_and_a_crash_within_the_lease,
+    a_rolling_upgrade_keeps_the_views_answering,
+    the_serving_certificate_rotated_in_place_is_served_without_a_restart,
+    the_liveness_probe_restarts_a_hung_replica,
+    a_node_drain_is_held_back_by_the_disruption_budget_and_the_views_keep_answering,
+    helm_test_runs_check_in_a_pod_and_fails_when_a_check_fails,
+    the_pods_are_admitted_under_the_restricted_pod_security_standard,
+];

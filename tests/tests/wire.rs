@@ -19,7 +19,6 @@ use address_controller_tests::wire::{
 use address_controller_tests::{Cleanup, TestNamespace, random_suffix, wait_for};
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
-use libtest_mimic::{Arguments, Trial};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -527,42 +526,26 @@ async fn dual_stack(node: &'static Node) {
     }
 }
 
-fn trial<F, Fut>(name: &'static str, body: F) -> Trial
-where
-    F: FnOnce(&'static Node) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()>,
-{
-    Trial::test(name, move || {
-        node::run(body);
-        Ok(())
-    })
+fn metallb_l2_a_claimed_address_answers_from_its_services_pods_and_nobody_else() {
+    node::run(metallb_journey);
+}
+fn range_routed_a_claimed_address_answers_from_its_services_pods_and_nobody_else() {
+    node::run(range_journey);
+}
+fn the_speaker_and_kube_proxy_restarted_the_address_answers_again() {
+    node::run(restarts);
+}
+fn a_dual_claim_answers_on_both_families() {
+    node::run(dual_stack);
+}
+fn claim_to_first_answer_against_plain_metallb() {
+    node::run(latency);
 }
 
-fn main() {
-    let args = Arguments::from_args();
-    let skip = node::skip_reason();
-    if let Some(why) = &skip {
-        println!("the wire tests are skipped (reported ignored): {why}");
-    }
-    let trials = vec![
-        trial(
-            "metallb_l2_a_claimed_address_answers_from_its_services_pods_and_nobody_else",
-            metallb_journey,
-        ),
-        trial(
-            "range_routed_a_claimed_address_answers_from_its_services_pods_and_nobody_else",
-            range_journey,
-        ),
-        trial(
-            "the_speaker_and_kube_proxy_restarted_the_address_answers_again",
-            restarts,
-        ),
-        trial("a_dual_claim_answers_on_both_families", dual_stack),
-        trial("claim_to_first_answer_against_plain_metallb", latency),
-    ];
-    let trials = trials
-        .into_iter()
-        .map(|t| t.with_ignored_flag(skip.is_some()))
-        .collect();
-    libtest_mimic::run(&args, trials).exit();
-}
+address_controller_tests::node_main![
+    metallb_l2_a_claimed_address_answers_from_its_services_pods_and_nobody_else,
+    range_routed_a_claimed_address_answers_from_its_services_pods_and_nobody_else,
+    the_speaker_and_kube_proxy_restarted_the_address_answers_again,
+    a_dual_claim_answers_on_both_families,
+    claim_to_first_answer_against_plain_metallb,
+];
