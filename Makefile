@@ -45,9 +45,16 @@ cluster-down: ## Stop the development control plane
 	@deploy/local/cluster.sh down $(CLUSTER_DIR)
 
 .PHONY: install-crds
-install-crds: ## Apply the current CRDs to the cluster in $KUBECONFIG
+install-crds: ## Apply the current CRDs to the cluster in $KUBECONFIG (and wait until kube-apiserver serves them)
 	kubectl apply --server-side --field-manager=address-controller-install -f chart/address-controller/crds/
 	kubectl wait --for=condition=Established --timeout=60s -f chart/address-controller/crds/
+	@# Established is not yet served: a create right after it can answer 503 "Resource kind
+	@# ... not found". Wait (60 s at most) until a list of each kind answers.
+	@for r in ipaddressclaims ipaddresses ipaddressclasses ipaddressquotas; do \
+	  n=0; until kubectl get "$$r.local.sdn.cozystack.io" -A --chunk-size=1 -o name >/dev/null 2>&1; do \
+	    n=$$((n+1)); if [ $$n -ge 120 ]; then kubectl get "$$r.local.sdn.cozystack.io" -A --chunk-size=1 -o name; exit 1; fi; sleep 0.5; \
+	  done; \
+	done
 
 .PHONY: helm-package
 helm-package: ## helm lint the chart and package it into dist/ (helm is built and cached like the control plane)
