@@ -50,8 +50,21 @@ else
 fi
 rm -f "$root/target/node-figures.txt"
 export ADDRESS_CONTROLLER_TEST_CLUSTER="$cluster"
-cargo test --workspace --no-fail-fast 2>&1 | tee "$out/cargo-test.log"
+# An overall deadline (AC_TEST_DEADLINE seconds from the start of make test; default 80 min,
+# inside CI's 90): a hung test, or a regression that sends every test to its longest wait,
+# fails here with the tests still running named, and CI has the time to print it.
+deadline=$(( t0 + ${AC_TEST_DEADLINE:-4800} ))
+left=$(( deadline - $(date +%s) ))
+if [ "$left" -lt 60 ]; then left=60; fi
+printf 'the tests have %ss (make test'"'"'s deadline: AC_TEST_DEADLINE=%ss)\n' "$left" "${AC_TEST_DEADLINE:-4800}"
+timeout --kill-after=60 "$left" cargo test --workspace --no-fail-fast 2>&1 | tee "$out/cargo-test.log"
 status=${PIPESTATUS[0]}
+if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
+  printf '\nmake test: DEADLINE — the tests ran past %ss of make test (AC_TEST_DEADLINE); still running when stopped:\n' "${AC_TEST_DEADLINE:-4800}"
+  # libtest names a test it waits on ("has been running for over 60 seconds") and the
+  # binary it runs ("Running tests/x.rs"); the last of each is what hung.
+  grep -E '^ *Running |has been running for over' "$out/cargo-test.log" | tail -5 | sed 's/^/  /'
+fi
 
 passed=$(grep -Eo 'test result: .* ([0-9]+) passed' "$out/cargo-test.log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$out/cargo-test.log" | awk '{s+=$1} END {print s+0}')
