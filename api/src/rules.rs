@@ -38,6 +38,12 @@ impl IPAddress {
         self.status.as_ref().and_then(|s| s.phase)
     }
 
+    /// The phase as written, `Unknown` before the core wrote one (the views' and the
+    /// metrics' label).
+    pub fn phase_name(&self) -> &'static str {
+        self.phase().map_or("Unknown", AddressPhase::as_str)
+    }
+
     /// The family the address counts as, or `None` for an invalid address (never trusted).
     pub fn family(&self) -> Option<Family> {
         family_of(&self.spec.address).ok()

@@ -27,6 +27,22 @@ pub struct RequestInfo {
     pub beyond: bool,
 }
 
+/// kube-apiserver's verb of a request: METHOD on a NAMED object or a collection, WATCH when
+/// a GET asks to watch. The one table, read by [`RequestInfo`] and by the views' refusals.
+pub fn verb_of(method: &Method, named: bool, watch: bool) -> &'static str {
+    match *method {
+        Method::GET | Method::HEAD if named => "get",
+        Method::GET | Method::HEAD if watch => "watch",
+        Method::GET | Method::HEAD => "list",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE if named => "delete",
+        Method::DELETE => "deletecollection",
+        _ => "unknown",
+    }
+}
+
 impl RequestInfo {
     /// `None` for a path that is not a resource path (discovery, OpenAPI, probes).
     pub fn parse(method: &Method, path: &str, query: &Query) -> Option<RequestInfo> {
@@ -48,17 +64,7 @@ impl RequestInfo {
             [] => return None,
         };
         let beyond = rest.len() > 3;
-        let verb = match *method {
-            Method::GET | Method::HEAD if name.is_some() => "get",
-            Method::GET | Method::HEAD if query.watch() => "watch",
-            Method::GET | Method::HEAD => "list",
-            Method::POST => "create",
-            Method::PUT => "update",
-            Method::PATCH => "patch",
-            Method::DELETE if name.is_some() => "delete",
-            Method::DELETE => "deletecollection",
-            _ => "unknown",
-        };
+        let verb = verb_of(method, name.is_some(), query.watch());
         Some(RequestInfo {
             group,
             version,

@@ -18,6 +18,7 @@ use crate::front::Described;
 use crate::group::{GROUP, VERSION};
 use crate::negotiate::{Format, negotiate};
 use crate::render::{self, IncludeObject, ListMeta};
+use crate::request::verb_of;
 use crate::request::{ContinueToken, ListOptions, Query, RvMatch};
 use crate::state::State;
 use crate::status::{ApiError, page_not_found};
@@ -57,18 +58,6 @@ fn read_only(method: &Method, verb: &'static str, resource: &str) -> Result<(), 
         Ok(())
     } else {
         Err(ApiError::method_not_allowed(verb, resource).into_response())
-    }
-}
-
-/// The verb of a write request (views answer every write 405).
-fn write_verb(method: &Method, collection: bool) -> &'static str {
-    match (method.as_str(), collection) {
-        ("POST", _) => "create",
-        ("PUT", _) => "update",
-        ("PATCH", _) => "patch",
-        ("DELETE", true) => "deletecollection",
-        ("DELETE", false) => "delete",
-        _ => "unknown",
     }
 }
 
@@ -155,7 +144,7 @@ async fn list_or_watch(
         ..
     } = target;
     let info = state.store.views[view].info();
-    read_only(method, write_verb(method, true), info.plural)?;
+    read_only(method, verb_of(method, false, false), info.plural)?;
     let opts = ListOptions::parse(query).map_err(IntoResponse::into_response)?;
     opts.fields
         .check(info.field_labels)
@@ -280,7 +269,7 @@ fn get(
     if info.namespaced && ns.is_none() {
         return Err(page_not_found());
     }
-    read_only(method, write_verb(method, false), info.plural)?;
+    read_only(method, verb_of(method, true, false), info.plural)?;
     let format = negotiate(accept(headers)).map_err(IntoResponse::into_response)?;
     ready(state)?;
     if let Some(sub) = sub {

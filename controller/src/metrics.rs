@@ -185,12 +185,7 @@ fn shift<K: Eq + std::hash::Hash>(map: &mut HashMap<K, i64>, old: Option<K>, new
 }
 
 fn address_key(a: &IPAddress) -> (String, &'static str) {
-    let phase = a
-        .status
-        .as_ref()
-        .and_then(|s| s.phase)
-        .map_or("Unknown", AddressPhase::as_str);
-    (a.spec.class_name.clone(), phase)
+    (a.spec.class_name.clone(), a.phase_name())
 }
 
 /// The `held` series an address counts in: (claim namespace, class, bound|associated).

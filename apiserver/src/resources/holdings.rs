@@ -259,10 +259,6 @@ fn key(ns: &str) -> String {
     format!("{ns}/{ns}")
 }
 
-fn aphase(a: &IPAddress) -> Option<AddressPhase> {
-    a.status.as_ref().and_then(|s| s.phase)
-}
-
 impl Holdings {
     fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
         self.index.lock().unwrap_or_else(PoisonError::into_inner)
@@ -433,7 +429,7 @@ pub fn namespace_addresses(
         });
     }
     for a in addresses {
-        match aphase(a) {
+        match a.phase() {
             Some(AddressPhase::Released) => {
                 summary.released_retained += 1;
                 bump.push((class_of(&a.spec.class_name), 0, 0, 1));
@@ -550,9 +546,7 @@ pub fn address_records(
                 .map_or("Invalid", |f| f.as_str())
                 .to_string(),
             class_name: a.spec.class_name.clone(),
-            phase: aphase(a)
-                .map_or("Unknown", AddressPhase::as_str)
-                .to_string(),
+            phase: a.phase_name().to_string(),
             claim: a
                 .spec
                 .claim_ref

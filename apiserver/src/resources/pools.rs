@@ -175,13 +175,6 @@ fn admits(selector: &Option<LabelSelector>, labels: &BTreeMap<String, String>) -
         .is_none_or(|s| address_controller_api::entitlement::selector_matches(s, labels))
 }
 
-fn phase_name(a: &IPAddress) -> &'static str {
-    a.status
-        .as_ref()
-        .and_then(|s| s.phase)
-        .map_or("Unknown", AddressPhase::as_str)
-}
-
 fn pending_class(c: &IPAddressClaim) -> Option<&str> {
     let s = c.status.as_ref()?;
     (s.phase.unwrap_or(ClaimPhase::Pending) == ClaimPhase::Pending)
@@ -190,7 +183,7 @@ fn pending_class(c: &IPAddressClaim) -> Option<&str> {
 
 /// An address's part in its class's numbers: (+1 or −1).
 fn count(n: &mut Numbers, a: &IPAddress, sign: i64) {
-    *n.phases.entry(phase_name(a)).or_default() += sign;
+    *n.phases.entry(a.phase_name()).or_default() += sign;
     let reserved = i64::from(a.is_reserved());
     match a.family() {
         Some(Family::IPv4) => {

@@ -22,15 +22,16 @@ pub(crate) async fn address_pass<D: Driver>(
     let Some(a) = ctx.world.addresses.get(&name) else {
         return Ok(Outcome::Done);
     };
-    let teardown = ctx.driver.finalizer().filter(|f| {
-        a.metadata.deletion_timestamp.is_some() && a.finalizers().iter().any(|x| x == f)
-    });
+    let teardown = ctx
+        .driver
+        .finalizer()
+        .filter(|f| a.is_deleting() && a.finalizers().iter().any(|x| x == f));
     let Some(finalizer) = teardown else {
         if ctx.owns(&a) {
             // The driver's finalizer guards its backend state of every address of its
             // classes — an admin's static ones too, not only those it created.
             if let Some(f) = ctx.driver.finalizer()
-                && a.metadata.deletion_timestamp.is_none()
+                && !a.is_deleting()
                 && !a.finalizers().iter().any(|x| x == f)
             {
                 let mut all = a.finalizers().to_vec();

@@ -50,7 +50,7 @@ pub(crate) fn wanted<D: Driver>(
         .collect();
     for name in ctx.inventory.addresses_naming(key) {
         if let Some(a) = ctx.world.addresses.get(&name)
-            && a.metadata.deletion_timestamp.is_none()
+            && !a.is_deleting()
             && a.belongs_to(claim)
             && let Ok(f) = family_of(&a.spec.address)
         {
