@@ -31,20 +31,7 @@ pub fn namespace_entitlement_changed(
 /// `matchLabels` pair and every expression; an empty selector matches everything). An
 /// operator the schema would have refused matches nothing.
 pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    let pairs = selector.match_labels.iter().flatten();
-    let pairs_ok = pairs.into_iter().all(|(k, v)| labels.get(k) == Some(v));
-    let exprs_ok = selector.match_expressions.iter().flatten().all(|e| {
-        let values = e.values.as_deref().unwrap_or_default();
-        let value = labels.get(&e.key);
-        match e.operator.as_str() {
-            "In" => value.is_some_and(|v| values.contains(v)),
-            "NotIn" => value.is_none_or(|v| !values.contains(v)),
-            "Exists" => value.is_some(),
-            "DoesNotExist" => value.is_none(),
-            _ => false,
-        }
-    });
-    pairs_ok && exprs_ok
+    crate::selector::requirements(selector).is_some_and(|rs| rs.iter().all(|r| r.matches(labels)))
 }
 
 /// A selector as a label-selector string (`tier=gold,region in (eu,us)`), for messages.

@@ -8,6 +8,7 @@ pub mod family;
 pub mod manifests;
 pub mod names;
 mod rules;
+pub mod selector;
 pub mod service;
 pub mod v1alpha1;
 pub mod validation;

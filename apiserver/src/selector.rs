@@ -16,25 +16,7 @@ impl std::fmt::Display for SelectorError {
 
 // ---- label selectors ---------------------------------------------------------------------
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
-    In,
-    NotIn,
-    Equals,
-    DoubleEquals,
-    NotEquals,
-    Exists,
-    DoesNotExist,
-    GreaterThan,
-    LessThan,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Requirement {
-    pub key: String,
-    pub op: Op,
-    pub values: Vec<String>,
-}
+pub use address_controller_api::selector::{Op, Requirement};
 
 /// A parsed label selector: every requirement must match. Empty matches everything.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -464,31 +446,7 @@ impl LabelSelector {
     }
 
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.0.iter().all(|r| {
-            let v = labels.get(&r.key);
-            match r.op {
-                // The values are sorted (one value, or a set): a lookup is O(log n).
-                Op::In | Op::Equals | Op::DoubleEquals => {
-                    v.is_some_and(|v| r.values.binary_search(v).is_ok())
-                }
-                Op::NotIn | Op::NotEquals => v.is_none_or(|v| r.values.binary_search(v).is_err()),
-                Op::Exists => v.is_some(),
-                Op::DoesNotExist => v.is_none(),
-                Op::GreaterThan | Op::LessThan => {
-                    let (Some(have), Some(want)) = (
-                        v.and_then(|v| v.parse::<i64>().ok()),
-                        r.values.first().and_then(|w| w.parse::<i64>().ok()),
-                    ) else {
-                        return false;
-                    };
-                    if r.op == Op::GreaterThan {
-                        have > want
-                    } else {
-                        have < want
-                    }
-                }
-            }
-        })
+        self.0.iter().all(|r| r.matches(labels))
     }
 }
 
