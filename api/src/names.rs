@@ -43,6 +43,30 @@ pub const VIEWS_APISERVICE: &str = "v1alpha1.view.local.sdn.cozystack.io";
 /// Whether a finalizer is this project's: the core's (`local.sdn.cozystack.io/…`) or a
 /// driver's (`<driver>.drivers.local.sdn.cozystack.io/…`, e.g. MetalLB's hold) — what
 /// `address-controller teardown` removes once nothing runs to remove them.
+/// The finalizer list with `finalizer` added, or `None` when it is already there.
+pub fn with_finalizer(finalizers: &[String], finalizer: &str) -> Option<Vec<String>> {
+    if finalizers.iter().any(|f| f == finalizer) {
+        return None;
+    }
+    let mut out = finalizers.to_vec();
+    out.push(finalizer.to_string());
+    Some(out)
+}
+
+/// The finalizer list without `finalizer`, or `None` when it is not there.
+pub fn without_finalizer(finalizers: &[String], finalizer: &str) -> Option<Vec<String>> {
+    if !finalizers.iter().any(|f| f == finalizer) {
+        return None;
+    }
+    Some(
+        finalizers
+            .iter()
+            .filter(|f| *f != finalizer)
+            .cloned()
+            .collect(),
+    )
+}
+
 pub fn is_project_finalizer(f: &str) -> bool {
     f.split_once('/').is_some_and(|(domain, _)| {
         domain == "local.sdn.cozystack.io" || domain.ends_with(".local.sdn.cozystack.io")

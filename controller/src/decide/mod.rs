@@ -16,29 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 pub use address_controller_api::conditions::set_condition;
 pub use address_controller_runtime::events::PlannedEvent;
 
-/// The finalizer list with `finalizer` added, or `None` when it is already there.
-pub fn with_finalizer(finalizers: &[String], finalizer: &str) -> Option<Vec<String>> {
-    if finalizers.iter().any(|f| f == finalizer) {
-        return None;
-    }
-    let mut out = finalizers.to_vec();
-    out.push(finalizer.to_string());
-    Some(out)
-}
-
-/// The finalizer list without `finalizer`, or `None` when it is not there.
-pub fn without_finalizer(finalizers: &[String], finalizer: &str) -> Option<Vec<String>> {
-    if !finalizers.iter().any(|f| f == finalizer) {
-        return None;
-    }
-    Some(
-        finalizers
-            .iter()
-            .filter(|f| *f != finalizer)
-            .cloned()
-            .collect(),
-    )
-}
+pub use address_controller_api::names::{with_finalizer, without_finalizer};
 
 /// Whether `a` is free for class `class` and family `f` (SPEC §4.7): free
 /// ([`IPAddress::is_free`]) and of that class and family. The index of free addresses uses

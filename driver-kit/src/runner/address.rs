@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use address_controller_api::IPAddress;
+use address_controller_api::names::{with_finalizer, without_finalizer};
 use address_controller_runtime::workers::Outcome;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
@@ -32,10 +33,8 @@ pub(crate) async fn address_pass<D: Driver>(
             // classes — an admin's static ones too, not only those it created.
             if let Some(f) = ctx.driver.finalizer()
                 && !a.is_deleting()
-                && !a.finalizers().iter().any(|x| x == f)
+                && let Some(all) = with_finalizer(a.finalizers(), f)
             {
-                let mut all = a.finalizers().to_vec();
-                all.push(f.to_string());
                 let body = json!({"metadata": {"resourceVersion": a.metadata.resource_version, "finalizers": all}});
                 Api::<IPAddress>::all(ctx.client.clone())
                     .patch(&name, &PatchParams::default(), &Patch::Merge(body))
@@ -71,7 +70,8 @@ pub(crate) async fn address_pass<D: Driver>(
             claim: name.clone(),
             message,
         })?;
-    let remaining: Vec<&String> = a.finalizers().iter().filter(|f| *f != finalizer).collect();
+    let remaining =
+        without_finalizer(a.finalizers(), finalizer).unwrap_or_else(|| a.finalizers().to_vec());
     let body = json!({"metadata": {"resourceVersion": a.metadata.resource_version, "finalizers": remaining}});
     Api::<IPAddress>::all(ctx.client.clone())
         .patch(&name, &PatchParams::default(), &Patch::Merge(body))
