@@ -147,13 +147,7 @@ impl IPAddressClaim {
     /// The families of the claim its status does not list yet.
     pub fn unlisted_families(&self) -> Vec<Family> {
         let have = self.listed_families();
-        self.spec
-            .family
-            .families()
-            .iter()
-            .copied()
-            .filter(|f| !have.contains(f))
-            .collect()
+        self.families_missing(|f| have.contains(&f))
     }
 
     /// The (class, families) a driver is invited to provision: what the quota counts for a

@@ -195,6 +195,17 @@ impl IPAddressClaim {
         self.status.as_ref().and_then(|s| s.phase)
     }
 
+    /// The claim's families (in its order) that HAS does not cover: what is still missing.
+    pub fn families_missing(&self, has: impl Fn(Family) -> bool) -> Vec<Family> {
+        self.spec
+            .family
+            .families()
+            .iter()
+            .copied()
+            .filter(|f| !has(*f))
+            .collect()
+    }
+
     pub fn is_deleting(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()
     }

@@ -57,14 +57,7 @@ pub(crate) fn wanted<D: Driver>(
             have.push(f);
         }
     }
-    let missing: Vec<Family> = claim
-        .spec
-        .family
-        .families()
-        .iter()
-        .copied()
-        .filter(|f| !have.contains(f) && !in_flight.contains(f))
-        .collect();
+    let missing = claim.families_missing(|f| have.contains(&f) || in_flight.contains(&f));
     (!missing.is_empty()).then_some((class, missing))
 }
 

@@ -167,14 +167,7 @@ pub fn plan_claim(s: &ClaimSnapshot<'_>) -> ClaimPlan {
     plan.address_writes = complete_prebindings(claim, &holdings);
 
     // §4.5: which families are satisfied.
-    let missing: Vec<Family> = claim
-        .spec
-        .family
-        .families()
-        .iter()
-        .copied()
-        .filter(|f| !satisfied(*f, &holdings.held))
-        .collect();
+    let missing = claim.families_missing(|f| satisfied(f, &holdings.held));
     let was_bound = matches!(
         claim.status.as_ref().and_then(|st| st.phase),
         Some(ClaimPhase::Bound | ClaimPhase::Lost)
