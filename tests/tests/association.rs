@@ -103,8 +103,15 @@ type Change = (u64, Option<Service>, Option<IPAddress>, bool);
 
 struct History {
     task: tokio::task::JoinHandle<Vec<Change>>,
-    stop: tokio::sync::oneshot::Sender<()>,
+    services: Api<Service>,
+    addresses: Api<IPAddress>,
+    address: String,
+    /// The name of the marker that ends the history (see [`History::check`]).
+    fence: String,
 }
+
+/// The label (on the address) and the name (of a headless Service) that fence a history.
+const FENCE_LABEL: &str = "address-controller.test/fence";
 
 impl History {
     async fn watch(e: &Env, ns: &str, address: &str) -> History {
@@ -123,7 +130,8 @@ impl History {
             .await
             .unwrap()
             .boxed();
-        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let fence = format!("fence-{}", address_controller_tests::random_suffix());
+        let marker = fence.clone();
         let task = tokio::spawn(async move {
             let rv = |m: &kube::api::ObjectMeta| {
                 m.resource_version
@@ -131,34 +139,72 @@ impl History {
                     .and_then(|v| v.parse::<u64>().ok())
                     .unwrap_or(0)
             };
-            let mut out = Vec::new();
-            loop {
+            let (mut out, mut services_fenced, mut address_fenced) = (Vec::new(), false, false);
+            while !(services_fenced && address_fenced) {
                 tokio::select! {
-                    _ = &mut stopped => break,
                     Some(Ok(ev)) = s.next() => match ev {
+                        WatchEvent::Added(x) if x.name_any() == marker => services_fenced = true,
                         WatchEvent::Added(x) | WatchEvent::Modified(x) => out.push((rv(&x.metadata), Some(x), None, false)),
                         WatchEvent::Deleted(x) => out.push((rv(&x.metadata), Some(x), None, true)),
                         _ => {}
                     },
                     Some(Ok(ev)) = a.next() => match ev {
-                        WatchEvent::Added(x) | WatchEvent::Modified(x) => out.push((rv(&x.metadata), None, Some(x), false)),
-                        WatchEvent::Deleted(x) => out.push((rv(&x.metadata), None, Some(x), true)),
+                        WatchEvent::Added(x) | WatchEvent::Modified(x) => {
+                            address_fenced |= x.labels().get(FENCE_LABEL) == Some(&marker);
+                            out.push((rv(&x.metadata), None, Some(x), false));
+                        }
+                        WatchEvent::Deleted(x) => {
+                            // A deleted address fences its own stream: nothing follows.
+                            address_fenced = true;
+                            out.push((rv(&x.metadata), None, Some(x), true));
+                        }
                         _ => {}
                     },
+                    else => break,
                 }
             }
             out
         });
-        History { task, stop }
+        History {
+            task,
+            services: svcs,
+            addresses: addrs,
+            address: address.to_string(),
+            fence,
+        }
     }
 
     /// Replays the history; returns how often the address was shown (a positive control)
     /// and every revision at which a Service showed it without the ledger's word.
+    /// The history ends at a fence the test writes itself: a headless Service in the
+    /// namespace and a label on the address. Each watch delivers in revision order, so once
+    /// both markers arrived, every change committed before them did too.
     async fn check(self, ip: &str) -> (usize, Vec<String>) {
-        // Let the watches deliver what the last writes caused.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let _ = self.stop.send(());
-        let mut events = self.task.await.unwrap();
+        let marker: Service = serde_json::from_value(json!({
+            "metadata": {"name": self.fence},
+            "spec": {"clusterIP": "None"}
+        }))
+        .unwrap();
+        self.services
+            .create(&PostParams::default(), &marker)
+            .await
+            .unwrap();
+        let _ = self
+            .addresses
+            .patch(
+                &self.address,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {FENCE_LABEL: self.fence}}})),
+            )
+            .await;
+        let mut events = tokio::time::timeout(Duration::from_secs(60), self.task)
+            .await
+            .expect("the watches deliver the fence within 60 s")
+            .unwrap();
+        let _ = self
+            .services
+            .delete(&self.fence, &DeleteParams::default())
+            .await;
         events.sort_by_key(|(rv, ..)| *rv);
         let mut shown: BTreeMap<String, bool> = BTreeMap::new();
         let mut ledger: Option<(String, bool)> = None; // (associatedTo, Conflict)

@@ -259,36 +259,45 @@ async fn metallb_puts_the_claims_address_on_its_service_and_refuses_a_thief() {
     let _ = &s.driver;
 }
 
-/// Every change of the Services of `namespaces`, in etcd revision order, until stopped.
+/// Every change of the Services of `namespaces`, in etcd revision order, until fenced.
 /// One change: (revision, `namespace/name`, the addresses it shows, deleted).
 type Change = (u64, String, Vec<String>, bool);
 
 struct Watcher {
     task: tokio::task::JoinHandle<Vec<Change>>,
-    stop: tokio::sync::oneshot::Sender<()>,
+    /// One Services API per namespace watched: where the fence goes.
+    apis: Vec<Api<Service>>,
+    /// The name of the headless Service that ends the history in each namespace.
+    fence: String,
 }
 
 impl Watcher {
     async fn start(e: &Env, namespaces: &[&str]) -> Watcher {
         let mut streams = Vec::new();
+        let mut apis = Vec::new();
         for ns in namespaces {
+            let api = services(e, ns);
             streams.push(
-                services(e, ns)
-                    .watch(&WatchParams::default(), "0")
+                api.watch(&WatchParams::default(), "0")
                     .await
                     .unwrap()
                     .boxed(),
             );
+            apis.push(api);
         }
         let mut all = futures::stream::select_all(streams);
-        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let fence = format!("fence-{}", address_controller_tests::random_suffix());
+        let (marker, mut unfenced) = (fence.clone(), namespaces.len());
         let task = tokio::spawn(async move {
             let mut out = Vec::new();
-            loop {
+            while unfenced > 0 {
                 tokio::select! {
-                    _ = &mut stopped => break,
                     Some(Ok(ev)) = all.next() => {
                         let (s, deleted) = match ev {
+                            WatchEvent::Added(s) if s.name_any() == marker => {
+                                unfenced -= 1;
+                                continue;
+                            }
                             WatchEvent::Added(s) | WatchEvent::Modified(s) => (s, false),
                             WatchEvent::Deleted(s) => (s, true),
                             _ => continue,
@@ -297,19 +306,35 @@ impl Watcher {
                         let key = format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any());
                         out.push((rv, key, ingress(&s), deleted));
                     }
+                    else => break,
                 }
             }
             out
         });
-        Watcher { task, stop }
+        Watcher { task, apis, fence }
     }
 
     /// Replays the history in revision order: (who held `ip` at each revision where the
     /// holders changed).
+    /// The history ends at a fence the test writes itself: a headless Service in every
+    /// namespace watched. A watch delivers in revision order, so once every marker arrived,
+    /// every change committed before them did too.
     async fn holders(self, ip: &str) -> Vec<(u64, Vec<String>)> {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let _ = self.stop.send(());
-        let mut events = self.task.await.unwrap();
+        let marker: Service = serde_json::from_value(json!({
+            "metadata": {"name": self.fence},
+            "spec": {"clusterIP": "None"}
+        }))
+        .unwrap();
+        for api in &self.apis {
+            api.create(&PostParams::default(), &marker).await.unwrap();
+        }
+        let mut events = tokio::time::timeout(Duration::from_secs(60), self.task)
+            .await
+            .expect("the watches deliver the fences within 60 s")
+            .unwrap();
+        for api in &self.apis {
+            let _ = api.delete(&self.fence, &DeleteParams::default()).await;
+        }
         events.sort_by_key(|e| e.0);
         let mut showing: BTreeMap<String, bool> = BTreeMap::new();
         let mut out: Vec<(u64, Vec<String>)> = Vec::new();
