@@ -3,6 +3,7 @@
 # the README against this file). Re-measure and change them here.
 COLD_GO_BINARIES_MIN=14    # make build-binaries, nothing cached (all Go binaries below)
 COLD_KUBE_MIN=10           # kube-apiserver and kube-controller-manager, part of the above
+COLD_DEMO_BINARIES_MIN=11  # make demo's share (etcd, helm, kube: all but Prometheus and MetalLB; derived from the above)
 COLD_PROMETHEUS_MIN=4      # prometheus and promtool, part of the above
 COLD_METALLB_MIN=2         # the MetalLB controller, part of the above
 COLD_NODE_MIN=4.5          # kubelet and kube-scheduler (the node tier), after the above

@@ -243,7 +243,9 @@ up() {
     return 0
   fi
   stop_all
-  "$here/build-binaries.sh"
+  # What the control plane runs (the node's binaries are built by node_preflight; MetalLB's
+  # by `cluster.sh metallb`; helm, Prometheus by whoever uses them).
+  "$here/build-binaries.sh" etcd kube
   rm -rf "$dir/etcd" "$dir/pki" "$dir/logs" "$dir/pids" "$dir/cmds" "$dir/env" "$dir/node"
   mkdir -p "$dir/logs" "$dir/pids" "$dir/kas" "$dir/kcm"
   if [ -n "$node" ]; then node_preflight; fi

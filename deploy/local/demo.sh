@@ -73,8 +73,14 @@ wait_ready() { # NAME PORT
 
 up() {
   local t0; t0=$(date +%s)
-  step "build the control-plane binaries (cached by version; cold ~$COLD_GO_BINARIES_MIN min on 2 cores)"
-  "$here/build-binaries.sh" || fail "build-binaries" "the output above"
+  # Only what this demo runs: etcd, kube-apiserver and the controller-manager, helm; MetalLB
+  # with METALLB=1; kubelet, kube-scheduler, kube-proxy (and MetalLB's speaker) with NODE=1.
+  # Prometheus is the tests' alone.
+  local -a parts=(etcd helm kube)
+  if [ -n "$metallb" ]; then parts+=(metallb); fi
+  if [ -n "$node" ]; then parts+=(node wire); fi
+  step "build the control-plane binaries ${parts[*]} (cached by version; cold ~$COLD_DEMO_BINARIES_MIN min on 2 cores, more with NODE=1 or METALLB=1)"
+  "$here/build-binaries.sh" "${parts[@]}" || fail "build-binaries" "the output above"
   if [ -n "$node" ]; then
     [ "$(id -u)" = 0 ] || fail "NODE=1 needs root (network and mount namespaces, containerd)"
     step "build the container image (make image: release binaries; cold ~$COLD_IMAGE_MIN min)"

@@ -30,6 +30,7 @@ where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = Result<T>>,
 {
+    crate::ensure_binaries()?;
     let dir = TempDir::new(prefix);
     let script = repo_root().join("deploy/local/cluster.sh");
     let status = std::process::Command::new(&script)

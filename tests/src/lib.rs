@@ -63,6 +63,7 @@ impl Cluster {
     }
 
     fn discover() -> Result<Cluster> {
+        ensure_binaries()?;
         let script = repo_root().join("deploy/local/cluster.sh");
         let mut cmd = Command::new(&script);
         cmd.arg("up");
@@ -1015,6 +1016,25 @@ pub fn peak_rss_bytes(pid: u32) -> Result<u64> {
     Ok(kb * 1024)
 }
 
+/// Every Go binary the tests use (helm, Prometheus, MetalLB, besides what `cluster.sh up`
+/// builds for itself), built once per process — a cache hit takes a moment.
+pub fn ensure_binaries() -> Result<()> {
+    static BUILT: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let out = Command::new(repo_root().join("deploy/local/build-binaries.sh"))
+                .output()
+                .map_err(|e| e.to_string())?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(String::from_utf8_lossy(&out.stderr).into_owned())
+            }
+        })
+        .clone()
+        .map_err(|e| anyhow!("deploy/local/build-binaries.sh: {e}"))
+}
+
 /// A control plane of a test's own (for what the shared one's other users must not see,
 /// such as CRDs taken away), stopped and removed when dropped. [`Cluster::use_dir`] makes
 /// it the one the process's helpers talk to.
@@ -1024,6 +1044,7 @@ pub struct PrivateCluster {
 
 impl PrivateCluster {
     pub fn start(prefix: &str) -> PrivateCluster {
+        ensure_binaries().expect("build-binaries.sh");
         let dir = std::env::temp_dir().join(format!("{prefix}-{}", random_suffix()));
         let out = Command::new(repo_root().join("deploy/local/cluster.sh"))
             .arg("up")

@@ -174,6 +174,7 @@ impl Node {
             ),
         };
         let _ = std::fs::remove_file(figures_file());
+        crate::ensure_binaries()?;
         if reuse.is_none() {
             Self::up(&script, &dir)?;
         }
