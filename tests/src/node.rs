@@ -130,7 +130,8 @@ pub fn current() -> Option<&'static Node> {
     NODE.get().and_then(|r| r.as_ref().ok())
 }
 
-/// Where the node tests' figures are collected (`make test` prints the file at the end).
+/// Where the node tests' figures are collected (`make test` empties it first and prints it
+/// at the end; both node-tier test files append to it).
 pub fn figures_file() -> PathBuf {
     repo_root().join("target/node-figures.txt")
 }
@@ -173,7 +174,6 @@ impl Node {
                 .trim(),
             ),
         };
-        let _ = std::fs::remove_file(figures_file());
         crate::ensure_binaries()?;
         if reuse.is_none() {
             Self::up(&script, &dir)?;
