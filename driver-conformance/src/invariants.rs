@@ -13,10 +13,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use address_controller_api::duration;
 use address_controller_api::entitlement::{Limits, usage_by_class};
 use address_controller_api::family::{Family, family_of};
-use address_controller_api::names::HELD_ANNOTATION;
 use address_controller_api::{
     AddressPhase, ClaimPhase, IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota,
     ReclaimPolicy,
@@ -567,14 +565,9 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
         }
         // Released with its release delay long elapsed, not held, still claimed.
         if a.is_released()
-            && a.annotations().get(HELD_ANNOTATION).map(String::as_str) != Some("true")
-            && let Some(at) = a.status.as_ref().and_then(|st| st.released_at.as_ref())
-            && let Some(delay) = classes
+            && let Some(due) = classes
                 .get(&a.spec.class_name)
-                .and_then(|c| c.spec.release_delay.as_deref())
-                .and_then(|d| duration::parse(d).ok())
-            && let Ok(delay) = SignedDuration::try_from(delay)
-            && let Ok(due) = at.0.checked_add(delay)
+                .and_then(|c| c.release_deadline(a))
             && older_than_settle(&due)
         {
             add(
