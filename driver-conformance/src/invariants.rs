@@ -1089,6 +1089,48 @@ mod tests {
     }
 
     #[test]
+    fn a_released_address_past_its_class_release_delay_is_caught_unless_held() {
+        let at = Timestamp::now();
+        let class: IPAddressClass = serde_json::from_value(json!({"metadata": {"name": "pub",
+            "resourceVersion": "1"}, "spec": {"provisioner": "p", "releaseDelay": "1m"}}))
+        .unwrap();
+        let released = |ago: i64, held: bool| {
+            let mut a = addr("r", "192.0.2.7", Some(("gone", "u0")), "Released");
+            let when = at.checked_sub(SignedDuration::from_secs(ago)).unwrap();
+            a.status.as_mut().unwrap().released_at =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(when));
+            if held {
+                a.metadata.annotations = Some(
+                    [(
+                        address_controller_api::names::HELD_ANNOTATION.to_string(),
+                        "true".to_string(),
+                    )]
+                    .into(),
+                );
+            }
+            a
+        };
+        let snap = |a: IPAddress| Snapshot {
+            claims: vec![],
+            addresses: vec![a],
+            classes: vec![class.clone()],
+            services: vec![],
+            quotas: vec![],
+            namespaces: [("t".to_string(), BTreeMap::new())].into(),
+            at,
+        };
+        // Released a moment ago: within its delay.
+        assert!(rules(&snap(released(1, false))).is_empty());
+        // An hour ago, a one-minute delay: the core should have freed it.
+        assert_eq!(
+            rules(&snap(released(3600, false))),
+            ["orphan-not-reclaimed"]
+        );
+        // Held by an admin: never freed by the delay.
+        assert!(rules(&snap(released(3600, true))).is_empty());
+    }
+
+    #[test]
     fn quota_rules_catch_a_namespace_over_its_limit_and_a_refusal_that_no_longer_holds() {
         let at = Timestamp::now();
         let quota = |n: i64| -> IPAddressQuota {
