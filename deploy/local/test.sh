@@ -74,6 +74,9 @@ if [ -s "$root/target/node-figures.txt" ]; then
 fi
 printf '\nmake test finished in %ss\n' "$(( $(date +%s) - t0 ))"
 printf '%s passed, %s failed, %s skipped\n' "$passed" "$failed" "$ignored"
+if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
+  printf 'make test: FAILED — stopped at its deadline (AC_TEST_DEADLINE=%ss); the counts above are of the tests that finished\n' "${AC_TEST_DEADLINE:-4800}"
+fi
 if [ "$status" -ne 0 ]; then
   rm -rf "$root/target/test-cluster-logs"
   cp -r "$cluster/logs" "$root/target/test-cluster-logs" 2>/dev/null &&
