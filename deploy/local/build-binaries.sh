@@ -51,6 +51,11 @@ build_node() {
   go_build_kube "$NODE_BIN" kubelet/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler
 }
 
+# The directory of the MetalLB module tools/metallb pins (its CRDs and manifests).
+metallb_module_dir() {
+  (cd "$here/tools/metallb" && go list -mod=readonly -m -f '{{.Dir}}' go.universe.tf/metallb)
+}
+
 # kube-proxy (iptables mode) and MetalLB's speaker for the node tier's wire: separate cache
 # directories, so a node cache built before them stays valid and only these two are added.
 build_wire() {
@@ -63,7 +68,7 @@ build_wire() {
      -o "$out.tmp/metallb-speaker" go.universe.tf/metallb/speaker)
   # The interfaces MetalLB's manifests keep out of L2 announcements (its excludel2 ConfigMap).
   local dir
-  dir="$(cd "$here/tools/metallb" && go list -mod=readonly -m -f '{{.Dir}}' go.universe.tf/metallb)"
+  dir="$(metallb_module_dir)"
   grep -o 'announcedInterfacesToExclude: .*' "$dir/config/native/exclude-l2-config.yaml" > "$out.tmp/excludel2.yaml"
   rm -rf "$out" && mv "$out.tmp" "$out" && touch "$out/.complete"
 }
@@ -112,7 +117,7 @@ build_metallb() {
   # Its CRDs (config/crd/bases of the same module; not the bgppeers conversion patch, whose
   # webhook does not exist here).
   local dir
-  dir="$(cd "$here/tools/metallb" && go list -mod=readonly -m -f '{{.Dir}}' go.universe.tf/metallb)"
+  dir="$(metallb_module_dir)"
   mkdir -p "$out.tmp/crds" && cp "$dir"/config/crd/bases/*.yaml "$out.tmp/crds/"
   rm -rf "$out" && mv "$out.tmp" "$out" && touch "$out/.complete"
 }

@@ -416,6 +416,19 @@ metallb() {
   if [ -n "$node" ]; then metallb_speaker; fi
 }
 
+# metallb_pod_object COMPONENT: the Pod object a MetalLB process reads at start (it owns that
+# process's status objects). Never scheduled (a node selector nothing matches): with
+# --node, a kubelet would pull its image.
+metallb_pod_object() {
+  netns kubectl apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: metallb-system, labels: {app: metallb, component: $1}}
+spec: {nodeSelector: {address-controller.local/metallb-runs-out-of-cluster: "true"},
+       containers: [{name: $1, image: "quay.io/metallb/$1:$METALLB_VERSION"}]}
+YAML
+}
+
 metallb_controller() {
   local -a ns=()
   if [ -n "$node" ]; then ns=(nsenter --net="/run/netns/$NODE_NETNS" --); fi
@@ -425,14 +438,8 @@ metallb_controller() {
 apiVersion: v1
 kind: Namespace
 metadata: {name: metallb-system}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: controller, namespace: metallb-system, labels: {app: metallb, component: controller}}
-# Never scheduled (a node selector nothing matches): with --node, a kubelet would pull it.
-spec: {nodeSelector: {address-controller.local/metallb-runs-out-of-cluster: "true"},
-       containers: [{name: controller, image: "quay.io/metallb/controller:$METALLB_VERSION"}]}
 YAML
+  metallb_pod_object controller
   local health metrics_port
   { read -r health; read -r metrics_port; } < <(free_ports 2)
   start metallb-controller "${ns[@]}" "$METALLB_BIN/metallb-controller" --kubeconfig="$dir/admin.kubeconfig" \
@@ -456,13 +463,7 @@ metallb_speaker() {
     log "metallb-speaker already running"; return
   fi
   [ -f "$METALLB_SPEAKER_BIN/.complete" ] || "$here/build-binaries.sh" wire
-  netns kubectl apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: speaker, namespace: metallb-system, labels: {app: metallb, component: speaker}}
-spec: {nodeSelector: {address-controller.local/metallb-runs-out-of-cluster: "true"},
-       containers: [{name: speaker, image: "quay.io/metallb/speaker:$METALLB_VERSION"}]}
-YAML
+  metallb_pod_object speaker
   mkdir -p "$dir/metallb"
   cp "$METALLB_SPEAKER_BIN/excludel2.yaml" "$dir/metallb/excludel2.yaml"
   local health metrics_port

@@ -121,6 +121,39 @@ impl Cluster {
     }
 
     /// Runs `kubectl ARGS` and returns stdout; fails with stderr on a non-zero exit.
+    /// `kubectl apply --server-side --force-conflicts` of OBJECTS as the harness
+    /// ([`FIELD_MANAGER`]); the error carries kubectl's stderr.
+    pub fn apply(&self, objects: &[serde_json::Value]) -> Result<()> {
+        let mut child = self
+            .kubectl()
+            .args([
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager",
+                FIELD_MANAGER,
+                "-f",
+                "-",
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .context("kubectl apply")?;
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().ok_or_else(|| anyhow!("no stdin"))?;
+            for o in objects {
+                writeln!(stdin, "---\n{}", serde_yaml::to_string(o)?)?;
+            }
+        }
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!("kubectl apply: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+
     pub fn kubectl_ok(&self, args: &[&str]) -> Result<String> {
         let out = self
             .kubectl()
@@ -796,31 +829,9 @@ pub fn metrics_token() -> Result<String> {
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "address-controller-test-metrics-reader"},
             "subjects": [{"kind": "ServiceAccount", "name": "test-metrics-scraper", "namespace": "default"}]}),
     ];
-    let mut child = cluster
-        .kubectl()
-        .args([
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "--field-manager",
-            FIELD_MANAGER,
-            "-f",
-            "-",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .context("kubectl apply")?;
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().ok_or_else(|| anyhow!("no stdin"))?;
-        for o in &objects {
-            writeln!(stdin, "---\n{}", serde_yaml::to_string(o)?)?;
-        }
-    }
-    if !child.wait()?.success() {
-        bail!("applying the metrics scraper's RBAC failed");
-    }
+    cluster
+        .apply(&objects)
+        .context("applying the metrics scraper's RBAC")?;
     let token = cluster
         .kubectl_ok(&[
             "create",

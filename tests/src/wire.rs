@@ -14,7 +14,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
 use crate::node::{Node, values};
@@ -261,37 +261,9 @@ pub fn claim_annotation(claim: &str) -> Value {
     json!({"local.sdn.cozystack.io/ip-address-claim": claim})
 }
 
-/// `kubectl apply` (server-side) of one object.
+/// `kubectl apply` (server-side, as the harness) of one object.
 pub fn apply(node: &Node, obj: &Value) -> Result<()> {
-    let mut child = node
-        .cluster
-        .kubectl()
-        .args([
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "--field-manager",
-            "wire-test",
-            "-f",
-            "-",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    {
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .context("stdin")?
-            .write_all(obj.to_string().as_bytes())?;
-    }
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!("apply: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(())
+    node.cluster.apply(std::slice::from_ref(obj))
 }
 
 /// Polls `curl ip:port` until the answer is one of PODS (the time it took), failing at
