@@ -10,6 +10,7 @@ pub mod names;
 mod rules;
 pub mod selector;
 pub mod service;
+pub mod sharing;
 pub mod v1alpha1;
 pub mod validation;
 

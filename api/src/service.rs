@@ -6,8 +6,10 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 
+use crate::Family;
 use crate::family::parse_address;
 use crate::names::SERVICE_CLAIM_ANNOTATION;
+use crate::validation::{is_dns1123_label, is_dns1123_subdomain};
 
 /// `spec.type: LoadBalancer`.
 pub fn is_load_balancer_type(s: &Service) -> bool {
@@ -21,6 +23,57 @@ pub fn named_claim(s: &Service) -> Option<&str> {
         .get(SERVICE_CLAIM_ANNOTATION)
         .map(String::as_str)
         .filter(|n| !n.is_empty())
+}
+
+/// The claim a Service names, as `(namespace, name)`: `<name>` names one in the Service's
+/// namespace, `<namespace>/<name>` one shared from another namespace. `None`: it names
+/// none; `Err`: the value is not a reference (said in the Service's condition).
+pub fn claim_reference(s: &Service) -> Option<Result<(String, String), String>> {
+    let value = named_claim(s)?;
+    let own = s.metadata.namespace.clone().unwrap_or_default();
+    let (ns, name) = match value.split_once('/') {
+        Some((ns, name)) => (ns.to_string(), name),
+        None => (own, value),
+    };
+    Some(if is_dns1123_label(&ns) && is_dns1123_subdomain(name) {
+        Ok((ns, name.to_string()))
+    } else {
+        Err(format!(
+            "{SERVICE_CLAIM_ANNOTATION} must be <name> or <namespace>/<name> of an IPAddressClaim, not {:?}",
+            value.chars().take(300).collect::<String>()
+        ))
+    })
+}
+
+/// The claim a Service names as a cache key (`namespace/name`), when the reference is valid.
+pub fn claim_key(s: &Service) -> Option<String> {
+    match claim_reference(s)? {
+        Ok((ns, name)) => Some(format!("{ns}/{name}")),
+        Err(_) => None,
+    }
+}
+
+/// The families of a Service (`spec.ipFamilies`; IPv4 when the API server left it empty).
+pub fn service_families(s: &Service) -> Vec<Family> {
+    let fams: Vec<Family> = s
+        .spec
+        .as_ref()
+        .and_then(|sp| sp.ip_families.as_ref())
+        .map(|f| {
+            f.iter()
+                .filter_map(|x| match x.as_str() {
+                    "IPv4" => Some(Family::IPv4),
+                    "IPv6" => Some(Family::IPv6),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if fams.is_empty() {
+        vec![Family::IPv4]
+    } else {
+        fams
+    }
 }
 
 /// The `ip` values of a Service's `status.loadBalancer.ingress`, as written (entries with
@@ -98,6 +151,21 @@ mod tests {
         assert!(!may_want_auto_claim(&lb(
             json!({SERVICE_CLAIM_ANNOTATION: "web"})
         )));
+        let mut cross = lb(json!({SERVICE_CLAIM_ANNOTATION: "shop/web"}));
+        cross.metadata.namespace = Some("blog".into());
+        assert_eq!(
+            claim_reference(&cross),
+            Some(Ok(("shop".into(), "web".into())))
+        );
+        assert_eq!(claim_key(&cross).as_deref(), Some("shop/web"));
+        let mut own = lb(json!({SERVICE_CLAIM_ANNOTATION: "web"}));
+        own.metadata.namespace = Some("blog".into());
+        assert_eq!(claim_key(&own).as_deref(), Some("blog/web"));
+        for bad in ["a/b/c", "/web", "shop/", "Shop/web", "shop/we b"] {
+            let s = lb(json!({SERVICE_CLAIM_ANNOTATION: bad}));
+            assert!(matches!(claim_reference(&s), Some(Err(_))), "{bad}");
+            assert_eq!(claim_key(&s), None, "{bad}");
+        }
         let cluster_ip = svc(json!({"metadata": {"name": "s"}, "spec": {"type": "ClusterIP"}}));
         assert!(!is_load_balancer_type(&cluster_ip) && !may_want_auto_claim(&cluster_ip));
     }

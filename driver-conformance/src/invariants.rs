@@ -66,11 +66,19 @@ pub const RULES: &[(&str, &str)] = &[
     ("duplicate-ip", "more than one IPAddress for one IP"),
     (
         "association-dangling",
-        "an address associatedTo a Service that is gone or does not show it",
+        "an address whose ledger lists a holder Service that is gone or does not show it",
     ),
     (
         "service-holds-unassociated",
-        "a Service showing a claimed address whose associatedTo does not name it (and it is not Conflict)",
+        "a Service showing a claimed address whose ledger does not list it as a holder (and it is not Conflict)",
+    ),
+    (
+        "holders-incompatible",
+        "holders of one address the claim's sharing does not admit together: not shared, a namespace without the grant, a common port on a common family, or two backends",
+    ),
+    (
+        "ledger-inconsistent",
+        "an address whose associatedTo is not its first attachment, or whose holderCount is not the number of attachments",
     ),
     (
         "namespace-over-quota",
@@ -616,31 +624,35 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
         address_controller_api::service::ingress_ips(svc)
             .any(|x| address_controller_api::family::parse_address(x).ok() == want)
     };
-    let associated_to = |a: &IPAddress| {
-        a.status
-            .as_ref()
-            .and_then(|st| st.associated_to.as_ref())
+    let holders = |a: &IPAddress| -> Vec<String> {
+        a.holders()
+            .iter()
             .filter(|t| t.kind == "Service")
             .map(|t| format!("{}/{}", t.namespace.as_deref().unwrap_or_default(), t.name))
+            .collect()
     };
     for a in s.addresses.iter().filter(|a| scope.address(a)) {
-        let Some(to) = associated_to(a) else { continue };
-        let problem = match services.get(&to) {
-            None => Some("is gone".to_string()),
-            Some(svc) if !shows(svc, &a.spec.address) => Some("does not show it".to_string()),
-            Some(_) => None,
-        };
-        if let Some(p) = problem {
-            add(
-                "association-dangling",
-                format!("IPAddress {}", a.name_any()),
-                format!("associatedTo Service {to}, which {p}"),
-                format!(
-                    "{},{}",
-                    version(a),
-                    services.get(&to).map(|x| version(*x)).unwrap_or_default()
-                ),
-            );
+        ledger_violations(a, &claims, &services, &mut add);
+    }
+    for a in s.addresses.iter().filter(|a| scope.address(a)) {
+        for to in holders(a) {
+            let problem = match services.get(&to) {
+                None => Some("is gone".to_string()),
+                Some(svc) if !shows(svc, &a.spec.address) => Some("does not show it".to_string()),
+                Some(_) => None,
+            };
+            if let Some(p) = problem {
+                add(
+                    "association-dangling",
+                    format!("IPAddress {}", a.name_any()),
+                    format!("holder Service {to}, which {p}"),
+                    format!(
+                        "{},{}",
+                        version(a),
+                        services.get(&to).map(|x| version(*x)).unwrap_or_default()
+                    ),
+                );
+            }
         }
     }
     let mut by_ip: HashMap<std::net::IpAddr, Vec<&IPAddress>> = HashMap::new();
@@ -660,20 +672,22 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
             for a in by_ip.get(&ip).into_iter().flatten() {
                 if a.spec.claim_ref.is_some()
                     && phase(a) != Some(AddressPhase::Conflict)
-                    && associated_to(a).as_deref() != Some(key.as_str())
+                    && !holders(a).contains(&key)
                 {
                     add(
                         "service-holds-unassociated",
                         format!("Service {key}"),
                         format!(
-                            "shows {ip} of IPAddress {} (claim {}), associatedTo {}",
+                            "shows {ip} of IPAddress {} (claim {}), held by {}",
                             a.name_any(),
                             a.spec
                                 .claim_ref
                                 .as_ref()
                                 .map(|r| r.key())
                                 .unwrap_or_default(),
-                            associated_to(a).unwrap_or_else(|| "nothing".into())
+                            Some(holders(a).join(", "))
+                                .filter(|h| !h.is_empty())
+                                .unwrap_or_else(|| "nothing".into())
                         ),
                         format!("{},{}", version(svc), version(*a)),
                     );
@@ -683,6 +697,74 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
     }
     entitlement_violations(s, scope, &mut add);
     out
+}
+
+/// Sharing: the holders the ledger lists are admitted together by the claim's sharing, in
+/// the ledger's order (the rule the kit applies: [`address_controller_api::sharing::admit`]);
+/// `associatedTo` is the first of them.
+fn ledger_violations(
+    a: &IPAddress,
+    claims: &HashMap<String, &IPAddressClaim>,
+    services: &HashMap<String, &Service>,
+    add: &mut impl FnMut(&'static str, String, String, String),
+) {
+    let Some(st) = a.status.as_ref() else { return };
+    let first = st.attachments.first().map(|h| h.association());
+    let count = (!st.attachments.is_empty()).then_some(st.attachments.len() as i64);
+    if !st.attachments.is_empty() && (st.associated_to != first || st.holder_count != count) {
+        add(
+            "ledger-inconsistent",
+            format!("IPAddress {}", a.name_any()),
+            format!(
+                "associatedTo {:?}, holderCount {:?}, {} attachments",
+                st.associated_to,
+                st.holder_count,
+                st.attachments.len()
+            ),
+            version(a),
+        );
+    }
+    let Some(claim) = a
+        .spec
+        .claim_ref
+        .as_ref()
+        .and_then(|r| claims.get(&r.key()))
+        .filter(|c| {
+            a.spec.claim_ref.as_ref().and_then(|r| r.uid.as_ref()) == c.metadata.uid.as_ref()
+        })
+    else {
+        return;
+    };
+    let keyed: Vec<(String, &Service)> = a
+        .holders()
+        .iter()
+        .filter(|t| t.kind == "Service")
+        .map(|t| format!("{}/{}", t.namespace.as_deref().unwrap_or_default(), t.name))
+        .filter_map(|k| services.get(&k).map(|s| (k, *s)))
+        .collect();
+    let candidates: Vec<address_controller_api::sharing::Candidate<'_>> = keyed
+        .iter()
+        .map(|(k, s)| address_controller_api::sharing::Candidate {
+            key: k,
+            namespace: k.split_once('/').map_or("", |(ns, _)| ns),
+            service: s,
+        })
+        .collect();
+    let verdicts = address_controller_api::sharing::admit(claim, &candidates);
+    for ((k, svc), v) in keyed.iter().zip(verdicts) {
+        if let Err(r) = v {
+            add(
+                "holders-incompatible",
+                format!("IPAddress {}", a.name_any()),
+                format!(
+                    "holder Service {k}: {} ({})",
+                    r.reason(),
+                    r.message(&claim_key(claim))
+                ),
+                format!("{},{},{}", version(a), version(*claim), version(*svc)),
+            );
+        }
+    }
 }
 
 /// §13: no namespace over its quota; no refusal that its class and quota would lift.

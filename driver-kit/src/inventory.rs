@@ -12,7 +12,7 @@ use address_controller_api::{Family, IPAddress};
 use address_controller_runtime::setmap::SetMap;
 use kube::ResourceExt;
 
-use crate::association::associated_service;
+use crate::association::holder_keys;
 
 #[derive(Default)]
 struct Inner {
@@ -21,7 +21,7 @@ struct Inner {
     /// address → the IPAddress objects carrying it (more than one is an admin's mistake,
     /// still in use).
     by_ip: SetMap<IpAddr>,
-    /// Service `namespace/name` → addresses whose `associatedTo` names it.
+    /// Service `namespace/name` → addresses whose ledger lists it as a holder.
     associated: SetMap<String>,
     /// (class, family) → number of addresses.
     per_pool: HashMap<(String, Family), i64>,
@@ -57,11 +57,12 @@ impl Inventory {
         let (old_claim, new_claim) = (old.and_then(claim_key), new.and_then(claim_key));
         wake.extend(old_claim.iter().chain(new_claim.iter()).cloned());
         s.by_claim.moved(&name, old_claim, new_claim);
-        s.associated.moved(
-            &name,
-            old.and_then(associated_service),
-            new.and_then(associated_service),
-        );
+        for k in old.map(holder_keys).unwrap_or_default() {
+            s.associated.remove(&k, &name);
+        }
+        for k in new.map(holder_keys).unwrap_or_default() {
+            s.associated.insert(k, &name);
+        }
         let (old_ip, new_ip) = (old.and_then(ip_and_family), new.and_then(ip_and_family));
         s.by_ip
             .moved(&name, old_ip.map(|(ip, _)| ip), new_ip.map(|(ip, _)| ip));
@@ -96,7 +97,7 @@ impl Inventory {
         self.lock().by_ip.names(&ip)
     }
 
-    /// The addresses whose `associatedTo` names Service `key`.
+    /// The addresses whose ledger lists Service `key` as a holder.
     pub fn associated_to(&self, key: &str) -> Vec<String> {
         self.lock().associated.names(key)
     }

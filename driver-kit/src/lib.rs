@@ -170,6 +170,12 @@ pub const KIT_RULES: &[Rule] = &[
         why: "association: the Services naming claims; the kit's record of its pins (an annotation)",
     },
     Rule {
+        group: "",
+        resources: &["services/status"],
+        verbs: &["patch"],
+        why: "the AddressAttached condition on a Service naming a claim (the range driver also writes status.loadBalancer)",
+    },
+    Rule {
         group: "authentication.k8s.io",
         resources: &["tokenreviews"],
         verbs: &["create"],
@@ -445,9 +451,7 @@ fn register<D: Driver>(ctx: &Arc<runner::Ctx<D>>) {
             if let Some(ip) = association::ip_of(x) {
                 c.queues.services.add_all(c.services.mentioning(ip));
             }
-            if let Some(k) = association::associated_service(x) {
-                c.queues.services.add(k);
-            }
+            c.queues.services.add_all(association::holder_keys(x));
         }
     });
     let c = ctx.clone();
@@ -481,11 +485,21 @@ fn register<D: Driver>(ctx: &Arc<runner::Ctx<D>>) {
                     c.queues.addresses.add_all(c.inventory.addresses_of(*ip));
                 }
             }
+            // The other Services naming the same claim: who holds it may change with this one.
+            for e in old.iter().chain(new.iter()) {
+                if let Some(claim) = &e.claim {
+                    c.queues.services.add_all(c.services.naming(claim));
+                }
+            }
             let associated = c.inventory.associated_to(&key);
             let relevant = old
                 .iter()
                 .chain(new.iter())
                 .any(|e| e.claim.is_some() || !e.ips.is_empty())
+                || [&ch.old, &ch.new]
+                    .into_iter()
+                    .flatten()
+                    .any(|s| association::claim_annotation(s).is_some())
                 || !associated.is_empty();
             if relevant {
                 c.queues.services.add(key);

@@ -9,7 +9,7 @@ use address_controller_runtime::setmap::SetMap;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 
-use crate::association::{claim_annotation, parse_marker};
+use crate::association::parse_marker;
 
 #[derive(Default)]
 struct Inner {
@@ -41,8 +41,7 @@ impl Entry {
         ips.sort();
         ips.dedup();
         Entry {
-            claim: claim_annotation(s)
-                .map(|c| format!("{}/{c}", s.namespace().unwrap_or_default())),
+            claim: address_controller_api::service::claim_key(s),
             ips,
         }
     }

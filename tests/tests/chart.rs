@@ -1740,12 +1740,11 @@ async fn each_component_changes_only_its_own_keys_on_a_tenants_service() {
         })
         .collect();
     assert!(wrong.is_empty(), "{wrong:#?}");
-    // The status: the range driver's (the load balancer) alone. (kubectl reads the status
-    // before it patches, which no driver may: a client impersonating the ServiceAccount
-    // patches it as the driver does.)
-    let status = json!({"status": {"loadBalancer": {"ingress": [{"ip": "198.18.93.1"}]}}});
-    let on_status = |sa: &'static str| {
-        let status = status.clone();
+    // The status: status.loadBalancer is the range driver's (the load balancer) alone;
+    // each driver writes its AddressAttached condition and no other. (kubectl reads the
+    // status before it patches, which no driver may: a client impersonating the
+    // ServiceAccount patches it as the driver does.)
+    let on_status = |sa: &'static str, status: Value| {
         let ns = release.ns.clone();
         async move {
             let kubeconfig = kube::config::Kubeconfig::read_from(&cluster.kubeconfig).unwrap();
@@ -1763,13 +1762,31 @@ async fn each_component_changes_only_its_own_keys_on_a_tenants_service() {
             let services: Api<k8s_openapi::api::core::v1::Service> =
                 Api::namespaced(kube::Client::try_from(config).unwrap(), t);
             services
-                .patch_status("web", &PatchParams::default(), &Patch::Merge(&status))
+                .patch_status("web", &PatchParams::default(), &Patch::Strategic(&status))
                 .await
         }
     };
-    on_status(range).await.unwrap();
-    let err = on_status(metallb).await.unwrap_err();
-    assert!(err.to_string().contains("forbidden"), "{err}");
+    let ingress = json!({"status": {"loadBalancer": {"ingress": [{"ip": "198.18.93.1"}]}}});
+    let condition = |ty: &str, reason: &str| {
+        json!({"status": {"conditions": [{"type": ty, "status": "False", "reason": reason,
+            "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})
+    };
+    let ours = address_controller_api::sharing::CONDITION;
+    on_status(range, ingress.clone()).await.unwrap();
+    on_status(range, condition(ours, "NotShared"))
+        .await
+        .unwrap();
+    on_status(metallb, condition(ours, "PortConflict"))
+        .await
+        .unwrap();
+    for (sa, body) in [
+        (metallb, ingress.clone()),
+        (metallb, condition("Ready", "Other")),
+        (range, condition("Ready", "Other")),
+    ] {
+        let err = on_status(sa, body.clone()).await.unwrap_err();
+        assert!(err.to_string().contains("forbidden"), "{sa} {body}: {err}");
+    }
     // A tenant's own edits are not the policy's business.
     cluster
         .kubectl_ok(&["label", "svc", "web", "-n", t, "tier=web"])
@@ -1836,10 +1853,12 @@ async fn each_components_service_account_has_exactly_its_written_rights() {
         (&core, "delete", "services", t, false),
         (&range, "create", "services", t, false),
         (&range, "delete", "services", t, false),
-        // Who writes what on a tenant's Service: the range driver its status; the core
-        // and the drivers patch (each its own keys, docs/operations.md "Threat model").
+        // Who writes what on a tenant's Service: the drivers its status (the range driver
+        // the load balancer's part, both their AddressAttached condition — the component
+        // policy narrows it); the core and the drivers patch (each its own keys,
+        // docs/operations.md "Threat model").
         (&range, "patch", "services/status", t, true),
-        (&metallb, "patch", "services/status", t, false),
+        (&metallb, "patch", "services/status", t, true),
         (&core, "patch", "services/status", t, false),
         (&core, "patch", "services", t, true),
         // The ledger: the core deletes addresses, the drivers create them, nobody else.

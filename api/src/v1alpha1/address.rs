@@ -25,6 +25,7 @@ use super::{ReclaimPolicy, conditions_schema};
     printcolumn = r#"{"name":"ReclaimPolicy","type":"string","jsonPath":".spec.reclaimPolicy"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"Released","type":"date","priority":1,"description":"Since when the address has been Released (it is kept for its class's releaseDelay).","jsonPath":".status.releasedAt"}"#,
+    printcolumn = r#"{"name":"Holders","type":"integer","priority":1,"description":"How many Services hold the address (more than one when its claim shares it).","jsonPath":".status.holderCount"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","priority":1,"description":"Why the address is Released: Surplus (its claim already held another address of the family) or Reclaimed.","jsonPath":".status.reason"}"#,
     category = "addresses",
     selectable = ".spec.address",
@@ -161,9 +162,17 @@ pub struct IPAddressStatus {
     /// or the safety net for a claim that is gone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// What the driver attached the address to; absent = reserved but inert.
+    /// What the driver attached the address to — the first holder when the address is
+    /// shared; absent = reserved but inert.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub associated_to: Option<Association>,
+    /// Every holder of the address, the first one first (`associatedTo` names it too), with
+    /// the ports each serves on it. Driver-owned.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<Attachment>,
+    /// How many holders `attachments` lists (for `kubectl get -o wide`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_count: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -176,6 +185,44 @@ pub struct Association {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     pub name: String,
+}
+
+/// One holder of an address (`status.attachments`).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Attachment {
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+    /// What the holder serves on the address, as `<protocol>/<port>` (`TCP/443`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<String>,
+}
+
+impl Attachment {
+    /// The association this holder is (`status.associatedTo`'s shape).
+    pub fn association(&self) -> Association {
+        Association {
+            kind: self.kind.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        }
+    }
+}
+
+impl IPAddress {
+    /// Who holds the address: `status.attachments`, or — written before sharing existed —
+    /// the one `status.associatedTo` names.
+    pub fn holders(&self) -> Vec<Association> {
+        let Some(st) = self.status.as_ref() else {
+            return Vec::new();
+        };
+        if st.attachments.is_empty() {
+            st.associated_to.iter().cloned().collect()
+        } else {
+            st.attachments.iter().map(Attachment::association).collect()
+        }
+    }
 }
 
 /// `status.releasedFrom` is a copy of `spec.claimRef` as it was: recorded as it is, even a

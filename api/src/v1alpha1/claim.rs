@@ -51,6 +51,50 @@ pub struct IPAddressClaimSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
     pub address_name: Option<String>,
+
+    /// Whether, and with which namespaces, the claim's address may be shared by several
+    /// Services at once (port by port). Absent: `None`, one Service at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<Sharing>,
+}
+
+/// Who may attach a claim's address besides its first holder. The grant is the claim
+/// owner's: a Service author cannot grant itself someone else's address.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.policy == 'Namespaces' || !has(self.namespaces) || size(self.namespaces) == 0")
+    .message("namespaces is only used with policy Namespaces"))]
+pub struct Sharing {
+    /// `None` (one Service at a time), `SameNamespace` (any number of Services of the
+    /// claim's namespace), or `Namespaces` (those, and Services of the listed namespaces).
+    #[serde(default)]
+    pub policy: SharingPolicy,
+    /// With `Namespaces`: the other namespaces whose Services may attach the address,
+    /// naming the claim as `<namespace>/<name>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "namespaces_schema")]
+    pub namespaces: Vec<String>,
+}
+
+/// At most 32 namespace names, each once.
+fn namespaces_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "description": "With policy Namespaces: the other namespaces whose Services may attach the address, naming the claim as <namespace>/<name>.",
+        "maxItems": 32,
+        "x-kubernetes-list-type": "set",
+        "items": {"type": "string", "minLength": 1, "maxLength": 63,
+            "pattern": crate::validation::DNS1123_LABEL}
+    })
+}
+
+/// See [`Sharing`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum SharingPolicy {
+    #[default]
+    None,
+    SameNamespace,
+    Namespaces,
 }
 
 /// The families a claim asks for.

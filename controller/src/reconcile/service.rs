@@ -64,6 +64,7 @@ pub async fn reconcile(ctx: Arc<Context>, key: String) -> Result<Outcome> {
                     class_name: Some(class.clone()),
                     family,
                     address_name: None,
+                    sharing: None,
                 },
                 status: None,
             };

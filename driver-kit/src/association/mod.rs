@@ -1,27 +1,31 @@
-//! Association (SPEC §8) as pure decisions: which Service holds a claim's addresses, and
+//! Association (SPEC §8) as pure decisions: which Services hold a claim's addresses, and
 //! what one pass over a Service or an address does about it. The runner gathers snapshots
 //! from its caches and indexes and applies the plans in order; the backend only pins.
 //!
 //! * **Who may hold.** A `type: LoadBalancer` Service the backend serves, not being deleted,
-//!   whose `local.sdn.cozystack.io/ip-address-claim` names a claim **in its own
-//!   namespace**; the claim `Bound`; each of its listed addresses of this driver's classes
-//!   `Bound` (or `Conflict`: the rightful Service keeps it), naming the claim with its uid.
-//!   Ownership is by the **address's class**, never by the claim's stamp: a claim bound to
-//!   a static or recycled address carries none.
-//! * **One claim, one Service.** The holder is the Service the addresses' `associatedTo`
-//!   already names, while it may hold; otherwise the oldest that may. Every other Service
-//!   naming the claim gets `AssociationRejected`; a gone holder is taken over.
-//! * **Order.** Ledger first: `associatedTo` is written, then the kit's record of its pins
-//!   on the Service (an annotation), then the backend pins. Withdrawing: the backend
-//!   unpins, and `associatedTo` is cleared only once the backend shows the address gone
-//!   from the Service — cleared first, the Service would look like a thief. A handoff waits
-//!   for the old holder to let go before the new one is written.
+//!   whose `local.sdn.cozystack.io/ip-address-claim` names a claim — `<name>` in its own
+//!   namespace, or `<namespace>/<name>` of a claim that shares with its namespace; the claim
+//!   `Bound`; each of its listed addresses of this driver's classes `Bound` (or `Conflict`:
+//!   the rightful Service keeps it), naming the claim with its uid. Ownership is by the
+//!   **address's class**, never by the claim's stamp: a claim bound to a static or recycled
+//!   address carries none.
+//! * **Holders.** [`address_controller_api::sharing::admit`] judges the Services naming a
+//!   claim — the holders the ledger records first, then the others oldest first: without
+//!   sharing one holds, with sharing every compatible one (no common port on a common family,
+//!   one backend); a gone holder is taken over. Every Service naming a claim gets the
+//!   condition `local.sdn.cozystack.io/AddressAttached` saying whether it holds and why not.
+//! * **Order.** Ledger first: the Service is added to the addresses' `status.attachments`
+//!   (`associatedTo` names the first holder), then the kit's record of its pins on the
+//!   Service (an annotation), then the backend pins. Withdrawing: the backend unpins, and the
+//!   Service leaves the ledger only once the backend shows the address gone from it — left
+//!   first, the Service would look like a thief. A new holder waits while a Service that is
+//!   not a co-holder still shows the address (the handoff of an unshared claim).
 //! * **Conflict.** A Service that shows a claimed address of this driver's classes, which
-//!   `associatedTo` does not name, makes the address `Conflict`; nothing is re-pinned. The
-//!   ledger alone judges: the kit's record on a Service (its annotation) says what to
-//!   unpin, never who may show an address — a tenant can write its own Service's
-//!   annotations where no admission policy fences them. When no such Service remains, the address gets the
-//!   phase the core would compute ([`IPAddress::resting_phase`]).
+//!   the ledger does not list as a holder, makes the address `Conflict`; nothing is
+//!   re-pinned. The ledger alone judges: the kit's record on a Service (its annotation) says
+//!   what to unpin, never who may show an address — a tenant can write its own Service's
+//!   annotations where no admission policy fences them. When no such Service remains, the
+//!   address gets the phase the core would compute ([`IPAddress::resting_phase`]).
 //! * **Lost.** The backend says an address is missing: `Lost`; present again: its resting
 //!   phase.
 
@@ -30,8 +34,9 @@ use std::sync::Arc;
 
 use address_controller_api::family::{family_of_ip, parse_address};
 use address_controller_api::names::driver as reason;
+use address_controller_api::sharing::{self, Candidate, Refusal};
 use address_controller_api::{
-    AddressPhase, Association, ClaimPhase, Family, IPAddress, IPAddressClaim,
+    AddressPhase, Association, Attachment, ClaimPhase, IPAddress, IPAddressClaim,
 };
 use address_controller_runtime::events::PlannedEvent;
 use k8s_openapi::api::core::v1::Service;
@@ -40,6 +45,8 @@ use kube::ResourceExt;
 use crate::driver::Presence;
 
 pub(crate) mod pass;
+
+pub use address_controller_api::service::service_families;
 
 /// `namespace/name` of a Service.
 pub fn service_key(s: &Service) -> String {
@@ -52,54 +59,30 @@ pub fn associated_key(a: &Association) -> Option<String> {
         .then(|| format!("{}/{}", a.namespace.as_deref().unwrap_or_default(), a.name))
 }
 
-/// Where an address is associated (`status.associatedTo`), as a Service key.
-pub fn associated_service(a: &IPAddress) -> Option<String> {
-    a.status
-        .as_ref()
-        .and_then(|s| s.associated_to.as_ref())
-        .and_then(associated_key)
+/// The Services that hold an address by the ledger (`status.attachments`, or the older
+/// `associatedTo` alone), as Service keys, first holder first.
+pub fn holder_keys(a: &IPAddress) -> Vec<String> {
+    a.holders().iter().filter_map(associated_key).collect()
 }
 
-/// The association naming Service `key`.
-pub fn association_of(key: &str) -> Association {
+/// The attachment naming Service `key` with `ports`.
+pub fn attachment_of(key: &str, ports: Vec<String>) -> Attachment {
     let (ns, name) = key.split_once('/').unwrap_or(("", key));
-    Association {
+    Attachment {
         kind: "Service".into(),
         namespace: Some(ns.to_string()),
         name: name.to_string(),
+        ports,
     }
 }
 
-/// The claim a Service names, if any.
+/// The claim a Service names, if any (the raw annotation value).
 pub use address_controller_api::service::named_claim as claim_annotation;
 
 /// A LoadBalancer Service that is not being deleted (the kit's half of "served").
 pub fn is_load_balancer(s: &Service) -> bool {
     s.metadata.deletion_timestamp.is_none()
         && address_controller_api::service::is_load_balancer_type(s)
-}
-
-/// The families of a Service (`spec.ipFamilies`; IPv4 when the API server left it empty).
-pub fn service_families(s: &Service) -> Vec<Family> {
-    let fams: Vec<Family> = s
-        .spec
-        .as_ref()
-        .and_then(|sp| sp.ip_families.as_ref())
-        .map(|f| {
-            f.iter()
-                .filter_map(|x| match x.as_str() {
-                    "IPv4" => Some(Family::IPv4),
-                    "IPv6" => Some(Family::IPv6),
-                    _ => None,
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    if fams.is_empty() {
-        vec![Family::IPv4]
-    } else {
-        fams
-    }
 }
 
 /// An address's IP.
@@ -132,6 +115,8 @@ fn sorted(mut ips: Vec<IpAddr>) -> Vec<IpAddr> {
     ips
 }
 
+use address_controller_api::Family;
+
 /// Whether a claimed address may be put on a Service for `claim`: it names the claim with
 /// the claim's uid and is `Bound` (or `Conflict`, which the rightful Service keeps).
 fn holdable(a: &IPAddress, claim: &IPAddressClaim) -> bool {
@@ -149,25 +134,45 @@ fn holdable(a: &IPAddress, claim: &IPAddressClaim) -> bool {
         )
 }
 
-/// Of the Services that may hold a claim (`rivals`), the holder: the one an address's
-/// `associatedTo` already names, else the oldest.
-pub fn holder<'a>(rivals: &'a [Arc<Service>], addresses: &[Arc<IPAddress>]) -> Option<&'a Service> {
-    let named: Vec<String> = addresses
+/// Judges the Services that may hold a claim (`rivals`): the ledger's holders of
+/// `addresses` first, then the others oldest first. Returns each Service's key with its
+/// verdict, in that order.
+pub fn verdicts(
+    claim: &IPAddressClaim,
+    rivals: &[Arc<Service>],
+    addresses: &[Arc<IPAddress>],
+) -> Vec<(String, Result<(), Refusal>)> {
+    let mut recorded: Vec<String> = Vec::new();
+    for k in addresses.iter().flat_map(|a| holder_keys(a)) {
+        if !recorded.contains(&k) {
+            recorded.push(k);
+        }
+    }
+    let keyed: Vec<(String, &Service)> = rivals
         .iter()
-        .filter_map(|a| associated_service(a))
+        .map(|s| (service_key(s), s.as_ref()))
         .collect();
-    rivals
+    let ordered = sharing::order(
+        keyed.iter().collect(),
+        &recorded,
+        |x| x.0.as_str(),
+        |x| {
+            x.1.metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.as_second())
+        },
+    );
+    let candidates: Vec<Candidate<'_>> = ordered
         .iter()
-        .find(|s| named.contains(&service_key(s)))
-        .or_else(|| {
-            rivals.iter().min_by_key(|s| {
-                (
-                    s.metadata.creation_timestamp.clone().map(|t| t.0),
-                    service_key(s),
-                )
-            })
+        .map(|(k, s)| Candidate {
+            key: k,
+            namespace: k.split_once('/').map_or("", |(ns, _)| ns),
+            service: s,
         })
-        .map(Arc::as_ref)
+        .collect();
+    let judged = sharing::admit(claim, &candidates);
+    ordered.iter().map(|(k, _)| k.clone()).zip(judged).collect()
 }
 
 /// What a pass over one Service sees.
@@ -178,7 +183,7 @@ pub struct ServiceSnapshot<'a> {
     pub service: Option<&'a Service>,
     /// A LoadBalancer, not being deleted, that the backend serves.
     pub served: bool,
-    /// The claim its annotation names (in its namespace), when it exists.
+    /// The claim its annotation names, when it exists.
     pub claim: Option<&'a IPAddressClaim>,
     /// The addresses of this driver's classes the claim lists, as cached.
     pub addresses: &'a [Arc<IPAddress>],
@@ -187,132 +192,172 @@ pub struct ServiceSnapshot<'a> {
     pub foreign: usize,
     /// The served Services naming the same claim, this one included.
     pub rivals: &'a [Arc<Service>],
-    /// This driver's addresses whose `associatedTo` names this Service.
+    /// This driver's addresses whose ledger lists this Service as a holder.
     pub associated_here: &'a [Arc<IPAddress>],
     /// The kit's record of its pins here, and what the backend shows.
     pub marked: &'a [IpAddr],
     pub shown: &'a [IpAddr],
-    /// Whether the Service `key` (another one) exists and its backend still shows `ip`.
-    pub shown_elsewhere: &'a dyn Fn(&str, IpAddr) -> bool,
+    /// The other Services whose backend still shows `ip`.
+    pub shown_elsewhere: &'a dyn Fn(IpAddr) -> Vec<String>,
 }
+
+/// The `AddressAttached` condition a Service should carry: `(status, reason, message)`.
+pub type ServiceCondition = (bool, &'static str, String);
 
 /// What one pass over a Service does, in this order.
 #[derive(Debug, Default)]
 pub struct ServicePlan {
-    /// Write `associatedTo` = this Service on these addresses (ledger first).
+    /// Add this Service (with its ports) to these addresses' holders, or bring its ports up
+    /// to date (ledger first).
     pub associate: Vec<Arc<IPAddress>>,
+    /// The ports the Service serves, as the ledger records them.
+    pub ports: Vec<String>,
     /// The kit's record of its pins, when it changes (written before the backend).
     pub marker: Option<Vec<IpAddr>>,
     /// Ask the backend to pin exactly `want` of `ours` (the Service exists).
     pub pin: Option<(Vec<IpAddr>, Vec<IpAddr>)>,
-    /// Clear `associatedTo` on these: the backend shows them gone from this Service.
+    /// Take this Service off these addresses' holders: the backend shows them gone from it.
     pub disassociate: Vec<Arc<IPAddress>>,
+    /// The condition the Service should carry (`None`: none of ours — it names no claim or
+    /// the backend does not serve it).
+    pub condition: Option<ServiceCondition>,
     pub events: Vec<PlannedEvent>,
     /// Why the Service gets nothing, once per episode (`None`: nothing wrong).
     pub problem: Option<PlannedEvent>,
+}
+
+fn refused(plan: &mut ServicePlan, event: &'static str, condition: &'static str, why: String) {
+    plan.problem = Some(PlannedEvent::warning(event, why.clone()));
+    plan.condition = Some((false, condition, why));
 }
 
 /// Plans one pass over a Service.
 pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
     let mut plan = ServicePlan::default();
     let name = s.key.split_once('/').map_or(s.key, |(_, n)| n);
-    let claim_name = s.service.and_then(claim_annotation);
     // The addresses this Service should hold now (possibly after a handoff).
     let mut wanted: Vec<Arc<IPAddress>> = Vec::new();
-    if let (true, Some(svc), Some(claim_name)) = (s.served, s.service, claim_name) {
-        let ns = svc.namespace().unwrap_or_default();
-        match s.claim {
-            None => {
-                plan.problem = Some(PlannedEvent::warning(
+    let reference = s
+        .service
+        .filter(|_| s.served)
+        .and_then(address_controller_api::service::claim_reference);
+    match (reference, s.service) {
+        (Some(Err(why)), _) => refused(
+            &mut plan,
+            reason::CLAIM_NOT_FOUND,
+            sharing::reason::INVALID_CLAIM_REFERENCE,
+            why,
+        ),
+        (Some(Ok((ns, claim_name))), Some(svc)) => {
+            let claim_ref = format!("{ns}/{claim_name}");
+            match s.claim {
+                None => refused(
+                    &mut plan,
                     reason::CLAIM_NOT_FOUND,
+                    sharing::reason::CLAIM_NOT_FOUND,
                     format!(
-                        "IPAddressClaim {ns}/{claim_name} does not exist; nothing is put on the Service"
+                        "IPAddressClaim {claim_ref} does not exist; nothing is put on the Service"
                     ),
-                ))
-            }
-            Some(c) if c.phase() != Some(ClaimPhase::Bound) => {
-                plan.problem = Some(PlannedEvent::warning(
+                ),
+                Some(c) if c.phase() != Some(ClaimPhase::Bound) => refused(
+                    &mut plan,
                     reason::CLAIM_NOT_BOUND,
+                    sharing::reason::CLAIM_NOT_BOUND,
                     format!(
-                        "IPAddressClaim {ns}/{claim_name} is {}; its addresses are put on the Service once it is Bound",
+                        "IPAddressClaim {claim_ref} is {}; its addresses are put on the Service once it is Bound",
                         c.phase().map_or("Pending", |p| p.as_str())
                     ),
-                ))
-            }
-            Some(c) => match holder(s.rivals, s.addresses) {
-                Some(h) if service_key(h) != s.key => {
-                    plan.problem = Some(PlannedEvent::warning(
-                        reason::ASSOCIATION_REJECTED,
-                        format!(
-                            "IPAddressClaim {ns}/{claim_name} already serves Service {ns}/{}; one claim serves one Service",
-                            h.name_any()
+                ),
+                Some(c) => {
+                    let verdict = verdicts(c, s.rivals, s.addresses)
+                        .into_iter()
+                        .find(|(k, _)| k == s.key)
+                        .map_or(Err(Refusal::NotShared), |(_, v)| v);
+                    match verdict {
+                        Err(r) => refused(
+                            &mut plan,
+                            reason::ASSOCIATION_REJECTED,
+                            r.reason(),
+                            r.message(&claim_ref),
                         ),
-                    ))
-                }
-                _ => {
-                    let families = service_families(svc);
-                    let mut mismatched = Vec::new();
-                    for a in s.addresses.iter().filter(|a| holdable(a, c)) {
-                        match a.family() {
-                            Some(f) if families.contains(&f) => wanted.push(a.clone()),
-                            _ => mismatched.push(format!(
-                                "{} ({})",
-                                a.spec.address,
-                                a.family().map_or("invalid", |f| f.as_str())
-                            )),
-                        }
-                    }
-                    if !mismatched.is_empty() {
-                        plan.problem = Some(PlannedEvent::warning(
-                            reason::FAMILY_MISMATCH,
-                            format!(
-                                "the Service's families are {}; {} of IPAddressClaim {ns}/{claim_name} not put on it",
-                                families
-                                    .iter()
-                                    .map(|f| f.as_str())
-                                    .collect::<Vec<_>>()
-                                    .join(","),
-                                mismatched.join(", ")
-                            ),
-                        ))
-                    }
-                    if wanted.is_empty() && s.addresses.is_empty() && s.foreign == 0 {
-                        plan.problem = Some(PlannedEvent::warning(
-                            reason::CLAIM_NOT_BOUND,
-                            format!("IPAddressClaim {ns}/{claim_name} lists no address yet"),
-                        ));
+                        Ok(()) => admitted(&mut plan, s, svc, c, &claim_ref, &mut wanted),
                     }
                 }
-            },
+            }
         }
+        _ => {}
     }
-    // Ledger first: associatedTo for what this Service should hold, unless its previous
-    // holder still shows it (the handoff waits for it to let go).
+    plan.ports = s
+        .service
+        .map(|svc| sharing::ports_of(svc).into_iter().collect())
+        .unwrap_or_default();
+    // Ledger first: this Service joins the holders of what it should hold, unless a Service
+    // that is not a co-holder still shows it (the handoff waits for it to let go).
+    let co_holders: Vec<String> = match s.claim {
+        Some(c) if !wanted.is_empty() => verdicts(c, s.rivals, s.addresses)
+            .into_iter()
+            .filter(|(_, v)| v.is_ok())
+            .map(|(k, _)| k)
+            .collect(),
+        _ => Vec::new(),
+    };
     let mut pinnable: Vec<IpAddr> = Vec::new();
     for a in &wanted {
         let Some(ip) = ip_of(a) else { continue };
-        match associated_service(a) {
-            Some(k) if k == s.key => pinnable.push(ip),
-            Some(other) if (s.shown_elsewhere)(&other, ip) => {}
-            _ => {
-                plan.associate.push(a.clone());
-                pinnable.push(ip);
-            }
+        let recorded = a
+            .status
+            .as_ref()
+            .and_then(|st| {
+                st.attachments
+                    .iter()
+                    .find(|h| associated_key(&h.association()).as_deref() == Some(s.key))
+            })
+            .map(|h| &h.ports);
+        if recorded == Some(&plan.ports) {
+            pinnable.push(ip);
+            continue;
+        }
+        if recorded.is_none() && holder_keys(a).iter().any(|k| k == s.key) {
+            // Recorded by the older `associatedTo` alone: add it to the attachments.
+            plan.associate.push(a.clone());
+            pinnable.push(ip);
+            continue;
+        }
+        let blocked = (s.shown_elsewhere)(ip)
+            .iter()
+            .any(|k| k != s.key && !co_holders.contains(k));
+        if recorded.is_some() || !blocked {
+            plan.associate.push(a.clone());
+            pinnable.push(ip);
         }
     }
     let pinnable = sorted(pinnable);
-    if !plan.associate.is_empty() {
-        let list: Vec<&str> = plan
-            .associate
-            .iter()
-            .map(|a| a.spec.address.as_str())
-            .collect();
+    let fresh: Vec<&str> = plan
+        .associate
+        .iter()
+        .filter(|a| !holder_keys(a).iter().any(|k| k == s.key))
+        .map(|a| a.spec.address.as_str())
+        .collect();
+    if !fresh.is_empty() {
         plan.events.push(PlannedEvent::normal(
             reason::ASSOCIATED,
             format!(
                 "{} of IPAddressClaim {} put on Service {name}",
-                list.join(", "),
+                fresh.join(", "),
                 s.claim.map(|c| c.key()).unwrap_or_default()
+            ),
+        ));
+    }
+    if let (Some(c), Some((true, ..))) = (s.claim, plan.condition.as_ref())
+        && pinnable.is_empty()
+        && !wanted.is_empty()
+    {
+        plan.condition = Some((
+            false,
+            sharing::reason::ATTACHED_ELSEWHERE,
+            format!(
+                "waiting for the Service that held the address of IPAddressClaim {} to let go of it",
+                c.key()
             ),
         ));
     }
@@ -339,8 +384,8 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
             plan.pin = Some((ours, pinnable.clone()));
         }
     }
-    // Withdrawn: associatedTo goes once the backend shows the address gone (or the
-    // Service is gone).
+    // Withdrawn: the Service leaves the ledger once the backend shows the address gone (or
+    // the Service is gone).
     for a in s.associated_here {
         let Some(ip) = ip_of(a) else { continue };
         let gone = s.service.is_none() || !s.shown.contains(&ip);
@@ -362,6 +407,66 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
     plan
 }
 
+/// A Service the claim's sharing admits: the addresses of its families it should hold.
+fn admitted(
+    plan: &mut ServicePlan,
+    s: &ServiceSnapshot<'_>,
+    svc: &Service,
+    c: &IPAddressClaim,
+    claim_ref: &str,
+    wanted: &mut Vec<Arc<IPAddress>>,
+) {
+    let families = service_families(svc);
+    let mut mismatched = Vec::new();
+    for a in s.addresses.iter().filter(|a| holdable(a, c)) {
+        match a.family() {
+            Some(f) if families.contains(&f) => wanted.push(a.clone()),
+            _ => mismatched.push(format!(
+                "{} ({})",
+                a.spec.address,
+                a.family().map_or("invalid", |f| f.as_str())
+            )),
+        }
+    }
+    let list: Vec<&str> = wanted.iter().map(|a| a.spec.address.as_str()).collect();
+    plan.condition = Some((
+        true,
+        sharing::reason::ATTACHED,
+        format!(
+            "{} of IPAddressClaim {claim_ref} {}",
+            list.join(", "),
+            if c.is_shared() {
+                "(shared by port)"
+            } else {
+                "(not shared)"
+            }
+        ),
+    ));
+    if !mismatched.is_empty() {
+        let why = format!(
+            "the Service's families are {}; {} of IPAddressClaim {claim_ref} not put on it",
+            families
+                .iter()
+                .map(|f| f.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+            mismatched.join(", ")
+        );
+        plan.problem = Some(PlannedEvent::warning(reason::FAMILY_MISMATCH, why.clone()));
+        if wanted.is_empty() {
+            plan.condition = Some((false, sharing::reason::FAMILY_MISMATCH, why));
+        }
+    }
+    if wanted.is_empty() && s.addresses.is_empty() && s.foreign == 0 {
+        refused(
+            plan,
+            reason::CLAIM_NOT_BOUND,
+            sharing::reason::CLAIM_NOT_BOUND,
+            format!("IPAddressClaim {claim_ref} lists no address yet"),
+        );
+    }
+}
+
 /// What a pass over one address of this driver's classes sees.
 pub struct AddressSnapshot<'a> {
     pub address: &'a IPAddress,
@@ -369,8 +474,8 @@ pub struct AddressSnapshot<'a> {
     pub presence: Presence,
     /// Services that show the address.
     pub shown_by: &'a [String],
-    /// Whether the Service its `associatedTo` names exists.
-    pub associated_exists: bool,
+    /// The holders the ledger lists whose Service is gone.
+    pub gone_holders: &'a [String],
 }
 
 /// What one pass over an address does (driver-owned state only).
@@ -379,8 +484,8 @@ pub struct AddressPlan {
     /// A phase to write (`Conflict`, `Lost`, or the resting phase that ends them), with
     /// the condition that says why.
     pub phase: Option<(AddressPhase, &'static str, bool, String)>,
-    /// Clear `associatedTo`: it names a Service that is gone.
-    pub clear_association: bool,
+    /// Take these holders (Service keys) off the ledger: their Services are gone.
+    pub clear_holders: Vec<String>,
     pub events: Vec<PlannedEvent>,
     /// Warning events on the Services that hold it without the ledger's word.
     pub offenders: Vec<(String, PlannedEvent)>,
@@ -394,8 +499,8 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
     if a.is_deleting() {
         return plan;
     }
-    let associated = associated_service(a);
-    plan.clear_association = associated.is_some() && !s.associated_exists;
+    let holders = holder_keys(a);
+    plan.clear_holders = s.gone_holders.to_vec();
     let phase = a.phase();
     // Lost: the backend's word wins over everything else.
     match (&s.presence, phase) {
@@ -434,7 +539,7 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
     let offenders: Vec<&String> = s
         .shown_by
         .iter()
-        .filter(|svc| Some(*svc) != associated.as_ref())
+        .filter(|svc| !holders.contains(svc))
         .collect();
     let claim = a
         .spec
@@ -449,10 +554,11 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
                 "Service {} holds {}, which belongs to IPAddressClaim {claim}{}",
                 list.join(", "),
                 a.spec.address,
-                associated
-                    .as_ref()
-                    .map(|h| format!(" (associated to Service {h})"))
-                    .unwrap_or_default()
+                if holders.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (held by Service {})", holders.join(", "))
+                }
             );
             plan.phase = Some((AddressPhase::Conflict, reason::CONFLICT, true, why.clone()));
             plan.events
@@ -544,7 +650,8 @@ mod tests {
     }
 
     fn at(service: &str) -> Value {
-        json!({"status": {"associatedTo": {"kind": "Service", "namespace": "t", "name": service}}})
+        json!({"status": {"associatedTo": {"kind": "Service", "namespace": "t", "name": service},
+            "attachments": [{"kind": "Service", "namespace": "t", "name": service}]}})
     }
 
     fn ip(s: &str) -> IpAddr {
@@ -580,8 +687,13 @@ mod tests {
             }
         }
         fn plan(&self) -> ServicePlan {
-            let elsewhere =
-                |k: &str, ip: IpAddr| self.elsewhere.iter().any(|(x, y)| *x == k && *y == ip);
+            let elsewhere = |ip: IpAddr| {
+                self.elsewhere
+                    .iter()
+                    .filter(|(_, y)| *y == ip)
+                    .map(|(x, _)| x.to_string())
+                    .collect()
+            };
             plan_service(&ServiceSnapshot {
                 key: self.key,
                 service: self.service.as_deref(),
@@ -712,6 +824,80 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_claim_gives_its_address_to_every_compatible_service() {
+        let shared = || {
+            let mut c = claim("Bound", &[("x", "192.0.2.1")]);
+            c.spec.sharing = Some(address_controller_api::Sharing {
+                policy: address_controller_api::SharingPolicy::SameNamespace,
+                namespaces: vec![],
+            });
+            c
+        };
+        let port = |n: i32| json!({"spec": {"ports": [{"port": n, "protocol": "TCP"}]}});
+        let web = svc("web", port(80));
+        let tls = svc(
+            "tls",
+            json!({"metadata": {"creationTimestamp": "2026-01-02T00:00:00Z"},
+                "spec": {"ports": [{"port": 443, "protocol": "TCP"}]}}),
+        );
+        let clash = svc(
+            "clash",
+            json!({"metadata": {"creationTimestamp": "2026-01-03T00:00:00Z"},
+                "spec": {"ports": [{"port": 443, "protocol": "TCP"}]}}),
+        );
+        // web holds and shows the address; tls joins it without waiting for web to let go.
+        let mut c = Case::new();
+        c.key = "t/tls";
+        c.service = Some(tls.clone());
+        c.claim = Some(shared());
+        c.rivals = vec![web.clone(), tls.clone(), clash.clone()];
+        c.addresses = vec![addr("x", "192.0.2.1", at("web"))];
+        c.elsewhere = vec![("t/web", ip("192.0.2.1"))];
+        let p = c.plan();
+        assert_eq!(names(&p.associate), ["x"]);
+        assert_eq!(p.ports, ["TCP/443"]);
+        assert_eq!(p.pin.unwrap().1, [ip("192.0.2.1")]);
+        assert_eq!(p.condition.unwrap().1, sharing::reason::ATTACHED);
+        // clash collides with tls on TCP/443: refused, with the reason a controller reads.
+        c.key = "t/clash";
+        c.service = Some(clash.clone());
+        let p = c.plan();
+        assert!(p.associate.is_empty());
+        let (on, why, message) = p.condition.unwrap();
+        assert!(!on && why == sharing::reason::PORT_CONFLICT, "{why}");
+        assert!(
+            message.contains("TCP/443") && message.contains("t/tls"),
+            "{message}"
+        );
+        assert_eq!(p.problem.unwrap().reason, reason::ASSOCIATION_REJECTED);
+        // Without sharing, the same Service is refused as attached elsewhere, and a Service
+        // that is not a co-holder blocks a handoff while it shows the address.
+        c.claim = Some(claim("Bound", &[("x", "192.0.2.1")]));
+        c.key = "t/tls";
+        c.service = Some(tls.clone());
+        assert_eq!(
+            c.plan().condition.unwrap().1,
+            sharing::reason::ATTACHED_ELSEWHERE
+        );
+    }
+
+    #[test]
+    fn an_address_recorded_by_associated_to_alone_gains_its_attachment() {
+        let mut c = Case::new();
+        c.addresses = vec![addr(
+            "x",
+            "192.0.2.1",
+            json!({"status": {"associatedTo": {"kind": "Service", "namespace": "t", "name": "web"}}}),
+        )];
+        c.associated_here = c.addresses.clone();
+        c.marked = vec![ip("192.0.2.1")];
+        c.shown = vec![ip("192.0.2.1")];
+        let p = c.plan();
+        assert_eq!(names(&p.associate), ["x"]);
+        assert!(p.events.is_empty(), "not a new association: {:?}", p.events);
+    }
+
+    #[test]
     fn withdrawing_unpins_first_and_lets_the_ledger_go_once_the_backend_shows_it_gone() {
         let x = addr("x", "192.0.2.1", at("web"));
         let mut c = Case::new();
@@ -771,11 +957,12 @@ mod tests {
 
     fn health(a: &IPAddress, presence: Presence, shown_by: &[&str], exists: bool) -> AddressPlan {
         let shown_by: Vec<String> = shown_by.iter().map(|s| s.to_string()).collect();
+        let gone = if exists { vec![] } else { holder_keys(a) };
         plan_address(&AddressSnapshot {
             address: a,
             presence,
             shown_by: &shown_by,
-            associated_exists: exists,
+            gone_holders: &gone,
         })
     }
 
@@ -865,7 +1052,14 @@ mod tests {
     #[test]
     fn an_association_to_a_gone_service_is_cleared() {
         let x = addr("x", "192.0.2.1", at("web"));
-        assert!(health(&x, Presence::Present, &[], false).clear_association);
-        assert!(!health(&x, Presence::Present, &[], true).clear_association);
+        assert_eq!(
+            health(&x, Presence::Present, &[], false).clear_holders,
+            ["t/web"]
+        );
+        assert!(
+            health(&x, Presence::Present, &[], true)
+                .clear_holders
+                .is_empty()
+        );
     }
 }

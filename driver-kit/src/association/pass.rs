@@ -16,11 +16,13 @@ use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
 use super::{
-    AddressPlan, AddressSnapshot, ServicePlan, ServiceSnapshot, association_of, claim_annotation,
-    ip_of, is_load_balancer, parse_marker, plan_address, plan_service, render_marker,
+    AddressPlan, AddressSnapshot, ServiceCondition, ServicePlan, ServiceSnapshot, attachment_of,
+    holder_keys, ip_of, is_load_balancer, parse_marker, plan_address, plan_service, render_marker,
 };
 use crate::driver::{Driver, Presence};
 use crate::runner::{Ctx, Error};
+use address_controller_api::sharing::CONDITION;
+use address_controller_api::{Attachment, IPAddressStatus};
 
 fn kube_error(action: &'static str, object: String) -> impl FnOnce(kube::Error) -> Error {
     move |source| Error::Kube {
@@ -43,6 +45,31 @@ async fn patch_address_status(
         .await
         .map_err(kube_error("writing status of address", a.name_any()))?;
     Ok(())
+}
+
+/// The ledger's part of an address's status with `attachments` as its holders:
+/// `associatedTo` names the first, `holderCount` counts them.
+fn ledger(attachments: Vec<Attachment>) -> Value {
+    let first = attachments.first().map(Attachment::association);
+    let count = (!attachments.is_empty()).then_some(attachments.len());
+    json!({"attachments": attachments, "associatedTo": first, "holderCount": count})
+}
+
+/// An address's holders as attachments (an older `associatedTo` alone counts as one).
+fn attachments(a: &IPAddress) -> Vec<Attachment> {
+    match a.status.as_ref() {
+        Some(IPAddressStatus {
+            attachments: list, ..
+        }) if !list.is_empty() => list.clone(),
+        _ => holder_keys(a)
+            .iter()
+            .map(|k| attachment_of(k, Vec::new()))
+            .collect(),
+    }
+}
+
+fn attachment_key(h: &Attachment) -> Option<String> {
+    super::associated_key(&h.association())
 }
 
 /// The Services that show `ip` (by the backend's word), the backend's own (a hold) left out.
@@ -75,11 +102,9 @@ pub(crate) async fn service_pass<D: Driver>(
     let served = svc
         .as_ref()
         .is_some_and(|s| is_load_balancer(s) && ctx.driver.serves(s));
-    let ns = key.split_once('/').map_or("", |(ns, _)| ns).to_string();
     let claim_key = svc
         .as_deref()
-        .and_then(claim_annotation)
-        .map(|c| format!("{ns}/{c}"));
+        .and_then(address_controller_api::service::claim_key);
     let claim: Option<Arc<IPAddressClaim>> =
         claim_key.as_ref().and_then(|k| ctx.world.claims.get(k));
     let mut addresses = Vec::new();
@@ -114,11 +139,7 @@ pub(crate) async fn service_pass<D: Driver>(
         .as_ref()
         .map(|s| ctx.driver.shown(s))
         .unwrap_or_default();
-    let shown_elsewhere = |other: &str, ip: IpAddr| {
-        cache
-            .get(other)
-            .is_some_and(|s| ctx.driver.shown(&s).contains(&ip))
-    };
+    let shown_elsewhere = |ip: IpAddr| shown_by(&ctx, ip);
     let plan = plan_service(&ServiceSnapshot {
         key: &key,
         service: svc.as_deref(),
@@ -142,14 +163,22 @@ async fn apply_service<D: Driver>(
     plan: ServicePlan,
 ) -> Result<Outcome, Error> {
     // Ledger first.
-    let association = association_of(key);
     for a in &plan.associate {
-        patch_address_status(ctx, a, json!({"associatedTo": association})).await?;
+        let mut list = attachments(a);
+        let me = attachment_of(key, plan.ports.clone());
+        match list
+            .iter_mut()
+            .find(|h| attachment_key(h).as_deref() == Some(key))
+        {
+            Some(h) => *h = me,
+            None => list.push(me),
+        }
+        patch_address_status(ctx, a, ledger(list)).await?;
         tracing::info!(address = %a.name_any(), service = %key, "associated");
     }
     let Some(mut svc) = svc.map(|s| s.as_ref().clone()) else {
         for a in &plan.disassociate {
-            patch_address_status(ctx, a, json!({"associatedTo": null})).await?;
+            detach(ctx, a, &[key.to_string()]).await?;
             tracing::info!(address = %a.name_any(), service = %key, "disassociated (the Service is gone)");
         }
         return Ok(Outcome::Done);
@@ -190,15 +219,76 @@ async fn apply_service<D: Driver>(
     }
     // Withdrawn ones: the backend shows them gone; the ledger lets go last.
     for a in &plan.disassociate {
-        patch_address_status(ctx, a, json!({"associatedTo": null})).await?;
+        detach(ctx, a, &[key.to_string()]).await?;
         tracing::info!(address = %a.name_any(), service = %key, "disassociated");
     }
+    write_condition(ctx, &svc, plan.condition.as_ref()).await?;
     for ev in &plan.events {
         tracing::info!(service = %key, reason = ev.reason, "{}", ev.note);
         ctx.events.publish(&svc, ev).await;
     }
     ctx.events.publish_once(&svc, plan.problem.as_ref()).await;
     Ok(Outcome::Done)
+}
+
+/// Takes the Services `keys` off an address's holders.
+async fn detach(ctx: &Ctx<impl Driver>, a: &IPAddress, keys: &[String]) -> Result<(), Error> {
+    let list: Vec<Attachment> = attachments(a)
+        .into_iter()
+        .filter(|h| attachment_key(h).is_none_or(|k| !keys.contains(&k)))
+        .collect();
+    patch_address_status(ctx, a, ledger(list)).await
+}
+
+/// Brings the Service's `AddressAttached` condition to `want` (removes it for `None`);
+/// writes nothing when it already says so. A strategic merge patch of the status: the
+/// condition list is keyed by type, so the Service's other conditions are left alone.
+async fn write_condition(
+    ctx: &Ctx<impl Driver>,
+    svc: &Service,
+    want: Option<&ServiceCondition>,
+) -> Result<(), Error> {
+    let have = svc
+        .status
+        .as_ref()
+        .and_then(|st| st.conditions.as_ref())
+        .and_then(|l| l.iter().find(|c| c.type_ == CONDITION));
+    let body = match (have, want) {
+        (None, None) => return Ok(()),
+        (Some(h), Some((on, why, message)))
+            if (h.status == "True") == *on && h.reason == *why && h.message == *message =>
+        {
+            return Ok(());
+        }
+        (Some(_), None) => {
+            json!({"status": {"conditions": [{"type": CONDITION, "$patch": "delete"}]}})
+        }
+        (_, Some((on, why, message))) => {
+            let changed = have.is_none_or(|h| (h.status == "True") != *on);
+            let since = match (changed, have) {
+                (false, Some(h)) => h.last_transition_time.clone(),
+                _ => Time(Timestamp::now()),
+            };
+            json!({"status": {"conditions": [{"type": CONDITION,
+                "status": if *on { "True" } else { "False" },
+                "reason": why, "message": message,
+                "observedGeneration": svc.metadata.generation,
+                "lastTransitionTime": since}]}})
+        }
+    };
+    let key = super::service_key(svc);
+    Api::<Service>::namespaced(ctx.client.clone(), &svc.namespace().unwrap_or_default())
+        .patch_status(
+            &svc.name_any(),
+            &PatchParams::default(),
+            &Patch::Strategic(body),
+        )
+        .await
+        .map_err(kube_error(
+            "writing the AddressAttached condition of Service",
+            key,
+        ))?;
+    Ok(())
 }
 
 /// One pass over an address of this driver's classes: Lost, Conflict, a dangling
@@ -226,17 +316,18 @@ pub(crate) async fn health_pass<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Resul
         _ => Presence::Unknown,
     };
     let shown_by = ip_of(a).map(|ip| shown_by(ctx, ip)).unwrap_or_default();
-    let associated_exists = super::associated_service(a).is_some_and(|k| {
-        ctx.world
-            .services
-            .as_ref()
-            .is_some_and(|c| c.get(&k).is_some())
-    });
+    let gone_holders: Vec<String> = match ctx.world.services.as_ref() {
+        Some(c) => holder_keys(a)
+            .into_iter()
+            .filter(|k| c.get(k).is_none())
+            .collect(),
+        None => Vec::new(),
+    };
     let plan = plan_address(&AddressSnapshot {
         address: a,
         presence,
         shown_by: &shown_by,
-        associated_exists,
+        gone_holders: &gone_holders,
     });
     apply_address(ctx, a, plan).await
 }
@@ -261,8 +352,14 @@ async fn apply_address<D: Driver>(
         status.insert("phase".into(), json!(phase));
         status.insert("conditions".into(), json!(conditions));
     }
-    if plan.clear_association {
-        status.insert("associatedTo".into(), Value::Null);
+    if !plan.clear_holders.is_empty() {
+        let list: Vec<Attachment> = attachments(a)
+            .into_iter()
+            .filter(|h| attachment_key(h).is_none_or(|k| !plan.clear_holders.contains(&k)))
+            .collect();
+        if let Value::Object(m) = ledger(list) {
+            status.extend(m);
+        }
     }
     if !status.is_empty() {
         patch_address_status(ctx, a, Value::Object(status)).await?;

@@ -8,19 +8,13 @@
 mod range;
 
 use address_controller_driver_kit::Info;
-use address_controller_driver_kit::runtime_rbac::Rule;
 
 /// Who this driver is: the binary, its default Lease, the chart's ClusterRole for it.
 const INFO: Info = Info {
     name: "range-driver",
     cluster_role: "address-controller-range-driver",
     source: "drivers/range/src/main.rs (the driver kit's rules)",
-    extra_rules: &[Rule {
-        group: "",
-        resources: &["services/status"],
-        verbs: &["patch"],
-        why: "the range driver is the load balancer: it writes status.loadBalancer.ingress",
-    }],
+    extra_rules: &[],
     own_namespace_rules: &[],
 };
 

@@ -1,0 +1,412 @@
+//! Sharing one address between Services (the claim owner's grant, port by port), spelled
+//! once: the driver kit decides who holds a claim's addresses with [`admit`], the invariant
+//! checker judges the ledger with the same function, and the views count holders with
+//! [`IPAddress::holders`](crate::IPAddress::holders).
+//!
+//! * **Who may attach.** A Service of the claim's own namespace, always (one at a time
+//!   unless the claim shares); a Service of another namespace only while the claim's
+//!   `spec.sharing` is `Namespaces` and lists that namespace. The Service names the claim as
+//!   `<namespace>/<name>` then (see [`crate::service::claim_reference`]).
+//! * **The first holder keeps the address.** Candidates are judged in order — the holders the
+//!   ledger records first, in its order, then the others oldest first — and each is admitted
+//!   when it is compatible with every holder admitted before it.
+//! * **Compatible** (MetalLB's rule for `allow-shared-ip`, for both drivers): no common
+//!   (protocol, port) on a family both serve, and one backend: `externalTrafficPolicy:
+//!   Cluster` on both, or `Local` on both with the same selector (with `Local` the address is
+//!   announced from the nodes of the pods — one set of pods per address). The range driver
+//!   routes its addresses to every node and would not need the backend rule; it applies it
+//!   too, so a claim keeps its holders when it moves between classes of different drivers.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::Service;
+
+use crate::service::service_families;
+use crate::{Family, IPAddressClaim, SharingPolicy};
+
+/// The Service condition the driver kit writes on every Service naming a claim.
+pub const CONDITION: &str = "local.sdn.cozystack.io/AddressAttached";
+
+/// Reasons of [`CONDITION`].
+pub mod reason {
+    /// True: the claim's addresses are on the Service.
+    pub const ATTACHED: &str = "Attached";
+    /// The Service's annotation is not `<name>` or `<namespace>/<name>`.
+    pub const INVALID_CLAIM_REFERENCE: &str = "InvalidClaimReference";
+    pub const CLAIM_NOT_FOUND: &str = "ClaimNotFound";
+    pub const CLAIM_NOT_BOUND: &str = "ClaimNotBound";
+    /// The claim does not share and another Service holds it.
+    pub const ATTACHED_ELSEWHERE: &str = "AttachedElsewhere";
+    /// The claim's sharing does not include the Service's namespace.
+    pub const NOT_SHARED: &str = "NotShared";
+    /// The Service uses a (protocol, port) an earlier holder uses on the same family.
+    pub const PORT_CONFLICT: &str = "PortConflict";
+    /// The Service's traffic policy or (with `Local`) selector differs from a holder's.
+    pub const BACKEND_MISMATCH: &str = "BackendMismatch";
+    /// None of the claim's addresses is of a family of the Service.
+    pub const FAMILY_MISMATCH: &str = "FamilyMismatch";
+}
+
+impl IPAddressClaim {
+    /// The claim's sharing policy (absent: `None`).
+    pub fn sharing_policy(&self) -> SharingPolicy {
+        self.spec
+            .sharing
+            .as_ref()
+            .map_or(SharingPolicy::None, |s| s.policy)
+    }
+
+    /// Whether several Services may hold the claim's addresses at once.
+    pub fn is_shared(&self) -> bool {
+        self.sharing_policy() != SharingPolicy::None
+    }
+
+    /// Whether a Service of `namespace` may attach the claim's addresses at all.
+    pub fn admits_namespace(&self, namespace: &str) -> bool {
+        if self.metadata.namespace.as_deref() == Some(namespace) {
+            return true;
+        }
+        self.sharing_policy() == SharingPolicy::Namespaces
+            && self
+                .spec
+                .sharing
+                .iter()
+                .flat_map(|s| &s.namespaces)
+                .any(|n| n == namespace)
+    }
+}
+
+/// A (protocol, port) a Service serves, as `TCP/443` (protocol absent = TCP).
+pub fn ports_of(s: &Service) -> BTreeSet<String> {
+    s.spec
+        .iter()
+        .flat_map(|sp| sp.ports.iter().flatten())
+        .map(|p| format!("{}/{}", p.protocol.as_deref().unwrap_or("TCP"), p.port))
+        .collect()
+}
+
+/// What must be equal between holders of one address: empty for `Cluster`, the selector
+/// (sorted `k=v`) for `Local`.
+pub fn backend_key(s: &Service) -> Option<String> {
+    let sp = s.spec.as_ref()?;
+    (sp.external_traffic_policy.as_deref() == Some("Local")).then(|| {
+        sp.selector
+            .iter()
+            .flatten()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    })
+}
+
+/// Why a Service is not admitted as a holder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The claim's sharing does not include the Service's namespace.
+    NotShared,
+    /// The claim does not share; this Service (`namespace/name`) holds it.
+    AttachedElsewhere(String),
+    /// The holder `with` already serves `port` on a common family.
+    PortConflict { with: String, port: String },
+    /// The holder `with` has another traffic policy or selector.
+    BackendMismatch(String),
+}
+
+impl Refusal {
+    /// The condition reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::NotShared => reason::NOT_SHARED,
+            Refusal::AttachedElsewhere(_) => reason::ATTACHED_ELSEWHERE,
+            Refusal::PortConflict { .. } => reason::PORT_CONFLICT,
+            Refusal::BackendMismatch(_) => reason::BACKEND_MISMATCH,
+        }
+    }
+
+    /// The condition message, for a Service naming `claim` (`namespace/name`).
+    pub fn message(&self, claim: &str) -> String {
+        match self {
+            Refusal::NotShared => format!(
+                "IPAddressClaim {claim} does not share its address with this namespace (its spec.sharing must list it)"
+            ),
+            Refusal::AttachedElsewhere(h) => format!(
+                "IPAddressClaim {claim} already serves Service {h} and does not share (its spec.sharing.policy is None)"
+            ),
+            Refusal::PortConflict { with, port } => format!(
+                "{port} is already served on the address of IPAddressClaim {claim} by Service {with}"
+            ),
+            Refusal::BackendMismatch(h) => format!(
+                "Service {h} holds the address of IPAddressClaim {claim} with another externalTrafficPolicy or (Local) selector; Services sharing an address must have one backend"
+            ),
+        }
+    }
+}
+
+/// One Service that names a claim, as [`admit`] judges it.
+pub struct Candidate<'a> {
+    /// `namespace/name`.
+    pub key: &'a str,
+    pub namespace: &'a str,
+    pub service: &'a Service,
+}
+
+/// Judges `candidates` — in the order of [`order`] — for `claim`: `Ok` holds the claim's
+/// addresses, `Err` says why not. Linear in the candidates times the holders.
+pub fn admit(claim: &IPAddressClaim, candidates: &[Candidate<'_>]) -> Vec<Result<(), Refusal>> {
+    struct Held<'a> {
+        key: &'a str,
+        families: Vec<Family>,
+        ports: BTreeSet<String>,
+        backend: Option<String>,
+    }
+    let mut held: Vec<Held<'_>> = Vec::new();
+    candidates
+        .iter()
+        .map(|c| {
+            if !claim.admits_namespace(c.namespace) {
+                return Err(Refusal::NotShared);
+            }
+            let me = Held {
+                key: c.key,
+                families: service_families(c.service),
+                ports: ports_of(c.service),
+                backend: backend_key(c.service),
+            };
+            if let Some(first) = held.first()
+                && !claim.is_shared()
+            {
+                return Err(Refusal::AttachedElsewhere(first.key.to_string()));
+            }
+            for h in &held {
+                if h.backend != me.backend {
+                    return Err(Refusal::BackendMismatch(h.key.to_string()));
+                }
+                if !h.families.iter().any(|f| me.families.contains(f)) {
+                    continue;
+                }
+                if let Some(port) = h.ports.intersection(&me.ports).next() {
+                    return Err(Refusal::PortConflict {
+                        with: h.key.to_string(),
+                        port: port.clone(),
+                    });
+                }
+            }
+            held.push(me);
+            Ok(())
+        })
+        .collect()
+}
+
+/// The order [`admit`] judges in: the keys the ledger records as holders (`recorded`, in its
+/// order) first, then the others by creation time and key.
+pub fn order<'a, T>(
+    mut candidates: Vec<T>,
+    recorded: &[String],
+    key: impl Fn(&T) -> &'a str,
+    created: impl Fn(&T) -> Option<i64>,
+) -> Vec<T> {
+    candidates.sort_by(|a, b| {
+        let rank = |x: &T| {
+            (
+                recorded
+                    .iter()
+                    .position(|r| r == key(x))
+                    .unwrap_or(usize::MAX),
+                created(x),
+                key(x).to_string(),
+            )
+        };
+        rank(a).cmp(&rank(b))
+    });
+    candidates
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn claim(sharing: Value) -> IPAddressClaim {
+        serde_json::from_value(
+            json!({"metadata": {"name": "c", "namespace": "t", "uid": "u"},
+            "spec": {"sharing": sharing}}),
+        )
+        .unwrap()
+    }
+
+    fn svc(ports: &[(&str, i32)], extra: Value) -> Service {
+        let ports: Vec<Value> = ports
+            .iter()
+            .map(|(p, n)| json!({"protocol": p, "port": n}))
+            .collect();
+        let mut v =
+            json!({"metadata": {"name": "s"}, "spec": {"type": "LoadBalancer", "ports": ports}});
+        if let Some(spec) = extra.get("spec").and_then(Value::as_object) {
+            for (k, x) in spec {
+                v["spec"][k] = x.clone();
+            }
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn judge(c: &IPAddressClaim, list: &[(&str, &Service)]) -> Vec<Result<(), &'static str>> {
+        let cands: Vec<Candidate<'_>> = list
+            .iter()
+            .map(|(k, s)| Candidate {
+                key: k,
+                namespace: k.split_once('/').unwrap().0,
+                service: s,
+            })
+            .collect();
+        admit(c, &cands)
+            .into_iter()
+            .map(|r| r.map_err(|e| e.reason()))
+            .collect()
+    }
+
+    #[test]
+    fn without_sharing_the_first_holder_keeps_the_address() {
+        let c = claim(Value::Null);
+        let web = svc(&[("TCP", 80)], json!({}));
+        let tls = svc(&[("TCP", 443)], json!({}));
+        assert_eq!(
+            judge(&c, &[("t/web", &web), ("t/tls", &tls)]),
+            [Ok(()), Err(reason::ATTACHED_ELSEWHERE)]
+        );
+        let c = claim(json!({"policy": "None"}));
+        assert_eq!(
+            judge(&c, &[("t/tls", &tls), ("t/web", &web)]),
+            [Ok(()), Err(reason::ATTACHED_ELSEWHERE)]
+        );
+    }
+
+    #[test]
+    fn sharing_is_port_by_port_per_protocol_and_family() {
+        let c = claim(json!({"policy": "SameNamespace"}));
+        let web = svc(&[("TCP", 80)], json!({}));
+        let tls = svc(&[("TCP", 443)], json!({}));
+        let dns_tcp = svc(&[("TCP", 53)], json!({}));
+        let dns_udp = svc(&[("UDP", 53)], json!({}));
+        let thief = svc(&[("TCP", 8443), ("TCP", 443)], json!({}));
+        assert_eq!(
+            judge(
+                &c,
+                &[
+                    ("t/web", &web),
+                    ("t/tls", &tls),
+                    ("t/dns-tcp", &dns_tcp),
+                    ("t/dns-udp", &dns_udp),
+                    ("t/other", &thief)
+                ]
+            ),
+            [Ok(()), Ok(()), Ok(()), Ok(()), Err(reason::PORT_CONFLICT)]
+        );
+        // Absent protocol is TCP.
+        let bare: Service = serde_json::from_value(
+            json!({"metadata": {"name": "s"}, "spec": {"ports": [{"port": 443}]}}),
+        )
+        .unwrap();
+        assert_eq!(
+            judge(&c, &[("t/tls", &tls), ("t/bare", &bare)]),
+            [Ok(()), Err(reason::PORT_CONFLICT)]
+        );
+        // Different families never collide.
+        let v6 = svc(&[("TCP", 443)], json!({"spec": {"ipFamilies": ["IPv6"]}}));
+        assert_eq!(
+            judge(&c, &[("t/tls", &tls), ("t/v6", &v6)]),
+            [Ok(()), Ok(())]
+        );
+        let refusal = admit(
+            &c,
+            &[
+                Candidate {
+                    key: "t/tls",
+                    namespace: "t",
+                    service: &tls,
+                },
+                Candidate {
+                    key: "t/other",
+                    namespace: "t",
+                    service: &thief,
+                },
+            ],
+        );
+        assert_eq!(
+            refusal[1],
+            Err(Refusal::PortConflict {
+                with: "t/tls".into(),
+                port: "TCP/443".into()
+            })
+        );
+    }
+
+    #[test]
+    fn local_holders_must_select_the_same_pods() {
+        let c = claim(json!({"policy": "SameNamespace"}));
+        let local = |app: &str, port| {
+            svc(
+                &[("TCP", port)],
+                json!({"spec": {"externalTrafficPolicy": "Local", "selector": {"app": app}}}),
+            )
+        };
+        let (a80, a443, b443) = (local("a", 80), local("a", 443), local("b", 443));
+        let cluster = svc(&[("TCP", 8080)], json!({}));
+        assert_eq!(
+            judge(
+                &c,
+                &[
+                    ("t/a80", &a80),
+                    ("t/a443", &a443),
+                    ("t/b443", &b443),
+                    ("t/cl", &cluster)
+                ]
+            ),
+            [
+                Ok(()),
+                Ok(()),
+                Err(reason::BACKEND_MISMATCH),
+                Err(reason::BACKEND_MISMATCH)
+            ]
+        );
+    }
+
+    #[test]
+    fn other_namespaces_only_by_the_claims_grant() {
+        let web = svc(&[("TCP", 80)], json!({}));
+        let tls = svc(&[("TCP", 443)], json!({}));
+        for sharing in [
+            Value::Null,
+            json!({"policy": "SameNamespace"}),
+            json!({"policy": "Namespaces", "namespaces": ["x"]}),
+        ] {
+            let c = claim(sharing.clone());
+            assert_eq!(
+                judge(&c, &[("u/tls", &tls), ("t/web", &web)]),
+                [Err(reason::NOT_SHARED), Ok(())],
+                "{sharing}"
+            );
+        }
+        let c = claim(json!({"policy": "Namespaces", "namespaces": ["u"]}));
+        assert_eq!(
+            judge(&c, &[("t/web", &web), ("u/tls", &tls)]),
+            [Ok(()), Ok(())]
+        );
+        assert!(c.admits_namespace("t") && c.admits_namespace("u") && !c.admits_namespace("v"));
+    }
+
+    #[test]
+    fn the_ledger_order_comes_first_then_age() {
+        let recorded = vec!["t/b".to_string()];
+        let got = order(
+            vec![("t/a", Some(1)), ("t/c", Some(0)), ("t/b", Some(9))],
+            &recorded,
+            |x| x.0,
+            |x| x.1,
+        );
+        assert_eq!(
+            got.iter().map(|x| x.0).collect::<Vec<_>>(),
+            ["t/b", "t/c", "t/a"]
+        );
+    }
+}
