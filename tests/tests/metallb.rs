@@ -187,6 +187,11 @@ async fn metallb_puts_the_claims_address_on_its_service_and_refuses_a_thief() {
         .iter()
         .flatten()
         .filter(|m| m.subresource.as_deref() == Some("status"))
+        .filter(|m| {
+            m.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0.to_string().contains("f:loadBalancer"))
+        })
         .filter_map(|m| m.manager.clone())
         .collect();
     assert_eq!(writers, ["metallb-controller"], "MetalLB wrote the ingress");
@@ -1139,4 +1144,163 @@ async fn a_tenants_own_pin_is_never_handed_to_another_and_a_forged_record_is_no_
         .await;
     drop(squatters);
     e.check().await;
+}
+
+/// A Service with `ports` (`"TCP/443"`) naming `claim`.
+fn ports_spec(ports: &[&str]) -> Value {
+    let ports: Vec<Value> = ports
+        .iter()
+        .map(|p| {
+            let (proto, port) = p.split_once('/').unwrap();
+            json!({"name": format!("{}-{port}", proto.to_lowercase()), "protocol": proto,
+                "port": port.parse::<i32>().unwrap()})
+        })
+        .collect();
+    json!({"ports": ports})
+}
+
+/// The Service's `AddressAttached` condition reason once it has `status`.
+async fn wait_attached(e: &Env, ns: &str, name: &str, status: &str, reason: &str) -> String {
+    let api = services(e, ns);
+    wait_for(
+        &format!("Service {ns}/{name} AddressAttached={status} {reason}"),
+        WAIT,
+        || async {
+            let s = api.get(name).await?;
+            Ok(s.status
+                .and_then(|st| st.conditions)
+                .into_iter()
+                .flatten()
+                .find(|c| {
+                    c.type_ == address_controller_api::sharing::CONDITION
+                        && c.status == status
+                        && c.reason == reason
+                })
+                .map(|c| c.message))
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Sharing through the real MetalLB (#42): the driver writes one sharing key derived from
+/// the claim's uid on every holder; MetalLB puts the address on each; the ports are judged
+/// by the kit before MetalLB sees them; the first holder deleted, the others keep it at every
+/// revision; a thief copying the key by hand (no fence here) makes the address Conflict.
+#[tokio::test]
+async fn a_shared_claim_gives_metallbs_address_to_each_holder_and_a_copied_key_is_a_conflict() {
+    let mut s = setup("mlb-share", json!(["198.18.103.0/28"]), json!({})).await;
+    purge(&s.e, &["198.18.103."]).await;
+    let e = &mut s.e;
+    let class = s.class.clone();
+    let ns = e.ns.name.clone();
+    e.claim(
+        "shop",
+        json!({"className": class, "sharing": {"policy": "SameNamespace"}}),
+    )
+    .await;
+    let c = e
+        .wait_claim("shop", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    let key = format!("ac-{}", c.metadata.uid.clone().unwrap());
+    let (name, x) = listed(&c).remove(0);
+    wait_ingress(e, &s.holds.name, &format!("hold-{name}"), &[&x]).await;
+    let claim = json!({SERVICE_CLAIM_ANNOTATION: "shop"});
+    service(e, &ns, "web", claim.clone(), ports_spec(&["TCP/80"])).await;
+    wait_ingress(e, &ns, "web", &[&x]).await;
+    service(e, &ns, "tls", claim.clone(), ports_spec(&["TCP/443"])).await;
+    service(e, &ns, "dns", claim.clone(), ports_spec(&["UDP/53"])).await;
+    for n in ["tls", "dns"] {
+        let svc = wait_ingress(e, &ns, n, &[&x]).await;
+        assert_eq!(
+            svc.annotations().get("metallb.io/allow-shared-ip"),
+            Some(&key),
+            "the driver's key, from the claim's uid"
+        );
+        wait_attached(e, &ns, n, "True", "Attached").await;
+    }
+    e.wait_address(&name, "three holders", |a| {
+        a.and_then(|a| a.status.as_ref()?.holder_count) == Some(3)
+    })
+    .await;
+    // A colliding port is refused by the kit; MetalLB never gets a pin for it.
+    service(e, &ns, "clash", claim.clone(), ports_spec(&["TCP/443"])).await;
+    let m = wait_attached(e, &ns, "clash", "False", "PortConflict").await;
+    assert!(m.contains("TCP/443"), "{m}");
+    let clash = services(e, &ns).get("clash").await.unwrap();
+    assert!(ingress(&clash).is_empty());
+    assert!(
+        !clash
+            .annotations()
+            .contains_key("metallb.io/loadBalancerIPs")
+    );
+
+    // The first holder deleted: tls and dns keep X at every revision.
+    let watcher = Watcher::start(e, &[&ns]).await;
+    services(e, &ns)
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    e.wait_address(&name, "two holders", |a| {
+        a.and_then(|a| a.status.as_ref()?.holder_count) == Some(2)
+    })
+    .await;
+    let history = watcher.holders(&x).await;
+    // From the first revision at which both held X (the watch replays from the start).
+    let both =
+        |h: &Vec<String>| h.contains(&format!("{ns}/tls")) && h.contains(&format!("{ns}/dns"));
+    let dropped: Vec<_> = history
+        .iter()
+        .skip_while(|(_, h)| !both(h))
+        .filter(|(_, h)| !both(h))
+        .collect();
+    assert!(
+        history
+            .last()
+            .is_some_and(|(_, h)| both(h) && !h.contains(&format!("{ns}/web"))),
+        "tls and dns hold X at the end, web does not: {history:?}"
+    );
+    assert!(
+        history
+            .iter()
+            .any(|(_, h)| h.contains(&format!("{ns}/web"))),
+        "positive control: web held X in the history: {history:?}"
+    );
+    assert!(dropped.is_empty(), "a holder lost X: {dropped:?}");
+
+    // A thief copies the driver's key and pins X by hand on a free port: MetalLB shares with
+    // it (the key matches), the ledger does not list it — the address is Conflict.
+    let thieves = TestNamespace::create(&e.client, "mlb-share-thief")
+        .await
+        .unwrap();
+    service(
+        e,
+        &thieves.name,
+        "thief",
+        json!({"metallb.io/loadBalancerIPs": x, "metallb.io/allow-shared-ip": key}),
+        ports_spec(&["TCP/8080"]),
+    )
+    .await;
+    wait_ingress(e, &thieves.name, "thief", &[&x]).await;
+    e.wait_address(&name, "Conflict", |a| {
+        aphase(a) == Some(AddressPhase::Conflict)
+    })
+    .await;
+    services(e, &thieves.name)
+        .delete("thief", &DeleteParams::default())
+        .await
+        .unwrap();
+    e.wait_address(&name, "Bound again", |a| {
+        aphase(a) == Some(AddressPhase::Bound)
+    })
+    .await;
+    for n in ["tls", "dns", "clash"] {
+        services(e, &ns)
+            .delete(n, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    e.check().await;
+    drop(thieves);
+    let _ = &s.driver;
 }
