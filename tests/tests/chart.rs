@@ -1779,8 +1779,9 @@ async fn each_component_changes_only_its_own_keys_on_a_tenants_service() {
     on_status(metallb, condition(ours, "PortConflict"))
         .await
         .unwrap();
+    let other_ingress = json!({"status": {"loadBalancer": {"ingress": [{"ip": "198.18.93.2"}]}}});
     for (sa, body) in [
-        (metallb, ingress.clone()),
+        (metallb, other_ingress),
         (metallb, condition("Ready", "Other")),
         (range, condition("Ready", "Other")),
     ] {
