@@ -134,8 +134,8 @@ impl Metrics {
 
 /// `address_controller_ipaddresses{class,phase}`,
 /// `address_controller_ipaddresses_held{namespace,class,state}` (the billing unit: addresses
-/// by the namespace of the claim they are bound to — `bound`, and `associated` when a
-/// driver put them on a Service),
+/// by the namespace of the claim they are bound to — `bound`, `associated` when a driver
+/// put them on a Service, and `shared` when on more than one),
 /// `address_controller_ipaddressclaims{namespace,class,phase}`,
 /// `address_controller_ipaddressclass_capacity{class,family}` and
 /// `address_controller_ipaddressclass_allocated{class,family}` (every IPAddress of the class
@@ -188,7 +188,8 @@ fn address_key(a: &IPAddress) -> (String, &'static str) {
     (a.spec.class_name.clone(), a.phase_name())
 }
 
-/// The `held` series an address counts in: (claim namespace, class, bound|associated).
+/// The `held` series an address counts in: (claim namespace, class,
+/// bound|associated|shared).
 fn held_keys(a: &IPAddress) -> Vec<(String, String, &'static str)> {
     let Some(r) = a.spec.claim_ref.as_ref() else {
         return Vec::new();
@@ -200,8 +201,12 @@ fn held_keys(a: &IPAddress) -> Vec<(String, String, &'static str)> {
     ) {
         out.push((r.namespace.clone(), a.spec.class_name.clone(), "bound"));
     }
-    if a.status.as_ref().is_some_and(|s| s.associated_to.is_some()) {
+    let holders = a.holders().len();
+    if holders > 0 {
         out.push((r.namespace.clone(), a.spec.class_name.clone(), "associated"));
+    }
+    if holders > 1 {
+        out.push((r.namespace.clone(), a.spec.class_name.clone(), "shared"));
     }
     out
 }
@@ -301,7 +306,7 @@ impl Ledger {
         IntGaugeVec::new(
             Opts::new(
                 HELD,
-                "IPAddresses by the namespace of their claim, class and state: bound (Bound or Conflict), associated (a driver put it on a Service)",
+                "IPAddresses by the namespace of their claim, class and state: bound (Bound or Conflict), associated (a driver put it on a Service), shared (on more than one Service: its claim shares it)",
             ),
             &["namespace", "class", "state"],
         )

@@ -19,12 +19,16 @@ use prometheus::{
 };
 
 /// The states an address of the driver is counted in.
-pub const STATES: [&str; 3] = ["associated", "conflict", "lost"];
+pub const STATES: [&str; 4] = ["associated", "shared", "conflict", "lost"];
 
 fn states(a: &IPAddress) -> Vec<&'static str> {
     let mut out = Vec::new();
-    if a.status.as_ref().is_some_and(|s| s.associated_to.is_some()) {
+    let holders = a.holders().len();
+    if holders > 0 {
         out.push("associated");
+    }
+    if holders > 1 {
+        out.push("shared");
     }
     match a.phase() {
         Some(AddressPhase::Conflict) => out.push("conflict"),
@@ -78,7 +82,7 @@ impl KitMetrics {
         let addresses = IntGaugeVec::new(
             Opts::new(
                 "address_controller_driver_addresses",
-                "Addresses of the driver's classes by state: associated (on a Service), conflict, lost",
+                "Addresses of the driver's classes by state: associated (on a Service), shared (on more than one), conflict, lost",
             ),
             &["class", "state"],
         )?;

@@ -484,8 +484,17 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
     .await
     .unwrap();
 
-    // A Service naming d1 (the range driver puts its address on it: associated), and a
-    // thief: another load balancer's Service showing d2's address — a real Conflict.
+    // Two Services naming d1, which shares (the range driver puts its address on both:
+    // associated and shared), and a thief: another load balancer's Service showing d2's
+    // address — a real Conflict.
+    claims
+        .patch(
+            "d1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"sharing": {"policy": "SameNamespace"}}})),
+        )
+        .await
+        .unwrap();
     let services: Api<k8s_openapi::api::core::v1::Service> =
         Api::namespaced(client.clone(), &ns.name);
     let d2 = claims.get("d2").await.unwrap();
@@ -495,6 +504,11 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
             "web",
             json!({"metadata": {"name": "web", "annotations": {"local.sdn.cozystack.io/ip-address-claim": "d1"}},
                 "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}}),
+        ),
+        (
+            "tls",
+            json!({"metadata": {"name": "tls", "annotations": {"local.sdn.cozystack.io/ip-address-claim": "d1"}},
+                "spec": {"type": "LoadBalancer", "ports": [{"port": 443}]}}),
         ),
         (
             "thief",

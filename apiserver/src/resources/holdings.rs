@@ -52,6 +52,11 @@ pub struct HoldingsSummary {
     pub ipv6: i64,
     /// Bound addresses a driver attached to something.
     pub associated: i64,
+    /// Bound addresses held by more than one Service (the claim shares them).
+    pub shared: i64,
+    /// Holders of the bound addresses, all together (an address is billed once, to the
+    /// claim's namespace, however many Services hold it).
+    pub holders: i64,
     /// Addresses released by the namespace's former claims and retained (still billed).
     pub released_retained: i64,
     /// Addresses reserved for a claim of the namespace that does not exist yet.
@@ -170,9 +175,16 @@ pub struct AddressRecord {
     pub reclaim_policy: String,
     /// Where it comes from: fromClass or providerRef.
     pub source: Value,
-    /// What a driver attached it to, when it did.
+    /// What a driver attached it to (the first holder), when it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub associated_to: Option<Value>,
+    /// How many Services hold it.
+    pub holders: i64,
+    /// Its holders: those of the namespace by name, with their ports; a holder of another
+    /// namespace (one the claim shares with) by its namespace only — the namespace a tenant
+    /// granted, never what another tenant named its Service.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<Value>,
     /// When it was released, for a Released address.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub released_at: Option<Time>,
@@ -212,6 +224,12 @@ const COLUMNS: &[Column] = &[
         "Associated",
         "integer",
         "Bound addresses attached by a driver",
+        1,
+    ),
+    Column::new(
+        "Shared",
+        "integer",
+        "Bound addresses held by more than one Service",
         1,
     ),
     Column::new("Classes", "string", "Classes the namespace draws from", 1),
@@ -442,8 +460,13 @@ pub fn namespace_addresses(
                     Ok(Family::IPv6) => summary.ipv6 += 1,
                     Err(_) => {}
                 }
-                if a.status.as_ref().is_some_and(|s| s.associated_to.is_some()) {
+                let holders = a.holders().len() as i64;
+                if holders > 0 {
                     summary.associated += 1;
+                }
+                summary.holders += holders;
+                if holders > 1 {
+                    summary.shared += 1;
                 }
             }
             Some(AddressPhase::Available) if a.is_reserved() => summary.reserved += 1,
@@ -497,6 +520,23 @@ fn quota_cell(entitlements: &[ClassEntitlement]) -> String {
     }
 }
 
+/// A holder as namespace `ns` sees it: by name (and ports) when it is of `ns`, by its
+/// namespace alone otherwise.
+fn seen_from(ns: &str, kind: &str, namespace: Option<&str>, name: &str, ports: &[String]) -> Value {
+    if namespace.is_none_or(|n| n == ns) {
+        let mut v = json!({"kind": kind, "name": name});
+        if let Some(n) = namespace {
+            v["namespace"] = json!(n);
+        }
+        if !ports.is_empty() {
+            v["ports"] = json!(ports);
+        }
+        v
+    } else {
+        json!({"kind": kind, "namespace": namespace})
+    }
+}
+
 fn computed(v: NamespaceAddresses) -> Computed {
     let s = &v.summary;
     let ns = v.metadata.name.clone().unwrap_or_default();
@@ -511,6 +551,7 @@ fn computed(v: NamespaceAddresses) -> Computed {
         json!(s.released_retained),
         json!(s.reserved),
         json!(s.associated),
+        json!(s.shared),
         json!(
             v.classes
                 .iter()
@@ -559,7 +600,20 @@ pub fn address_records(
                 .status
                 .as_ref()
                 .and_then(|s| s.associated_to.as_ref())
-                .and_then(|x| serde_json::to_value(x).ok()),
+                .map(|x| seen_from(ns, &x.kind, x.namespace.as_deref(), &x.name, &[])),
+            holders: a.holders().len() as i64,
+            attachments: match a.status.as_ref() {
+                Some(st) if !st.attachments.is_empty() => st
+                    .attachments
+                    .iter()
+                    .map(|h| seen_from(ns, &h.kind, h.namespace.as_deref(), &h.name, &h.ports))
+                    .collect(),
+                _ => a
+                    .holders()
+                    .iter()
+                    .map(|h| seen_from(ns, &h.kind, h.namespace.as_deref(), &h.name, &[]))
+                    .collect(),
+            },
             released_at: a.status.as_ref().and_then(|s| s.released_at.clone()),
         })
         .collect();
@@ -729,5 +783,44 @@ impl View for Holdings {
                 g.subschema_for::<NamespaceAddressRecords>(),
             ),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_shared_address_is_billed_once_and_another_namespaces_holder_shows_only_its_namespace() {
+        let a: IPAddress = serde_json::from_value(json!({
+            "metadata": {"name": "ipv4-192-0-2-1"},
+            "spec": {"address": "192.0.2.1", "className": "k", "source": {"fromClass": {}},
+                "claimRef": {"namespace": "shop", "name": "web", "uid": "u"}},
+            "status": {"phase": "Bound",
+                "associatedTo": {"kind": "Service", "namespace": "blog", "name": "secret-name"},
+                "attachments": [
+                    {"kind": "Service", "namespace": "blog", "name": "secret-name", "ports": ["TCP/8080"]},
+                    {"kind": "Service", "namespace": "shop", "name": "tls", "ports": ["TCP/443"]}],
+                "holderCount": 2}}))
+        .unwrap();
+        let r = address_records("shop", None, &[std::sync::Arc::new(a)]);
+        let rec = &r.items[0];
+        assert_eq!(rec.holders, 2);
+        assert_eq!(
+            rec.attachments,
+            [
+                json!({"kind": "Service", "namespace": "blog"}),
+                json!({"kind": "Service", "namespace": "shop", "name": "tls", "ports": ["TCP/443"]})
+            ]
+        );
+        assert_eq!(
+            rec.associated_to,
+            Some(json!({"kind": "Service", "namespace": "blog"}))
+        );
+        assert!(
+            !serde_json::to_string(&r).unwrap().contains("secret-name"),
+            "another tenant's Service name never shows"
+        );
     }
 }
