@@ -188,27 +188,16 @@ fn address_key(a: &IPAddress) -> (String, &'static str) {
     (a.spec.class_name.clone(), a.phase_name())
 }
 
-/// The `held` series an address counts in: (claim namespace, class,
-/// bound|associated|shared).
+/// The `held` series an address counts in: (claim namespace, class, state) for each of
+/// [`IPAddress::held_states`].
 fn held_keys(a: &IPAddress) -> Vec<(String, String, &'static str)> {
     let Some(r) = a.spec.claim_ref.as_ref() else {
         return Vec::new();
     };
-    let mut out = Vec::new();
-    if matches!(
-        a.phase(),
-        Some(AddressPhase::Bound | AddressPhase::Conflict)
-    ) {
-        out.push((r.namespace.clone(), a.spec.class_name.clone(), "bound"));
-    }
-    let holders = a.holders().len();
-    if holders > 0 {
-        out.push((r.namespace.clone(), a.spec.class_name.clone(), "associated"));
-    }
-    if holders > 1 {
-        out.push((r.namespace.clone(), a.spec.class_name.clone(), "shared"));
-    }
-    out
+    a.held_states()
+        .into_iter()
+        .map(|state| (r.namespace.clone(), a.spec.class_name.clone(), state))
+        .collect()
 }
 
 fn claim_key(c: &IPAddressClaim) -> (String, String, &'static str) {

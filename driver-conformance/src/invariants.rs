@@ -897,17 +897,7 @@ fn expected_gauges(s: &Snapshot) -> BTreeMap<String, i64> {
         let Some(r) = a.spec.claim_ref.as_ref() else {
             continue;
         };
-        let mut states = Vec::new();
-        if matches!(phase(a), Some(AddressPhase::Bound | AddressPhase::Conflict)) {
-            states.push("bound");
-        }
-        if a.status
-            .as_ref()
-            .is_some_and(|st| st.associated_to.is_some())
-        {
-            states.push("associated");
-        }
-        for state in states {
+        for state in a.held_states() {
             *m.entry(format!(
                 "address_controller_ipaddresses_held{{class=\"{}\",namespace=\"{}\",state=\"{state}\"}}",
                 a.spec.class_name, r.namespace

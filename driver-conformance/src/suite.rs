@@ -19,6 +19,8 @@
 //! | `own-namespace` | a Service naming the claim from another namespace gets `ClaimNotFound` and nothing (with `--associate`) |
 //! | `withdraw` | the annotation removed, the addresses leave the Service and `associatedTo` goes; the claim stays Bound (with `--associate`) |
 //! | `conflict` | another load balancer's Service showing a claimed address turns it `Conflict`, the rightful Service keeps it; the thief gone, it is `Bound` again (with `--associate`) |
+//! | `share-by-port` | a claim that shares (`spec.sharing.policy: SameNamespace`): two Services on different ports both show its addresses and the ledger lists both (`status.attachments`); a third on a used port gets `AddressAttached=False` `PortConflict` and nothing; the first holder deleted, the second keeps the addresses (with `--associate`) |
+//! | `share-by-grant` | a Service of another namespace naming `<namespace>/<claim>` gets `NotShared` and nothing; listed in the claim's `spec.sharing.namespaces`, it shows the addresses; the grant withdrawn, it loses them and the claim's own Service keeps them (with `--associate`) |
 //! | `conflict-forged-record` | the same thief carrying a forged record of the kit's (`*.drivers.local.sdn.cozystack.io/pinned` naming the address): `Conflict` all the same — the ledger alone says who may show an address — or the thief's pin withdrawn on the record's word; the rightful Service keeps the address (with `--associate`) |
 //!
 //! Every case ends with the invariant checker over the suite's namespace and the class.
@@ -32,6 +34,7 @@ use std::time::Duration;
 
 use address_controller_api::family::family_of;
 use address_controller_api::names::{SERVICE_CLAIM_ANNOTATION, driver};
+use address_controller_api::sharing;
 use address_controller_api::{
     ClaimPhase, Family, IPAddress, IPAddressClaim, IPAddressClass, ReclaimPolicy,
 };
@@ -238,6 +241,17 @@ impl Suite<'_> {
     /// A LoadBalancer Service the driver serves (its `--service-class`), naming `claim`,
     /// of the families the class serves.
     async fn service(&self, ns: &str, name: &str, claim: Option<&str>) -> Result<Service> {
+        self.service_on(ns, name, claim, 80).await
+    }
+
+    /// [`Suite::service`] serving TCP `port`.
+    async fn service_on(
+        &self,
+        ns: &str,
+        name: &str,
+        claim: Option<&str>,
+        port: i32,
+    ) -> Result<Service> {
         let families: Vec<&str> = self.families().iter().map(|f| f.as_str()).collect();
         let policy = if families.len() > 1 {
             "RequireDualStack"
@@ -245,7 +259,7 @@ impl Suite<'_> {
             "SingleStack"
         };
         let mut body = json!({"metadata": {"name": name},
-            "spec": {"type": "LoadBalancer", "ports": [{"port": 80}],
+            "spec": {"type": "LoadBalancer", "ports": [{"port": port}],
                 "ipFamilyPolicy": policy, "ipFamilies": families}});
         if let Some(c) = claim {
             body["metadata"]["annotations"] = json!({SERVICE_CLAIM_ANNOTATION: c});
@@ -268,6 +282,64 @@ impl Suite<'_> {
             || async { Ok(api.get_opt(name).await?.is_none().then_some(())) },
         )
         .await
+    }
+
+    /// Waits until Service `ns/name` carries the `AddressAttached` condition with `status`
+    /// and `reason`.
+    async fn attached(&self, ns: &str, name: &str, status: &str, reason: &str) -> Result<()> {
+        let api = self.services_in(ns);
+        until(
+            &format!("Service {name} {}={status} {reason}", sharing::CONDITION),
+            self.opts.timeout,
+            || async {
+                let svc = api.get(name).await?;
+                let c = svc
+                    .status
+                    .and_then(|st| st.conditions)
+                    .into_iter()
+                    .flatten()
+                    .find(|c| c.type_ == sharing::CONDITION);
+                match c {
+                    Some(c) if c.status == status && c.reason == reason => Ok(Some(())),
+                    other => Err(anyhow!(
+                        "its condition is {:?}",
+                        other.map(|c| (c.status, c.reason, c.message))
+                    )),
+                }
+            },
+        )
+        .await
+    }
+
+    /// Waits until every named address lists exactly the Services `holders` (`ns/name`).
+    async fn holders(&self, addresses: &[String], holders: &[String]) -> Result<()> {
+        let api = self.addresses();
+        let mut want = holders.to_vec();
+        want.sort();
+        for a in addresses {
+            until(
+                &format!("{a} held by {want:?}"),
+                self.opts.timeout,
+                || async {
+                    let now = api.get(a).await?;
+                    let mut got: Vec<String> = now
+                        .holders()
+                        .iter()
+                        .map(|h| {
+                            format!("{}/{}", h.namespace.as_deref().unwrap_or_default(), h.name)
+                        })
+                        .collect();
+                    got.sort();
+                    if got == want {
+                        Ok(Some(()))
+                    } else {
+                        Err(anyhow!("held by {got:?}"))
+                    }
+                },
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     /// Waits until Service `ns/name` shows exactly `want` (in any order).
@@ -509,6 +581,8 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Report> {
         ("conflict-forged-record", |s| {
             Box::pin(conflict_forged_record(s))
         }),
+        ("share-by-port", |s| Box::pin(share_by_port(s))),
+        ("share-by-grant", |s| Box::pin(share_by_grant(s))),
     ];
     let mut results = Vec::new();
     for (case, f) in cases {
@@ -1084,6 +1158,111 @@ async fn one_claim_one_service(s: &mut Suite<'_>) -> Result<Option<String>> {
     s.shows(&ns, "second", &ips).await?;
     s.associated(&names, Some((&ns, "second"))).await?;
     s.invariants().await?;
+    Ok(None)
+}
+
+/// A Bound claim of every family the class serves that shares its addresses with `sharing`.
+async fn shared_claim(
+    s: &Suite<'_>,
+    name: &str,
+    sharing: serde_json::Value,
+) -> Result<(Vec<String>, Vec<String>)> {
+    let (names, ips) = s.bound_claim(name).await?;
+    s.claims()
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"sharing": sharing}})),
+        )
+        .await?;
+    Ok((names, ips))
+}
+
+async fn share_by_port(s: &mut Suite<'_>) -> Result<Option<String>> {
+    if let Some(skip) = skip_association(s) {
+        return Ok(skip);
+    }
+    let claim = format!("share-{}", s.sfx);
+    let (names, ips) = shared_claim(s, &claim, json!({"policy": "SameNamespace"})).await?;
+    let ns = s.ns.clone();
+    let key = |n: &str| format!("{ns}/{n}");
+    s.service_on(&ns, "web", Some(&claim), 80).await?;
+    s.shows(&ns, "web", &ips).await?;
+    s.service_on(&ns, "tls", Some(&claim), 443).await?;
+    s.shows(&ns, "tls", &ips).await?;
+    s.attached(&ns, "tls", "True", sharing::reason::ATTACHED)
+        .await?;
+    s.holders(&names, &[key("web"), key("tls")]).await?;
+    s.service_on(&ns, "clash", Some(&claim), 443).await?;
+    s.attached(&ns, "clash", "False", sharing::reason::PORT_CONFLICT)
+        .await?;
+    let clash = s.services_in(&ns).get("clash").await?;
+    if ingress_of(&clash).iter().any(|ip| ips.contains(ip)) {
+        bail!("a Service on a used port shows {:?}", ingress_of(&clash));
+    }
+    // The first holder gone: the second keeps the addresses.
+    s.delete_service(&ns, "web").await?;
+    s.holders(&names, &[key("tls")]).await?;
+    s.shows(&ns, "tls", &ips).await?;
+    s.invariants().await?;
+    Ok(None)
+}
+
+async fn share_by_grant(s: &mut Suite<'_>) -> Result<Option<String>> {
+    if let Some(skip) = skip_association(s) {
+        return Ok(skip);
+    }
+    let claim = format!("grant-{}", s.sfx);
+    let (names, ips) = shared_claim(s, &claim, json!({"policy": "SameNamespace"})).await?;
+    let ns = s.ns.clone();
+    let other = format!("{}-grant", s.ns);
+    let namespaces: Api<Namespace> = Api::all(s.client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": other}}))?,
+        )
+        .await?;
+    let result = async {
+        s.service_on(&ns, "web", Some(&claim), 80).await?;
+        s.shows(&ns, "web", &ips).await?;
+        let reference = format!("{ns}/{claim}");
+        s.service_on(&other, "front", Some(&reference), 443).await?;
+        s.attached(&other, "front", "False", sharing::reason::NOT_SHARED)
+            .await?;
+        let front = s.services_in(&other).get("front").await?;
+        if !ingress_of(&front).is_empty() {
+            bail!("a Service without the grant shows {:?}", ingress_of(&front));
+        }
+        let grant = |policy: &str, list: serde_json::Value| {
+            Patch::Merge(json!({"spec": {"sharing": {"policy": policy, "namespaces": list}}}))
+        };
+        s.claims()
+            .patch(
+                &claim,
+                &PatchParams::default(),
+                &grant("Namespaces", json!([other])),
+            )
+            .await?;
+        s.shows(&other, "front", &ips).await?;
+        s.holders(&names, &[format!("{ns}/web"), format!("{other}/front")])
+            .await?;
+        s.claims()
+            .patch(
+                &claim,
+                &PatchParams::default(),
+                &grant("SameNamespace", json!(null)),
+            )
+            .await?;
+        s.shows(&other, "front", &[]).await?;
+        s.holders(&names, &[format!("{ns}/web")]).await?;
+        s.shows(&ns, "web", &ips).await?;
+        s.invariants().await
+    }
+    .await;
+    let _ = s.delete_service(&other, "front").await;
+    let _ = namespaces.delete(&other, &DeleteParams::default()).await;
+    result?;
     Ok(None)
 }
 

@@ -211,6 +211,30 @@ impl Attachment {
 }
 
 impl IPAddress {
+    /// The states the address counts in for its claim's namespace (the billing gauge
+    /// `address_controller_ipaddresses_held`): `bound` (Bound or Conflict), `associated` (a
+    /// driver put it on a Service), `shared` (on more than one). Empty without a claimRef.
+    pub fn held_states(&self) -> Vec<&'static str> {
+        if self.spec.claim_ref.is_none() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        if matches!(
+            self.status.as_ref().and_then(|s| s.phase),
+            Some(AddressPhase::Bound | AddressPhase::Conflict)
+        ) {
+            out.push("bound");
+        }
+        let holders = self.holders().len();
+        if holders > 0 {
+            out.push("associated");
+        }
+        if holders > 1 {
+            out.push("shared");
+        }
+        out
+    }
+
     /// Who holds the address: `status.attachments`, or — written before sharing existed —
     /// the one `status.associatedTo` names.
     pub fn holders(&self) -> Vec<Association> {
