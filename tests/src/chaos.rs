@@ -128,6 +128,10 @@ pub struct Stats {
     pub named_services_created: AtomicUsize,
     pub reannotated: AtomicUsize,
     pub thieves: AtomicUsize,
+    /// Sharing (#42): claims whose `spec.sharing` changed (granted, widened to another
+    /// namespace, withdrawn), and Services naming a claim of another namespace.
+    pub sharing_changes: AtomicUsize,
+    pub cross_namespace_services: AtomicUsize,
     /// The hostile tenant (#45): thieves carrying a forged record of a driver's, pins of
     /// addresses other namespaces hold, claims given controller owner references of the
     /// tenant's own.
@@ -255,6 +259,11 @@ impl Outcome {
             n(&s.reannotated),
             n(&s.thieves),
             self.association_events
+        ));
+        out.push_str(&format!(
+            "sharing: claims whose sharing changed {}, Services naming another namespace's claim {} (ports drawn from TCP/80, TCP/443, UDP/53: some collide)\n",
+            n(&s.sharing_changes),
+            n(&s.cross_namespace_services)
         ));
         out.push_str(&format!(
             "quotas: {} namespaces held to an IPAddressQuota; claims waiting with QuotaExceeded at the end {}; released surplus at the end {} (their claim gone since: {})\n",
@@ -705,17 +714,49 @@ async fn workload(
                 })
             } else if roll < 87 {
                 // A Service naming one of this client's claims (it may be Pending, Bound, or
-                // already serve another Service): the driver puts the claim's addresses on it.
+                // already serve another Service; it may share): the driver puts the claim's
+                // addresses on it. Its port is drawn from three, so sharers collide at times;
+                // one in four is in another namespace, naming the claim as <namespace>/<name>
+                // (attached only while the claim's sharing lists that namespace).
                 let (cns, claim) = claims[rng.below(claims.len())].clone();
                 let name = format!("named{w}-{i}");
-                let api: Api<Service> = Api::namespaced(client.clone(), &cns);
-                let body = json!({"metadata": {"name": name, "annotations": {SERVICE_CLAIM_ANNOTATION: claim}},
-                    "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}});
+                let (sns, reference) = if rng.below(4) == 0 {
+                    (namespaces[rng.below(namespaces.len())].clone(), format!("{cns}/{claim}"))
+                } else {
+                    (cns.clone(), claim)
+                };
+                let port = [json!({"port": 80}), json!({"port": 443}), json!({"port": 53, "protocol": "UDP"})][rng.below(3)].clone();
+                let api: Api<Service> = Api::namespaced(client.clone(), &sns);
+                let body = json!({"metadata": {"name": name, "annotations": {SERVICE_CLAIM_ANNOTATION: reference}},
+                    "spec": {"type": "LoadBalancer", "ports": [port]}});
                 api.create(&PostParams::default(), &serde_json::from_value(body).unwrap()).await.map(|_| {
                     stats.services_created.fetch_add(1, Ordering::Relaxed);
                     stats.named_services_created.fetch_add(1, Ordering::Relaxed);
-                    named.push((cns.clone(), name));
+                    if sns != cns {
+                        stats.cross_namespace_services.fetch_add(1, Ordering::Relaxed);
+                    }
+                    named.push((sns.clone(), name));
                 })
+            } else if roll < 88 && !claims.is_empty() {
+                // The claim's owner changes its sharing: off, its namespace, or another
+                // namespace of the run too — granted and withdrawn under the Services' feet.
+                let (cns, claim) = claims[rng.below(claims.len())].clone();
+                let other = namespaces[rng.below(namespaces.len())].clone();
+                let sharing = match rng.below(3) {
+                    0 => json!({"policy": "None", "namespaces": null}),
+                    1 => json!({"policy": "SameNamespace", "namespaces": null}),
+                    _ => json!({"policy": "Namespaces", "namespaces": [other]}),
+                };
+                let api: Api<IPAddressClaim> = Api::namespaced(client.clone(), &cns);
+                api.patch(&claim, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(json!({"spec": {"sharing": sharing}})))
+                    .await
+                    .map(|_| {
+                        stats.sharing_changes.fetch_add(1, Ordering::Relaxed);
+                    })
+                    .or_else(|e| match e {
+                        kube::Error::Api(s) if s.code == 404 => Ok(()),
+                        e => Err(e),
+                    })
             } else if roll < 90 && !named.is_empty() {
                 // Re-annotated: to another claim of the namespace, or to none.
                 let (sns, name) = named[rng.below(named.len())].clone();
