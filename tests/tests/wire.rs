@@ -526,6 +526,58 @@ async fn dual_stack(node: &'static Node) {
     }
 }
 
+/// Two Services of two workloads share one claim's address (#42), one on :80, one on :443:
+/// each port answers from its own Service's pods, never from the other's — over MetalLB (both
+/// Services carry the driver's key, MetalLB's speaker announces the one address) and over the
+/// range driver (kube-proxy routes each port of the one address to its Service).
+async fn shared(node: &'static Node) {
+    for (driver, cidr, label) in [
+        (Driver::MetalLb, "192.0.2.176/28", "metallb l2"),
+        (Driver::Range, "198.51.100.176/28", "range routed"),
+    ] {
+        let w = World::new(node, driver, &[cidr]).await;
+        let t = &w.tenant.name;
+        let web = workload(node, t, "web", 1).unwrap();
+        let tls = workload(node, t, "tls", 1).unwrap();
+        w.create_claim("shop", json!({"sharing": {"policy": "SameNamespace"}}))
+            .await;
+        let t0 = Instant::now();
+        service(
+            node,
+            t,
+            "web",
+            "web",
+            claim_annotation("shop"),
+            driver.spec(),
+        )
+        .unwrap();
+        let mut spec = driver.spec();
+        spec["ports"] = json!([{"name": "https", "port": 443, "targetPort": "http"}]);
+        service(node, t, "tls", "tls", claim_annotation("shop"), spec).unwrap();
+        let ip = w.bound("shop").await;
+        until_answered(&ip, 80, &web, WAIT);
+        until_answered(&ip, 443, &tls, WAIT);
+        figure(&format!(
+            "{label}: two Services sharing {ip} (:80, :443) → both answering: {:.2}s",
+            t0.elapsed().as_secs_f64()
+        ));
+        for i in 0..10 {
+            let a = curl(&ip, 80).unwrap_or_else(|e| panic!("request {i} to {ip}:80: {e}"));
+            assert!(web.contains(&a), ":80 reached {a}, not web's pods {web:?}");
+            let b = curl(&ip, 443).unwrap_or_else(|e| panic!("request {i} to {ip}:443: {e}"));
+            assert!(tls.contains(&b), ":443 reached {b}, not tls's pods {tls:?}");
+        }
+        // One holder deleted: its port goes silent, the other keeps answering.
+        kubectl(node, &["delete", "service", "-n", t, "web", "--wait=true"]);
+        until_silent(&ip, 80, &web, SETTLE);
+        for i in 0..5 {
+            let b = curl(&ip, 443).unwrap_or_else(|e| panic!("request {i} to {ip}:443: {e}"));
+            assert!(tls.contains(&b), ":443 reached {b}, not tls's pods {tls:?}");
+        }
+        w.check(node).await;
+    }
+}
+
 fn metallb_l2_a_claimed_address_answers_from_its_services_pods_and_nobody_else() {
     node::run(metallb_journey);
 }
@@ -541,6 +593,9 @@ fn a_dual_claim_answers_on_both_families() {
 fn claim_to_first_answer_against_plain_metallb() {
     node::run(latency);
 }
+fn two_services_sharing_an_address_each_answer_on_their_own_port() {
+    node::run(shared);
+}
 
 address_controller_tests::node_main![
     metallb_l2_a_claimed_address_answers_from_its_services_pods_and_nobody_else,
@@ -548,4 +603,5 @@ address_controller_tests::node_main![
     the_speaker_and_kube_proxy_restarted_the_address_answers_again,
     a_dual_claim_answers_on_both_families,
     claim_to_first_answer_against_plain_metallb,
+    two_services_sharing_an_address_each_answer_on_their_own_port,
 ];

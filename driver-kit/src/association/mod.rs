@@ -212,6 +212,9 @@ pub struct ServicePlan {
     pub associate: Vec<Arc<IPAddress>>,
     /// The ports the Service serves, as the ledger records them.
     pub ports: Vec<String>,
+    /// Per address of `associate` (by name): holders the ledger lists that neither hold the
+    /// claim now nor show the address — dropped in the same write.
+    pub stale: Vec<(String, Vec<String>)>,
     /// The kit's record of its pins, when it changes (written before the backend).
     pub marker: Option<Vec<IpAddr>>,
     /// Ask the backend to pin exactly `want` of `ours` (the Service exists).
@@ -323,10 +326,21 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
             pinnable.push(ip);
             continue;
         }
-        let blocked = (s.shown_elsewhere)(ip)
+        let showing = (s.shown_elsewhere)(ip);
+        let blocked = showing
             .iter()
             .any(|k| k != s.key && !co_holders.contains(k));
         if recorded.is_some() || !blocked {
+            // Holders the ledger still lists that neither hold the claim now nor show the
+            // address (gone, or let go of it): they leave with this write, so `associatedTo`
+            // names a holder that is one.
+            let stale: Vec<String> = holder_keys(a)
+                .into_iter()
+                .filter(|k| k != s.key && !co_holders.contains(k) && !showing.contains(k))
+                .collect();
+            if !stale.is_empty() {
+                plan.stale.push((a.name_any(), stale));
+            }
             plan.associate.push(a.clone());
             pinnable.push(ip);
         }
@@ -812,6 +826,11 @@ mod tests {
         let p = c.plan();
         assert!(p.problem.is_none());
         assert_eq!(names(&p.associate), ["x"]);
+        assert_eq!(
+            p.stale,
+            [("x".to_string(), vec!["t/web".to_string()])],
+            "the gone holder leaves the ledger with the takeover's write"
+        );
         // The holder let go of the claim but still shows the address: the handoff waits.
         c.elsewhere = vec![("t/web", ip("192.0.2.1"))];
         let p = c.plan();
