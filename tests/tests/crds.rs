@@ -389,10 +389,50 @@ async fn claim_rules_reject_bad_input() {
         "spec: Required value",
     )
     .await;
+    // Sharing (#42): namespaces only with policy Namespaces, each a namespace name, at most 32.
+    for (name, sharing, message) in [
+        (
+            "share-list-none",
+            json!({"policy": "SameNamespace", "namespaces": ["blog"]}),
+            "namespaces is only used with policy Namespaces",
+        ),
+        (
+            "share-bad-ns",
+            json!({"policy": "Namespaces", "namespaces": ["Blog/../x"]}),
+            "spec.sharing.namespaces[0]: Invalid value",
+        ),
+        (
+            "share-dup",
+            json!({"policy": "Namespaces", "namespaces": ["blog", "blog"]}),
+            "Duplicate value",
+        ),
+        (
+            "share-many",
+            json!({"policy": "Namespaces", "namespaces": (0..33).map(|i| format!("n{i}")).collect::<Vec<_>>()}),
+            "must have at most 32 items",
+        ),
+        (
+            "share-policy",
+            json!({"policy": "Everyone"}),
+            "Unsupported value: \"Everyone\"",
+        ),
+    ] {
+        expect_rejected(
+            &api,
+            object::<IPAddressClaim>(name, json!({"spec": {"sharing": sharing}})),
+            message,
+        )
+        .await;
+    }
     // The allowed shapes.
     for (name, spec) in [
         ("dual", json!({"family": "Dual", "className": "x"})),
         ("pinned", json!({"family": "IPv6", "addressName": "a-1"})),
+        ("shared", json!({"sharing": {"policy": "SameNamespace"}})),
+        (
+            "granted",
+            json!({"sharing": {"policy": "Namespaces", "namespaces": ["blog", "shop"]}}),
+        ),
     ] {
         api.create(
             &PostParams::default(),
@@ -719,6 +759,7 @@ async fn kubectl_prints_the_printer_columns() {
             "RECLAIMPOLICY",
             "AGE",
             "RELEASED",
+            "HOLDERS",
             "REASON"
         ]
     );

@@ -596,6 +596,7 @@ async fn retain_keeps_the_hold_delete_frees_it_and_dual_pins_both_families() {
 #[tokio::test]
 async fn pool_edits_lose_and_restore_and_class_deletion_takes_the_pool() {
     let mut s = setup("mlb-pool", json!(["198.18.43.0/30"]), json!({})).await;
+    purge(&s.e, &["198.18.43."]).await;
     let e = &mut s.e;
     let class = s.class.clone();
     let ns = e.ns.name.clone();

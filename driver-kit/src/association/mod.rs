@@ -212,9 +212,7 @@ pub struct ServicePlan {
     pub associate: Vec<Arc<IPAddress>>,
     /// The ports the Service serves, as the ledger records them.
     pub ports: Vec<String>,
-    /// Per address of `associate` (by name): holders the ledger lists that neither hold the
-    /// claim now nor show the address — dropped in the same write.
-    pub stale: Vec<(String, Vec<String>)>,
+
     /// The kit's record of its pins, when it changes (written before the backend).
     pub marker: Option<Vec<IpAddr>>,
     /// Ask the backend to pin exactly `want` of `ours` (the Service exists).
@@ -326,21 +324,13 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
             pinnable.push(ip);
             continue;
         }
-        let showing = (s.shown_elsewhere)(ip);
-        let blocked = showing
-            .iter()
-            .any(|k| k != s.key && !co_holders.contains(k));
+        // A Service that is not a co-holder and still shows the address, or is still in the
+        // ledger, is let go of first (its own pass withdraws it, and says so on it).
+        let blocked = (s.shown_elsewhere)(ip)
+            .into_iter()
+            .chain(holder_keys(a))
+            .any(|k| k != s.key && !co_holders.contains(&k));
         if recorded.is_some() || !blocked {
-            // Holders the ledger still lists that neither hold the claim now nor show the
-            // address (gone, or let go of it): they leave with this write, so `associatedTo`
-            // names a holder that is one.
-            let stale: Vec<String> = holder_keys(a)
-                .into_iter()
-                .filter(|k| k != s.key && !co_holders.contains(k) && !showing.contains(k))
-                .collect();
-            if !stale.is_empty() {
-                plan.stale.push((a.name_any(), stale));
-            }
             plan.associate.push(a.clone());
             pinnable.push(ip);
         }
@@ -817,7 +807,8 @@ mod tests {
             c.plan().problem.unwrap().reason,
             reason::ASSOCIATION_REJECTED
         );
-        // The holder is gone: taken over.
+        // The holder is gone, still in the ledger: its own pass lets go first (a takeover
+        // never writes the ledger with the old holder first in it).
         let mut c = Case::new();
         c.key = "t/web2";
         c.service = Some(newer.clone());
@@ -825,12 +816,12 @@ mod tests {
         c.addresses = vec![addr("x", "192.0.2.1", at("web"))];
         let p = c.plan();
         assert!(p.problem.is_none());
+        assert!(p.associate.is_empty(), "waits for the ledger to let go");
+        // The ledger let go: taken over.
+        c.addresses = vec![addr("x", "192.0.2.1", json!({}))];
+        let p = c.plan();
         assert_eq!(names(&p.associate), ["x"]);
-        assert_eq!(
-            p.stale,
-            [("x".to_string(), vec!["t/web".to_string()])],
-            "the gone holder leaves the ledger with the takeover's write"
-        );
+
         // The holder let go of the claim but still shows the address: the handoff waits.
         c.elsewhere = vec![("t/web", ip("192.0.2.1"))];
         let p = c.plan();

@@ -164,15 +164,7 @@ async fn apply_service<D: Driver>(
 ) -> Result<Outcome, Error> {
     // Ledger first.
     for a in &plan.associate {
-        let stale: &[String] = plan
-            .stale
-            .iter()
-            .find(|(n, _)| *n == a.name_any())
-            .map_or(&[], |(_, k)| k.as_slice());
-        let mut list: Vec<Attachment> = attachments(a)
-            .into_iter()
-            .filter(|h| attachment_key(h).is_none_or(|k| !stale.contains(&k)))
-            .collect();
+        let mut list = attachments(a);
         let me = attachment_of(key, plan.ports.clone());
         match list
             .iter_mut()
