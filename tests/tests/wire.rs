@@ -164,6 +164,20 @@ impl Drop for World {
             for cidr in &self.cidrs {
                 route(node, cidr, "none");
             }
+            // The tenants' Services go before the class (its MetalLB pool goes with it): a
+            // Service still showing an address of a deleted pool makes MetalLB's speaker
+            // reject every new configuration ("service has no configuration under new
+            // config"), and a speaker restarted meanwhile announces nothing until its
+            // retries get through — the wire test that waited 60 s for an answer once.
+            let _ = node.cluster.kubectl_ok(&[
+                "delete",
+                "namespace",
+                &self.tenant.name,
+                &self.stranger.name,
+                "--wait=true",
+                "--timeout=60s",
+                "--ignore-not-found",
+            ]);
         }
     }
 }

@@ -183,6 +183,12 @@ async fn apply_service<D: Driver>(
         }
         return Ok(Outcome::Done);
     };
+    // The condition next, before the Service changes for the backend: a load balancer that
+    // reacts to the pin (MetalLB writes the ingress with the version it read) never meets
+    // this write in between.
+    if let Some(newer) = write_condition(ctx, &svc, plan.condition.as_ref()).await? {
+        svc = newer;
+    }
     let ns = svc.namespace().unwrap_or_default();
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
     // The kit's record of its pins, before the backend pins.
@@ -222,7 +228,6 @@ async fn apply_service<D: Driver>(
         detach(ctx, a, &[key.to_string()]).await?;
         tracing::info!(address = %a.name_any(), service = %key, "disassociated");
     }
-    write_condition(ctx, &svc, plan.condition.as_ref()).await?;
     for ev in &plan.events {
         tracing::info!(service = %key, reason = ev.reason, "{}", ev.note);
         ctx.events.publish(&svc, ev).await;
@@ -241,24 +246,25 @@ async fn detach(ctx: &Ctx<impl Driver>, a: &IPAddress, keys: &[String]) -> Resul
 }
 
 /// Brings the Service's `AddressAttached` condition to `want` (removes it for `None`);
-/// writes nothing when it already says so. A strategic merge patch of the status: the
+/// writes nothing when it already says so. Returns the Service as written (`None`: no
+/// write). A strategic merge patch of the status: the
 /// condition list is keyed by type, so the Service's other conditions are left alone.
 async fn write_condition(
     ctx: &Ctx<impl Driver>,
     svc: &Service,
     want: Option<&ServiceCondition>,
-) -> Result<(), Error> {
+) -> Result<Option<Service>, Error> {
     let have = svc
         .status
         .as_ref()
         .and_then(|st| st.conditions.as_ref())
         .and_then(|l| l.iter().find(|c| c.type_ == CONDITION));
     let body = match (have, want) {
-        (None, None) => return Ok(()),
+        (None, None) => return Ok(None),
         (Some(h), Some((on, why, message)))
             if (h.status == "True") == *on && h.reason == *why && h.message == *message =>
         {
-            return Ok(());
+            return Ok(None);
         }
         (Some(_), None) => {
             json!({"status": {"conditions": [{"type": CONDITION, "$patch": "delete"}]}})
@@ -277,18 +283,19 @@ async fn write_condition(
         }
     };
     let key = super::service_key(svc);
-    Api::<Service>::namespaced(ctx.client.clone(), &svc.namespace().unwrap_or_default())
-        .patch_status(
-            &svc.name_any(),
-            &PatchParams::default(),
-            &Patch::Strategic(body),
-        )
-        .await
-        .map_err(kube_error(
-            "writing the AddressAttached condition of Service",
-            key,
-        ))?;
-    Ok(())
+    let written =
+        Api::<Service>::namespaced(ctx.client.clone(), &svc.namespace().unwrap_or_default())
+            .patch_status(
+                &svc.name_any(),
+                &PatchParams::default(),
+                &Patch::Strategic(body),
+            )
+            .await
+            .map_err(kube_error(
+                "writing the AddressAttached condition of Service",
+                key,
+            ))?;
+    Ok(Some(written))
 }
 
 /// One pass over an address of this driver's classes: Lost, Conflict, a dangling
