@@ -473,8 +473,38 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
             ns_names.contains(&c.namespace().unwrap_or_default())
                 && c.phase() == Some(ClaimPhase::Lost)
         })
-        .map(|c| c.key())
+        .map(|c| {
+            // The claim's word on why (its Bound condition), and the events on it: a Lost
+            // claim at the end is a finding, and its report says where to look.
+            let why = c
+                .status
+                .iter()
+                .flat_map(|st| &st.conditions)
+                .find(|k| k.type_ == "Bound")
+                .map(|k| format!("{}: {}", k.reason, k.message))
+                .unwrap_or_default();
+            format!("{} ({why})", c.key())
+        })
         .collect();
+    for key in &lost_claims {
+        if let Some((ns, name)) = key.split(' ').next().and_then(|k| k.split_once('/')) {
+            let events: Api<k8s_openapi::api::events::v1::Event> =
+                Api::namespaced(client.clone(), ns);
+            if let Ok(list) = events.list(&ListParams::default()).await {
+                for e in list
+                    .items
+                    .iter()
+                    .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+                {
+                    eprintln!(
+                        "chaos: Lost claim {ns}/{name}: event {} {}",
+                        e.reason.as_deref().unwrap_or_default(),
+                        e.note.as_deref().unwrap_or_default()
+                    );
+                }
+            }
+        }
+    }
     let association_events = association_events(&client, &ns_names, run_started).await?;
     // Claims still waiting for room in their namespace's quota: expected where the
     // workload left more claims than the quota allows (the checker's refusal-stale rule
