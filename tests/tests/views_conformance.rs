@@ -88,6 +88,7 @@ const RESOURCES: &[Resource] = &[
             ("Released", "integer", 0, ".summary.releasedRetained"),
             ("Reserved", "integer", 1, ".summary.reserved"),
             ("Associated", "integer", 1, ".summary.associated"),
+            ("Shared", "integer", 1, ".summary.shared"),
             ("Classes", "string", 1, ".classes[*].className"),
             // The view renders used/hard per limited class; a CRD prints the JSON (string
             // cells are compared by column only).

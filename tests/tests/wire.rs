@@ -178,6 +178,17 @@ impl Drop for World {
                 "--timeout=60s",
                 "--ignore-not-found",
             ]);
+            // So do the class's retained addresses: over MetalLB each is held by a hold
+            // Service showing it, which would outlive the pool the same way (the driver lets
+            // go of a hold behind its finalizer when the address is deleted).
+            let _ = node.cluster.kubectl_ok(&[
+                "delete",
+                "ipaddresses.local.sdn.cozystack.io",
+                "--field-selector",
+                &format!("spec.className={}", self.class),
+                "--wait=true",
+                "--timeout=60s",
+            ]);
         }
     }
 }
