@@ -183,12 +183,6 @@ async fn apply_service<D: Driver>(
         }
         return Ok(Outcome::Done);
     };
-    // The condition next, before the Service changes for the backend: a load balancer that
-    // reacts to the pin (MetalLB writes the ingress with the version it read) never meets
-    // this write in between.
-    if let Some(newer) = write_condition(ctx, &svc, plan.condition.as_ref()).await? {
-        svc = newer;
-    }
     let ns = svc.namespace().unwrap_or_default();
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
     // The kit's record of its pins, before the backend pins.
@@ -228,6 +222,10 @@ async fn apply_service<D: Driver>(
         detach(ctx, a, &[key.to_string()]).await?;
         tracing::info!(address = %a.name_any(), service = %key, "disassociated");
     }
+    // The condition last, once the backend has been asked: written before the pin, it put
+    // one more Service update in front of the load balancer's reaction (the node tier's
+    // MetalLB speaker, which reprocesses on every Service event, fell a minute behind).
+    write_condition(ctx, &svc, plan.condition.as_ref()).await?;
     for ev in &plan.events {
         tracing::info!(service = %key, reason = ev.reason, "{}", ev.note);
         ctx.events.publish(&svc, ev).await;
