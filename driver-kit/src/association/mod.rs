@@ -238,6 +238,8 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
     let name = s.key.split_once('/').map_or(s.key, |(_, n)| n);
     // The addresses this Service should hold now (possibly after a handoff).
     let mut wanted: Vec<Arc<IPAddress>> = Vec::new();
+    // The Services admitted with this one (judged once, with its own verdict).
+    let mut co_holders: Vec<String> = Vec::new();
     let reference = s
         .service
         .filter(|_| s.served)
@@ -270,7 +272,13 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
                     ),
                 ),
                 Some(c) => {
-                    let verdict = verdicts(c, s.rivals, s.addresses)
+                    let judged = verdicts(c, s.rivals, s.addresses);
+                    co_holders = judged
+                        .iter()
+                        .filter(|(_, v)| v.is_ok())
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    let verdict = judged
                         .into_iter()
                         .find(|(k, _)| k == s.key)
                         .map_or(Err(Refusal::NotShared), |(_, v)| v);
@@ -294,14 +302,6 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
         .unwrap_or_default();
     // Ledger first: this Service joins the holders of what it should hold, unless a Service
     // that is not a co-holder still shows it (the handoff waits for it to let go).
-    let co_holders: Vec<String> = match s.claim {
-        Some(c) if !wanted.is_empty() => verdicts(c, s.rivals, s.addresses)
-            .into_iter()
-            .filter(|(_, v)| v.is_ok())
-            .map(|(k, _)| k)
-            .collect(),
-        _ => Vec::new(),
-    };
     let mut pinnable: Vec<IpAddr> = Vec::new();
     for a in &wanted {
         let Some(ip) = ip_of(a) else { continue };

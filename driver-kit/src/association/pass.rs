@@ -244,25 +244,24 @@ async fn detach(ctx: &Ctx<impl Driver>, a: &IPAddress, keys: &[String]) -> Resul
 }
 
 /// Brings the Service's `AddressAttached` condition to `want` (removes it for `None`);
-/// writes nothing when it already says so. Returns the Service as written (`None`: no
-/// write). A strategic merge patch of the status: the
+/// writes nothing when it already says so. A strategic merge patch of the status: the
 /// condition list is keyed by type, so the Service's other conditions are left alone.
 async fn write_condition(
     ctx: &Ctx<impl Driver>,
     svc: &Service,
     want: Option<&ServiceCondition>,
-) -> Result<Option<Service>, Error> {
+) -> Result<(), Error> {
     let have = svc
         .status
         .as_ref()
         .and_then(|st| st.conditions.as_ref())
         .and_then(|l| l.iter().find(|c| c.type_ == CONDITION));
     let body = match (have, want) {
-        (None, None) => return Ok(None),
+        (None, None) => return Ok(()),
         (Some(h), Some((on, why, message)))
             if (h.status == "True") == *on && h.reason == *why && h.message == *message =>
         {
-            return Ok(None);
+            return Ok(());
         }
         (Some(_), None) => {
             json!({"status": {"conditions": [{"type": CONDITION, "$patch": "delete"}]}})
@@ -281,19 +280,18 @@ async fn write_condition(
         }
     };
     let key = super::service_key(svc);
-    let written =
-        Api::<Service>::namespaced(ctx.client.clone(), &svc.namespace().unwrap_or_default())
-            .patch_status(
-                &svc.name_any(),
-                &PatchParams::default(),
-                &Patch::Strategic(body),
-            )
-            .await
-            .map_err(kube_error(
-                "writing the AddressAttached condition of Service",
-                key,
-            ))?;
-    Ok(Some(written))
+    Api::<Service>::namespaced(ctx.client.clone(), &svc.namespace().unwrap_or_default())
+        .patch_status(
+            &svc.name_any(),
+            &PatchParams::default(),
+            &Patch::Strategic(body),
+        )
+        .await
+        .map_err(kube_error(
+            "writing the AddressAttached condition of Service",
+            key,
+        ))?;
+    Ok(())
 }
 
 /// One pass over an address of this driver's classes: Lost, Conflict, a dangling
