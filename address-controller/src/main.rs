@@ -224,7 +224,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     )
     .await?;
     // Entitlements (namespaces, quotas) are read by the binder and shown by the views.
-    let world = World::new(controller && args.auto_claims, p.health.clone()).with_entitlements();
+    // The core reads Services for auto-claims and for the count of Services on each claim.
+    let world = World::new(controller, p.health.clone()).with_entitlements();
     let world = if controller {
         world.with_driver_leases()
     } else {
@@ -243,6 +244,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         Gate::new(p.leadership.clone(), p.health.clone()),
         metrics.clone(),
         args.election.identity(),
+        args.auto_claims,
     ));
     if controller {
         // Handlers first: they must see the initial lists.
@@ -310,7 +312,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     if controller {
         let settings = run::Settings {
             concurrency: args.concurrency,
-            auto_claims: args.auto_claims,
         };
         let c = ctx.clone();
         p.tasks.spawn("controllers", async move {

@@ -20,9 +20,10 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use crate::service::service_families;
-use crate::{Family, IPAddressClaim, SharingPolicy};
+use crate::{ClaimServices, Family, IPAddressClaim, SharingPolicy};
 
 /// The Service condition the driver kit writes on every Service naming a claim.
 pub const CONDITION: &str = "local.sdn.cozystack.io/AddressAttached";
@@ -73,6 +74,43 @@ impl IPAddressClaim {
                 .iter()
                 .flat_map(|s| &s.namespaces)
                 .any(|n| n == namespace)
+    }
+}
+
+/// A Service's [`CONDITION`], when a driver wrote it.
+pub fn condition(s: &Service) -> Option<&Condition> {
+    s.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == CONDITION)
+}
+
+/// What a Service's [`CONDITION`] says: `Some(true)` it holds the claim it names,
+/// `Some(false)` it was refused, `None` no driver has judged it (yet).
+pub fn attached(s: &Service) -> Option<bool> {
+    match condition(s)?.status.as_str() {
+        "True" => Some(true),
+        "False" => Some(false),
+        _ => None,
+    }
+}
+
+impl ClaimServices {
+    /// Counts the Services naming a claim by their [`CONDITION`]; `None` when none does.
+    pub fn count<'a>(services: impl IntoIterator<Item = &'a Service>) -> Option<ClaimServices> {
+        let mut n = 0usize;
+        let mut c = ClaimServices::default();
+        for s in services {
+            n += 1;
+            match attached(s) {
+                Some(true) => c.attached = c.attached.saturating_add(1),
+                Some(false) => c.refused = c.refused.saturating_add(1),
+                None => {}
+            }
+        }
+        (n > 0).then_some(c)
     }
 }
 
@@ -263,6 +301,36 @@ mod tests {
             .into_iter()
             .map(|r| r.map_err(|e| e.reason()))
             .collect()
+    }
+
+    #[test]
+    fn a_claims_services_are_counted_by_their_condition() {
+        let with = |status: &str| -> Service {
+            serde_json::from_value(json!({"metadata": {"name": "s"}, "status": {"conditions": [
+                {"type": "Other", "status": "False", "reason": "X", "message": "",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                {"type": CONDITION, "status": status, "reason": "R", "message": "",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}))
+            .unwrap()
+        };
+        let (yes, no, unknown) = (with("True"), with("False"), with("Unknown"));
+        let unjudged = svc(&[("TCP", 80)], json!({}));
+        assert_eq!(attached(&yes), Some(true));
+        assert_eq!(attached(&no), Some(false));
+        assert_eq!(attached(&unknown), None);
+        assert_eq!(attached(&unjudged), None);
+        assert_eq!(ClaimServices::count([]), None);
+        assert_eq!(
+            ClaimServices::count([&yes, &no, &yes, &unknown, &unjudged]),
+            Some(ClaimServices {
+                attached: 2,
+                refused: 1
+            })
+        );
+        assert_eq!(
+            ClaimServices::count([&unjudged]),
+            Some(ClaimServices::default())
+        );
     }
 
     #[test]

@@ -75,6 +75,8 @@ pub struct Context {
     pub recent_claims: RecentWrites<IPAddressClaim>,
     pub recent_addresses: RecentWrites<IPAddress>,
     pub queues: Queues,
+    /// Create claims for LoadBalancer Services that name none (SPEC §7).
+    pub auto_claims: bool,
 }
 
 impl Context {
@@ -84,6 +86,7 @@ impl Context {
         gate: Gate,
         metrics: Arc<Metrics>,
         instance: String,
+        auto_claims: bool,
     ) -> Self {
         Context {
             events: Events::new(client.clone(), CONTROLLER_NAME, instance),
@@ -96,6 +99,7 @@ impl Context {
             recent_claims: RecentWrites::default(),
             recent_addresses: RecentWrites::default(),
             queues: Queues::default(),
+            auto_claims,
         }
     }
 }

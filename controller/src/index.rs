@@ -1,7 +1,7 @@
 //! Indexes fed by the watches, so that the cost of a pass does not grow with the number of
 //! objects: free addresses per (class, family) in name order, addresses by the claim they
 //! name, waiting claims per (class, family) in age order, claims by pinned address, claims
-//! whose class is unresolved, Released addresses per class.
+//! whose class is unresolved, Released addresses per class, Services by the claim they name.
 //!
 //! **Who is woken when an address becomes free.** Not every waiting claim (that is N passes
 //! per free address, N² in all): the index keeps, per (class, family), a set of *woken*
@@ -19,8 +19,12 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use address_controller_api::family::{Family, family_of};
+use address_controller_api::service::claim_key;
+use address_controller_api::sharing::attached;
 use address_controller_api::{ClaimPhase, ClaimRef, IPAddress, IPAddressClaim};
+use address_controller_runtime::cache::key_of;
 use address_controller_runtime::setmap::SetMap;
+use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 
 use crate::decide::claim::pin_of;
@@ -51,6 +55,8 @@ struct Inner {
     woken_of: HashMap<String, HashSet<Pool>>,
     pinned: SetMap<String>,
     pinned_of: HashMap<String, String>,
+    /// claim key → the Services (`namespace/name`) naming it: the claim counts them.
+    services: SetMap<String>,
     /// Claims whose class is not resolved: woken by class changes.
     unresolved: BTreeSet<String>,
     /// Free addresses a worker is binding: address → (pool, claim key, since).
@@ -387,6 +393,28 @@ impl Index {
     /// Names of the addresses whose claimRef names `claim` (`namespace/name`).
     pub fn addresses_naming(&self, claim: &str) -> Vec<String> {
         self.lock().by_claim.names(claim)
+    }
+
+    /// The Services (`namespace/name`) naming a claim.
+    pub fn services_naming(&self, claim: &str) -> Vec<String> {
+        self.lock().services.names(claim)
+    }
+
+    /// A Service changed: the claims whose count of Services it may change — the claim it
+    /// named and the one it names, when it changed claims, appeared, went, or its
+    /// `AddressAttached` condition changed (not on every status write of a load balancer).
+    pub fn service_changed(&self, old: Option<&Service>, new: Option<&Service>) -> Vec<String> {
+        let Some(key) = new.or(old).map(key_of) else {
+            return Vec::new();
+        };
+        let (was, is) = (old.and_then(claim_key), new.and_then(claim_key));
+        self.lock().services.moved(&key, was.clone(), is.clone());
+        if was == is && old.map(attached) == new.map(attached) {
+            return Vec::new();
+        }
+        let mut wake: Vec<String> = was.into_iter().chain(is).collect();
+        wake.dedup();
+        wake
     }
 
     /// Claims a class change may concern: those waiting in its pools and those whose class

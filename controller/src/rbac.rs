@@ -62,7 +62,7 @@ const RULES: &[Rule] = &[
         group: "",
         resources: &["services"],
         verbs: &["get", "list", "watch", "patch"],
-        why: "auto-claims: read Services, name their claim",
+        why: "auto-claims: read Services, name their claim; count the Services naming each claim",
     },
     Rule {
         group: "coordination.k8s.io",

@@ -9,7 +9,7 @@
 //! | address | the address; the claims it names (before and after) and the claims pinned to it; when it became free, the waiting claims the pump picks (one per free address) |
 //! | claim | the claim; the addresses naming it when its existence, uid, deletion or listed addresses changed; the Service named after it; the pump's picks when it starts or stops waiting |
 //! | class | the claims waiting in its pools, the unresolved claims and those refused for an entitlement; its Released addresses (release delay); LoadBalancer Services without a claim |
-//! | Service | the Service |
+//! | Service | the Service (auto-claims); the claims it named and names, when it changed claims, appeared, went, or its `AddressAttached` condition changed (their count of Services) |
 //! | IPAddressQuota | the Pending claims of its namespace |
 //! | namespace labels | the Pending claims of the namespace; its Services without a claim |
 //! | usage drop (an address counted, an invitation or a take ends) | the claims of that namespace and class refused with `QuotaExceeded` |
@@ -34,8 +34,6 @@ use crate::reconcile;
 pub struct Settings {
     /// Reconciles running at once, per controller.
     pub concurrency: u16,
-    /// Create claims for LoadBalancer Services that name none (SPEC §7).
-    pub auto_claims: bool,
 }
 
 /// Registers the change handlers on the caches. Call before the watches start.
@@ -72,7 +70,7 @@ pub fn register(ctx: &Arc<Context>) {
             .claims
             .add_all(c.quota.claim_changed(ch.old.as_deref(), ch.new.as_deref()));
         c.queues.addresses.add_all(wake.addresses);
-        if c.world.services.is_some() {
+        if c.auto_claims {
             // The same-named claim decides what its Service gets (SPEC §7).
             c.queues.services.add(key);
         }
@@ -90,7 +88,7 @@ pub fn register(ctx: &Arc<Context>) {
         c.queues.claims.add_all(c.index.claims_for_class(&name));
         c.queues.claims.add_all(c.quota.refused_of_class(&name));
         c.queues.addresses.add_all(c.index.released_in(&name));
-        if let Some(services) = &c.world.services {
+        if let Some(services) = c.world.services.as_ref().filter(|_| c.auto_claims) {
             // A class appearing or changing may settle Services waiting for it.
             c.queues.services.add_all(
                 services
@@ -118,7 +116,7 @@ pub fn register(ctx: &Arc<Context>) {
                 return;
             };
             c.queues.claims.add_all(c.quota.pending_in(&ns));
-            if let Some(services) = &c.world.services {
+            if let Some(services) = c.world.services.as_ref().filter(|_| c.auto_claims) {
                 // Services refused an auto-claim there may be admitted now.
                 c.queues.services.add_all(
                     services
@@ -168,7 +166,14 @@ pub fn register(ctx: &Arc<Context>) {
     if let Some(services) = &ctx.world.services {
         let c = ctx.clone();
         services.on_change(move |ch| {
-            if let Some(obj) = ch.object() {
+            // The claims it named and names count their Services.
+            c.queues.claims.add_all(
+                c.index
+                    .service_changed(ch.old.as_deref(), ch.new.as_deref()),
+            );
+            if c.auto_claims
+                && let Some(obj) = ch.object()
+            {
                 c.queues.services.add(key_of(obj.as_ref()));
             }
         });
@@ -214,7 +219,7 @@ pub async fn run(ctx: Arc<Context>, settings: Settings) {
                     .add_all_in_chunks(ctx.world.addresses.store.keys())
                     .await;
                 q.classes.add_all(ctx.world.classes.store.keys());
-                if let Some(s) = &ctx.world.services {
+                if let Some(s) = ctx.world.services.as_ref().filter(|_| ctx.auto_claims) {
                     q.services.add_all_in_chunks(s.store.keys()).await;
                 }
             }
@@ -263,7 +268,7 @@ pub async fn run(ctx: Arc<Context>, settings: Settings) {
     };
     let services = {
         let ctx2 = ctx.clone();
-        let enabled = settings.auto_claims && ctx.world.services.is_some();
+        let enabled = ctx.auto_claims && ctx.world.services.is_some();
         async move {
             if enabled {
                 workers::run(

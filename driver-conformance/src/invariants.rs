@@ -81,6 +81,10 @@ pub const RULES: &[(&str, &str)] = &[
         "an address whose associatedTo is not its first attachment, or whose holderCount is not the number of attachments",
     ),
     (
+        "claim-services-miscounted",
+        "a claim whose status.services does not count the Services naming it by their AddressAttached condition",
+    ),
+    (
         "namespace-over-quota",
         "a namespace holding more addresses of a class than an IPAddressQuota allows (a released surplus is not a grant)",
     ),
@@ -624,13 +628,7 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
         address_controller_api::service::ingress_ips(svc)
             .any(|x| address_controller_api::family::parse_address(x).ok() == want)
     };
-    let holders = |a: &IPAddress| -> Vec<String> {
-        a.holders()
-            .iter()
-            .filter(|t| t.kind == "Service")
-            .map(|t| format!("{}/{}", t.namespace.as_deref().unwrap_or_default(), t.name))
-            .collect()
-    };
+    let holders = IPAddress::holder_services;
     for a in s.addresses.iter().filter(|a| scope.address(a)) {
         ledger_violations(a, &claims, &services, &mut add);
     }
@@ -695,6 +693,31 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
             }
         }
     }
+    // The claim counts the Services naming it (their AddressAttached condition).
+    let mut naming: HashMap<String, Vec<&Service>> = HashMap::new();
+    for svc in &s.services {
+        if let Some(k) = address_controller_api::service::claim_key(svc) {
+            naming.entry(k).or_default().push(svc);
+        }
+    }
+    for c in s.claims.iter().filter(|c| scope.claim(c)) {
+        let key = claim_key(c);
+        let of = naming.get(&key).map(Vec::as_slice).unwrap_or_default();
+        let want = address_controller_api::ClaimServices::count(of.iter().copied());
+        let has = c.status.as_ref().and_then(|st| st.services);
+        if c.metadata.deletion_timestamp.is_none() && has != want {
+            let versions = std::iter::once(version(c))
+                .chain(of.iter().map(|x| version(*x)))
+                .collect::<Vec<_>>()
+                .join(",");
+            add(
+                "claim-services-miscounted",
+                format!("claim {key}"),
+                format!("status.services {has:?}, the Services' conditions say {want:?}"),
+                versions,
+            );
+        }
+    }
     entitlement_violations(s, scope, &mut add);
     out
 }
@@ -736,10 +759,8 @@ fn ledger_violations(
         return;
     };
     let keyed: Vec<(String, &Service)> = a
-        .holders()
-        .iter()
-        .filter(|t| t.kind == "Service")
-        .map(|t| format!("{}/{}", t.namespace.as_deref().unwrap_or_default(), t.name))
+        .holder_services()
+        .into_iter()
         .filter_map(|k| services.get(&k).map(|s| (k, *s)))
         .collect();
     let candidates: Vec<address_controller_api::sharing::Candidate<'_>> = keyed
@@ -1512,6 +1533,59 @@ mod tests {
                 ]
             ))
             .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_claim_counts_the_services_naming_it() {
+        let at = Timestamp::now();
+        let svc = |ns: &str, name: &str, names: &str, status: &str| -> Service {
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns,
+                "resourceVersion": "1",
+                "annotations": {"local.sdn.cozystack.io/ip-address-claim": names}},
+                "status": {"conditions": [{"type": address_controller_api::sharing::CONDITION,
+                    "status": status, "reason": "R", "message": "",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}))
+            .unwrap()
+        };
+        let snap = |counted: Option<(u32, u32)>, services: Vec<Service>| {
+            let mut c = claim("a", "u1", "Bound", &[]);
+            c.status.as_mut().unwrap().services =
+                counted.map(
+                    |(attached, refused)| address_controller_api::ClaimServices {
+                        attached,
+                        refused,
+                    },
+                );
+            Snapshot {
+                claims: vec![c],
+                addresses: vec![],
+                classes: vec![],
+                services,
+                quotas: vec![],
+                namespaces: Default::default(),
+                at,
+            }
+        };
+        let naming = || {
+            vec![
+                svc("t", "web", "a", "True"),
+                svc("other", "front", "t/a", "False"),
+                svc("t", "elsewhere", "b", "True"),
+            ]
+        };
+        assert!(rules(&snap(Some((1, 1)), naming())).is_empty());
+        assert!(rules(&snap(None, vec![])).is_empty());
+        for wrong in [None, Some((2, 1)), Some((1, 0))] {
+            assert_eq!(
+                rules(&snap(wrong, naming())),
+                ["claim-services-miscounted"],
+                "{wrong:?}"
+            );
+        }
+        assert_eq!(
+            rules(&snap(Some((0, 0)), vec![])),
+            ["claim-services-miscounted"]
         );
     }
 

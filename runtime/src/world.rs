@@ -26,7 +26,8 @@ pub struct World {
     pub claims: Arc<Cache<IPAddressClaim>>,
     pub addresses: Arc<Cache<IPAddress>>,
     pub classes: Arc<Cache<IPAddressClass>>,
-    /// Only where Services are needed (auto-claims).
+    /// Only where Services are read: the core (auto-claims, the claims' count of Services) and
+    /// the drivers (association).
     pub services: Option<Arc<Cache<Service>>>,
     /// Only in the core: the drivers' Leases (labelled
     /// `local.sdn.cozystack.io/component=driver`, every namespace), for the classes'

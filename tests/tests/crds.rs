@@ -688,6 +688,7 @@ async fn kubectl_prints_the_printer_columns() {
             &Patch::Merge(json!({"status": {"phase": "Bound", "className": name,
                 "addresses": [{"name": name, "address": "192.0.2.77"},
                               {"name": format!("{name}-v6"), "address": "2001:db8::77"}],
+                "services": {"attached": 2, "refused": 1},
                 "conditions": [{"type": "Bound", "status": "True", "reason": "Bound",
                                 "message": "bound to both", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})),
         )
@@ -809,10 +810,14 @@ async fn kubectl_prints_the_printer_columns() {
             .kubectl_ok(&["get", "ipc", "web", "-n", &ns.name, "-o", "wide"])
             .unwrap(),
     );
-    assert_eq!(header[7..], ["IPADDRESS", "MESSAGE"]);
+    assert_eq!(header[7..], ["IPADDRESS", "ATTACHED", "MESSAGE"]);
     assert_eq!(
-        (rows[0]["IPADDRESS"].as_str(), rows[0]["MESSAGE"].as_str()),
-        (name.as_str(), "bound to both")
+        (
+            rows[0]["IPADDRESS"].as_str(),
+            rows[0]["ATTACHED"].as_str(),
+            rows[0]["MESSAGE"].as_str()
+        ),
+        (name.as_str(), "2", "bound to both")
     );
 
     // Field selectors, answered by kube-apiserver (selectableFields): who holds an address,

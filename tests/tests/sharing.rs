@@ -74,12 +74,7 @@ async fn wait_ingress(e: &Env, ns: &str, name: &str, want: &[&str]) {
 
 /// The Service's `AddressAttached` condition: (status, reason, message).
 fn attached(s: &Service) -> Option<(String, String, String)> {
-    s.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == CONDITION)
+    address_controller_api::sharing::condition(s)
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
@@ -102,10 +97,7 @@ async fn wait_condition(e: &Env, ns: &str, name: &str, status: &str, why: &str) 
 
 /// The holders the ledger lists, as `namespace/name`.
 fn holders(a: &IPAddress) -> BTreeSet<String> {
-    a.holders()
-        .iter()
-        .map(|h| format!("{}/{}", h.namespace.as_deref().unwrap_or_default(), h.name))
-        .collect()
+    a.holder_services().into_iter().collect()
 }
 
 async fn wait_holders(e: &Env, address: &str, want: &[String]) -> IPAddress {
@@ -115,6 +107,19 @@ async fn wait_holders(e: &Env, address: &str, want: &[String]) -> IPAddress {
     })
     .await
     .unwrap()
+}
+
+/// Waits until the claim counts `(attached, refused)` Services (`None`: none names it).
+async fn wait_services(e: &Env, claim: &str, want: Option<(u32, u32)>) {
+    e.wait_claim(
+        claim,
+        &format!("services (attached, refused) {want:?}"),
+        |c| {
+            let counted = c.status.as_ref().and_then(|s| s.services);
+            counted.map(|s| (s.attached, s.refused)) == want
+        },
+    )
+    .await;
 }
 
 async fn bound(e: &Env, claim: &str) -> (String, String) {
@@ -196,6 +201,7 @@ async fn services_share_a_claims_address_port_by_port_and_the_first_holder_leave
     );
     assert!(ingress(&services(&e, &ns).get("clash").await.unwrap()).is_empty());
     e.wait_event(&ns, "clash", "AssociationRejected").await;
+    wait_services(&e, "shop", Some((4, 1))).await;
     // The positive control: the port alone refused it — moved off :443, it is attached.
     services(&e, &ns)
         .patch(
@@ -209,6 +215,7 @@ async fn services_share_a_claims_address_port_by_port_and_the_first_holder_leave
         .unwrap();
     wait_ingress(&e, &ns, "clash", &[&x]).await;
     wait_condition(&e, &ns, "clash", "True", reason::ATTACHED).await;
+    wait_services(&e, "shop", Some((5, 0))).await;
     for s in ["web", "tls", "dns-tcp", "dns-udp"] {
         wait_ingress(&e, &ns, s, &[&x]).await;
     }
@@ -276,6 +283,7 @@ async fn services_share_a_claims_address_port_by_port_and_the_first_holder_leave
         delete_service(&e, &ns, s).await;
     }
     wait_holders(&e, &name, &[]).await;
+    wait_services(&e, "shop", None).await;
     e.check().await;
 }
 
@@ -306,6 +314,8 @@ async fn another_namespace_attaches_only_by_the_claim_owners_grant() {
     assert!(m.contains(&reference), "{m}");
     assert!(ingress(&services(&e, &blog).get("front").await.unwrap()).is_empty());
 
+    // The owner's claim counts the refusal (the Service is never named there).
+    wait_services(&e, "shop", Some((1, 1))).await;
     // The owner grants the namespace: attached; the ledger lists both.
     let claims: Api<IPAddressClaim> = e.claims();
     let grant = |policy: &str, namespaces: Vec<String>| json!({"spec": {"sharing": {"policy": policy, "namespaces": namespaces}}});
@@ -320,6 +330,7 @@ async fn another_namespace_attaches_only_by_the_claim_owners_grant() {
     wait_ingress(&e, &blog, "front", &[&x]).await;
     wait_condition(&e, &blog, "front", "True", reason::ATTACHED).await;
     wait_holders(&e, &name, &[format!("{ns}/web"), format!("{blog}/front")]).await;
+    wait_services(&e, "shop", Some((2, 0))).await;
 
     // Withdrawn: taken off that Service only.
     claims
@@ -336,6 +347,7 @@ async fn another_namespace_attaches_only_by_the_claim_owners_grant() {
     wait_condition(&e, &blog, "front", "False", reason::NOT_SHARED).await;
     wait_holders(&e, &name, &[format!("{ns}/web")]).await;
     wait_ingress(&e, &ns, "web", &[&x]).await;
+    wait_services(&e, "shop", Some((1, 1))).await;
 
     // A Service author cannot grant itself: naming the claim from its own namespace finds
     // none there.
@@ -360,6 +372,7 @@ async fn another_namespace_attaches_only_by_the_claim_owners_grant() {
     let m = wait_condition(&e, &ns, "two", "False", reason::ATTACHED_ELSEWHERE).await;
     assert!(m.contains(&format!("{ns}/one")), "{m}");
     assert!(ingress(&services(&e, &ns).get("two").await.unwrap()).is_empty());
+    wait_services(&e, "solo", Some((1, 1))).await;
     // The claim's owner turns sharing on: the second joins.
     claims
         .patch(
@@ -370,6 +383,7 @@ async fn another_namespace_attaches_only_by_the_claim_owners_grant() {
         .await
         .unwrap();
     wait_ingress(&e, &ns, "two", &[&y]).await;
+    wait_services(&e, "solo", Some((2, 0))).await;
     e.check().await;
     drop(other);
 }

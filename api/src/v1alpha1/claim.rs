@@ -24,6 +24,7 @@ use crate::Family;
     printcolumn = r#"{"name":"Second Address","type":"string","description":"A Dual claim's address of the other family.","jsonPath":".status.addresses[1].address"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"IPAddress","type":"string","priority":1,"description":"The IPAddress object the claim is bound to (the first, for a Dual claim).","jsonPath":".status.addresses[0].name"}"#,
+    printcolumn = r#"{"name":"Attached","type":"integer","priority":1,"description":"How many Services hold the claim's address (status.services.refused: how many were refused).","jsonPath":".status.services.attached"}"#,
     printcolumn = r#"{"name":"Message","type":"string","priority":1,"description":"The Bound condition's message.","jsonPath":".status.conditions[?(@.type==\"Bound\")].message"}"#,
     category = "addresses",
     selectable = ".spec.className",
@@ -160,9 +161,23 @@ pub struct IPAddressClaimStatus {
     /// The bound addresses, sorted by name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<ClaimAddress>,
+    /// The Services naming this claim, counted by what the driver last said on each (its
+    /// `local.sdn.cozystack.io/AddressAttached` condition); absent while none names it.
+    /// Another namespace's Service is counted, never named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub services: Option<ClaimServices>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+/// How many Services naming a claim hold its address and how many were refused.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClaimServices {
+    /// Services whose `AddressAttached` condition is `True`.
+    pub attached: u32,
+    /// Services whose `AddressAttached` condition is `False` (its reason says why).
+    pub refused: u32,
 }
 
 /// One address of a claim, as the tenant reads it.

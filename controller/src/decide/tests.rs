@@ -133,6 +133,7 @@ fn plan_entitled(
                 .unwrap_or_default();
             Some((limits, used))
         },
+        services: None,
         now: now(),
     })
 }

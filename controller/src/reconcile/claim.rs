@@ -4,7 +4,10 @@ use std::sync::Arc;
 
 use address_controller_api::family::Family;
 use address_controller_api::names::{PROVISIONER_ANNOTATION, condition, reason};
-use address_controller_api::{ClaimPhase, IPAddress, IPAddressClaim, IPAddressClaimStatus};
+use address_controller_api::service::claim_key;
+use address_controller_api::{
+    ClaimPhase, ClaimServices, IPAddress, IPAddressClaim, IPAddressClaimStatus,
+};
 use address_controller_runtime::workers::Outcome;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -64,6 +67,16 @@ async fn pass(ctx: &Context, key: &str) -> Result<Outcome> {
     let ns = claim.namespace().unwrap_or_default();
     let labels = ctx.world.namespace_labels(&ns);
     let quota = |class: &str| ctx.quota.standing(&ns, class, key);
+    let services = ctx.world.services.as_ref().and_then(|cache| {
+        let naming: Vec<_> = ctx
+            .index
+            .services_naming(key)
+            .iter()
+            .filter_map(|k| cache.get(k))
+            .filter(|s| claim_key(s).as_deref() == Some(key))
+            .collect();
+        ClaimServices::count(naming.iter().map(|s| s.as_ref()))
+    });
     for _ in 0..MAX_CANDIDATE_RETRIES {
         let plan = plan_claim(&ClaimSnapshot {
             claim: &claim,
@@ -75,6 +88,7 @@ async fn pass(ctx: &Context, key: &str) -> Result<Outcome> {
             classes: &classes,
             namespace_labels: labels.as_ref(),
             quota: &quota,
+            services,
             now: Time(Timestamp::now()),
         });
         // Refused over quota behind a take that may never show: pass again when it expires.
@@ -309,6 +323,7 @@ fn status_body(s: &IPAddressClaimStatus) -> Value {
         "phase": s.phase,
         "className": s.class_name,
         "addresses": if s.addresses.is_empty() { Value::Null } else { json!(s.addresses) },
+        "services": s.services,
         "conditions": if s.conditions.is_empty() { Value::Null } else { json!(s.conditions) },
     })
 }

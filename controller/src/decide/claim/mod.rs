@@ -17,8 +17,8 @@ use address_controller_api::names::{
     CLAIM_FINALIZER, PROVISIONER_ANNOTATION, condition, event, reason,
 };
 use address_controller_api::{
-    AddressPhase, ClaimPhase, ClaimRef, IPAddress, IPAddressClaim, IPAddressClaimStatus,
-    IPAddressClass,
+    AddressPhase, ClaimPhase, ClaimRef, ClaimServices, IPAddress, IPAddressClaim,
+    IPAddressClaimStatus, IPAddressClass,
 };
 use kube::ResourceExt;
 
@@ -50,6 +50,8 @@ pub struct ClaimSnapshot<'a> {
     /// The limits on a class in the claim's namespace, with the usage there not counting
     /// what this claim is invited to or taking; `None`: no quota limits the class.
     pub quota: &'a dyn Fn(&str) -> Option<(Limits, Usage)>,
+    /// The Services naming the claim, counted (`None`: none names it).
+    pub services: Option<ClaimServices>,
     pub now: Now,
 }
 
@@ -284,6 +286,7 @@ pub fn plan_claim(s: &ClaimSnapshot<'_>) -> ClaimPlan {
         resolution: resolution.as_ref(),
         waiting,
         matched: !bind.is_empty(),
+        services: s.services,
     };
     let (new_status, events) = status::status_and_events(claim, &found, &s.now);
     plan.status = new_status;

@@ -3,7 +3,7 @@
 
 use address_controller_api::names::{condition, event, reason};
 use address_controller_api::{
-    ClaimAddress, ClaimPhase, IPAddress, IPAddressClaim, IPAddressClaimStatus,
+    ClaimAddress, ClaimPhase, ClaimServices, IPAddress, IPAddressClaim, IPAddressClaimStatus,
 };
 use kube::ResourceExt;
 
@@ -21,6 +21,8 @@ pub struct Found<'a, 'c> {
     pub waiting: Option<(&'static str, String)>,
     /// This pass binds free addresses (each announced by a `Matched` event).
     pub matched: bool,
+    /// The Services naming the claim, counted.
+    pub services: Option<ClaimServices>,
 }
 
 /// The new status (when it differs from the observed one) and the transition events.
@@ -48,6 +50,7 @@ pub fn status_and_events(
             address: a.spec.address.clone(),
         })
         .collect();
+    status.services = found.services;
     match found.resolution {
         Some(Resolution::Resolved(class)) => {
             status.class_name = Some(class.name_any());
