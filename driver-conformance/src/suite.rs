@@ -293,17 +293,11 @@ impl Suite<'_> {
             self.opts.timeout,
             || async {
                 let svc = api.get(name).await?;
-                let c = svc
-                    .status
-                    .and_then(|st| st.conditions)
-                    .into_iter()
-                    .flatten()
-                    .find(|c| c.type_ == sharing::CONDITION);
-                match c {
+                match sharing::condition(&svc) {
                     Some(c) if c.status == status && c.reason == reason => Ok(Some(())),
                     other => Err(anyhow!(
                         "its condition is {:?}",
-                        other.map(|c| (c.status, c.reason, c.message))
+                        other.map(|c| (&c.status, &c.reason, &c.message))
                     )),
                 }
             },
@@ -322,13 +316,7 @@ impl Suite<'_> {
                 self.opts.timeout,
                 || async {
                     let now = api.get(a).await?;
-                    let mut got: Vec<String> = now
-                        .holders()
-                        .iter()
-                        .map(|h| {
-                            format!("{}/{}", h.namespace.as_deref().unwrap_or_default(), h.name)
-                        })
-                        .collect();
+                    let mut got = now.holder_services();
                     got.sort();
                     if got == want {
                         Ok(Some(()))

@@ -12,8 +12,6 @@ use address_controller_api::{Family, IPAddress};
 use address_controller_runtime::setmap::SetMap;
 use kube::ResourceExt;
 
-use crate::association::holder_keys;
-
 #[derive(Default)]
 struct Inner {
     /// claim `namespace/name` → names of addresses whose claimRef names it.
@@ -57,10 +55,10 @@ impl Inventory {
         let (old_claim, new_claim) = (old.and_then(claim_key), new.and_then(claim_key));
         wake.extend(old_claim.iter().chain(new_claim.iter()).cloned());
         s.by_claim.moved(&name, old_claim, new_claim);
-        for k in old.map(holder_keys).unwrap_or_default() {
+        for k in old.map(IPAddress::holder_services).unwrap_or_default() {
             s.associated.remove(&k, &name);
         }
-        for k in new.map(holder_keys).unwrap_or_default() {
+        for k in new.map(IPAddress::holder_services).unwrap_or_default() {
             s.associated.insert(k, &name);
         }
         let (old_ip, new_ip) = (old.and_then(ip_and_family), new.and_then(ip_and_family));

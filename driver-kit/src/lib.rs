@@ -451,7 +451,7 @@ fn register<D: Driver>(ctx: &Arc<runner::Ctx<D>>) {
             if let Some(ip) = association::ip_of(x) {
                 c.queues.services.add_all(c.services.mentioning(ip));
             }
-            c.queues.services.add_all(association::holder_keys(x));
+            c.queues.services.add_all(x.holder_services());
         }
     });
     let c = ctx.clone();

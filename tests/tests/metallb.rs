@@ -1168,16 +1168,9 @@ async fn wait_attached(e: &Env, ns: &str, name: &str, status: &str, reason: &str
         WAIT,
         || async {
             let s = api.get(name).await?;
-            Ok(s.status
-                .and_then(|st| st.conditions)
-                .into_iter()
-                .flatten()
-                .find(|c| {
-                    c.type_ == address_controller_api::sharing::CONDITION
-                        && c.status == status
-                        && c.reason == reason
-                })
-                .map(|c| c.message))
+            Ok(address_controller_api::sharing::condition(&s)
+                .filter(|c| c.status == status && c.reason == reason)
+                .map(|c| c.message.clone()))
         },
     )
     .await

@@ -199,6 +199,19 @@ pub struct Attachment {
     pub ports: Vec<String>,
 }
 
+impl Association {
+    /// The Service it names as `namespace/name` (the caches' key); `None`: not a Service.
+    pub fn service_key(&self) -> Option<String> {
+        (self.kind == "Service").then(|| {
+            format!(
+                "{}/{}",
+                self.namespace.as_deref().unwrap_or_default(),
+                self.name
+            )
+        })
+    }
+}
+
 impl Attachment {
     /// The association this holder is (`status.associatedTo`'s shape).
     pub fn association(&self) -> Association {
@@ -246,6 +259,15 @@ impl IPAddress {
         } else {
             st.attachments.iter().map(Attachment::association).collect()
         }
+    }
+
+    /// The Services that hold the address by the ledger, as `namespace/name`, first holder
+    /// first.
+    pub fn holder_services(&self) -> Vec<String> {
+        self.holders()
+            .iter()
+            .filter_map(Association::service_key)
+            .collect()
     }
 }
 

@@ -35,9 +35,7 @@ use std::sync::Arc;
 use address_controller_api::family::{family_of_ip, parse_address};
 use address_controller_api::names::driver as reason;
 use address_controller_api::sharing::{self, Candidate, Refusal};
-use address_controller_api::{
-    AddressPhase, Association, Attachment, ClaimPhase, IPAddress, IPAddressClaim,
-};
+use address_controller_api::{AddressPhase, Attachment, ClaimPhase, IPAddress, IPAddressClaim};
 use address_controller_runtime::events::PlannedEvent;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
@@ -51,18 +49,6 @@ pub use address_controller_api::service::service_families;
 /// `namespace/name` of a Service.
 pub fn service_key(s: &Service) -> String {
     format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any())
-}
-
-/// The Service an association names, as a cache key (`None`: not a Service).
-pub fn associated_key(a: &Association) -> Option<String> {
-    (a.kind == "Service")
-        .then(|| format!("{}/{}", a.namespace.as_deref().unwrap_or_default(), a.name))
-}
-
-/// The Services that hold an address by the ledger (`status.attachments`, or the older
-/// `associatedTo` alone), as Service keys, first holder first.
-pub fn holder_keys(a: &IPAddress) -> Vec<String> {
-    a.holders().iter().filter_map(associated_key).collect()
 }
 
 /// The attachment naming Service `key` with `ports`.
@@ -143,7 +129,7 @@ pub fn verdicts(
     addresses: &[Arc<IPAddress>],
 ) -> Vec<(String, Result<(), Refusal>)> {
     let mut recorded: Vec<String> = Vec::new();
-    for k in addresses.iter().flat_map(|a| holder_keys(a)) {
+    for k in addresses.iter().flat_map(|a| a.holder_services()) {
         if !recorded.contains(&k) {
             recorded.push(k);
         }
@@ -311,14 +297,14 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
             .and_then(|st| {
                 st.attachments
                     .iter()
-                    .find(|h| associated_key(&h.association()).as_deref() == Some(s.key))
+                    .find(|h| h.association().service_key().as_deref() == Some(s.key))
             })
             .map(|h| &h.ports);
         if recorded == Some(&plan.ports) {
             pinnable.push(ip);
             continue;
         }
-        if recorded.is_none() && holder_keys(a).iter().any(|k| k == s.key) {
+        if recorded.is_none() && a.holder_services().iter().any(|k| k == s.key) {
             // Recorded by the older `associatedTo` alone: add it to the attachments.
             plan.associate.push(a.clone());
             pinnable.push(ip);
@@ -328,7 +314,7 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
         // ledger, is let go of first (its own pass withdraws it, and says so on it).
         let blocked = (s.shown_elsewhere)(ip)
             .into_iter()
-            .chain(holder_keys(a))
+            .chain(a.holder_services())
             .any(|k| k != s.key && !co_holders.contains(&k));
         if recorded.is_some() || !blocked {
             plan.associate.push(a.clone());
@@ -339,7 +325,7 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
     let fresh: Vec<&str> = plan
         .associate
         .iter()
-        .filter(|a| !holder_keys(a).iter().any(|k| k == s.key))
+        .filter(|a| !a.holder_services().iter().any(|k| k == s.key))
         .map(|a| a.spec.address.as_str())
         .collect();
     if !fresh.is_empty() {
@@ -503,7 +489,7 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
     if a.is_deleting() {
         return plan;
     }
-    let holders = holder_keys(a);
+    let holders = a.holder_services();
     plan.clear_holders = s.gone_holders.to_vec();
     let phase = a.phase();
     // Lost: the backend's word wins over everything else.
@@ -967,7 +953,7 @@ mod tests {
 
     fn health(a: &IPAddress, presence: Presence, shown_by: &[&str], exists: bool) -> AddressPlan {
         let shown_by: Vec<String> = shown_by.iter().map(|s| s.to_string()).collect();
-        let gone = if exists { vec![] } else { holder_keys(a) };
+        let gone = if exists { vec![] } else { a.holder_services() };
         plan_address(&AddressSnapshot {
             address: a,
             presence,

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use super::{
     AddressPlan, AddressSnapshot, ServiceCondition, ServicePlan, ServiceSnapshot, attachment_of,
-    holder_keys, ip_of, is_load_balancer, parse_marker, plan_address, plan_service, render_marker,
+    ip_of, is_load_balancer, parse_marker, plan_address, plan_service, render_marker,
 };
 use crate::driver::{Driver, Presence};
 use crate::runner::{Ctx, Error};
@@ -61,7 +61,8 @@ fn attachments(a: &IPAddress) -> Vec<Attachment> {
         Some(IPAddressStatus {
             attachments: list, ..
         }) if !list.is_empty() => list.clone(),
-        _ => holder_keys(a)
+        _ => a
+            .holder_services()
             .iter()
             .map(|k| attachment_of(k, Vec::new()))
             .collect(),
@@ -69,7 +70,7 @@ fn attachments(a: &IPAddress) -> Vec<Attachment> {
 }
 
 fn attachment_key(h: &Attachment) -> Option<String> {
-    super::associated_key(&h.association())
+    h.association().service_key()
 }
 
 /// The Services that show `ip` (by the backend's word), the backend's own (a hold) left out.
@@ -251,11 +252,7 @@ async fn write_condition(
     svc: &Service,
     want: Option<&ServiceCondition>,
 ) -> Result<(), Error> {
-    let have = svc
-        .status
-        .as_ref()
-        .and_then(|st| st.conditions.as_ref())
-        .and_then(|l| l.iter().find(|c| c.type_ == CONDITION));
+    let have = address_controller_api::sharing::condition(svc);
     let body = match (have, want) {
         (None, None) => return Ok(()),
         (Some(h), Some((on, why, message)))
@@ -320,7 +317,8 @@ pub(crate) async fn health_pass<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Resul
     };
     let shown_by = ip_of(a).map(|ip| shown_by(ctx, ip)).unwrap_or_default();
     let gone_holders: Vec<String> = match ctx.world.services.as_ref() {
-        Some(c) => holder_keys(a)
+        Some(c) => a
+            .holder_services()
             .into_iter()
             .filter(|k| c.get(k).is_none())
             .collect(),
