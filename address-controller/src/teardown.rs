@@ -5,7 +5,8 @@
 //! exists, or a live Lease (it would put the finalizers back) — writes a YAML backup of the
 //! ledger before it changes anything, then removes this project's finalizers from every
 //! claim and address (those already being deleted only with `--force`: a finalizer there
-//! may still have work, a reclaim or a driver's backend teardown), deletes the views'
+//! may still have work, a reclaim or a driver's backend teardown) and from the MetalLB
+//! IPAddressPools the MetalLB driver keeps for gone classes, deletes the views'
 //! APIService when nothing serves it (an unavailable APIService stalls namespace deletion
 //! cluster-wide), and with `--delete-crds --objects N` deletes the CRDs — and so every
 //! claim, address, class and quota, whose count N must be. Without `--yes` it only says
@@ -23,9 +24,15 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
+
+/// The label selector of the MetalLB driver's own objects (its pools, advertisements, holds).
+const METALLB_DRIVER_OBJECTS: &str =
+    "app.kubernetes.io/managed-by=address-controller-metallb-driver";
 
 #[derive(clap::Args)]
 pub struct TeardownArgs {
@@ -79,14 +86,16 @@ struct Stripped {
 async fn strip<K>(
     api: &Api<K>,
     at: impl Fn(Option<String>) -> Api<K>,
+    only: Option<&ListParams>,
     yes: bool,
     force: bool,
 ) -> anyhow::Result<Stripped>
 where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let mut n = Stripped::default();
-    for obj in api.list(&ListParams::default()).await?.items {
+    let every = ListParams::default();
+    for obj in api.list(only.unwrap_or(&every)).await?.items {
         if !obj.finalizers().iter().any(|f| is_project_finalizer(f)) {
             continue;
         }
@@ -250,6 +259,7 @@ pub async fn run(args: &TeardownArgs) -> anyhow::Result<()> {
         let claims = strip(
             &Api::<IPAddressClaim>::all(client.clone()),
             |ns| Api::namespaced(client.clone(), ns.as_deref().unwrap_or_default()),
+            None,
             args.yes,
             args.force,
         )
@@ -257,6 +267,7 @@ pub async fn run(args: &TeardownArgs) -> anyhow::Result<()> {
         let addresses = strip(
             &Api::<IPAddress>::all(client.clone()),
             |_| Api::all(client.clone()),
+            None,
             args.yes,
             args.force,
         )
@@ -272,6 +283,33 @@ pub async fn run(args: &TeardownArgs) -> anyhow::Result<()> {
                 "left {} claim(s) and {} address(es) already being deleted (a reclaim or a driver's teardown may still be due); --force removes theirs too",
                 claims.left, addresses.left
             );
+        }
+        // The MetalLB driver keeps a class's IPAddressPool while addresses of the class are
+        // left; with the driver gone nobody would let go of it (and MetalLB's namespace would
+        // never finish deleting).
+        let gvk = GroupVersionKind::gvk("metallb.io", "v1beta1", "IPAddressPool");
+        let pools_of = |ns: Option<String>| -> Api<DynamicObject> {
+            Api::namespaced_with(
+                client.clone(),
+                ns.as_deref().unwrap_or_default(),
+                &ApiResource::from_gvk(&gvk),
+            )
+        };
+        let ours = ListParams::default().labels(METALLB_DRIVER_OBJECTS);
+        let all: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk));
+        match all.list(&ours).await {
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+            Ok(_) => {
+                let pools = strip(&all, pools_of, Some(&ours), args.yes, true).await?;
+                if pools.done > 0 {
+                    println!(
+                        "{} from {} MetalLB IPAddressPool(s) the MetalLB driver kept",
+                        say("removed the finalizers", "remove the finalizers"),
+                        pools.done
+                    );
+                }
+            }
         }
     } else {
         println!("no CRDs: nothing carries a finalizer of this project");

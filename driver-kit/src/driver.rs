@@ -3,6 +3,7 @@
 //! capacity and conditions, events, teardown behind a finalizer, leader election — is the
 //! runner's job ([`crate::run`]).
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -24,6 +25,23 @@ impl Capacity {
             Family::IPv4 => self.ipv4,
             Family::IPv6 => self.ipv6,
         }
+    }
+}
+
+/// The classes whose backend configuration must stay, for [`Driver::release_classes`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClassesInUse {
+    /// The uids of the classes that exist.
+    pub uids: BTreeSet<String>,
+    /// The names of the classes that addresses name (a deleted class's retained addresses).
+    pub named: BTreeSet<String>,
+}
+
+impl ClassesInUse {
+    /// Whether what was made for class `name` (uid `uid`, as its owner reference says) must
+    /// stay: that class exists, or an address names a class of that name.
+    pub fn keeps(&self, name: &str, uid: Option<&str>) -> bool {
+        uid.is_some_and(|u| self.uids.contains(u)) || self.named.contains(name)
     }
 }
 
@@ -105,6 +123,23 @@ pub trait Driver: Send + Sync + 'static {
         _params: &Self::Params,
     ) -> impl Future<Output = Result<(), String>> + Send {
         async { Ok(()) }
+    }
+
+    /// Lets go of what the backend keeps for classes that are gone and that no address
+    /// names any more. What [`Driver::sync_class`] makes is owned by its class and deleted
+    /// with it by the garbage collector; a backend whose configuration must outlive the class
+    /// while addresses of it are left (MetalLB refuses every new configuration while a
+    /// Service shows an address of a pool that is gone) holds it with a finalizer, and
+    /// removes it here from whatever [`ClassesInUse::keeps`] does not keep. Returns the
+    /// classes it let go of (one that exists again, by another uid, is synced anew). Called
+    /// when a class goes, when the last address of a gone class goes, and by a new leader;
+    /// idempotent.
+    fn release_classes(
+        &self,
+        _client: &Client,
+        _in_use: &ClassesInUse,
+    ) -> impl Future<Output = Result<Vec<String>, String>> + Send {
+        async { Ok(Vec::new()) }
     }
 
     /// Makes the backend's state of an address of this driver's classes what the address
@@ -233,5 +268,18 @@ mod tests {
         let a: IpAddr = "2001:DB8:0:0::1".parse().unwrap();
         let b: IpAddr = "2001:db8::0:1".parse().unwrap();
         assert_eq!(object_name(a), object_name(b));
+    }
+
+    #[test]
+    fn a_gone_class_is_kept_while_an_address_names_it_and_a_recreated_one_is_not_the_old() {
+        let in_use = ClassesInUse {
+            uids: BTreeSet::from(["u2".to_string()]),
+            named: BTreeSet::from(["retained".to_string()]),
+        };
+        assert!(in_use.keeps("public", Some("u2")), "the class exists");
+        assert!(in_use.keeps("retained", Some("u0")), "gone, an address left");
+        assert!(in_use.keeps("retained", None));
+        assert!(!in_use.keeps("public", Some("u1")), "gone: recreated by uid u2");
+        assert!(!in_use.keeps("gone", None));
     }
 }

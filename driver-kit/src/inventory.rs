@@ -109,6 +109,16 @@ impl Inventory {
             .unwrap_or(0)
     }
 
+    /// The classes that addresses name.
+    pub fn classes(&self) -> std::collections::BTreeSet<String> {
+        self.lock()
+            .per_pool
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|((class, _), _)| class.clone())
+            .collect()
+    }
+
     /// A claim found `class` exhausted: pass it again when an address of the class goes.
     pub fn exhausted(&self, class: &str, claim: &str) {
         self.lock().exhausted.insert(class.to_string(), claim);

@@ -34,7 +34,8 @@ use kube::ResourceExt;
 /// RBAC rule type, for [`Info::extra_rules`].
 pub use address_controller_runtime::rbac as runtime_rbac;
 pub use driver::{
-    AllocateError, Allocation, Capacity, Driver, Presence, Request, ingress, object_name,
+    AllocateError, Allocation, Capacity, ClassesInUse, Driver, Presence, Request, ingress,
+    object_name,
 };
 pub use runner::events;
 
@@ -438,10 +439,16 @@ fn register<D: Driver>(ctx: &Arc<runner::Ctx<D>>) {
             c.landed(new);
         }
         c.queues.addresses.add(a.name_any());
-        // Usage changes the class's Exhausted condition.
+        // Usage changes the class's Exhausted condition; the last address of a gone class
+        // lets the backend forget it.
         let class = &a.spec.class_name;
-        if c.world.classes.get(class).is_some_and(|k| c.ours(&k)) {
-            c.queues.classes.add(class.clone());
+        match c.world.classes.get(class) {
+            Some(k) if c.ours(&k) => c.queues.classes.add(class.clone()),
+            Some(_) => {}
+            None if ch.new.is_none() && !c.inventory.classes().contains(class) => {
+                c.queues.classes.add(class.clone());
+            }
+            None => {}
         }
         // The Services its claim, its IP and its association concern.
         for x in [ch.old.as_deref(), ch.new.as_deref()].into_iter().flatten() {
@@ -521,6 +528,12 @@ fn register<D: Driver>(ctx: &Arc<runner::Ctx<D>>) {
             return;
         }
         c.classes_changed();
+        // A class gone: the backend may let go of it.
+        if ch.new.is_none()
+            && let Some(old) = &ch.old
+        {
+            c.queues.classes.add(old.name_any());
+        }
         // Overlaps are judged across classes: every class of ours again; and every claim of
         // ours, which may have been refused for bad parameters; and every address of ours,
         // whose presence in the backend the parameters may change.
@@ -573,6 +586,9 @@ async fn queue_everything<D: Driver>(c: &runner::Ctx<D>) {
     c.queues
         .classes
         .add_all(c.our_classes().iter().map(|k| k.name_any()));
+    // The empty name, no class's: what the backend kept for classes that went while
+    // another replica led, or none did.
+    c.queues.classes.add(String::new());
     c.queues
         .addresses
         .add_all_in_chunks(addresses_to_examine(c))

@@ -27,6 +27,11 @@ fn bin_dir() -> Result<PathBuf> {
     Ok(PathBuf::from(Cluster::get().env_var("METALLB_BIN")?))
 }
 
+/// MetalLB's CRDs, as built (one file each).
+pub fn crds_dir() -> Result<PathBuf> {
+    Ok(bin_dir()?.join("crds"))
+}
+
 /// A running MetalLB controller.
 pub struct MetalLb {
     child: Child,
@@ -42,7 +47,7 @@ impl MetalLb {
     pub async fn start(lb_class: Option<&str>) -> Result<MetalLb> {
         let one = METALLB.lock().await;
         let cluster = Cluster::get();
-        let crds = bin_dir()?.join("crds");
+        let crds = crds_dir()?;
         cluster.kubectl_ok(&[
             "apply",
             "--server-side",
@@ -59,6 +64,31 @@ impl MetalLb {
             "-f",
             crds.to_str().unwrap_or_default(),
         ])?;
+        // Pools that a previous test's MetalLB driver kept for a gone class while an address
+        // of it was left, the driver stopped since: nobody else lets go of them, and one
+        // overlapping a new pool would make MetalLB refuse the configuration.
+        let stale = cluster.kubectl_ok(&[
+            "get",
+            "ipaddresspools.metallb.io",
+            "-n",
+            NAMESPACE,
+            "-l",
+            "app.kubernetes.io/managed-by=address-controller-metallb-driver",
+            "-o",
+            "jsonpath={range .items[?(@.metadata.deletionTimestamp)]}{.metadata.name}{\"\\n\"}{end}",
+        ])?;
+        for pool in stale.lines().filter(|l| !l.is_empty()) {
+            cluster.kubectl_ok(&[
+                "patch",
+                "ipaddresspools.metallb.io",
+                "-n",
+                NAMESPACE,
+                pool,
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#,
+            ])?;
+        }
         let objects = [
             json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
             // The controller reads its own Pod (the owner of its ConfigurationState). Without

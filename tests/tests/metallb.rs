@@ -594,7 +594,7 @@ async fn retain_keeps_the_hold_delete_frees_it_and_dual_pins_both_families() {
 /// claim is Lost and nothing replaces it; grown back, all is back. The class deleted: its
 /// pool and advertisement go with it.
 #[tokio::test]
-async fn pool_edits_lose_and_restore_and_class_deletion_takes_the_pool() {
+async fn pool_edits_lose_and_restore_and_the_pool_outlives_its_class_while_an_address_is_left() {
     let mut s = setup("mlb-pool", json!(["198.18.43.0/30"]), json!({})).await;
     purge(&s.e, &["198.18.43."]).await;
     let e = &mut s.e;
@@ -660,19 +660,58 @@ async fn pool_edits_lose_and_restore_and_class_deletion_takes_the_pool() {
         .unwrap();
     e.wait_claim_gone("web").await;
     e.check().await;
-    // The class goes: the garbage collector takes its pool and advertisement.
+    // The class goes while its address is retained (Released, MetalLB's hold showing it):
+    // the garbage collector deletes the pool, and the driver's finalizer keeps it — MetalLB's
+    // speaker refuses every new configuration while a Service shows an address of a pool
+    // that is gone.
+    let hold = format!("hold-{name}");
+    wait_ingress(e, &s.holds.name, &hold, &[&x]).await;
     e.classes()
         .delete(&class, &DeleteParams::default())
         .await
         .unwrap();
     let pool = format!("ipaddressclass-{class}");
+    let deleting = wait_for(
+        "the pool being deleted with its class, kept",
+        Duration::from_secs(60),
+        || async {
+            let p = pools(e).get_opt(&pool).await?;
+            anyhow::ensure!(p.is_some(), "the pool is gone while address {name} is left");
+            Ok(p.filter(|p| p.metadata.deletion_timestamp.is_some()))
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        deleting
+            .finalizers()
+            .iter()
+            .any(|f| f == "metallb.drivers.local.sdn.cozystack.io/pool"),
+        "{:?}",
+        deleting.finalizers()
+    );
+    e.barrier().await;
+    wait_ingress(e, &s.holds.name, &hold, &[&x]).await;
+    assert!(pools(e).get_opt(&pool).await.unwrap().is_some());
+    // The last address of the class goes (its hold first): so does the pool.
+    e.addresses()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
     wait_for(
-        "the pool gone with its class",
+        "the pool gone after the class's last address",
         Duration::from_secs(60),
         || async { Ok(pools(e).get_opt(&pool).await?.is_none().then_some(())) },
     )
     .await
     .unwrap();
+    assert!(
+        services(e, &s.holds.name)
+            .get_opt(&hold)
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 /// The driver conformance suite, every case, for a MetalLB class — with the real MetalLB

@@ -232,14 +232,58 @@ spec:
         ],
         "the backup holds the ledger as it was"
     );
+    // A MetalLB pool the MetalLB driver kept for a gone class, in a namespace being deleted:
+    // with the driver uninstalled, nothing else would let go of it.
+    let crds = address_controller_tests::metallb::crds_dir().unwrap();
+    let crds = crds.to_str().unwrap();
+    cluster
+        .kubectl_ok(&["apply", "--server-side", "-f", crds])
+        .unwrap();
+    cluster
+        .kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "-f",
+            crds,
+        ])
+        .unwrap();
+    cluster.kubectl_ok(&["create", "namespace", "lb"]).unwrap();
+    let pool = r#"{"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+        "metadata": {"name": "ipaddressclass-gone", "namespace": "lb",
+          "labels": {"app.kubernetes.io/managed-by": "address-controller-metallb-driver"},
+          "finalizers": ["metallb.drivers.local.sdn.cozystack.io/pool"]},
+        "spec": {"addresses": ["192.0.2.64/30"], "autoAssign": false}}"#;
+    let file = private.dir.join("pool.json");
+    std::fs::write(&file, pool).unwrap();
+    cluster
+        .kubectl_ok(&["create", "-f", file.to_str().unwrap()])
+        .unwrap();
+    cluster
+        .kubectl_ok(&["delete", "namespace", "lb", "--wait=false"])
+        .unwrap();
+
     // With --force the namespace goes, the addresses are free of finalizers, the
-    // APIService nothing serves is gone.
+    // APIService nothing serves is gone; so does the pool, and its namespace.
     let (code, out) = teardown(&kc, &["--yes", "--force", "--backup-file", backup_arg]);
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains("removed the finalizers from 2 claim(s) and 0 address(es)"),
         "{out}"
     );
+    assert!(
+        out.contains("removed the finalizers from 1 MetalLB IPAddressPool(s)"),
+        "{out}"
+    );
+    wait_for("the MetalLB pool's namespace deleted", WAIT, || async {
+        Ok(Api::<Namespace>::all(client.clone())
+            .get_opt("lb")
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await
+    .unwrap();
     wait_for("the namespace deleted", WAIT, || async {
         Ok(Api::<Namespace>::all(client.clone())
             .get_opt("tenant")

@@ -1,4 +1,5 @@
-//! Classes: capacity and the conditions `ParametersValid` and `Exhausted`.
+//! Classes: capacity and the conditions `ParametersValid` and `Exhausted`; the backend's
+//! configuration of classes that are gone, let go of once no address names them.
 
 use std::sync::Arc;
 
@@ -23,6 +24,31 @@ pub(crate) async fn class_pass<D: Driver>(
     name: String,
 ) -> Result<Outcome, Error> {
     let Some(class) = ctx.world.classes.get(&name) else {
+        // Gone (or the empty name, a new leader's sweep): the backend lets go of what it
+        // kept for classes no address names any more.
+        let in_use = crate::driver::ClassesInUse {
+            uids: ctx
+                .world
+                .classes()
+                .iter()
+                .filter_map(|k| k.metadata.uid.clone())
+                .collect(),
+            named: ctx.inventory.classes(),
+        };
+        let released = ctx
+            .driver
+            .release_classes(&ctx.client, &in_use)
+            .await
+            .map_err(|message| Error::Backend {
+                object: "classes gone".to_string(),
+                message,
+            })?;
+        // One that exists again is synced anew.
+        ctx.queues.classes.add_all(
+            released
+                .into_iter()
+                .filter(|k| ctx.world.classes.get(k).is_some_and(|c| ctx.ours(&c))),
+        );
         return Ok(Outcome::Done);
     };
     if !ctx.ours(&class) {

@@ -18,7 +18,7 @@ const INFO: Info = Info {
         group: "metallb.io",
         resources: &["ipaddresspools", "l2advertisements", "bgpadvertisements"],
         verbs: &["get", "list", "watch", "create", "patch", "delete"],
-        why: "one pool and one advertisement per class, owned by the class",
+        why: "one pool and one advertisement per class, owned by the class (the pool kept by a finalizer while addresses of the class are left)",
     }],
     own_namespace_rules: &[Rule {
         group: "",

@@ -28,11 +28,12 @@ use address_controller_api::family::{family_of_ip, parse_address};
 use address_controller_api::{Family, FromClass, IPAddress, IPAddressClass};
 use address_controller_driver_kit::ranges::{self, Cidr, ParamError};
 use address_controller_driver_kit::{
-    AllocateError, Allocation, Capacity, Driver, Presence, Request,
+    AllocateError, Allocation, Capacity, ClassesInUse, Driver, Presence, Request,
 };
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+    PostParams,
 };
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
@@ -42,6 +43,12 @@ pub const PROVISIONER: &str = "metallb.drivers.local.sdn.cozystack.io";
 /// The finalizer behind which the driver lets go of MetalLB's hold.
 pub const FINALIZER: &str = "metallb.drivers.local.sdn.cozystack.io/hold";
 
+/// The finalizer that keeps a class's IPAddressPool while addresses of the class are left:
+/// MetalLB's speaker refuses every new configuration while a Service shows an address of a
+/// pool that is gone (its `SetConfig`, v0.16.1), so a class deleted before its retained
+/// addresses would stop every announcement change of the cluster.
+pub const POOL_FINALIZER: &str = "metallb.drivers.local.sdn.cozystack.io/pool";
+
 /// MetalLB's annotations.
 pub const LOAD_BALANCER_IPS: &str = "metallb.io/loadBalancerIPs";
 pub const ALLOW_SHARED_IP: &str = "metallb.io/allow-shared-ip";
@@ -49,6 +56,8 @@ pub const ALLOW_SHARED_IP: &str = "metallb.io/allow-shared-ip";
 const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 const MANAGER: &str = "address-controller-metallb-driver";
 const COMPONENT: &str = "app.kubernetes.io/component";
+/// The class a pool or advertisement is made for.
+const CLASS_LABEL: &str = "local.sdn.cozystack.io/class";
 /// The IPAddress a hold holds.
 const HOLDS: &str = "metallb.drivers.local.sdn.cozystack.io/address";
 /// The port of a hold (a tenant sharing the address must not use it).
@@ -160,15 +169,20 @@ async fn ensure(api: &Api<DynamicObject>, name: &str, body: Value) -> Result<(),
                 Err(e) => Err(format!("creating {name}: {e}")),
             }
         }
+        // Being deleted (its class went): left alone until it is gone (see POOL_FINALIZER);
+        // the class, if it is back, is synced anew then.
+        Some(have) if have.metadata.deletion_timestamp.is_some() => Ok(()),
         Some(have) => {
             let have = serde_json::to_value(&have).map_err(|e| e.to_string())?;
             let same = have.get("spec") == body.get("spec")
-                && have["metadata"]["ownerReferences"] == body["metadata"]["ownerReferences"];
+                && have["metadata"]["ownerReferences"] == body["metadata"]["ownerReferences"]
+                && have["metadata"]["finalizers"] == body["metadata"]["finalizers"];
             if same {
                 return Ok(());
             }
             let patch = json!({"metadata": {"resourceVersion": have["metadata"]["resourceVersion"],
                 "ownerReferences": body["metadata"]["ownerReferences"],
+                "finalizers": body["metadata"]["finalizers"],
                 "labels": body["metadata"]["labels"]}, "spec": body["spec"]});
             api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
                 .await
@@ -355,9 +369,11 @@ impl Driver for MetalLb {
     ) -> Result<(), String> {
         let name = pool_name(&class.name_any());
         let meta = json!({"name": name, "namespace": self.metallb_namespace,
-            "labels": {MANAGED_BY: MANAGER, "local.sdn.cozystack.io/class": class.name_any()},
+            "labels": {MANAGED_BY: MANAGER, CLASS_LABEL: class.name_any()},
             "ownerReferences": [owner(class)]});
-        let pool = json!({"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool", "metadata": meta,
+        let mut pool_meta = meta.clone();
+        pool_meta["finalizers"] = json!([POOL_FINALIZER]);
+        let pool = json!({"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool", "metadata": pool_meta,
             "spec": {"addresses": p.blocks.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "autoAssign": false, "avoidBuggyIPs": true}});
         ensure(
@@ -386,6 +402,59 @@ impl Driver for MetalLb {
             Ok(_) | Err(kube::Error::Api(_)) => Ok(()),
             Err(e) => Err(format!("deleting the {other}: {e}")),
         }
+    }
+
+    /// Removes [`POOL_FINALIZER`] from the pools whose class (by its uid) is gone and whose
+    /// class name no address names any more: every hold of theirs is gone then (an address's
+    /// hold goes before its finalizer), and no tenant's Service shows their addresses (the
+    /// kit unpins first). The garbage collector deletes them then (or already did, and they
+    /// go). Whether the collector has marked one yet does not matter: the finalizer goes
+    /// first either way.
+    async fn release_classes(
+        &self,
+        client: &Client,
+        in_use: &ClassesInUse,
+    ) -> Result<Vec<String>, String> {
+        let api = metallb_api(client, &self.metallb_namespace, "IPAddressPool");
+        let ours = ListParams::default().labels(&format!("{MANAGED_BY}={MANAGER}"));
+        let pools = match api.list(&ours).await {
+            Ok(l) => l.items,
+            Err(e) => return Err(format!("listing IPAddressPools: {e}")),
+        };
+        let mut released = Vec::new();
+        for pool in pools {
+            let class = pool.labels().get(CLASS_LABEL).cloned().unwrap_or_default();
+            let owner = pool
+                .owner_references()
+                .iter()
+                .find(|o| o.kind == "IPAddressClass")
+                .map(|o| o.uid.as_str());
+            if in_use.keeps(&class, owner) || !pool.finalizers().iter().any(|f| f == POOL_FINALIZER)
+            {
+                continue;
+            }
+            let keep: Vec<&String> = pool
+                .finalizers()
+                .iter()
+                .filter(|f| *f != POOL_FINALIZER)
+                .collect();
+            let body = json!({"metadata": {"resourceVersion": pool.resource_version(), "finalizers": keep}});
+            let done = api
+                .patch(
+                    &pool.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(body),
+                )
+                .await;
+            match done {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(format!("releasing IPAddressPool {}: {e}", pool.name_any())),
+            }
+            tracing::info!(pool = %pool.name_any(), %class, "no address of the class is left: its IPAddressPool goes");
+            released.push(class);
+        }
+        Ok(released)
     }
 
     async fn sync_address(
