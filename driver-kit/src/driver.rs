@@ -277,9 +277,15 @@ mod tests {
             named: BTreeSet::from(["retained".to_string()]),
         };
         assert!(in_use.keeps("public", Some("u2")), "the class exists");
-        assert!(in_use.keeps("retained", Some("u0")), "gone, an address left");
+        assert!(
+            in_use.keeps("retained", Some("u0")),
+            "gone, an address left"
+        );
         assert!(in_use.keeps("retained", None));
-        assert!(!in_use.keeps("public", Some("u1")), "gone: recreated by uid u2");
+        assert!(
+            !in_use.keeps("public", Some("u1")),
+            "gone: recreated by uid u2"
+        );
         assert!(!in_use.keeps("gone", None));
     }
 }

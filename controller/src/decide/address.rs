@@ -82,8 +82,11 @@ pub enum Holder {
     Deleting,
     /// claimRef carries a uid and its claim is gone, or has another uid (a stale binding).
     Gone,
-    /// The claim is live but keeps another address of this family (§5.7).
+    /// The claim is live, keeps another address of this family (§5.7) and lists it.
     Surplus,
+    /// The claim is live and keeps another address of this family, but does not list it
+    /// yet: left alone until it does (see [`Holdings::is_settled_surplus`]).
+    SurplusUnsettled,
 }
 
 /// How `address` relates to `claim` and its siblings (`None`: no claimRef).
@@ -111,8 +114,12 @@ pub fn holder(
     if claim.is_deleting() {
         return Some(Holder::Deleting);
     }
-    if Holdings::of(claim, siblings.iter().map(Arc::as_ref)).is_surplus(address) {
+    let holdings = Holdings::of(claim, siblings.iter().map(Arc::as_ref));
+    if holdings.is_settled_surplus(claim, address) {
         return Some(Holder::Surplus);
+    }
+    if holdings.is_surplus(address) {
+        return Some(Holder::SurplusUnsettled);
     }
     Some(if r.uid.is_none() {
         Holder::PreBound
@@ -220,7 +227,7 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
             plan.confirm = plan.status.is_some() && a.phase() == Some(AddressPhase::Released);
         }
         Some(Holder::PreBound) => plan.status = status_write(a, AddressPhase::Pending, None),
-        Some(Holder::Deleting) => {}
+        Some(Holder::Deleting | Holder::SurplusUnsettled) => {}
         Some(Holder::Released) => {
             let why = format!("released from claim {}", claim_ref_text(a));
             if let Some(note) = orphaned(&mut plan, s, &why, released::RECLAIMED) {

@@ -17,6 +17,15 @@ use address_controller_api::family::Family;
 use address_controller_api::{AddressPhase, IPAddress, IPAddressClaim};
 use kube::ResourceExt;
 
+/// Whether the claim's `status.addresses` lists `a`.
+fn listed_by(claim: &IPAddressClaim, a: &IPAddress) -> bool {
+    let name = a.name_any();
+    claim
+        .status
+        .as_ref()
+        .is_some_and(|s| s.addresses.iter().any(|l| l.name == name))
+}
+
 /// The addresses of one claim, sorted out.
 #[derive(Debug, Default)]
 pub struct Holdings<'a> {
@@ -50,12 +59,7 @@ impl<'a> Holdings<'a> {
                 live.push(a);
             }
         }
-        let listed = |a: &IPAddress| {
-            claim
-                .status
-                .as_ref()
-                .is_some_and(|s| s.addresses.iter().any(|l| l.name == a.name_any()))
-        };
+        let listed = |a: &IPAddress| listed_by(claim, a);
         // Best first: listed, then Bound, then by name.
         live.sort_by_key(|a| {
             (
@@ -84,6 +88,18 @@ impl<'a> Holdings<'a> {
     pub fn is_surplus(&self, a: &IPAddress) -> bool {
         let name = a.name_any();
         self.surplus.iter().any(|s| s.name_any() == name)
+    }
+
+    /// Whether `a` is surplus and may be released now: the address kept for its family is
+    /// the one the claim lists. The claim's list is the anchor — a claim pass keeps a listed
+    /// address first, so it changes only when that address stops being held — whereas two
+    /// address passes judging "kept" from two moments (the claim listing nothing, then the
+    /// other) could each find the other kept and release both, losing the claim.
+    pub fn is_settled_surplus(&self, claim: &IPAddressClaim, a: &IPAddress) -> bool {
+        self.is_surplus(a)
+            && a.family()
+                .and_then(|f| self.kept(f))
+                .is_some_and(|k| listed_by(claim, k))
     }
 
     /// The address kept for `f`, if any.

@@ -1652,6 +1652,62 @@ fn a_claim_never_lists_a_surplus_address_nor_completes_it() {
 }
 
 #[test]
+fn a_surplus_is_released_only_once_the_claim_lists_the_address_it_keeps() {
+    // The chaos run's Lost claim: two address passes judged "kept" from two moments — the
+    // claim listing nothing (b, Bound, kept; a surplus), then listing a (b surplus) — and
+    // released both. Anchored to the claim's list, the first pass waits.
+    let cls = class("pub", json!({}));
+    let a = prebound("a", "192.0.2.1", json!({}));
+    let b = addr("b", "192.0.2.2", "pub", bound_to(Some("claim-uid")));
+    let unlisted = holding(&[]);
+    let p = aplan_with(
+        &a,
+        Some(&unlisted),
+        std::slice::from_ref(&b),
+        Some(&cls),
+        now(),
+    );
+    assert!(
+        p.status.is_none() && !p.delete && p.claim_events.is_empty(),
+        "a waits while the claim lists nothing: {p:?}"
+    );
+    // The claim lists b: a is released.
+    let lists_b = holding(&[("b", "192.0.2.2")]);
+    let p = aplan_with(
+        &a,
+        Some(&lists_b),
+        std::slice::from_ref(&b),
+        Some(&cls),
+        now(),
+    );
+    assert_eq!(
+        p.status,
+        released_write(now(), Some("claim-uid"), Some(released::SURPLUS))
+    );
+    // The claim lists a instead (its pass saw a first): b is the surplus, a is kept.
+    let lists_a = holding(&[("a", "192.0.2.1")]);
+    let p = aplan_with(
+        &b,
+        Some(&lists_a),
+        std::slice::from_ref(&a),
+        Some(&cls),
+        now(),
+    );
+    assert_eq!(
+        p.status,
+        released_write(now(), Some("claim-uid"), Some(released::SURPLUS))
+    );
+    let p = aplan_with(
+        &a,
+        Some(&lists_a),
+        std::slice::from_ref(&b),
+        Some(&cls),
+        now(),
+    );
+    assert!(p.claim_events.is_empty() && !p.delete, "{p:?}");
+}
+
+#[test]
 fn a_surplus_address_is_released_with_an_event_on_the_claim_then_follows_its_policy() {
     let c = holding(&[("f", "192.0.2.1")]);
     let f = addr("f", "192.0.2.1", "pub", bound_to(Some("claim-uid")));
