@@ -177,6 +177,8 @@ pub mod driver {
     pub const DISASSOCIATED: &str = "Disassociated";
     /// An address of the claim is of a family the Service does not have; it is not pinned.
     pub const FAMILY_MISMATCH: &str = "FamilyMismatch";
+    /// An address of the claim the backend cannot put on a Service (outside what it serves).
+    pub const ADDRESS_NOT_SERVED: &str = "AddressNotServed";
 
     /// Event on an address and on the Service using it: a Service holds a claimed address
     /// that the ledger does not give it. Also the address condition type (True while it lasts).

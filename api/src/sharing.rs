@@ -46,6 +46,9 @@ pub mod reason {
     pub const BACKEND_MISMATCH: &str = "BackendMismatch";
     /// None of the claim's addresses is of a family of the Service.
     pub const FAMILY_MISMATCH: &str = "FamilyMismatch";
+    /// The backend cannot put the claim's address on a Service (e.g. an admin's static
+    /// address outside the class's MetalLB pool).
+    pub const ADDRESS_NOT_SERVED: &str = "AddressNotServed";
 }
 
 impl IPAddressClaim {

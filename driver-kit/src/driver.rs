@@ -201,6 +201,13 @@ pub trait Driver: Send + Sync + 'static {
         ingress(service)
     }
 
+    /// Whether the backend can put an address of a class of this driver on a Service
+    /// (`Err`: why not, said on the Service as `AddressNotServed`). Asked of every address
+    /// the kit would pin, an admin's static ones included. The default: always.
+    fn servable(&self, _params: &Self::Params, _address: &IPAddress) -> Result<(), String> {
+        Ok(())
+    }
+
     /// Whether the backend still has an address this driver provisioned (the kit asks only
     /// for those: annotated `provisioned-by` at creation): `Missing` turns it `Lost` (its
     /// claim turns `Lost`, and is never silently given another); `Present` again ends that.

@@ -505,6 +505,99 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
             }
         }
     }
+    // A holder that does not show its address: what the Service carries and what was said
+    // on it (MetalLB's AllocationFailed names its reason), so the report says where to look.
+    for v in report
+        .violations
+        .iter()
+        .filter(|v| v.rule == "association-dangling")
+    {
+        let Some((ns, name)) = v
+            .detail
+            .strip_prefix("holder Service ")
+            .and_then(|d| d.split(',').next())
+            .and_then(|k| k.split_once('/'))
+        else {
+            continue;
+        };
+        let svc = Api::<Service>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await?;
+        if let Some(svc) = &svc {
+            let annotations: Vec<String> = svc
+                .annotations()
+                .iter()
+                .filter(|(k, _)| k.contains("metallb") || k.contains("cozystack"))
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            eprintln!(
+                "chaos: dangling holder {ns}/{name}: annotations {annotations:?}, ingress {:?}, condition {:?}, ports {:?}",
+                address_controller_api::service::ingress_ips(svc).collect::<Vec<_>>(),
+                address_controller_api::sharing::condition(svc).map(|c| (&c.reason, &c.message)),
+                address_controller_api::sharing::ports_of(svc),
+            );
+        }
+        if let Some(m) = &_metallb {
+            // MetalLB's word on it (its JSON log, the Service dumps left out).
+            let log = std::fs::read_to_string(&m.log).unwrap_or_default();
+            let key = format!("{ns}/{name}");
+            let mut said: Vec<String> = Vec::new();
+            for l in log.lines().filter(|l| l.contains(&key)) {
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(l) else {
+                    continue;
+                };
+                if v["level"] == "debug" {
+                    continue;
+                }
+                let line = ["ts", "level", "op", "event", "msg", "error"]
+                    .iter()
+                    .filter_map(|f| v[f].as_str().map(|x| format!("{f}={x}")))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                if said.last() != Some(&line) {
+                    said.push(line);
+                }
+            }
+            for l in said.iter().rev().take(8).rev() {
+                eprintln!("chaos: dangling holder {key}: metallb {l}");
+            }
+        }
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
+        for e in events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        {
+            eprintln!(
+                "chaos: dangling holder {ns}/{name}: event {} {} {}",
+                e.reporting_controller.as_deref().unwrap_or_default(),
+                e.reason.as_deref().unwrap_or_default(),
+                e.note.as_deref().unwrap_or_default()
+            );
+        }
+    }
+    // MetalLB's configuration troubles over the run (a pool it did not have).
+    if let Some(m) = _metallb.as_ref().filter(|_| !report.violations.is_empty()) {
+        let log = std::fs::read_to_string(&m.log).unwrap_or_default();
+        let mut said: Vec<String> = Vec::new();
+        for v in log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["level"] == "error" && v["service"].is_null() && v["name"].is_null())
+        {
+            let line = ["ts", "controller", "op", "event", "msg", "error"]
+                .iter()
+                .filter_map(|f| v[f].as_str().map(|x| format!("{f}={x}")))
+                .collect::<Vec<_>>()
+                .join(" ");
+            said.push(line);
+        }
+        for l in said.iter().take(20) {
+            eprintln!("chaos: metallb error {l}");
+        }
+    }
     let association_events = association_events(&client, &ns_names, run_started).await?;
     // Claims still waiting for room in their namespace's quota: expected where the
     // workload left more claims than the quota allows (the checker's refusal-stale rule

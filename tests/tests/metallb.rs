@@ -1216,6 +1216,63 @@ async fn wait_attached(e: &Env, ns: &str, name: &str, status: &str, reason: &str
     .unwrap()
 }
 
+/// An admin's static address of a MetalLB class outside the class's pool: MetalLB refuses
+/// to assign it ("is not allowed in config"), so the driver never pins it and says why on the
+/// Service — the chaos run found holders in the ledger that MetalLB never showed.
+#[tokio::test]
+async fn a_static_address_outside_the_pool_is_refused_readably_not_pinned() {
+    let mut s = setup("mlb-static", json!(["198.18.47.0/30"]), json!({})).await;
+    purge(&s.e, &["198.18.47.", "198.18.48."]).await;
+    let e = &mut s.e;
+    let class = s.class.clone();
+    let ns = e.ns.name.clone();
+    let outside = e.address("outside", "198.18.48.9", &class, json!({})).await;
+    e.claim("kept", json!({"className": class, "addressName": outside}))
+        .await;
+    e.wait_claim("kept", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    service(
+        e,
+        &ns,
+        "web",
+        json!({SERVICE_CLAIM_ANNOTATION: "kept"}),
+        json!({}),
+    )
+    .await;
+    let m = wait_attached(e, &ns, "web", "False", "AddressNotServed").await;
+    assert!(
+        m.contains("198.18.48.9") && m.contains("198.18.47.0/30"),
+        "{m}"
+    );
+    let web = services(e, &ns).get("web").await.unwrap();
+    assert!(
+        !web.annotations().contains_key("metallb.io/loadBalancerIPs"),
+        "never pinned: {:?}",
+        web.annotations()
+    );
+    e.wait_address(&outside, "no holder", |a| {
+        a.is_some_and(|a| a.holders().is_empty())
+    })
+    .await;
+    // The positive control: an address of the pool, the same way, is attached.
+    let inside = e.address("inside", "198.18.47.1", &class, json!({})).await;
+    e.claim("fine", json!({"className": class, "addressName": inside}))
+        .await;
+    e.wait_claim("fine", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    service(
+        e,
+        &ns,
+        "ok",
+        json!({SERVICE_CLAIM_ANNOTATION: "fine"}),
+        json!({}),
+    )
+    .await;
+    wait_attached(e, &ns, "ok", "True", "Attached").await;
+    wait_ingress(e, &ns, "ok", &["198.18.47.1"]).await;
+    e.check().await;
+}
+
 /// Sharing through the real MetalLB (#42): the driver writes one sharing key derived from
 /// the claim's uid on every holder; MetalLB puts the address on each; the ports are judged
 /// by the kit before MetalLB sees them; the first holder deleted, the others keep it at every

@@ -185,6 +185,8 @@ pub struct ServiceSnapshot<'a> {
     pub shown: &'a [IpAddr],
     /// The other Services whose backend still shows `ip`.
     pub shown_elsewhere: &'a dyn Fn(IpAddr) -> Vec<String>,
+    /// Why the backend cannot put an address on a Service ([`crate::Driver::servable`]).
+    pub unservable: &'a dyn Fn(&IPAddress) -> Option<String>,
 }
 
 /// The `AddressAttached` condition a Service should carry: `(status, reason, message)`.
@@ -408,9 +410,13 @@ fn admitted(
 ) {
     let families = service_families(svc);
     let mut mismatched = Vec::new();
+    let mut not_served = Vec::new();
     for a in s.addresses.iter().filter(|a| holdable(a, c)) {
         match a.family() {
-            Some(f) if families.contains(&f) => wanted.push(a.clone()),
+            Some(f) if families.contains(&f) => match (s.unservable)(a) {
+                None => wanted.push(a.clone()),
+                Some(why) => not_served.push(why),
+            },
             _ => mismatched.push(format!(
                 "{} ({})",
                 a.spec.address,
@@ -445,6 +451,19 @@ fn admitted(
         plan.problem = Some(PlannedEvent::warning(reason::FAMILY_MISMATCH, why.clone()));
         if wanted.is_empty() {
             plan.condition = Some((false, sharing::reason::FAMILY_MISMATCH, why));
+        }
+    }
+    if !not_served.is_empty() {
+        let why = format!(
+            "{} (IPAddressClaim {claim_ref}); not put on the Service",
+            not_served.join("; ")
+        );
+        plan.problem = Some(PlannedEvent::warning(
+            reason::ADDRESS_NOT_SERVED,
+            why.clone(),
+        ));
+        if wanted.is_empty() {
+            plan.condition = Some((false, sharing::reason::ADDRESS_NOT_SERVED, why));
         }
     }
     if wanted.is_empty() && s.addresses.is_empty() && s.foreign == 0 {
@@ -658,6 +677,8 @@ mod tests {
         marked: Vec<IpAddr>,
         shown: Vec<IpAddr>,
         elsewhere: Vec<(&'static str, IpAddr)>,
+        /// Addresses the backend cannot serve.
+        unservable: Vec<&'static str>,
     }
 
     impl Case {
@@ -674,6 +695,7 @@ mod tests {
                 marked: vec![],
                 shown: vec![],
                 elsewhere: vec![],
+                unservable: vec![],
             }
         }
         fn plan(&self) -> ServicePlan {
@@ -696,12 +718,36 @@ mod tests {
                 marked: &self.marked,
                 shown: &self.shown,
                 shown_elsewhere: &elsewhere,
+                unservable: &|a: &IPAddress| {
+                    self.unservable
+                        .contains(&a.spec.address.as_str())
+                        .then(|| format!("{} is outside the pool", a.spec.address))
+                },
             })
         }
     }
 
     fn names(v: &[Arc<IPAddress>]) -> Vec<String> {
         v.iter().map(|a| a.name_any()).collect()
+    }
+
+    #[test]
+    fn an_address_the_backend_cannot_serve_is_refused_readably_and_never_pinned() {
+        let mut c = Case::new();
+        c.unservable = vec!["192.0.2.1"];
+        let p = c.plan();
+        assert!(
+            p.associate.is_empty() && p.pin.as_ref().is_none_or(|(_, want)| want.is_empty()),
+            "{p:?}"
+        );
+        let (on, why, message) = p.condition.unwrap();
+        assert!(!on);
+        assert_eq!(why, sharing::reason::ADDRESS_NOT_SERVED);
+        assert!(
+            message.contains("192.0.2.1 is outside the pool"),
+            "{message}"
+        );
+        assert_eq!(p.problem.unwrap().reason, reason::ADDRESS_NOT_SERVED);
     }
 
     #[test]

@@ -141,6 +141,10 @@ pub(crate) async fn service_pass<D: Driver>(
         .map(|s| ctx.driver.shown(s))
         .unwrap_or_default();
     let shown_elsewhere = |ip: IpAddr| shown_by(&ctx, ip);
+    let unservable = |a: &IPAddress| match ctx.params(&a.spec.class_name) {
+        Some(Ok(p)) => ctx.driver.servable(&p, a).err(),
+        _ => None,
+    };
     let plan = plan_service(&ServiceSnapshot {
         key: &key,
         service: svc.as_deref(),
@@ -153,6 +157,7 @@ pub(crate) async fn service_pass<D: Driver>(
         marked: &marked,
         shown: &shown,
         shown_elsewhere: &shown_elsewhere,
+        unservable: &unservable,
     });
     apply_service(&ctx, &key, svc, plan).await
 }

@@ -539,6 +539,22 @@ impl Driver for MetalLb {
     }
 
     /// In the class's current addresses (its rendered pool), or gone from it.
+    /// MetalLB assigns a pinned address only from a pool: an admin's static address of the
+    /// class outside its `addresses` would be refused ("is not allowed in config") while the
+    /// ledger said it held.
+    fn servable(&self, p: &Params, address: &IPAddress) -> Result<(), String> {
+        match ip_of(address) {
+            Some(ip) if !p.blocks.iter().any(|b| b.contains(ip)) => {
+                let list: Vec<String> = p.blocks.iter().map(ToString::to_string).collect();
+                Err(format!(
+                    "{ip} is outside the class's MetalLB pool ({}): MetalLB cannot put it on a Service",
+                    list.join(", ")
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn presence(&self, p: &Params, address: &IPAddress) -> Presence {
         let Some(ip) = ip_of(address) else {
             return Presence::Unknown;
