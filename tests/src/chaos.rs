@@ -300,6 +300,36 @@ struct Pod {
 }
 
 /// Runs the scenario against the current [`Cluster`].
+/// Prints the events regarding object `ns/name` (a finding's context; a failed list says
+/// nothing).
+async fn say_events(client: &Client, what: &str, ns: &str, name: &str) {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
+    let Ok(list) = events.list(&ListParams::default()).await else {
+        return;
+    };
+    for e in list
+        .items
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+    {
+        eprintln!(
+            "chaos: {what} {ns}/{name}: event {} {} {}",
+            e.reporting_controller.as_deref().unwrap_or_default(),
+            e.reason.as_deref().unwrap_or_default(),
+            e.note.as_deref().unwrap_or_default()
+        );
+    }
+}
+
+/// `field=value` of the string fields of a JSON log line (MetalLB's), in `fields` order.
+fn log_fields(v: &serde_json::Value, fields: &[&str]) -> String {
+    fields
+        .iter()
+        .filter_map(|f| v[f].as_str().map(|x| format!("{f}={x}")))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 pub async fn run(cfg: &Config) -> Result<Outcome> {
     let started = Instant::now();
     let run_started = k8s_openapi::jiff::Timestamp::now();
@@ -488,21 +518,7 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
         .collect();
     for key in &lost_claims {
         if let Some((ns, name)) = key.split(' ').next().and_then(|k| k.split_once('/')) {
-            let events: Api<k8s_openapi::api::events::v1::Event> =
-                Api::namespaced(client.clone(), ns);
-            if let Ok(list) = events.list(&ListParams::default()).await {
-                for e in list
-                    .items
-                    .iter()
-                    .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-                {
-                    eprintln!(
-                        "chaos: Lost claim {ns}/{name}: event {} {}",
-                        e.reason.as_deref().unwrap_or_default(),
-                        e.note.as_deref().unwrap_or_default()
-                    );
-                }
-            }
+            say_events(&client, "Lost claim", ns, name).await;
         }
     }
     // A holder that does not show its address: what the Service carries and what was said
@@ -549,11 +565,7 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
                 if v["level"] == "debug" {
                     continue;
                 }
-                let line = ["ts", "level", "op", "event", "msg", "error"]
-                    .iter()
-                    .filter_map(|f| v[f].as_str().map(|x| format!("{f}={x}")))
-                    .collect::<Vec<_>>()
-                    .join(" ");
+                let line = log_fields(&v, &["ts", "level", "op", "event", "msg", "error"]);
                 if said.last() != Some(&line) {
                     said.push(line);
                 }
@@ -562,21 +574,7 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
                 eprintln!("chaos: dangling holder {key}: metallb {l}");
             }
         }
-        let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
-        for e in events
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        {
-            eprintln!(
-                "chaos: dangling holder {ns}/{name}: event {} {} {}",
-                e.reporting_controller.as_deref().unwrap_or_default(),
-                e.reason.as_deref().unwrap_or_default(),
-                e.note.as_deref().unwrap_or_default()
-            );
-        }
+        say_events(&client, "dangling holder", ns, name).await;
     }
     // MetalLB's configuration troubles over the run (a pool it did not have).
     if let Some(m) = _metallb.as_ref().filter(|_| !report.violations.is_empty()) {
@@ -587,11 +585,7 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .filter(|v| v["level"] == "error" && v["service"].is_null() && v["name"].is_null())
         {
-            let line = ["ts", "controller", "op", "event", "msg", "error"]
-                .iter()
-                .filter_map(|f| v[f].as_str().map(|x| format!("{f}={x}")))
-                .collect::<Vec<_>>()
-                .join(" ");
+            let line = log_fields(&v, &["ts", "controller", "op", "event", "msg", "error"]);
             said.push(line);
         }
         for l in said.iter().take(20) {
