@@ -187,7 +187,10 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
             plan.finalizers = Some(remaining);
             // A Bound address whose claim merely vanished from the cache is confirmed first.
             plan.confirm = a.phase() == Some(AddressPhase::Bound)
-                && matches!(holder, Some(Holder::Gone | Holder::Surplus));
+                && matches!(
+                    holder,
+                    Some(Holder::Gone | Holder::Surplus | Holder::SurplusUnsettled)
+                );
         }
         return plan;
     }
