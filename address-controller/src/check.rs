@@ -1,6 +1,7 @@
 //! `address-controller check`: is this installation working, as its operator would ask —
 //! the CRDs Established at the schema this binary expects, the views' APIService
-//! Available, the Leases of the core and the drivers held and renewed, every class served
+//! Available, the Leases of the core and the drivers held and renewed (and none of the Go
+//! pair's), every class served
 //! by a live driver, and the caller allowed what an operator needs. A table, one row per
 //! check; exit 1 when a row fails.
 
@@ -9,7 +10,7 @@ use std::collections::BTreeMap;
 use address_controller_api::IPAddressClass;
 use address_controller_api::names::LEASE_COMPONENT_ANNOTATION;
 use address_controller_runtime::client::ClientArgs;
-use address_controller_runtime::leader::{lease_liveness, live_driver_lease};
+use address_controller_runtime::leader::{go_pair_leases_held, lease_liveness, live_driver_lease};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
@@ -286,6 +287,17 @@ fn lease_rows(leases: &[Lease], now: Timestamp) -> Vec<Row> {
             }
         })
         .collect();
+    rows.extend(
+        go_pair_leases_held(leases, now)
+            .into_iter()
+            .map(|(lease, who, how)| {
+                row(
+                    format!("lease/{lease} (Go pair)"),
+                    false,
+                    format!("{who} runs ({how}): stop it — this project's binaries refuse to start beside it (docs/operations.md, \"Migrating to address-controller\")"),
+                )
+            }),
+    );
     if !ours
         .iter()
         .any(|l| l.annotations()[LEASE_COMPONENT_ANNOTATION] == "controller")
@@ -433,6 +445,36 @@ mod tests {
         assert!(late.contains("not renewed for 60s"), "{late}");
         let released = lease_liveness(&lease("", 1, 15, None), now).unwrap_err();
         assert!(released.starts_with("not held"), "{released}");
+    }
+
+    #[test]
+    fn a_held_lease_of_the_go_pair_fails_the_leases_check_and_a_stale_one_does_not() {
+        let now = Timestamp::now();
+        let named = |holder: &str, ago: i64, name: &str| {
+            let mut l = lease(holder, ago, 15, None);
+            l.metadata.name = Some(name.into());
+            l.metadata.annotations = None;
+            l
+        };
+        let leases = [
+            lease("core", 1, 15, None),
+            named("go-core", 2, "a4cfeeab.sdn.cozystack.io"),
+            named("go-driver", 120, "e1633266.iad.cozystack.io"),
+            named("someone", 1, "unrelated.example"),
+        ];
+        let failed: Vec<(String, String)> = lease_rows(&leases, now)
+            .into_iter()
+            .filter(|r| !r.ok)
+            .map(|r| (r.check, r.detail))
+            .collect();
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert_eq!(failed[0].0, "lease/ns/a4cfeeab.sdn.cozystack.io (Go pair)");
+        assert!(
+            failed[0]
+                .1
+                .starts_with("the Go address-controller runs (held by go-core"),
+            "{failed:?}"
+        );
     }
 
     #[test]

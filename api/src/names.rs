@@ -37,6 +37,18 @@ pub const LEASE_COMPONENT_LABEL: &str = "local.sdn.cozystack.io/component";
 /// classes with it).
 pub const LEASE_PROVISIONER_ANNOTATION: &str = "local.sdn.cozystack.io/provisioner";
 
+/// The Leases of the Go pair this project replaces (their controller-runtime election IDs,
+/// in whatever namespace they ran): while one is held and renewed, no binary of this
+/// project starts — two controllers would write the same objects (docs/operations.md,
+/// "Migrating to address-controller").
+pub const GO_PAIR_LEASES: &[(&str, &str)] = &[
+    ("a4cfeeab.sdn.cozystack.io", "the Go address-controller"),
+    (
+        "e1633266.iad.cozystack.io",
+        "the Go MetalLB driver (metallb-iad)",
+    ),
+];
+
 /// The APIService of the aggregated views.
 pub const VIEWS_APISERVICE: &str = "v1alpha1.view.local.sdn.cozystack.io";
 

@@ -443,6 +443,62 @@ pub fn lease_expiry(l: &k8s_openapi::api::coordination::v1::Lease) -> Option<Tim
         .ok()
 }
 
+/// Which of `leases` are a Go pair's ([`GO_PAIR_LEASES`](address_controller_api::names::GO_PAIR_LEASES))
+/// held and renewed now: `(namespace/name, who, how it is held)`. The one rule behind the
+/// binaries' refusal to start and `address-controller check`'s row.
+pub fn go_pair_leases_held<'a>(
+    leases: impl IntoIterator<Item = &'a Lease>,
+    now: Timestamp,
+) -> Vec<(String, &'static str, String)> {
+    use kube::ResourceExt;
+    leases
+        .into_iter()
+        .filter_map(|l| {
+            let name = l.name_any();
+            let (_, who) = address_controller_api::names::GO_PAIR_LEASES
+                .iter()
+                .find(|(n, _)| *n == name)?;
+            let held = lease_liveness(l, now).ok()?;
+            Some((
+                format!("{}/{name}", l.namespace().unwrap_or_default()),
+                *who,
+                held,
+            ))
+        })
+        .collect()
+}
+
+/// Refuses to go on while the Go pair runs (a Lease of it held, in any namespace): what
+/// this process would write, the Go pair writes too. A cluster that cannot be asked (a
+/// connection error) is not taken for a yes — the process starts and the Lease of its own
+/// is the next thing it needs anyway; being forbidden to ask is an error (the chart grants
+/// it).
+pub async fn refuse_while_go_pair_leads(client: &Client) -> anyhow::Result<()> {
+    let api: Api<Lease> = Api::all(client.clone());
+    let mut found = Vec::new();
+    for (name, _) in address_controller_api::names::GO_PAIR_LEASES {
+        let by_name = kube::api::ListParams::default().fields(&format!("metadata.name={name}"));
+        match api.list(&by_name).await {
+            Ok(l) => found.extend(l.items),
+            Err(kube::Error::Api(s)) => anyhow::bail!(
+                "cannot tell whether the Go pair runs (listing Leases named {name}: {}); the ClusterRole must grant list on coordination.k8s.io leases",
+                s.message
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, lease = name, "cannot tell whether the Go pair runs; starting");
+                return Ok(());
+            }
+        }
+    }
+    let held = go_pair_leases_held(&found, Timestamp::now());
+    if let Some((lease, who, how)) = held.first() {
+        anyhow::bail!(
+            "{who} runs (Lease {lease} {how}): stop it before this starts — both would write the same objects (docs/operations.md, \"Migrating to address-controller\")"
+        );
+    }
+    Ok(())
+}
+
 /// The driver Lease (annotated with `provisioner`) that serves it now, if any.
 pub fn live_driver_lease<'a>(
     leases: impl IntoIterator<Item = &'a k8s_openapi::api::coordination::v1::Lease>,

@@ -96,6 +96,9 @@ impl Process {
             client.unlimited_client().await?,
         );
         let client = client.client().await?;
+        if acting != Acting::Never {
+            leader::refuse_while_go_pair_leads(&lease_client).await?;
+        }
         let shutdown = Shutdown::default();
         let tasks = Tasks::new(shutdown.clone());
         let leadership = match acting {

@@ -94,13 +94,22 @@ pub fn render(
 }
 
 /// The rules every runtime-based process needs cluster-wide besides its own: events, in the
-/// namespace of the object they are about (a tenant's, or `default` for cluster-scoped ones).
-pub const RUNTIME_RULES: &[Rule] = &[Rule {
-    group: "events.k8s.io",
-    resources: &["events"],
-    verbs: &["create"],
-    why: "events",
-}];
+/// namespace of the object they are about (a tenant's, or `default` for cluster-scoped ones),
+/// and a look at the Go pair's Leases before it starts.
+pub const RUNTIME_RULES: &[Rule] = &[
+    Rule {
+        group: "events.k8s.io",
+        resources: &["events"],
+        verbs: &["create"],
+        why: "events",
+    },
+    Rule {
+        group: "coordination.k8s.io",
+        resources: &["leases"],
+        verbs: &["list"],
+        why: "refusing to start while a Lease of the Go pair is held, in whichever namespace it ran",
+    },
+];
 
 /// What every runtime-based process needs in its own namespace only: its Lease (the chart
 /// sets `--lease-namespace` to the pod's namespace). Never a Lease of another namespace.

@@ -10,15 +10,14 @@ use std::time::Duration;
 use address_controller_api::names::SERVICE_CLAIM_ANNOTATION;
 use address_controller_api::{AddressPhase, ClaimPhase};
 use address_controller_tests::env::{Env, WAIT, aphase, env, phase, purge};
-use address_controller_tests::metallb::{MetalLb, NAMESPACE};
+use address_controller_tests::metallb::{
+    MetalLb, NAMESPACE, core_events, ingress, pools, service, services, wait_ingress,
+};
 use address_controller_tests::{ControllerProcess, TestNamespace, sum_samples, wait_for};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
-    PostParams, WatchEvent, WatchParams,
-};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 
 const PROVISIONER: &str = "metallb.drivers.local.sdn.cozystack.io";
@@ -66,72 +65,11 @@ async fn setup(prefix: &str, addresses: Value, class_extra: Value) -> Setup {
     }
 }
 
-fn services(e: &Env, ns: &str) -> Api<Service> {
-    Api::namespaced(e.client.clone(), ns)
-}
-
-fn ingress(s: &Service) -> Vec<String> {
-    address_controller_api::service::ingress_ips(s)
-        .map(str::to_string)
-        .collect()
-}
-
-async fn service(e: &Env, ns: &str, name: &str, annotations: Value, spec: Value) -> Service {
-    let mut v = json!({"metadata": {"name": name, "annotations": annotations},
-        "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}});
-    address_controller_tests::env::merge(&mut v, json!({"spec": spec}));
-    services(e, ns)
-        .create(&PostParams::default(), &serde_json::from_value(v).unwrap())
-        .await
-        .unwrap()
-}
-
-async fn wait_ingress(e: &Env, ns: &str, name: &str, want: &[&str]) -> Service {
-    let api = services(e, ns);
-    wait_for(
-        &format!("Service {ns}/{name} ingress {want:?}"),
-        WAIT,
-        || async {
-            let s = api.get(name).await?;
-            let mut got = ingress(&s);
-            got.sort();
-            let mut w: Vec<String> = want.iter().map(|s| s.to_string()).collect();
-            w.sort();
-            if got == w {
-                Ok(Some(s))
-            } else {
-                Err(anyhow::anyhow!("ingress {got:?}"))
-            }
-        },
-    )
-    .await
-    .unwrap()
-}
-
-fn pools(e: &Env) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("metallb.io", "v1beta1", "IPAddressPool");
-    Api::namespaced_with(e.client.clone(), NAMESPACE, &ApiResource::from_gvk(&gvk))
-}
-
 fn listed(c: &address_controller_api::IPAddressClaim) -> Vec<(String, String)> {
     c.status
         .iter()
         .flat_map(|s| &s.addresses)
         .map(|a| (a.name.clone(), a.address.clone()))
-        .collect()
-}
-
-/// Events with `reason` on Service `ns/name`, from `component` (MetalLB's is
-/// `metallb-controller`).
-async fn core_events(e: &Env, ns: &str, name: &str) -> Vec<(String, String)> {
-    let api: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(e.client.clone(), ns);
-    api.list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|x| x.involved_object.name.as_deref() == Some(name))
-        .map(|x| (x.reason.unwrap_or_default(), x.message.unwrap_or_default()))
         .collect()
 }
 

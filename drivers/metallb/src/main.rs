@@ -5,6 +5,7 @@
 //! annotations, without a gap. Everything but the MetalLB objects is the driver kit's.
 
 mod metallb;
+mod takeover;
 
 use address_controller_driver_kit::Info;
 use address_controller_driver_kit::runtime_rbac::Rule;
@@ -57,6 +58,23 @@ struct MetalLbArgs {
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> anyhow::Result<()> {
+    // `metallb-driver takeover …`: the one-shot move from the Go driver (takeover.rs).
+    if std::env::args().nth(1).as_deref() == Some("takeover") {
+        use clap::Parser;
+        let args = takeover::TakeoverArgs::parse_from(std::env::args().skip(1));
+        args.log.init();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        match runtime.block_on(takeover::run(&args, INFO.name)) {
+            Ok(true) => return Ok(()),
+            Ok(false) => std::process::exit(1),
+            Err(e) => {
+                eprintln!("metallb-driver takeover: {e:#}");
+                std::process::exit(1);
+            }
+        }
+    }
     address_controller_driver_kit::main_with(INFO, |a: &MetalLbArgs| metallb::MetalLb {
         metallb_namespace: a.metallb_namespace.clone(),
         hold_namespace: a.hold_namespace.clone(),

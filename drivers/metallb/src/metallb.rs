@@ -5,7 +5,8 @@
 //!   `IPAddressPool.spec.addresses` — and optionally `advertisement: L2 | BGP` (default L2).
 //!   Per class one `IPAddressPool` (`autoAssign: false`, `avoidBuggyIPs: true`) and one
 //!   `L2Advertisement` or `BGPAdvertisement`, named `ipaddressclass-<class>` in MetalLB's
-//!   namespace and owned by the class (they go with it).
+//!   namespace and owned by the class (they go with it). The Go driver's `iad-<class>` pool
+//!   and advertisement, when a class has them, are adopted in place instead.
 //! * **Holds.** Every address of the driver's classes is held in MetalLB's books by a
 //!   placeholder Service in the driver's namespace (`hold-<address>`: a LoadBalancer without
 //!   selector, pinned to the address with `metallb.io/loadBalancerIPs`, on port 65535, owned by
@@ -113,6 +114,12 @@ pub fn pool_name(class: &str) -> String {
     format!("ipaddressclass-{class}")
 }
 
+/// The name the Go driver (metallb-iad) gave the pool and advertisement of a class: a
+/// class that has one is served through it, adopted in place (see [`MetalLb::pool_of`]).
+pub fn go_pool_name(class: &str) -> String {
+    format!("iad-{class}")
+}
+
 /// The name of the hold of an address (a DNS label: long names are shortened by a hash).
 pub fn hold_name(address: &str) -> String {
     let name = format!("hold-{address}");
@@ -193,6 +200,35 @@ async fn ensure(api: &Api<DynamicObject>, name: &str, body: Value) -> Result<(),
 }
 
 impl MetalLb {
+    /// The name of `class`'s pool and advertisement, and the pool's `avoidBuggyIPs`: the Go
+    /// driver's `iad-<class>` when it is there and owned by this very class (by uid) —
+    /// adopted in place, keeping `avoidBuggyIPs` as it was (the Go pool handed out `.0`
+    /// addresses; MetalLB would refuse them on their Services under `true`). A second pool
+    /// beside it is no option: MetalLB refuses a pool overlapping another, and deleting
+    /// the Go pool first would leave its pinned Services outside every pool. Otherwise
+    /// `ipaddressclass-<class>` with `avoidBuggyIPs: true`.
+    async fn pool_of(
+        &self,
+        client: &Client,
+        class: &IPAddressClass,
+    ) -> Result<(String, Option<bool>), String> {
+        let go = go_pool_name(&class.name_any());
+        let pools = metallb_api(client, &self.metallb_namespace, "IPAddressPool");
+        match pools.get_opt(&go).await {
+            Ok(Some(p))
+                if class.meta().uid.is_some()
+                    && p.owner_references()
+                        .iter()
+                        .any(|o| Some(&o.uid) == class.meta().uid.as_ref()) =>
+            {
+                let avoid = p.data["spec"]["avoidBuggyIPs"].as_bool();
+                Ok((go, avoid))
+            }
+            Ok(_) => Ok((pool_name(&class.name_any()), Some(true))),
+            Err(e) => Err(format!("reading IPAddressPool {go}: {e}")),
+        }
+    }
+
     fn holds(&self, client: &Client) -> Api<Service> {
         Api::namespaced(client.clone(), &self.hold_namespace)
     }
@@ -233,7 +269,7 @@ impl MetalLb {
     }
 
     /// Creates the hold of `a`, or brings its pin, key and backend key up to date.
-    async fn ensure_hold(
+    pub(crate) async fn ensure_hold(
         &self,
         client: &Client,
         a: &IPAddress,
@@ -367,15 +403,19 @@ impl Driver for MetalLb {
         class: &IPAddressClass,
         p: &Params,
     ) -> Result<(), String> {
-        let name = pool_name(&class.name_any());
+        let (name, avoid_buggy_ips) = self.pool_of(client, class).await?;
         let meta = json!({"name": name, "namespace": self.metallb_namespace,
             "labels": {MANAGED_BY: MANAGER, CLASS_LABEL: class.name_any()},
             "ownerReferences": [owner(class)]});
         let mut pool_meta = meta.clone();
         pool_meta["finalizers"] = json!([POOL_FINALIZER]);
+        let mut spec = json!({"addresses": p.blocks.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "autoAssign": false});
+        if let Some(avoid) = avoid_buggy_ips {
+            spec["avoidBuggyIPs"] = json!(avoid);
+        }
         let pool = json!({"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool", "metadata": pool_meta,
-            "spec": {"addresses": p.blocks.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                "autoAssign": false, "avoidBuggyIPs": true}});
+            "spec": spec});
         ensure(
             &metallb_api(client, &self.metallb_namespace, "IPAddressPool"),
             &name,
