@@ -64,6 +64,21 @@ pub fn family_of(s: &str) -> Result<Family, AddressError> {
     parse_address(s).map(family_of_ip)
 }
 
+/// The default object name of an address: `ipv4-192-0-2-1`, or the fully expanded
+/// `ipv6-2001-0db8-0000-…` — every spelling of an address gives one name.
+pub fn object_name(ip: std::net::IpAddr) -> String {
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            let o = v4.octets();
+            format!("ipv4-{}-{}-{}-{}", o[0], o[1], o[2], o[3])
+        }
+        std::net::IpAddr::V6(v6) => {
+            let s: Vec<String> = v6.segments().iter().map(|s| format!("{s:04x}")).collect();
+            format!("ipv6-{}", s.join("-"))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,6 +7,7 @@ pub mod entitlement;
 pub mod family;
 pub mod manifests;
 pub mod names;
+pub mod ranges;
 mod rules;
 pub mod selector;
 pub mod service;

@@ -229,20 +229,7 @@ pub enum Presence {
 /// The addresses in a Service's `status.loadBalancer.ingress`.
 pub use address_controller_api::service::ingress_addresses as ingress;
 
-/// The default object name of an address: `ipv4-192-0-2-1`, or the fully expanded
-/// `ipv6-2001-0db8-0000-…` — every spelling of an address gives one name.
-pub fn object_name(ip: IpAddr) -> String {
-    match ip {
-        IpAddr::V4(v4) => {
-            let o = v4.octets();
-            format!("ipv4-{}-{}-{}-{}", o[0], o[1], o[2], o[3])
-        }
-        IpAddr::V6(v6) => {
-            let s: Vec<String> = v6.segments().iter().map(|s| format!("{s:04x}")).collect();
-            format!("ipv6-{}", s.join("-"))
-        }
-    }
-}
+pub use address_controller_api::family::object_name;
 
 #[cfg(test)]
 mod tests {

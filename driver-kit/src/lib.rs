@@ -10,8 +10,10 @@ pub mod association;
 pub mod driver;
 mod inventory;
 pub mod metrics;
-pub mod ranges;
 pub mod runner;
+/// Address ranges (CIDRs and `a-b` ranges): the api crate's, where `address-controller adopt`
+/// reads them too.
+pub use address_controller_api::ranges;
 mod services;
 
 use std::sync::Arc;

@@ -19,7 +19,7 @@ use serde_json::json;
 use address_controller_driver_kit::ranges::{self as allocator, Cidr, ParamError};
 
 /// The provisioner name this driver answers to.
-pub const PROVISIONER: &str = "range.drivers.local.sdn.cozystack.io";
+pub const PROVISIONER: &str = address_controller_api::names::driver::RANGE_PROVISIONER;
 
 /// The driver; `lb_class` is the `spec.loadBalancerClass` of the Services it serves
 /// (`None`: Services without one), as MetalLB's `--lb-class`.

@@ -1,12 +1,12 @@
-//! Address ranges for drivers: CIDRs (`192.0.2.0/28`) and, where a driver allows them,
+//! Address ranges of classes (the drivers', and `address-controller adopt`'s): CIDRs (`192.0.2.0/28`) and, where a driver allows them,
 //! inclusive ranges (`192.0.2.10-192.0.2.20`) of one family; parsing a class's list of them,
 //! overlaps between classes, capacity, and the first free address. Pure functions, no I/O —
 //! every driver that hands out addresses from ranges needs them.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use address_controller_api::Family;
-use address_controller_api::family::family_of_ip;
+use crate::Family;
+use crate::family::family_of_ip;
 
 /// One block of a class's addresses: a CIDR, or (`range` set) the inclusive range from
 /// `network` to `range`.
@@ -188,6 +188,28 @@ impl Cidr {
 /// Parses `spec.parameters` of a class: `{"cidrs": ["192.0.2.0/28", "2001:db8::/120"]}`.
 pub fn parse_parameters(parameters: Option<&serde_json::Value>) -> Result<Vec<Cidr>, ParamError> {
     parse_blocks(parameters, "cidrs", false)
+}
+
+/// Parses `spec.parameters` of a MetalLB driver's class: `{"addresses": [...]}`, CIDRs and
+/// `a-b` ranges as MetalLB's `IPAddressPool.spec.addresses`.
+pub fn parse_metallb_addresses(
+    parameters: Option<&serde_json::Value>,
+) -> Result<Vec<Cidr>, ParamError> {
+    parse_blocks(parameters, "addresses", true)
+}
+
+/// The addresses of a class of one of the drivers this project ships, by its provisioner
+/// (`None`: another driver's class — only that driver reads its parameters).
+pub fn shipped_class_blocks(
+    provisioner: &str,
+    parameters: Option<&serde_json::Value>,
+) -> Option<Result<Vec<Cidr>, ParamError>> {
+    use crate::names::driver::{METALLB_PROVISIONER, RANGE_PROVISIONER};
+    match provisioner {
+        RANGE_PROVISIONER => Some(parse_parameters(parameters)),
+        METALLB_PROVISIONER => Some(parse_metallb_addresses(parameters)),
+        _ => None,
+    }
 }
 
 /// Parses the list under `key` of `spec.parameters`: CIDRs, and with `ranges` also `a-b`
