@@ -29,7 +29,7 @@ use address_controller_api::family::{family_of_ip, parse_address};
 use address_controller_api::{Family, FromClass, IPAddress, IPAddressClass};
 use address_controller_driver_kit::ranges::{self, Cidr, ParamError};
 use address_controller_driver_kit::{
-    AllocateError, Allocation, Capacity, ClassesInUse, Driver, Presence, Request,
+    AllocateError, Allocation, Capacity, ClassesInUse, Driver, Presence, Request, ingress,
 };
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{
@@ -40,7 +40,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 /// The provisioner name this driver answers to (the same as the Go driver's).
-pub const PROVISIONER: &str = "metallb.drivers.local.sdn.cozystack.io";
+pub const PROVISIONER: &str = address_controller_api::names::driver::METALLB_PROVISIONER;
 /// The finalizer behind which the driver lets go of MetalLB's hold.
 pub const FINALIZER: &str = "metallb.drivers.local.sdn.cozystack.io/hold";
 
@@ -61,6 +61,9 @@ const COMPONENT: &str = "app.kubernetes.io/component";
 const CLASS_LABEL: &str = "local.sdn.cozystack.io/class";
 /// The IPAddress a hold holds.
 const HOLDS: &str = "metallb.drivers.local.sdn.cozystack.io/address";
+/// On a hold: the Service (`name@resourceVersion`) for which the driver last asked MetalLB
+/// to try the hold again.
+const RETRIED_FOR: &str = "metallb.drivers.local.sdn.cozystack.io/retried-for";
 /// The port of a hold (a tenant sharing the address must not use it).
 pub const HOLD_PORT: i32 = 65535;
 
@@ -88,8 +91,8 @@ pub struct MetalLb {
 }
 
 fn parse(parameters: Option<&Value>) -> Result<Params, String> {
-    let blocks = ranges::parse_blocks(parameters, "addresses", true)
-        .map_err(|e: ParamError| e.to_string())?;
+    let blocks =
+        ranges::parse_metallb_addresses(parameters).map_err(|e: ParamError| e.to_string())?;
     let advertisement = match parameters
         .and_then(|p| p.get("advertisement"))
         .map(|v| v.as_str())
@@ -303,8 +306,37 @@ impl MetalLb {
                     && (body["spec"]["externalTrafficPolicy"] != "Local"
                         || spec.and_then(|s| s.selector.clone()).map(|s| json!(s))
                             == body["spec"].get("selector").cloned());
-                if same {
+                // MetalLB refused the hold while the Service held the address under another
+                // key (the Service MetalLB gave it to before it was claimed: an adoption, a
+                // takeover); the Service has the claim's key now, but MetalLB retries a
+                // refused Service only on its own "reprocess all", which a failed status
+                // write of its own can swallow — observed with v0.16.1. A write on the hold
+                // makes it try again (once per version of the Service).
+                let retry = like
+                    .filter(|t| {
+                        !ingress(&have).contains(&ip)
+                            && ingress(t).contains(&ip)
+                            && annotations(t).get(ALLOW_SHARED_IP)
+                                == want_ann[ALLOW_SHARED_IP]
+                                    .as_str()
+                                    .map(str::to_string)
+                                    .as_ref()
+                    })
+                    .map(|t| {
+                        format!(
+                            "{}@{}",
+                            t.name_any(),
+                            t.resource_version().unwrap_or_default()
+                        )
+                    });
+                let retry = retry.filter(|r| annotations(&have).get(RETRIED_FOR) != Some(r));
+                if same && retry.is_none() {
                     return Ok(());
+                }
+                let mut want_ann = want_ann.clone();
+                if let Some(r) = &retry {
+                    want_ann[RETRIED_FOR] = json!(r);
+                    tracing::info!(address = %a.name_any(), hold = %name, service = %r, "MetalLB refused the hold while the Service held the address under another key: asking again");
                 }
                 let patch = json!({"metadata": {"resourceVersion": have.metadata.resource_version,
                     "annotations": want_ann},
