@@ -96,21 +96,17 @@ pub async fn run(args: &CheckArgs) -> anyhow::Result<bool> {
 
 /// The rows as kubectl prints a table: aligned columns, CHECK STATUS DETAIL.
 pub fn table(rows: &[Row]) -> String {
-    let width = rows
+    let cells: Vec<Vec<String>> = rows
         .iter()
-        .map(|r| r.check.len())
-        .chain([5])
-        .max()
-        .unwrap_or(5);
-    let mut out = format!("{:<width$}   STATUS   DETAIL\n", "CHECK");
-    for r in rows {
-        let status = if r.ok { "ok" } else { "FAIL" };
-        out.push_str(&format!(
-            "{:<width$}   {status:<6}   {}\n",
-            r.check, r.detail
-        ));
-    }
-    out
+        .map(|r| {
+            vec![
+                r.check.clone(),
+                if r.ok { "ok" } else { "FAIL" }.to_string(),
+                r.detail.clone(),
+            ]
+        })
+        .collect();
+    address_controller_runtime::report::table(&["CHECK", "STATUS", "DETAIL"], &cells)
 }
 
 async fn crds(client: &Client) -> Vec<Row> {

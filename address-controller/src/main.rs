@@ -28,6 +28,7 @@ use clap::{Args, Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+mod adopt;
 mod chart_docs;
 mod check;
 mod teardown;
@@ -47,6 +48,9 @@ enum Command {
     /// drivers, every class served by a live driver, the caller's permissions. Exit 1 when
     /// a check fails.
     Check(Box<check::CheckArgs>),
+    /// Give LoadBalancer Services that show an address of a class and name no claim a
+    /// claim of their own, without renumbering; a dry run unless --yes; --undo reverses it.
+    Adopt(Box<adopt::AdoptArgs>),
     /// After `helm uninstall`, remove the product for good: refuse while a component
     /// still runs, remove this project's finalizers from every claim and address (so tenant
     /// namespaces and the CRDs can be deleted), delete the views' APIService, and with
@@ -169,6 +173,19 @@ fn main() -> anyhow::Result<()> {
                 Ok(())
             } else {
                 std::process::exit(1)
+            }
+        }
+        Command::Adopt(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            match runtime.block_on(adopt::run(&args)) {
+                Ok(true) => Ok(()),
+                Ok(false) => std::process::exit(1),
+                Err(e) => {
+                    eprintln!("address-controller adopt: {e:#}");
+                    std::process::exit(1)
+                }
             }
         }
         Command::Teardown(args) => {

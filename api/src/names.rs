@@ -49,6 +49,13 @@ pub const GO_PAIR_LEASES: &[(&str, &str)] = &[
     ),
 ];
 
+/// On a claim and its addresses made by `address-controller adopt`: the Service adopted,
+/// `Service/<namespace>/<name>` (what `adopt --undo` reverses).
+pub const ADOPTED_FROM: &str = "local.sdn.cozystack.io/adopted-from";
+/// On an adopted claim: the Service's annotations and `spec.loadBalancerIP` before the
+/// adoption (JSON), restored exactly by `adopt --undo`.
+pub const ADOPTED_PRIOR: &str = "local.sdn.cozystack.io/adopted-prior";
+
 /// The APIService of the aggregated views.
 pub const VIEWS_APISERVICE: &str = "v1alpha1.view.local.sdn.cozystack.io";
 
@@ -163,6 +170,12 @@ pub mod event {
 /// What a driver reports (SPEC §8): the driver kit publishes these and the driver
 /// conformance suite expects them.
 pub mod driver {
+    /// The provisioner of the range driver this project ships (`drivers/range`).
+    pub const RANGE_PROVISIONER: &str = "range.drivers.local.sdn.cozystack.io";
+    /// The provisioner of the MetalLB driver this project ships (`drivers/metallb`) — the
+    /// same as the Go driver's it replaces.
+    pub const METALLB_PROVISIONER: &str = "metallb.drivers.local.sdn.cozystack.io";
+
     /// Class condition: the parameters can be allocated from.
     pub const PARAMETERS_VALID: &str = "ParametersValid";
     /// Class condition: a family's addresses reached its capacity.

@@ -17,6 +17,7 @@ pub mod probes;
 pub mod process;
 pub mod queue;
 pub mod rbac;
+pub mod report;
 pub mod setmap;
 pub mod supervise;
 pub mod workers;

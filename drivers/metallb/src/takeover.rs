@@ -91,21 +91,17 @@ fn row(object: impl Into<String>, action: impl Into<String>, ok: bool) -> Row {
 
 /// The report as kubectl prints a table.
 pub fn table(rows: &[Row]) -> String {
-    let width = rows
+    let cells: Vec<Vec<String>> = rows
         .iter()
-        .map(|r| r.object.len())
-        .chain([6])
-        .max()
-        .unwrap_or(6);
-    let mut out = format!("{:<width$}   STATUS   ACTION\n", "OBJECT");
-    for r in rows {
-        let status = if r.ok { "ok" } else { "FAIL" };
-        out.push_str(&format!(
-            "{:<width$}   {status:<6}   {}\n",
-            r.object, r.action
-        ));
-    }
-    out
+        .map(|r| {
+            vec![
+                r.object.clone(),
+                if r.ok { "ok" } else { "FAIL" }.to_string(),
+                r.action.clone(),
+            ]
+        })
+        .collect();
+    address_controller_runtime::report::table(&["OBJECT", "STATUS", "ACTION"], &cells)
 }
 
 /// The finalizers of an address with the Go driver's swapped for this driver's (`None`:

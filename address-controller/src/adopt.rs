@@ -1,0 +1,774 @@
+//! `address-controller adopt`: the "backwards inventory" — LoadBalancer Services that show
+//! an address of a class and name no claim get one, without renumbering. For each such
+//! Service: a claim in its namespace named after it (not owned by it: the address must
+//! outlive the Service), an IPAddress pre-bound to the claim with the very address the
+//! Service shows, then the Service's claim annotation (and its `spec.loadBalancerIP`
+//! cleared: MetalLB refuses a Service that has it next to its own pin annotation), the
+//! address's ledger listing the Service as its holder (which it is). The
+//! driver then holds the address and pins it where it already is: with MetalLB the Service
+//! keeps it at every instant (its sharing key changes in place — it is the address's only
+//! user — and the change makes MetalLB retry the hold, which then shares).
+//!
+//! Reported and never touched: an address outside the class, one already in the ledger, a
+//! Service whose name is taken by a claim, a namespace the class does not admit; over a
+//! quota, listed, and adopted only with `--over-quota` (the admin decides, as for a
+//! reservation). A dry run unless `--yes`. `--undo` reverses what adopt did, restoring each
+//! Service's annotations and `spec.loadBalancerIP` exactly as they were, the Service keeping
+//! its address throughout.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use address_controller_api::entitlement::{Limits, Usage};
+use address_controller_api::family::{family_of_ip, object_name, parse_address};
+use address_controller_api::names::{ADOPTED_FROM, ADOPTED_PRIOR, SERVICE_CLAIM_ANNOTATION};
+use address_controller_api::ranges::{Cidr, shipped_class_blocks};
+use address_controller_api::service::{ingress_ips, is_load_balancer_type};
+use address_controller_api::{
+    ClaimFamily, ClaimPhase, Family, IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota,
+};
+use address_controller_runtime::client::ClientArgs;
+use address_controller_runtime::report::table;
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+
+#[derive(clap::Args)]
+pub struct AdoptArgs {
+    #[command(flatten)]
+    kube: ClientArgs,
+    /// The class to adopt into: a Service is adopted when every address it shows lies in
+    /// the class's addresses (classes of the range and MetalLB drivers).
+    #[arg(long)]
+    class: String,
+    /// Only Services of this namespace.
+    #[arg(long, short = 'n')]
+    namespace: Option<String>,
+    /// Only Services matching this label selector.
+    #[arg(long, short = 'l')]
+    selector: Option<String>,
+    /// Act; without it, print what would be done.
+    #[arg(long)]
+    yes: bool,
+    /// Adopt also where it takes a namespace past its IPAddressQuota (listed either way).
+    #[arg(long)]
+    over_quota: bool,
+    /// Reverse what adopt did for the class (and scope): claims and addresses deleted, each
+    /// Service as it was.
+    #[arg(long)]
+    undo: bool,
+    /// How long to wait for each claim to bind and each Service to be attached.
+    #[arg(long, default_value = "60s", value_parser = address_controller_api::duration::parse)]
+    wait: Duration,
+}
+
+/// What adopt does with one Service.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Adopt these addresses (one per family, IPv4 first) into a claim of this family;
+    /// `over_quota`: past a quota, adopted because `--over-quota` says so.
+    Adopt {
+        ips: Vec<IpAddr>,
+        family: ClaimFamily,
+        over_quota: Option<String>,
+    },
+    /// Left alone, and why.
+    Leave(String),
+}
+
+/// What is known around one Service when it is judged.
+pub struct Facts<'a> {
+    pub class: &'a str,
+    pub blocks: &'a [Cidr],
+    /// The ledger: address → IPAddress name.
+    pub ledger: &'a BTreeMap<IpAddr, String>,
+    /// Whether a claim named after the Service exists in its namespace.
+    pub claim_taken: bool,
+    /// Why the class does not admit the namespace, if it does not.
+    pub refused: Option<String>,
+    /// The namespace's limits on the class, and what it holds of it (adoptions judged
+    /// before this one included).
+    pub limits: Option<&'a Limits>,
+    pub used: Usage,
+    pub over_quota: bool,
+}
+
+/// Whether and how one Service is adopted (`None`: not a candidate — not a LoadBalancer,
+/// showing no address, or naming a claim already).
+pub fn judge(s: &Service, f: &Facts<'_>) -> Option<Verdict> {
+    if !is_load_balancer_type(s) || s.annotations().contains_key(SERVICE_CLAIM_ANNOTATION) {
+        return None;
+    }
+    let mut ips: Vec<IpAddr> = ingress_ips(s)
+        .filter_map(|x| parse_address(x).ok())
+        .collect();
+    if ips.is_empty() {
+        return None;
+    }
+    ips.sort_by_key(|ip| (family_of_ip(*ip) != Family::IPv4, *ip));
+    ips.dedup();
+    let shown = list(&ips);
+    let leave = |why: String| Some(Verdict::Leave(format!("shows {shown}: {why}")));
+    let outside: Vec<IpAddr> = ips
+        .iter()
+        .copied()
+        .filter(|ip| !f.blocks.iter().any(|b| b.contains(*ip)))
+        .collect();
+    if !outside.is_empty() {
+        return leave(format!(
+            "{} outside class {:?}'s addresses",
+            list(&outside),
+            f.class
+        ));
+    }
+    if let Some((ip, name)) = ips.iter().find_map(|ip| f.ledger.get(ip).map(|n| (ip, n))) {
+        return leave(format!("{ip} is in the ledger already (ipaddress/{name})"));
+    }
+    let families: Vec<Family> = ips.iter().map(|ip| family_of_ip(*ip)).collect();
+    let family = match families.as_slice() {
+        [Family::IPv4] => ClaimFamily::IPv4,
+        [Family::IPv6] => ClaimFamily::IPv6,
+        [Family::IPv4, Family::IPv6] => ClaimFamily::Dual,
+        _ => return leave("not one address per family".into()),
+    };
+    if f.claim_taken {
+        return leave(format!(
+            "a claim named {:?} exists in its namespace",
+            s.name_any()
+        ));
+    }
+    if let Some(why) = &f.refused {
+        return leave(why.clone());
+    }
+    let over = f
+        .limits
+        .and_then(|l| l.admit(f.class, &f.used, &families).err());
+    match over {
+        Some(why) if !f.over_quota => leave(format!(
+            "over quota — {why} (--over-quota adopts it anyway)"
+        )),
+        over_quota => Some(Verdict::Adopt {
+            ips,
+            family,
+            over_quota,
+        }),
+    }
+}
+
+fn list(ips: &[IpAddr]) -> String {
+    ips.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Runs adopt (or `--undo`); whether every step succeeded.
+pub async fn run(args: &AdoptArgs) -> anyhow::Result<bool> {
+    let client = args.kube.client().await?;
+    let class = Api::<IPAddressClass>::all(client.clone())
+        .get_opt(&args.class)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("IPAddressClass {:?} not found", args.class))?;
+    let blocks = match shipped_class_blocks(&class.spec.provisioner, class.spec.parameters.as_ref())
+    {
+        Some(Ok(b)) => b,
+        Some(Err(e)) => anyhow::bail!("class {:?}: {e}", args.class),
+        None => anyhow::bail!(
+            "class {:?} is provisioned by {}: adopt reads the addresses of the range and MetalLB drivers' classes only",
+            args.class,
+            class.spec.provisioner
+        ),
+    };
+    let mut a = Adopt {
+        args,
+        client: &client,
+        class: &class,
+        rows: Vec::new(),
+    };
+    if args.undo {
+        a.undo().await?;
+    } else {
+        a.adopt(&blocks).await?;
+    }
+    if a.rows.is_empty() {
+        a.rows
+            .push(vec!["-".into(), "ok".into(), "nothing to do".into()]);
+    }
+    print!("{}", table(&["OBJECT", "STATUS", "ACTION"], &a.rows));
+    if !args.yes {
+        println!("(dry run: nothing written; --yes to act)");
+    }
+    Ok(a.rows.iter().all(|r| r[1] == "ok"))
+}
+
+struct Adopt<'a> {
+    args: &'a AdoptArgs,
+    client: &'a Client,
+    class: &'a IPAddressClass,
+    rows: Vec<Vec<String>>,
+}
+
+fn service_object(ns: &str, name: &str) -> String {
+    format!("service/{ns}/{name}")
+}
+
+impl Adopt<'_> {
+    fn row(&mut self, object: String, ok: bool, action: String) {
+        self.rows
+            .push(vec![object, if ok { "ok" } else { "FAIL" }.into(), action]);
+    }
+
+    fn services(&self, ns: &str) -> Api<Service> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    async fn adopt(&mut self, blocks: &[Cidr]) -> anyhow::Result<()> {
+        let class = self.class.name_any();
+        let mut lp = ListParams::default();
+        if let Some(sel) = &self.args.selector {
+            lp = lp.labels(sel);
+        }
+        let services = match &self.args.namespace {
+            Some(ns) => self.services(ns).list(&lp).await?.items,
+            None => {
+                Api::<Service>::all(self.client.clone())
+                    .list(&lp)
+                    .await?
+                    .items
+            }
+        };
+        let addresses = Api::<IPAddress>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items;
+        let ledger: BTreeMap<IpAddr, String> = addresses
+            .iter()
+            .filter_map(|a| {
+                parse_address(&a.spec.address)
+                    .ok()
+                    .map(|ip| (ip, a.name_any()))
+            })
+            .collect();
+        let mut used: BTreeMap<String, Usage> = BTreeMap::new();
+        for a in addresses.iter().filter(|a| a.spec.class_name == class) {
+            if let Some((ns, f)) = a.quota_slot() {
+                used.entry(ns.to_string()).or_default().add(f, 1);
+            }
+        }
+        let claims: BTreeSet<(String, String)> = Api::<IPAddressClaim>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(|c| (c.namespace().unwrap_or_default(), c.name_any()))
+            .collect();
+        let namespaces: BTreeMap<String, BTreeMap<String, String>> =
+            Api::<Namespace>::all(self.client.clone())
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .map(|n| (n.name_any(), n.labels().clone()))
+                .collect();
+        let quotas = Api::<IPAddressQuota>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items;
+        let mut sorted: Vec<&Service> = services.iter().collect();
+        sorted.sort_by_key(|s| (s.namespace(), s.name_any()));
+        for s in sorted {
+            let ns = s.namespace().unwrap_or_default();
+            let limits = Limits::of_class(
+                quotas
+                    .iter()
+                    .filter(|q| q.namespace().as_deref() == Some(ns.as_str())),
+                &class,
+            );
+            let facts = Facts {
+                class: &class,
+                blocks,
+                ledger: &ledger,
+                claim_taken: claims.contains(&(ns.clone(), s.name_any())),
+                refused: self.class.refuses_namespace(&ns, namespaces.get(&ns)),
+                limits: limits.as_ref(),
+                used: used.get(&ns).copied().unwrap_or_default(),
+                over_quota: self.args.over_quota,
+            };
+            let object = service_object(&ns, &s.name_any());
+            match judge(s, &facts) {
+                None => {}
+                Some(Verdict::Leave(why)) => self.row(object, true, format!("left: {why}")),
+                Some(Verdict::Adopt {
+                    ips,
+                    family,
+                    over_quota,
+                }) => {
+                    let u = used.entry(ns.clone()).or_default();
+                    for ip in &ips {
+                        u.add(family_of_ip(*ip), 1);
+                    }
+                    let note = over_quota
+                        .map(|q| format!(" (over quota, as --over-quota says: {q})"))
+                        .unwrap_or_default();
+                    if self.args.yes {
+                        match self.adopt_one(s, &ips, family).await {
+                            Ok(done) => self.row(object, true, format!("{done}{note}")),
+                            Err(e) => self.row(object, false, format!("{e:#}")),
+                        }
+                    } else {
+                        self.row(
+                            object,
+                            true,
+                            format!(
+                                "would adopt {} into claim {ns}/{} of class {class}{note}",
+                                list(&ips),
+                                s.name_any()
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Claim, pre-bound addresses, then the Service's annotation.
+    async fn adopt_one(
+        &self,
+        s: &Service,
+        ips: &[IpAddr],
+        family: ClaimFamily,
+    ) -> anyhow::Result<String> {
+        let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
+        let class = self.class.name_any();
+        let from = format!("Service/{ns}/{name}");
+        let prior = json!({"annotations": s.annotations(),
+            "loadBalancerIP": s.spec.as_ref().and_then(|sp| sp.load_balancer_ip.clone())});
+        // The Service names the claim before there is one: once the claim binds, the
+        // driver finds its Service waiting and never sees the address shown by a Service
+        // that does not name its claim (Conflict).
+        let services = self.services(&ns);
+        let mut body = json!({"metadata": {"annotations": {SERVICE_CLAIM_ANNOTATION: name}}});
+        if s.spec
+            .as_ref()
+            .and_then(|sp| sp.load_balancer_ip.as_ref())
+            .is_some()
+        {
+            body["spec"] = json!({"loadBalancerIP": null});
+        }
+        services
+            .patch(&name, &PatchParams::default(), &Patch::Merge(body))
+            .await?;
+        // The addresses first, as reservations for the claim (a claimRef without uid: no
+        // other claim can match them), then the claim, which binds them — created the other
+        // way round, the core could bind the new claim to any free address of the class.
+        let addresses: Api<IPAddress> = Api::all(self.client.clone());
+        let mut made: Vec<String> = Vec::new();
+        for ip in ips {
+            let a: IPAddress = serde_json::from_value(json!({
+                "metadata": {"name": object_name(*ip), "annotations": {ADOPTED_FROM: from}},
+                "spec": {"address": ip.to_string(), "className": class,
+                    "reclaimPolicy": self.class.spec.reclaim_policy,
+                    "source": {"fromClass": {}},
+                    "claimRef": {"namespace": ns, "name": name}}}))?;
+            match addresses.create(&PostParams::default(), &a).await {
+                Ok(a) => made.push(a.name_any()),
+                Err(e) => {
+                    self.forget(&made, s).await;
+                    return Err(e.into());
+                }
+            }
+            // The ledger says what is so: the Service holds the address. Without it, the
+            // moment the claim binds, the address is shown by a Service its ledger does not
+            // list — Conflict, until the driver's next pass associates it.
+            let holder = json!({"kind": "Service", "namespace": ns, "name": name});
+            let mut attachment = holder.clone();
+            attachment["ports"] = json!(address_controller_api::sharing::ports_of(s));
+            let ledger = json!({"status": {"associatedTo": holder, "attachments": [attachment], "holderCount": 1}});
+            if let Err(e) = addresses
+                .patch_status(
+                    &object_name(*ip),
+                    &PatchParams::default(),
+                    &Patch::Merge(ledger),
+                )
+                .await
+            {
+                self.forget(&made, s).await;
+                return Err(e.into());
+            }
+        }
+        let claims: Api<IPAddressClaim> = Api::namespaced(self.client.clone(), &ns);
+        let claim: IPAddressClaim = serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": {ADOPTED_FROM: from, ADOPTED_PRIOR: prior.to_string()}},
+            "spec": {"className": class, "family": family}}))?;
+        if let Err(e) = claims.create(&PostParams::default(), &claim).await {
+            self.forget(&made, s).await;
+            return Err(e.into());
+        }
+        let bound = wait(self.args.wait, || async {
+            let c = claims.get(&name).await?;
+            Ok(c.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Bound))
+        })
+        .await?;
+        if !bound {
+            anyhow::bail!(
+                "claim {ns}/{name} created with its addresses but not Bound within {:?} (is the core running?): the Service names it; --undo reverses the adoption",
+                self.args.wait
+            );
+        }
+        let attached = wait(self.args.wait, || async {
+            let s = self.services(&ns).get(&name).await?;
+            Ok(address_controller_api::sharing::condition(&s).is_some_and(|c| c.status == "True"))
+        })
+        .await?;
+        Ok(format!(
+            "adopted {} into claim {ns}/{name}{}",
+            list(ips),
+            if attached {
+                ", attached by the driver"
+            } else {
+                " — not attached by a driver yet (is one running?)"
+            }
+        ))
+    }
+
+    /// Undoes a half-made adoption: the reservations made for a claim that could not be
+    /// created, and the Service's annotation and `spec.loadBalancerIP` as they were.
+    async fn forget(&self, names: &[String], s: &Service) {
+        let addresses: Api<IPAddress> = Api::all(self.client.clone());
+        for n in names {
+            if let Err(e) = addresses.delete(n, &DeleteParams::default()).await {
+                eprintln!("address-controller adopt: deleting the reservation {n}: {e}");
+            }
+        }
+        let lb_ip = s.spec.as_ref().and_then(|sp| sp.load_balancer_ip.clone());
+        let body = json!({"metadata": {"annotations": {SERVICE_CLAIM_ANNOTATION: null}},
+            "spec": {"loadBalancerIP": lb_ip}});
+        let ns = s.namespace().unwrap_or_default();
+        if let Err(e) = self
+            .services(&ns)
+            .patch(&s.name_any(), &PatchParams::default(), &Patch::Merge(body))
+            .await
+        {
+            eprintln!(
+                "address-controller adopt: restoring Service {ns}/{}: {e}",
+                s.name_any()
+            );
+        }
+    }
+
+    async fn undo(&mut self) -> anyhow::Result<()> {
+        let class = self.class.name_any();
+        let claims = match &self.args.namespace {
+            Some(ns) => {
+                Api::<IPAddressClaim>::namespaced(self.client.clone(), ns)
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+            }
+            None => {
+                Api::<IPAddressClaim>::all(self.client.clone())
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+            }
+        };
+        for c in claims
+            .iter()
+            .filter(|c| c.spec.class_name.as_deref() == Some(class.as_str()))
+        {
+            let Some(from) = c.annotations().get(ADOPTED_FROM) else {
+                continue;
+            };
+            let ns = c.namespace().unwrap_or_default();
+            let object = format!("ipaddressclaim/{ns}/{}", c.name_any());
+            let svc = from.rsplit('/').next().unwrap_or_default().to_string();
+            if !self.args.yes {
+                self.row(
+                    object,
+                    true,
+                    format!("would delete it and its addresses, and restore {from} as it was"),
+                );
+                continue;
+            }
+            match self.undo_one(c, &svc).await {
+                Ok(()) => self.row(
+                    object,
+                    true,
+                    format!("deleted with its addresses; {from} restored as it was"),
+                ),
+                Err(e) => self.row(object, false, format!("{e:#}")),
+            }
+        }
+        Ok(())
+    }
+
+    /// The Service first stops naming the claim and loses the driver's record (so no driver
+    /// withdraws its pin); the claim and its addresses go (the driver's finalizer removed:
+    /// the Service still shows the address, which is the point); once the holds are gone
+    /// the Service is its address's only user, and gets its annotations and
+    /// `spec.loadBalancerIP` back exactly — MetalLB lets the only user change them in place.
+    async fn undo_one(&self, c: &IPAddressClaim, svc: &str) -> anyhow::Result<()> {
+        let ns = c.namespace().unwrap_or_default();
+        let prior: Value = serde_json::from_str(
+            c.annotations()
+                .get(ADOPTED_PRIOR)
+                .map(String::as_str)
+                .unwrap_or("{}"),
+        )?;
+        let services = self.services(&ns);
+        let now = services.get_opt(svc).await?;
+        if let Some(now) = &now {
+            let mut drop: serde_json::Map<String, Value> = serde_json::Map::new();
+            drop.insert(SERVICE_CLAIM_ANNOTATION.into(), Value::Null);
+            for k in now.annotations().keys() {
+                if k.ends_with(".drivers.local.sdn.cozystack.io/pinned") {
+                    drop.insert(k.clone(), Value::Null);
+                }
+            }
+            services
+                .patch(
+                    svc,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"annotations": drop}})),
+                )
+                .await?;
+        }
+        let claims: Api<IPAddressClaim> = Api::namespaced(self.client.clone(), &ns);
+        let addresses: Api<IPAddress> = Api::all(self.client.clone());
+        let uid = c.uid();
+        let mine: Vec<IPAddress> = addresses
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|a| {
+                a.annotations().contains_key(ADOPTED_FROM)
+                    && a.spec.claim_ref.as_ref().is_some_and(|r| {
+                        r.namespace == ns
+                            && r.name == c.name_any()
+                            && (r.uid.is_none() || r.uid == uid)
+                    })
+            })
+            .collect();
+        match claims.delete(&c.name_any(), &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+        let owned: BTreeSet<String> = mine.iter().filter_map(|a| a.uid()).collect();
+        // Deleted first, then the finalizers taken off: an object being deleted takes no
+        // new finalizer, so no controller can put its own back in between.
+        for a in &mine {
+            match addresses
+                .delete(&a.name_any(), &DeleteParams::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => continue,
+                Err(e) => return Err(e.into()),
+            }
+            match addresses
+                .patch(
+                    &a.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                )
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // The holds (owned by the addresses) go with them: wait for the garbage collector.
+        let all: Api<Service> = Api::all(self.client.clone());
+        let gone = wait(self.args.wait, || async {
+            let left = all
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .any(|s| s.owner_references().iter().any(|o| owned.contains(&o.uid)));
+            Ok(!left)
+        })
+        .await?;
+        if !gone {
+            anyhow::bail!(
+                "the driver's objects owned by the claim's addresses are still there after {:?}: {svc} keeps the claim's sharing key until they go (run --undo again)",
+                self.args.wait
+            );
+        }
+        if let Some(now) = services.get_opt(svc).await? {
+            let want = prior["annotations"]
+                .as_object()
+                .cloned()
+                .unwrap_or_default();
+            let mut ann: serde_json::Map<String, Value> = now
+                .annotations()
+                .keys()
+                .filter(|k| !want.contains_key(*k))
+                .map(|k| (k.clone(), Value::Null))
+                .collect();
+            ann.extend(want);
+            let lb_ip = prior.get("loadBalancerIP").cloned().unwrap_or(Value::Null);
+            services
+                .patch(
+                    svc,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"annotations": ann},
+                        "spec": {"loadBalancerIP": lb_ip}})),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// Polls `done` every 500 ms until it is true or `within` passed: whether it became true.
+async fn wait<F, Fut>(within: Duration, done: F) -> anyhow::Result<bool>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if done().await? {
+            return Ok(true);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use address_controller_api::ranges::parse_parameters;
+
+    fn svc(v: Value) -> Service {
+        serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn lb(name: &str, ips: &[&str], annotations: Value) -> Service {
+        let ingress: Vec<Value> = ips.iter().map(|ip| json!({"ip": ip})).collect();
+        svc(
+            json!({"metadata": {"name": name, "namespace": "t", "annotations": annotations},
+            "spec": {"type": "LoadBalancer"},
+            "status": {"loadBalancer": {"ingress": ingress}}}),
+        )
+    }
+
+    #[test]
+    fn a_service_is_adopted_only_when_every_address_it_shows_is_the_classs_and_free() {
+        let blocks = parse_parameters(Some(&json!({"cidrs": ["192.0.2.0/28", "2001:db8::/120"]})))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let ledger = BTreeMap::from([(
+            "192.0.2.9".parse().unwrap_or_else(|e| panic!("{e}")),
+            "ipv4-192-0-2-9".to_string(),
+        )]);
+        let facts = |claim_taken, refused: Option<String>| Facts {
+            class: "pub",
+            blocks: &blocks,
+            ledger: &ledger,
+            claim_taken,
+            refused,
+            limits: None,
+            used: Usage::default(),
+            over_quota: false,
+        };
+        let f = facts(false, None);
+        let verdict = |s: &Service| judge(s, &f);
+        let adopt = |ips: &[&str], family| {
+            Some(Verdict::Adopt {
+                ips: ips
+                    .iter()
+                    .map(|ip| ip.parse().unwrap_or_else(|e| panic!("{e}")))
+                    .collect(),
+                family,
+                over_quota: None,
+            })
+        };
+        assert_eq!(
+            verdict(&lb("a", &["192.0.2.5"], json!({}))),
+            adopt(&["192.0.2.5"], ClaimFamily::IPv4)
+        );
+        assert_eq!(
+            verdict(&lb("d", &["2001:db8::7", "192.0.2.6"], json!({}))),
+            adopt(&["192.0.2.6", "2001:db8::7"], ClaimFamily::Dual)
+        );
+        let leave = |s: &Service| match verdict(s) {
+            Some(Verdict::Leave(why)) => why,
+            other => panic!("{other:?}"),
+        };
+        assert!(leave(&lb("o", &["198.51.100.1"], json!({}))).contains("outside class \"pub\""));
+        assert!(
+            leave(&lb("p", &["192.0.2.5", "198.51.100.1"], json!({})))
+                .contains("198.51.100.1 outside")
+        );
+        assert!(leave(&lb("l", &["192.0.2.9"], json!({}))).contains("ipaddress/ipv4-192-0-2-9"));
+        assert!(
+            leave(&lb("two", &["192.0.2.1", "192.0.2.2"], json!({})))
+                .contains("one address per family")
+        );
+        // Not candidates at all: naming a claim, showing nothing, not a LoadBalancer.
+        assert_eq!(
+            verdict(&lb(
+                "c",
+                &["192.0.2.5"],
+                json!({SERVICE_CLAIM_ANNOTATION: "x"})
+            )),
+            None
+        );
+        assert_eq!(verdict(&lb("n", &[], json!({}))), None);
+        let mut cip = lb("i", &["192.0.2.5"], json!({}));
+        if let Some(sp) = cip.spec.as_mut() {
+            sp.type_ = Some("ClusterIP".into());
+        }
+        assert_eq!(verdict(&cip), None);
+        let taken = facts(true, None);
+        assert!(
+            matches!(judge(&lb("a", &["192.0.2.5"], json!({})), &taken), Some(Verdict::Leave(w)) if w.contains("a claim named"))
+        );
+        let refused = facts(false, Some("not admitted".into()));
+        assert!(
+            matches!(judge(&lb("a", &["192.0.2.5"], json!({})), &refused), Some(Verdict::Leave(w)) if w.contains("not admitted"))
+        );
+    }
+
+    #[test]
+    fn over_quota_is_listed_and_adopted_only_when_the_admin_says_so() {
+        let blocks = parse_parameters(Some(&json!({"cidrs": ["192.0.2.0/28"]})))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let ledger = BTreeMap::new();
+        let quota: IPAddressQuota = serde_json::from_value(json!({
+            "metadata": {"name": "q", "namespace": "t"},
+            "spec": {"limits": [{"className": "pub", "addresses": 1}]}}))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let limits = Limits::of_class([&quota], "pub");
+        let mut used = Usage::default();
+        used.add(Family::IPv4, 1);
+        let mut f = Facts {
+            class: "pub",
+            blocks: &blocks,
+            ledger: &ledger,
+            claim_taken: false,
+            refused: None,
+            limits: limits.as_ref(),
+            used,
+            over_quota: false,
+        };
+        let s = lb("a", &["192.0.2.5"], json!({}));
+        assert!(
+            matches!(judge(&s, &f), Some(Verdict::Leave(w)) if w.contains("over quota") && w.contains("t/q allows 1"))
+        );
+        f.over_quota = true;
+        assert!(
+            matches!(judge(&s, &f), Some(Verdict::Adopt { over_quota: Some(q), .. }) if q.contains("t/q allows 1"))
+        );
+    }
+}
