@@ -361,6 +361,18 @@ async fn services_are_adopted_without_renumbering_and_undone_exactly() {
             .is_empty()
     );
 
+    // Scoped by namespace and by label selector.
+    let scoped = adopt(&["--class", &class, "-n", &over_ns.name]).await;
+    let rows: Vec<String> = String::from_utf8_lossy(&scoped.stdout)
+        .lines()
+        .filter(|l| l.starts_with("service/"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(rows[0].starts_with(&format!("service/{}/over", over_ns.name)));
+    let none = adopt(&["--class", &class, "-l", "app=nothing-has-this"]).await;
+    assert!(row(&none, "-").contains("nothing to do"));
+
     // 2. Adoption.
     let yes = adopt(&["--class", &class, "--yes"]).await;
     assert_eq!(yes.status.code(), Some(0));
