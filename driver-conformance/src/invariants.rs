@@ -25,77 +25,106 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
+/// One invariant: its name, what it means, and the function that finds its violations in
+/// one snapshot (`None`: judged from the replicas' `/metrics`, see [`gauge_violations`]).
+pub struct Rule {
+    pub name: &'static str,
+    pub meaning: &'static str,
+    check: Option<fn(&Ctx<'_>, &mut Found)>,
+}
+
 /// The rules, in the order the report lists them.
-pub const RULES: &[(&str, &str)] = &[
-    (
-        "address-listed-twice",
-        "an address listed by more than one claim",
-    ),
-    (
-        "claim-two-per-family",
-        "a claim holding or listing more than one address of a family",
-    ),
-    (
-        "listed-address-wrong",
-        "an address a claim lists is missing, not Bound, or names another claim or uid",
-    ),
-    (
-        "bound-address-orphan",
-        "a Bound address whose claim is gone, has another uid, or does not list it",
-    ),
-    (
-        "pending-with-free-address",
-        "an unpinned Pending claim while a free address of its class and family stays free",
-    ),
-    (
-        "orphan-not-reclaimed",
-        "an address of a gone claim not reclaimed by its policy and release delay",
-    ),
-    (
-        "reservation-not-kept",
-        "an address reserved for a claim that does not exist (claimRef without uid) not Available",
-    ),
-    (
-        "lost-claim-unexplained",
-        "a Lost claim whose lost address still exists and is neither Lost nor being deleted",
-    ),
-    (
-        "stuck-deleting",
-        "an object in deletion for longer than the settle time",
-    ),
-    ("duplicate-ip", "more than one IPAddress for one IP"),
-    (
-        "association-dangling",
-        "an address whose ledger lists a holder Service that is gone or does not show it",
-    ),
-    (
-        "service-holds-unassociated",
-        "a Service showing a claimed address whose ledger does not list it as a holder (and it is not Conflict)",
-    ),
-    (
-        "holders-incompatible",
-        "holders of one address the claim's sharing does not admit together: not shared, a namespace without the grant, a common port on a common family, or two backends",
-    ),
-    (
-        "ledger-inconsistent",
-        "an address whose associatedTo is not its first attachment, or whose holderCount is not the number of attachments",
-    ),
-    (
-        "claim-services-miscounted",
-        "a claim whose status.services does not count the Services naming it by their AddressAttached condition",
-    ),
-    (
-        "namespace-over-quota",
-        "a namespace holding more addresses of a class than an IPAddressQuota allows (a released surplus is not a grant)",
-    ),
-    (
-        "refusal-stale",
-        "a claim refused NamespaceNotAdmitted or QuotaExceeded that its class and quota admit now",
-    ),
-    (
-        "gauges-differ",
-        "a replica's ledger gauges differ from the objects",
-    ),
+pub const RULES: &[Rule] = &[
+    Rule {
+        name: "address-listed-twice",
+        meaning: "an address listed by more than one claim",
+        check: Some(address_listed_twice),
+    },
+    Rule {
+        name: "claim-two-per-family",
+        meaning: "a claim holding or listing more than one address of a family",
+        check: Some(claim_two_per_family),
+    },
+    Rule {
+        name: "listed-address-wrong",
+        meaning: "an address a claim lists is missing, not Bound, or names another claim or uid",
+        check: Some(listed_address_wrong),
+    },
+    Rule {
+        name: "bound-address-orphan",
+        meaning: "a Bound address whose claim is gone, has another uid, or does not list it",
+        check: Some(bound_address_orphan),
+    },
+    Rule {
+        name: "pending-with-free-address",
+        meaning: "an unpinned Pending claim while a free address of its class and family stays free",
+        check: Some(pending_with_free_address),
+    },
+    Rule {
+        name: "orphan-not-reclaimed",
+        meaning: "an address of a gone claim not reclaimed by its policy and release delay",
+        check: Some(orphan_not_reclaimed),
+    },
+    Rule {
+        name: "reservation-not-kept",
+        meaning: "an address reserved for a claim that does not exist (claimRef without uid) not Available",
+        check: Some(reservation_not_kept),
+    },
+    Rule {
+        name: "lost-claim-unexplained",
+        meaning: "a Lost claim whose lost address still exists and is neither Lost nor being deleted",
+        check: Some(lost_claim_unexplained),
+    },
+    Rule {
+        name: "stuck-deleting",
+        meaning: "an object in deletion for longer than the settle time",
+        check: Some(stuck_deleting),
+    },
+    Rule {
+        name: "duplicate-ip",
+        meaning: "more than one IPAddress for one IP",
+        check: Some(duplicate_ip),
+    },
+    Rule {
+        name: "association-dangling",
+        meaning: "an address whose ledger lists a holder Service that is gone or does not show it",
+        check: Some(association_dangling),
+    },
+    Rule {
+        name: "service-holds-unassociated",
+        meaning: "a Service showing a claimed address whose ledger does not list it as a holder (and it is not Conflict)",
+        check: Some(service_holds_unassociated),
+    },
+    Rule {
+        name: "holders-incompatible",
+        meaning: "holders of one address the claim's sharing does not admit together: not shared, a namespace without the grant, a common port on a common family, or two backends",
+        check: Some(holders_incompatible),
+    },
+    Rule {
+        name: "ledger-inconsistent",
+        meaning: "an address whose associatedTo is not its first attachment, or whose holderCount is not the number of attachments",
+        check: Some(ledger_inconsistent),
+    },
+    Rule {
+        name: "claim-services-miscounted",
+        meaning: "a claim whose status.services does not count the Services naming it by their AddressAttached condition",
+        check: Some(claim_services_miscounted),
+    },
+    Rule {
+        name: "namespace-over-quota",
+        meaning: "a namespace holding more addresses of a class than an IPAddressQuota allows (a released surplus is not a grant)",
+        check: Some(namespace_over_quota),
+    },
+    Rule {
+        name: "refusal-stale",
+        meaning: "a claim refused NamespaceNotAdmitted or QuotaExceeded that its class and quota admit now",
+        check: Some(refusal_stale),
+    },
+    Rule {
+        name: "gauges-differ",
+        meaning: "a replica's ledger gauges differ from the objects",
+        check: None,
+    },
 ];
 
 /// Which objects a check looks at (everything when unset).
@@ -180,9 +209,9 @@ impl Report {
             self.claims, self.addresses, self.classes
         );
         let _ = writeln!(out, "  {:<28} {:>10}  meaning", "rule", "violations");
-        for (rule, meaning) in RULES {
-            let n = self.violations.iter().filter(|v| v.rule == *rule).count();
-            let _ = writeln!(out, "  {rule:<28} {n:>10}  {meaning}");
+        for r in RULES {
+            let n = self.violations.iter().filter(|v| v.rule == r.name).count();
+            let _ = writeln!(out, "  {:<28} {n:>10}  {}", r.name, r.meaning);
         }
         for v in &self.violations {
             let _ = writeln!(out, "  ✗ {} {}: {}", v.rule, v.object, v.detail);
@@ -257,31 +286,119 @@ fn version<K: kube::Resource>(o: &K) -> String {
     o.meta().resource_version.clone().unwrap_or_default()
 }
 
-/// Violations of one snapshot, each with the versions of the objects it rests on.
-fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, String)> {
-    let mut out: Vec<(Violation, String)> = Vec::new();
-    let mut add = |rule: &'static str, object: String, detail: String, versions: String| {
-        out.push((
+/// What every rule sees: one snapshot, the scope, and the indexes built once for all.
+pub struct Ctx<'a> {
+    s: &'a Snapshot,
+    scope: &'a Scope,
+    settle: SignedDuration,
+    /// `namespace/name` → claim.
+    claims: HashMap<String, &'a IPAddressClaim>,
+    /// name → address.
+    addresses: HashMap<String, &'a IPAddress>,
+    classes: HashMap<String, &'a IPAddressClass>,
+    /// `namespace/name` → Service.
+    services: HashMap<String, &'a Service>,
+    /// `namespace/name` of a claim → the addresses whose claimRef names it.
+    naming: HashMap<String, Vec<&'a IPAddress>>,
+    by_ip: HashMap<std::net::IpAddr, Vec<&'a IPAddress>>,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(s: &'a Snapshot, scope: &'a Scope, settle: Duration) -> Ctx<'a> {
+        let mut naming: HashMap<String, Vec<&IPAddress>> = HashMap::new();
+        let mut by_ip: HashMap<std::net::IpAddr, Vec<&IPAddress>> = HashMap::new();
+        for a in &s.addresses {
+            if let Some(r) = &a.spec.claim_ref {
+                naming.entry(r.key()).or_default().push(a);
+            }
+            if let Ok(ip) = address_controller_api::family::parse_address(&a.spec.address) {
+                by_ip.entry(ip).or_default().push(a);
+            }
+        }
+        Ctx {
+            s,
+            scope,
+            settle: SignedDuration::try_from(settle).unwrap_or(SignedDuration::ZERO),
+            claims: s.claims.iter().map(|c| (claim_key(c), c)).collect(),
+            addresses: s.addresses.iter().map(|a| (a.name_any(), a)).collect(),
+            classes: s.classes.iter().map(|c| (c.name_any(), c)).collect(),
+            services: s.services.iter().map(|x| (service_key(x), x)).collect(),
+            naming,
+            by_ip,
+        }
+    }
+
+    fn older_than_settle(&self, t: &Timestamp) -> bool {
+        self.s.at.duration_since(*t) > self.settle
+    }
+
+    fn claims_in_scope(&self) -> impl Iterator<Item = &'a IPAddressClaim> + '_ {
+        self.s.claims.iter().filter(|c| self.scope.claim(c))
+    }
+
+    fn addresses_in_scope(&self) -> impl Iterator<Item = &'a IPAddress> + '_ {
+        self.s.addresses.iter().filter(|a| self.scope.address(a))
+    }
+
+    /// The claim an address's claimRef names (by name; the uid is each rule's business).
+    fn claim_of(&self, a: &IPAddress) -> Option<&'a IPAddressClaim> {
+        a.spec
+            .claim_ref
+            .as_ref()
+            .and_then(|r| self.claims.get(&r.key()).copied())
+    }
+}
+
+/// The violations one rule found, each with the versions of the objects it rests on.
+pub struct Found {
+    rule: &'static str,
+    out: Vec<(Violation, String)>,
+}
+
+impl Found {
+    fn add(&mut self, object: String, detail: String, versions: String) {
+        self.out.push((
             Violation {
-                rule,
+                rule: self.rule,
                 object,
                 detail,
             },
             versions,
         ));
-    };
-    let claims: HashMap<String, &IPAddressClaim> =
-        s.claims.iter().map(|c| (claim_key(c), c)).collect();
-    let addresses: HashMap<String, &IPAddress> =
-        s.addresses.iter().map(|a| (a.name_any(), a)).collect();
-    let classes: HashMap<String, &IPAddressClass> =
-        s.classes.iter().map(|c| (c.name_any(), c)).collect();
-    let settle = SignedDuration::try_from(settle).unwrap_or(SignedDuration::ZERO);
-    let older_than_settle = |t: &Timestamp| s.at.duration_since(*t) > settle;
+    }
+}
 
-    // Who lists what.
+fn service_key(s: &Service) -> String {
+    format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any())
+}
+
+fn shows(svc: &Service, ip: &str) -> bool {
+    let want = address_controller_api::family::parse_address(ip).ok();
+    address_controller_api::service::ingress_ips(svc)
+        .any(|x| address_controller_api::family::parse_address(x).ok() == want)
+}
+
+/// Violations of one snapshot, each with the versions of the objects it rests on: every
+/// rule of [`RULES`] that judges a snapshot, in turn.
+fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, String)> {
+    let ctx = Ctx::new(s, scope, settle);
+    let mut out = Vec::new();
+    for r in RULES {
+        if let Some(check) = r.check {
+            let mut found = Found {
+                rule: r.name,
+                out: Vec::new(),
+            };
+            check(&ctx, &mut found);
+            out.append(&mut found.out);
+        }
+    }
+    out
+}
+
+fn address_listed_twice(x: &Ctx<'_>, found: &mut Found) {
     let mut listed_by: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for c in s.claims.iter().filter(|c| scope.claim(c)) {
+    for c in x.claims_in_scope() {
         for l in c.status.iter().flat_map(|st| &st.addresses) {
             listed_by
                 .entry(l.name.as_str())
@@ -291,55 +408,35 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
     }
     for (a, by) in &listed_by {
         if by.len() > 1 {
-            add(
-                "address-listed-twice",
+            found.add(
                 format!("IPAddress {a}"),
                 format!("listed by {}", by.join(", ")),
                 String::new(),
             );
         }
     }
-    // Addresses naming each claim.
-    let mut naming: HashMap<String, Vec<&IPAddress>> = HashMap::new();
-    for a in &s.addresses {
-        if let Some(r) = &a.spec.claim_ref {
-            naming
-                .entry(format!("{}/{}", r.namespace, r.name))
-                .or_default()
-                .push(a);
-        }
-    }
-    for c in s.claims.iter().filter(|c| scope.claim(c)) {
+}
+
+fn claim_two_per_family(x: &Ctx<'_>, found: &mut Found) {
+    for c in x.claims_in_scope() {
         let key = claim_key(c);
         let uid = c.metadata.uid.clone();
-        let held: Vec<&&IPAddress> = naming
-            .get(&key)
-            .map(|v| v.iter().collect())
-            .unwrap_or_default();
-        let held: Vec<&&IPAddress> = held
-            .into_iter()
-            .filter(|a| {
-                a.metadata.deletion_timestamp.is_none()
-                    && !a.is_released()
-                    && a.spec
-                        .claim_ref
-                        .as_ref()
-                        .is_some_and(|r| r.uid.is_none() || r.uid == uid)
-            })
-            .collect();
+        let held = x.naming.get(&key).into_iter().flatten().filter(|a| {
+            a.metadata.deletion_timestamp.is_none()
+                && !a.is_released()
+                && a.spec
+                    .claim_ref
+                    .as_ref()
+                    .is_some_and(|r| r.uid.is_none() || r.uid == uid)
+        });
         let mut per_family: BTreeMap<Family, Vec<String>> = BTreeMap::new();
-        for a in &held {
+        for a in held {
             if let Ok(f) = family_of(&a.spec.address) {
                 per_family.entry(f).or_default().push(a.name_any());
             }
         }
-        let listed = c
-            .status
-            .iter()
-            .flat_map(|st| &st.addresses)
-            .collect::<Vec<_>>();
         let mut listed_family: BTreeMap<Family, Vec<String>> = BTreeMap::new();
-        for l in &listed {
+        for l in c.status.iter().flat_map(|st| &st.addresses) {
             if let Ok(f) = family_of(&l.address) {
                 listed_family.entry(f).or_default().push(l.name.clone());
             }
@@ -348,28 +445,32 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
             if names.len() > 1 && c.metadata.deletion_timestamp.is_none() {
                 let versions = names
                     .iter()
-                    .filter_map(|n| addresses.get(n).map(|a| version(*a)))
+                    .filter_map(|n| x.addresses.get(n).map(|a| version(*a)))
                     .chain([version(c)])
                     .collect::<Vec<_>>()
                     .join(",");
-                add(
-                    "claim-two-per-family",
+                found.add(
                     format!("claim {key}"),
                     format!("{f}: {}", names.join(", ")),
                     versions,
                 );
             }
         }
+    }
+}
+
+fn listed_address_wrong(x: &Ctx<'_>, found: &mut Found) {
+    for c in x.claims_in_scope() {
+        let key = claim_key(c);
+        let uid = c.metadata.uid.clone();
         let claim_phase = c.status.as_ref().and_then(|st| st.phase);
-        for l in &listed {
-            let problem = match addresses.get(&l.name) {
+        for l in c.status.iter().flat_map(|st| &st.addresses) {
+            let problem = match x.addresses.get(&l.name) {
                 None => Some("does not exist".to_string()),
                 Some(a) => {
                     let r = a.spec.claim_ref.as_ref();
-                    let names_it = r.is_some_and(|r| {
-                        format!("{}/{}", r.namespace, r.name) == key
-                            && (r.uid.is_none() || r.uid == uid)
-                    });
+                    let names_it =
+                        r.is_some_and(|r| r.key() == key && (r.uid.is_none() || r.uid == uid));
                     let ok_phase = matches!(
                         (phase(a), claim_phase),
                         (Some(AddressPhase::Bound | AddressPhase::Conflict), _)
@@ -391,136 +492,147 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
                 let versions = format!(
                     "{},{}",
                     version(c),
-                    addresses
+                    x.addresses
                         .get(&l.name)
                         .map(|a| version(*a))
                         .unwrap_or_default()
                 );
-                add(
-                    "listed-address-wrong",
+                found.add(
                     format!("claim {key}"),
                     format!("lists {} which {p}", l.name),
                     versions,
                 );
             }
         }
-        // A Lost claim names, in its Bound condition, each address it lost and why (the
-        // core writes `IPAddress <name> …` per family). Lost is for an address that is
-        // Lost, being deleted or gone; one that still exists and is neither was taken from
-        // the claim (an undone binding — or an admin's move, which a test cleans up before
-        // the check).
-        if claim_phase == Some(ClaimPhase::Lost) && c.metadata.deletion_timestamp.is_none() {
-            let message = c
-                .status
-                .iter()
-                .flat_map(|st| &st.conditions)
-                .find(|x| x.type_ == "Bound")
-                .map(|x| x.message.clone())
-                .unwrap_or_default();
-            let named: Vec<&str> = message
-                .split("; ")
-                .filter_map(|part| part.strip_prefix("IPAddress "))
-                .filter_map(|rest| rest.split([' ', ',']).next())
-                .collect();
-            if named.is_empty() {
-                add(
-                    "lost-claim-unexplained",
-                    format!("claim {key}"),
-                    format!("Lost naming no address: {message:?}"),
-                    version(c),
-                );
-            }
-            for n in named {
-                if let Some(a) = addresses.get(n)
-                    && a.metadata.deletion_timestamp.is_none()
-                    && phase(a) != Some(AddressPhase::Lost)
-                {
-                    add(
-                        "lost-claim-unexplained",
-                        format!("claim {key}"),
-                        format!(
-                            "Lost ({message}) while IPAddress {n} exists, {}, claimRef {}",
-                            phase(a).map_or("phaseless", |p| p.as_str()),
-                            a.spec.claim_ref.as_ref().map_or("none".into(), |r| r.key())
-                        ),
-                        format!("{},{}", version(c), version(*a)),
-                    );
-                }
-            }
+    }
+}
+
+/// A Lost claim names, in its Bound condition, each address it lost and why (the core
+/// writes `IPAddress <name> …` per family). Lost is for an address that is Lost, being
+/// deleted or gone; one that still exists and is neither was taken from the claim (an
+/// undone binding — or an admin's move, which a test cleans up before the check).
+fn lost_claim_unexplained(x: &Ctx<'_>, found: &mut Found) {
+    for c in x.claims_in_scope() {
+        let claim_phase = c.status.as_ref().and_then(|st| st.phase);
+        if claim_phase != Some(ClaimPhase::Lost) || c.metadata.deletion_timestamp.is_some() {
+            continue;
         }
-        // Pending with a free address of its class and family.
-        let st = c.status.as_ref();
-        if c.spec.address_name.is_none()
-            && c.metadata.deletion_timestamp.is_none()
-            && !c.is_refused_entitlement()
-            && st.and_then(|st| st.phase) == Some(ClaimPhase::Pending)
-            && let Some(class) = st.and_then(|st| st.class_name.as_deref())
-        {
-            let have: Vec<Family> = listed
-                .iter()
-                .filter_map(|l| family_of(&l.address).ok())
-                .collect();
-            for f in c
-                .spec
-                .family
-                .families()
-                .iter()
-                .filter(|f| !have.contains(f))
+        let key = claim_key(c);
+        let message = c
+            .status
+            .iter()
+            .flat_map(|st| &st.conditions)
+            .find(|x| x.type_ == "Bound")
+            .map(|x| x.message.clone())
+            .unwrap_or_default();
+        let named: Vec<&str> = message
+            .split("; ")
+            .filter_map(|part| part.strip_prefix("IPAddress "))
+            .filter_map(|rest| rest.split([' ', ',']).next())
+            .collect();
+        if named.is_empty() {
+            found.add(
+                format!("claim {key}"),
+                format!("Lost naming no address: {message:?}"),
+                version(c),
+            );
+        }
+        for n in named {
+            if let Some(a) = x.addresses.get(n)
+                && a.metadata.deletion_timestamp.is_none()
+                && phase(a) != Some(AddressPhase::Lost)
             {
-                let free = s.addresses.iter().find(|a| {
-                    a.spec.claim_ref.is_none()
-                        && a.spec.class_name == class
-                        && phase(a) == Some(AddressPhase::Available)
-                        && a.metadata.deletion_timestamp.is_none()
-                        && family_of(&a.spec.address).ok() == Some(*f)
-                });
-                if let Some(a) = free {
-                    add(
-                        "pending-with-free-address",
-                        format!("claim {key}"),
-                        format!("Pending for {f} while IPAddress {} is free", a.name_any()),
-                        format!("{},{}", version(c), version(a)),
-                    );
-                }
+                found.add(
+                    format!("claim {key}"),
+                    format!(
+                        "Lost ({message}) while IPAddress {n} exists, {}, claimRef {}",
+                        phase(a).map_or("phaseless", |p| p.as_str()),
+                        a.spec.claim_ref.as_ref().map_or("none".into(), |r| r.key())
+                    ),
+                    format!("{},{}", version(c), version(*a)),
+                );
             }
         }
     }
+}
 
-    let mut per_ip: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for a in s.addresses.iter().filter(|a| scope.address(a)) {
-        let name = a.name_any();
-        if let Ok(ip) = address_controller_api::family::parse_address(&a.spec.address) {
-            per_ip.entry(ip.to_string()).or_default().push(name.clone());
+/// Pending with a free address of its class and family.
+fn pending_with_free_address(x: &Ctx<'_>, found: &mut Found) {
+    for c in x.claims_in_scope() {
+        let st = c.status.as_ref();
+        let Some(class) = st.and_then(|st| st.class_name.as_deref()) else {
+            continue;
+        };
+        if c.spec.address_name.is_some()
+            || c.metadata.deletion_timestamp.is_some()
+            || c.is_refused_entitlement()
+            || st.and_then(|st| st.phase) != Some(ClaimPhase::Pending)
+        {
+            continue;
         }
-        let claim = a
+        let have: Vec<Family> = c
+            .status
+            .iter()
+            .flat_map(|st| &st.addresses)
+            .filter_map(|l| family_of(&l.address).ok())
+            .collect();
+        for f in c
             .spec
+            .family
+            .families()
+            .iter()
+            .filter(|f| !have.contains(f))
+        {
+            let free = x.s.addresses.iter().find(|a| {
+                a.spec.claim_ref.is_none()
+                    && a.spec.class_name == class
+                    && phase(a) == Some(AddressPhase::Available)
+                    && a.metadata.deletion_timestamp.is_none()
+                    && family_of(&a.spec.address).ok() == Some(*f)
+            });
+            if let Some(a) = free {
+                found.add(
+                    format!("claim {}", claim_key(c)),
+                    format!("Pending for {f} while IPAddress {} is free", a.name_any()),
+                    format!("{},{}", version(c), version(a)),
+                );
+            }
+        }
+    }
+}
+
+/// A claimRef without a uid naming no claim is a reservation (SPEC §5.6), unless it is the
+/// binding that was released (a pre-binding reclaimed with its claim).
+fn is_reservation(x: &Ctx<'_>, a: &IPAddress) -> bool {
+    a.is_prebound()
+        && !a.is_released()
+        && x.claim_of(a).is_none()
+        && a.spec.claim_ref.as_ref().is_some_and(|r| r.is_valid())
+}
+
+/// Whether the claim an address's claimRef names is gone (or another claim of its name):
+/// never for a reservation.
+fn claim_gone(x: &Ctx<'_>, a: &IPAddress) -> bool {
+    let same_uid = |c: &IPAddressClaim| {
+        a.spec
             .claim_ref
             .as_ref()
-            .and_then(|r| claims.get(&format!("{}/{}", r.namespace, r.name)));
-        let same_uid = |c: &IPAddressClaim| {
-            a.spec
-                .claim_ref
-                .as_ref()
-                .is_some_and(|r| r.uid.is_none() || r.uid == c.metadata.uid)
-        };
-        // A claimRef without a uid naming no claim is a reservation (SPEC §5.6), unless it
-        // is the binding that was released (a pre-binding reclaimed with its claim).
-        let reservation = a.is_prebound()
-            && !a.is_released()
-            && claim.is_none()
-            && a.spec.claim_ref.as_ref().is_some_and(|r| r.is_valid());
-        let gone =
-            a.spec.claim_ref.is_some() && !reservation && !claim.is_some_and(|c| same_uid(c));
-        if reservation
+            .is_some_and(|r| r.uid.is_none() || r.uid == c.metadata.uid)
+    };
+    a.spec.claim_ref.is_some() && !is_reservation(x, a) && !x.claim_of(a).is_some_and(same_uid)
+}
+
+fn reservation_not_kept(x: &Ctx<'_>, found: &mut Found) {
+    for a in x.addresses_in_scope() {
+        if is_reservation(x, a)
             && a.metadata.deletion_timestamp.is_none()
             && !matches!(
                 phase(a),
                 Some(AddressPhase::Available | AddressPhase::Conflict | AddressPhase::Lost)
             )
         {
-            add(
-                "reservation-not-kept",
-                format!("IPAddress {name}"),
+            found.add(
+                format!("IPAddress {}", a.name_any()),
                 format!(
                     "reserved for {} but {}",
                     a.spec
@@ -533,31 +645,45 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
                 version(a),
             );
         }
-        if phase(a) == Some(AddressPhase::Bound) {
-            let listed = claim.is_some_and(|c| {
-                c.status
-                    .iter()
-                    .flat_map(|st| &st.addresses)
-                    .any(|l| l.name == name)
-            });
-            if gone || !listed {
-                add(
-                    "bound-address-orphan",
-                    format!("IPAddress {name}"),
-                    if gone {
-                        "its claim is gone".into()
-                    } else {
-                        "its claim does not list it".into()
-                    },
-                    format!(
-                        "{},{}",
-                        version(a),
-                        claim.map(|c| version(*c)).unwrap_or_default()
-                    ),
-                );
-            }
+    }
+}
+
+fn bound_address_orphan(x: &Ctx<'_>, found: &mut Found) {
+    for a in x.addresses_in_scope() {
+        if phase(a) != Some(AddressPhase::Bound) {
+            continue;
         }
-        if gone && a.metadata.deletion_timestamp.is_none() {
+        let name = a.name_any();
+        let claim = x.claim_of(a);
+        let gone = claim_gone(x, a);
+        let listed = claim.is_some_and(|c| {
+            c.status
+                .iter()
+                .flat_map(|st| &st.addresses)
+                .any(|l| l.name == name)
+        });
+        if gone || !listed {
+            found.add(
+                format!("IPAddress {name}"),
+                if gone {
+                    "its claim is gone".into()
+                } else {
+                    "its claim does not list it".into()
+                },
+                format!(
+                    "{},{}",
+                    version(a),
+                    claim.map(version).unwrap_or_default()
+                ),
+            );
+        }
+    }
+}
+
+fn orphan_not_reclaimed(x: &Ctx<'_>, found: &mut Found) {
+    for a in x.addresses_in_scope() {
+        let name = a.name_any();
+        if claim_gone(x, a) && a.metadata.deletion_timestamp.is_none() {
             let problem = match a.spec.reclaim_policy {
                 ReclaimPolicy::Delete => Some("reclaim policy Delete, still exists".to_string()),
                 ReclaimPolicy::Retain if phase(a) != Some(AddressPhase::Released) => Some(format!(
@@ -567,113 +693,105 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
                 _ => None,
             };
             if let Some(p) = problem {
-                add(
-                    "orphan-not-reclaimed",
-                    format!("IPAddress {name}"),
-                    p,
-                    version(a),
-                );
+                found.add(format!("IPAddress {name}"), p, version(a));
             }
         }
         // Released with its release delay long elapsed, not held, still claimed.
         if a.is_released()
-            && let Some(due) = classes
+            && let Some(due) = x
+                .classes
                 .get(&a.spec.class_name)
                 .and_then(|c| c.release_deadline(a))
-            && older_than_settle(&due)
+            && x.older_than_settle(&due)
         {
-            add(
-                "orphan-not-reclaimed",
+            found.add(
                 format!("IPAddress {name}"),
                 format!("release delay elapsed at {due}, still Released"),
                 version(a),
             );
         }
+    }
+}
+
+fn stuck_deleting(x: &Ctx<'_>, found: &mut Found) {
+    for a in x.addresses_in_scope() {
         if let Some(t) = &a.metadata.deletion_timestamp
-            && older_than_settle(&t.0)
+            && x.older_than_settle(&t.0)
         {
-            add(
-                "stuck-deleting",
-                format!("IPAddress {name}"),
+            found.add(
+                format!("IPAddress {}", a.name_any()),
                 format!("deleting since {}; finalizers {:?}", t.0, a.finalizers()),
                 String::new(),
             );
         }
     }
-    for c in s.claims.iter().filter(|c| scope.claim(c)) {
+    for c in x.claims_in_scope() {
         if let Some(t) = &c.metadata.deletion_timestamp
-            && older_than_settle(&t.0)
+            && x.older_than_settle(&t.0)
         {
-            add(
-                "stuck-deleting",
+            found.add(
                 format!("claim {}", claim_key(c)),
                 format!("deleting since {}; finalizers {:?}", t.0, c.finalizers()),
                 String::new(),
             );
         }
     }
-    for (ip, names) in per_ip {
-        if names.len() > 1 {
-            add("duplicate-ip", ip, names.join(", "), String::new());
+}
+
+fn duplicate_ip(x: &Ctx<'_>, found: &mut Found) {
+    let mut per_ip: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for a in x.addresses_in_scope() {
+        if let Ok(ip) = address_controller_api::family::parse_address(&a.spec.address) {
+            per_ip.entry(ip.to_string()).or_default().push(a.name_any());
         }
     }
-
-    // Association (SPEC §8): the ledger and the Services agree.
-    let service_key =
-        |s: &Service| format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any());
-    let services: HashMap<String, &Service> =
-        s.services.iter().map(|x| (service_key(x), x)).collect();
-    let shows = |svc: &Service, ip: &str| {
-        let want = address_controller_api::family::parse_address(ip).ok();
-        address_controller_api::service::ingress_ips(svc)
-            .any(|x| address_controller_api::family::parse_address(x).ok() == want)
-    };
-    let holders = IPAddress::holder_services;
-    for a in s.addresses.iter().filter(|a| scope.address(a)) {
-        ledger_violations(a, &claims, &services, &mut add);
+    for (ip, names) in per_ip {
+        if names.len() > 1 {
+            found.add(ip, names.join(", "), String::new());
+        }
     }
-    for a in s.addresses.iter().filter(|a| scope.address(a)) {
-        for to in holders(a) {
-            let problem = match services.get(&to) {
+}
+
+/// Association (SPEC §8): every holder the ledger lists exists and shows the address.
+fn association_dangling(x: &Ctx<'_>, found: &mut Found) {
+    for a in x.addresses_in_scope() {
+        for to in a.holder_services() {
+            let problem = match x.services.get(&to) {
                 None => Some("is gone".to_string()),
                 Some(svc) if !shows(svc, &a.spec.address) => Some("does not show it".to_string()),
                 Some(_) => None,
             };
             if let Some(p) = problem {
-                add(
-                    "association-dangling",
+                found.add(
                     format!("IPAddress {}", a.name_any()),
                     format!("holder Service {to}, which {p}"),
                     format!(
                         "{},{}",
                         version(a),
-                        services.get(&to).map(|x| version(*x)).unwrap_or_default()
+                        x.services.get(&to).map(|s| version(*s)).unwrap_or_default()
                     ),
                 );
             }
         }
     }
-    let mut by_ip: HashMap<std::net::IpAddr, Vec<&IPAddress>> = HashMap::new();
-    for a in &s.addresses {
-        if let Ok(ip) = address_controller_api::family::parse_address(&a.spec.address) {
-            by_ip.entry(ip).or_default().push(a);
-        }
-    }
-    for svc in s
-        .services
-        .iter()
-        .filter(|x| scope.namespace(&x.namespace().unwrap_or_default()))
+}
+
+/// Association (SPEC §8): a Service showing a claimed address is one of its holders.
+fn service_holds_unassociated(x: &Ctx<'_>, found: &mut Found) {
+    for svc in
+        x.s.services
+            .iter()
+            .filter(|s| x.scope.namespace(&s.namespace().unwrap_or_default()))
     {
         let key = service_key(svc);
-        let ips = address_controller_api::service::ingress_addresses(svc);
-        for ip in ips {
-            for a in by_ip.get(&ip).into_iter().flatten() {
+        for ip in address_controller_api::service::ingress_addresses(svc) {
+            for a in x.by_ip.get(&ip).into_iter().flatten() {
+                let holders = a.holder_services();
                 if a.spec.claim_ref.is_some()
                     && phase(a) != Some(AddressPhase::Conflict)
-                    && !holders(a).contains(&key)
+                    && !holders.contains(&key)
                 {
-                    add(
-                        "service-holds-unassociated",
+                    found.add(
                         format!("Service {key}"),
                         format!(
                             "shows {ip} of IPAddress {} (claim {}), held by {}",
@@ -683,7 +801,7 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
                                 .as_ref()
                                 .map(|r| r.key())
                                 .unwrap_or_default(),
-                            Some(holders(a).join(", "))
+                            Some(holders.join(", "))
                                 .filter(|h| !h.is_empty())
                                 .unwrap_or_else(|| "nothing".into())
                         ),
@@ -693,169 +811,157 @@ fn judge(s: &Snapshot, scope: &Scope, settle: Duration) -> Vec<(Violation, Strin
             }
         }
     }
-    // The claim counts the Services naming it (their AddressAttached condition).
+}
+
+/// `associatedTo` names the first attachment and `holderCount` counts them.
+fn ledger_inconsistent(x: &Ctx<'_>, found: &mut Found) {
+    for a in x.addresses_in_scope() {
+        let Some(st) = a.status.as_ref() else {
+            continue;
+        };
+        let first = st.attachments.first().map(|h| h.association());
+        let count = (!st.attachments.is_empty()).then_some(st.attachments.len() as i64);
+        if !st.attachments.is_empty() && (st.associated_to != first || st.holder_count != count) {
+            found.add(
+                format!("IPAddress {}", a.name_any()),
+                format!(
+                    "associatedTo {:?}, holderCount {:?}, {} attachments",
+                    st.associated_to,
+                    st.holder_count,
+                    st.attachments.len()
+                ),
+                version(a),
+            );
+        }
+    }
+}
+
+/// Sharing: the holders the ledger lists are admitted together by the claim's sharing, in
+/// the ledger's order (the rule the kit applies: [`address_controller_api::sharing::admit`]).
+fn holders_incompatible(x: &Ctx<'_>, found: &mut Found) {
+    for a in x.addresses_in_scope() {
+        let Some(claim) = x.claim_of(a).filter(|c| {
+            a.spec.claim_ref.as_ref().and_then(|r| r.uid.as_ref()) == c.metadata.uid.as_ref()
+        }) else {
+            continue;
+        };
+        let keyed: Vec<(String, &Service)> = a
+            .holder_services()
+            .into_iter()
+            .filter_map(|k| x.services.get(&k).map(|s| (k, *s)))
+            .collect();
+        let candidates: Vec<address_controller_api::sharing::Candidate<'_>> = keyed
+            .iter()
+            .map(|(k, s)| address_controller_api::sharing::Candidate {
+                key: k,
+                namespace: k.split_once('/').map_or("", |(ns, _)| ns),
+                service: s,
+            })
+            .collect();
+        let verdicts = address_controller_api::sharing::admit(claim, &candidates);
+        for ((k, svc), v) in keyed.iter().zip(verdicts) {
+            if let Err(r) = v {
+                found.add(
+                    format!("IPAddress {}", a.name_any()),
+                    format!(
+                        "holder Service {k}: {} ({})",
+                        r.reason(),
+                        r.message(&claim_key(claim))
+                    ),
+                    format!("{},{},{}", version(a), version(claim), version(*svc)),
+                );
+            }
+        }
+    }
+}
+
+/// The claim counts the Services naming it (their AddressAttached condition).
+fn claim_services_miscounted(x: &Ctx<'_>, found: &mut Found) {
     let mut naming: HashMap<String, Vec<&Service>> = HashMap::new();
-    for svc in &s.services {
+    for svc in &x.s.services {
         if let Some(k) = address_controller_api::service::claim_key(svc) {
             naming.entry(k).or_default().push(svc);
         }
     }
-    for c in s.claims.iter().filter(|c| scope.claim(c)) {
+    for c in x.claims_in_scope() {
         let key = claim_key(c);
         let of = naming.get(&key).map(Vec::as_slice).unwrap_or_default();
         let want = address_controller_api::ClaimServices::count(of.iter().copied());
         let has = c.status.as_ref().and_then(|st| st.services);
         if c.metadata.deletion_timestamp.is_none() && has != want {
             let versions = std::iter::once(version(c))
-                .chain(of.iter().map(|x| version(*x)))
+                .chain(of.iter().map(|s| version(*s)))
                 .collect::<Vec<_>>()
                 .join(",");
-            add(
-                "claim-services-miscounted",
+            found.add(
                 format!("claim {key}"),
                 format!("status.services {has:?}, the Services' conditions say {want:?}"),
                 versions,
             );
         }
     }
-    entitlement_violations(s, scope, &mut add);
-    out
 }
 
-/// Sharing: the holders the ledger lists are admitted together by the claim's sharing, in
-/// the ledger's order (the rule the kit applies: [`address_controller_api::sharing::admit`]);
-/// `associatedTo` is the first of them.
-fn ledger_violations(
-    a: &IPAddress,
-    claims: &HashMap<String, &IPAddressClaim>,
-    services: &HashMap<String, &Service>,
-    add: &mut impl FnMut(&'static str, String, String, String),
-) {
-    let Some(st) = a.status.as_ref() else { return };
-    let first = st.attachments.first().map(|h| h.association());
-    let count = (!st.attachments.is_empty()).then_some(st.attachments.len() as i64);
-    if !st.attachments.is_empty() && (st.associated_to != first || st.holder_count != count) {
-        add(
-            "ledger-inconsistent",
-            format!("IPAddress {}", a.name_any()),
-            format!(
-                "associatedTo {:?}, holderCount {:?}, {} attachments",
-                st.associated_to,
-                st.holder_count,
-                st.attachments.len()
-            ),
-            version(a),
-        );
-    }
-    let Some(claim) = a
-        .spec
-        .claim_ref
-        .as_ref()
-        .and_then(|r| claims.get(&r.key()))
-        .filter(|c| {
-            a.spec.claim_ref.as_ref().and_then(|r| r.uid.as_ref()) == c.metadata.uid.as_ref()
-        })
-    else {
-        return;
-    };
-    let keyed: Vec<(String, &Service)> = a
-        .holder_services()
-        .into_iter()
-        .filter_map(|k| services.get(&k).map(|s| (k, *s)))
-        .collect();
-    let candidates: Vec<address_controller_api::sharing::Candidate<'_>> = keyed
-        .iter()
-        .map(|(k, s)| address_controller_api::sharing::Candidate {
-            key: k,
-            namespace: k.split_once('/').map_or("", |(ns, _)| ns),
-            service: s,
-        })
-        .collect();
-    let verdicts = address_controller_api::sharing::admit(claim, &candidates);
-    for ((k, svc), v) in keyed.iter().zip(verdicts) {
-        if let Err(r) = v {
-            add(
-                "holders-incompatible",
-                format!("IPAddress {}", a.name_any()),
-                format!(
-                    "holder Service {k}: {} ({})",
-                    r.reason(),
-                    r.message(&claim_key(claim))
-                ),
-                format!("{},{},{}", version(a), version(*claim), version(*svc)),
-            );
-        }
-    }
-}
-
-/// §13: no namespace over its quota; no refusal that its class and quota would lift.
-fn entitlement_violations(
-    s: &Snapshot,
-    scope: &Scope,
-    add: &mut impl FnMut(&'static str, String, String, String),
-) {
+/// The quotas of each namespace.
+fn quotas_by_namespace<'a>(x: &Ctx<'a>) -> BTreeMap<&'a str, Vec<&'a IPAddressQuota>> {
     let mut quotas: BTreeMap<&str, Vec<&IPAddressQuota>> = BTreeMap::new();
-    for q in &s.quotas {
+    for q in &x.s.quotas {
         if let Some(ns) = q.metadata.namespace.as_deref() {
             quotas.entry(ns).or_default().push(q);
         }
     }
-    let usage_of = |ns: &str| {
-        usage_by_class(
-            ns,
-            s.claims.iter().filter(|c| scope.claim(c)),
-            s.addresses.iter(),
-        )
-    };
-    let versions = |ns: &str| {
-        let mut v: Vec<String> = quotas
-            .get(ns)
-            .into_iter()
-            .flatten()
-            .map(|q| version(*q))
-            .collect();
-        v.extend(
-            s.addresses
-                .iter()
-                .filter(|a| a.quota_slot().is_some_and(|(n, _)| n == ns))
-                .map(version),
-        );
-        v.sort();
-        v.join(",")
-    };
-    // A released surplus (SPEC §5.7, `status.reason: Surplus`) was never granted and
-    // counts toward nothing (`IPAddress::quota_slot`): a namespace is over its quota only
-    // through the addresses it was granted.
-    let granted_of = |ns: &str| {
-        usage_by_class(
-            ns,
-            s.claims.iter().filter(|c| scope.claim(c)),
-            s.addresses.iter(),
-        )
-    };
+    quotas
+}
+
+/// The versions a namespace's quota judgement rests on: its quotas and the addresses
+/// counted toward them.
+fn quota_versions(x: &Ctx<'_>, quotas: &BTreeMap<&str, Vec<&IPAddressQuota>>, ns: &str) -> String {
+    let mut v: Vec<String> = quotas
+        .get(ns)
+        .into_iter()
+        .flatten()
+        .map(|q| version(*q))
+        .collect();
+    v.extend(
+        x.s.addresses
+            .iter()
+            .filter(|a| a.quota_slot().is_some_and(|(n, _)| n == ns))
+            .map(version),
+    );
+    v.sort();
+    v.join(",")
+}
+
+/// §13: no namespace over its quota. A released surplus (SPEC §5.7, `status.reason:
+/// Surplus`) was never granted and counts toward nothing (`IPAddress::quota_slot`): a
+/// namespace is over its quota only through the addresses it was granted.
+fn namespace_over_quota(x: &Ctx<'_>, found: &mut Found) {
+    let quotas = quotas_by_namespace(x);
     for (ns, qs) in &quotas {
-        if !scope.namespace(ns) {
+        if !x.scope.namespace(ns) {
             continue;
         }
-        for (class, used) in granted_of(ns) {
+        for (class, used) in usage_by_class(ns, x.claims_in_scope(), x.s.addresses.iter()) {
             if let Some(limits) = Limits::of_class(qs.iter().copied(), &class)
                 && limits.exceeded_by(&used)
             {
-                add(
-                    "namespace-over-quota",
+                found.add(
                     format!("namespace {ns}"),
                     format!(
                         "holds {} IPv4 and {} IPv6 addresses of class {class:?}; limits {limits:?}",
                         used.ipv4, used.ipv6
                     ),
-                    versions(ns),
+                    quota_versions(x, &quotas, ns),
                 );
             }
         }
     }
-    let classes: HashMap<String, &IPAddressClass> =
-        s.classes.iter().map(|c| (c.name_any(), c)).collect();
-    for c in s.claims.iter().filter(|c| scope.claim(c)) {
+}
+
+/// §13: no refusal that its class and quota would lift.
+fn refusal_stale(x: &Ctx<'_>, found: &mut Found) {
+    let quotas = quotas_by_namespace(x);
+    for c in x.claims_in_scope() {
         if !c.is_refused_entitlement() {
             continue;
         }
@@ -864,11 +970,11 @@ fn entitlement_violations(
             .status
             .as_ref()
             .and_then(|st| st.class_name.as_deref())
-            .and_then(|n| classes.get(n))
+            .and_then(|n| x.classes.get(n))
         else {
             continue;
         };
-        let admitted = class.admits(s.namespaces.get(&ns));
+        let admitted = class.admits(x.s.namespaces.get(&ns));
         let fits = match Limits::of_class(
             quotas.get(ns.as_str()).into_iter().flatten().copied(),
             &class.name_any(),
@@ -876,18 +982,24 @@ fn entitlement_violations(
             None => true,
             Some(limits) => {
                 // Its own invitation is not counted against it (it has none: refused).
-                let used = usage_of(&ns).remove(&class.name_any()).unwrap_or_default();
+                let used = usage_by_class(&ns, x.claims_in_scope(), x.s.addresses.iter())
+                    .remove(&class.name_any())
+                    .unwrap_or_default();
                 limits
                     .admit(&class.name_any(), &used, &c.unlisted_families())
                     .is_ok()
             }
         };
         if admitted && fits {
-            add(
-                "refusal-stale",
+            found.add(
                 format!("claim {}", claim_key(c)),
                 "refused for an entitlement that its namespace, class and quota grant now".into(),
-                format!("{},{},{}", version(c), version(*class), versions(&ns)),
+                format!(
+                    "{},{},{}",
+                    version(c),
+                    version(*class),
+                    quota_versions(x, &quotas, &ns)
+                ),
             );
         }
     }
