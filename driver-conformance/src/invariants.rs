@@ -670,11 +670,7 @@ fn bound_address_orphan(x: &Ctx<'_>, found: &mut Found) {
                 } else {
                     "its claim does not list it".into()
                 },
-                format!(
-                    "{},{}",
-                    version(a),
-                    claim.map(version).unwrap_or_default()
-                ),
+                format!("{},{}", version(a), claim.map(version).unwrap_or_default()),
             );
         }
     }

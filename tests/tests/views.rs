@@ -366,6 +366,67 @@ async fn security_front_proxy_tokens_and_rbac() {
         ]),
         "200"
     );
+    // Signed by the front-proxy CA, but for a name requestheader-allowed-names does not
+    // list: not the front proxy either, 401 (positive control above: the real one is 200).
+    let intruder = tempdir();
+    let (key, csr, crt) = (
+        intruder.join("intruder.key"),
+        intruder.join("intruder.csr"),
+        intruder.join("intruder.crt"),
+    );
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    openssl(&[
+        "req",
+        "-new",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=intruder",
+        "-keyout",
+        key.to_str().unwrap(),
+        "-out",
+        csr.to_str().unwrap(),
+    ]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        csr.to_str().unwrap(),
+        "-CA",
+        pki.join("front-proxy-ca.crt").to_str().unwrap(),
+        "-CAkey",
+        pki.join("front-proxy-ca.key").to_str().unwrap(),
+        "-set_serial",
+        "4242",
+        "-days",
+        "1",
+        "-out",
+        crt.to_str().unwrap(),
+        // Made as the real one is (a v1 certificate would be refused at the handshake,
+        // which says nothing about the allowed names).
+        "-extfile",
+        pki.join("front-proxy-client.ext").to_str().unwrap(),
+    ]);
+    assert_eq!(
+        curl(&[
+            "--cert",
+            crt.to_str().unwrap(),
+            "--key",
+            key.to_str().unwrap()
+        ]),
+        "401"
+    );
     // A bad bearer token: 401. Probes need nothing.
     assert_eq!(curl(&["-H", "Authorization: Bearer not-a-token"]), "401");
     let out = std::process::Command::new("curl")
