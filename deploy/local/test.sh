@@ -42,6 +42,18 @@ cat "$out/build-binaries.log"
 step "start the local control plane in $cluster"
 "$here/cluster.sh" up "$cluster" --watch-pid $$ || fail "cluster up"
 
+step "canary: unit tests and one integration test, fail-fast"
+# A broken build, a broken unit or a control plane the tests cannot use fails here in a
+# minute or two, with its own message — not after the whole suite has run into its waits.
+export ADDRESS_CONTROLLER_TEST_CLUSTER="$cluster"
+canary_test=static_binding_costs_four_writes_and_converges_to_zero_also_after_restart
+if ! timeout --kill-after=30 600 cargo test --workspace --lib --bins 2>&1 | tail -n 40; then
+  fail "canary: unit tests"
+fi
+if ! timeout --kill-after=30 600 cargo test -q -p address-controller-tests --test controller -- --exact "$canary_test" 2>&1 | tail -n 60; then
+  fail "canary: the integration test controller::$canary_test"
+fi
+
 step "cargo test (unit + integration; the node tier too when root)"
 if [ "$(id -u)" = 0 ]; then
   printf 'the node tier (tests/tests/node.rs, tests/tests/wire.rs) runs: a real kubelet node, in the network namespace address-controller-node\n'
