@@ -273,14 +273,6 @@ async fn snapshot(client: &Client) -> Result<Snapshot> {
     })
 }
 
-fn phase(a: &IPAddress) -> Option<AddressPhase> {
-    a.status.as_ref().and_then(|s| s.phase)
-}
-
-fn claim_key(c: &IPAddressClaim) -> String {
-    format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any())
-}
-
 /// The state an object was judged on: a violation seen twice on the same state counts.
 fn version<K: kube::Resource>(o: &K) -> String {
     o.meta().resource_version.clone().unwrap_or_default()
@@ -319,10 +311,14 @@ impl<'a> Ctx<'a> {
             s,
             scope,
             settle: SignedDuration::try_from(settle).unwrap_or(SignedDuration::ZERO),
-            claims: s.claims.iter().map(|c| (claim_key(c), c)).collect(),
+            claims: s.claims.iter().map(|c| (c.key(), c)).collect(),
             addresses: s.addresses.iter().map(|a| (a.name_any(), a)).collect(),
             classes: s.classes.iter().map(|c| (c.name_any(), c)).collect(),
-            services: s.services.iter().map(|x| (service_key(x), x)).collect(),
+            services: s
+                .services
+                .iter()
+                .map(|x| (address_controller_runtime::cache::key_of(x), x))
+                .collect(),
             naming,
             by_ip,
         }
@@ -368,10 +364,6 @@ impl Found {
     }
 }
 
-fn service_key(s: &Service) -> String {
-    format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any())
-}
-
 fn shows(svc: &Service, ip: &str) -> bool {
     let want = address_controller_api::family::parse_address(ip).ok();
     address_controller_api::service::ingress_ips(svc)
@@ -400,10 +392,7 @@ fn address_listed_twice(x: &Ctx<'_>, found: &mut Found) {
     let mut listed_by: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for c in x.claims_in_scope() {
         for l in c.status.iter().flat_map(|st| &st.addresses) {
-            listed_by
-                .entry(l.name.as_str())
-                .or_default()
-                .push(claim_key(c));
+            listed_by.entry(l.name.as_str()).or_default().push(c.key());
         }
     }
     for (a, by) in &listed_by {
@@ -419,10 +408,10 @@ fn address_listed_twice(x: &Ctx<'_>, found: &mut Found) {
 
 fn claim_two_per_family(x: &Ctx<'_>, found: &mut Found) {
     for c in x.claims_in_scope() {
-        let key = claim_key(c);
+        let key = c.key();
         let uid = c.metadata.uid.clone();
         let held = x.naming.get(&key).into_iter().flatten().filter(|a| {
-            a.metadata.deletion_timestamp.is_none()
+            !a.is_deleting()
                 && !a.is_released()
                 && a.spec
                     .claim_ref
@@ -442,7 +431,7 @@ fn claim_two_per_family(x: &Ctx<'_>, found: &mut Found) {
             }
         }
         for (f, names) in per_family.iter().chain(listed_family.iter()) {
-            if names.len() > 1 && c.metadata.deletion_timestamp.is_none() {
+            if names.len() > 1 && !c.is_deleting() {
                 let versions = names
                     .iter()
                     .filter_map(|n| x.addresses.get(n).map(|a| version(*a)))
@@ -461,7 +450,7 @@ fn claim_two_per_family(x: &Ctx<'_>, found: &mut Found) {
 
 fn listed_address_wrong(x: &Ctx<'_>, found: &mut Found) {
     for c in x.claims_in_scope() {
-        let key = claim_key(c);
+        let key = c.key();
         let uid = c.metadata.uid.clone();
         let claim_phase = c.status.as_ref().and_then(|st| st.phase);
         for l in c.status.iter().flat_map(|st| &st.addresses) {
@@ -472,7 +461,7 @@ fn listed_address_wrong(x: &Ctx<'_>, found: &mut Found) {
                     let names_it =
                         r.is_some_and(|r| r.key() == key && (r.uid.is_none() || r.uid == uid));
                     let ok_phase = matches!(
-                        (phase(a), claim_phase),
+                        (a.phase(), claim_phase),
                         (Some(AddressPhase::Bound | AddressPhase::Conflict), _)
                             | (Some(AddressPhase::Lost), Some(ClaimPhase::Lost))
                     );
@@ -481,7 +470,7 @@ fn listed_address_wrong(x: &Ctx<'_>, found: &mut Found) {
                     } else if !ok_phase {
                         Some(format!(
                             "is {}",
-                            phase(a).map_or("phaseless", |p| p.as_str())
+                            a.phase().map_or("phaseless", |p| p.as_str())
                         ))
                     } else {
                         None
@@ -514,10 +503,10 @@ fn listed_address_wrong(x: &Ctx<'_>, found: &mut Found) {
 fn lost_claim_unexplained(x: &Ctx<'_>, found: &mut Found) {
     for c in x.claims_in_scope() {
         let claim_phase = c.status.as_ref().and_then(|st| st.phase);
-        if claim_phase != Some(ClaimPhase::Lost) || c.metadata.deletion_timestamp.is_some() {
+        if claim_phase != Some(ClaimPhase::Lost) || c.is_deleting() {
             continue;
         }
-        let key = claim_key(c);
+        let key = c.key();
         let message = c
             .status
             .iter()
@@ -539,14 +528,14 @@ fn lost_claim_unexplained(x: &Ctx<'_>, found: &mut Found) {
         }
         for n in named {
             if let Some(a) = x.addresses.get(n)
-                && a.metadata.deletion_timestamp.is_none()
-                && phase(a) != Some(AddressPhase::Lost)
+                && !a.is_deleting()
+                && a.phase() != Some(AddressPhase::Lost)
             {
                 found.add(
                     format!("claim {key}"),
                     format!(
                         "Lost ({message}) while IPAddress {n} exists, {}, claimRef {}",
-                        phase(a).map_or("phaseless", |p| p.as_str()),
+                        a.phase().map_or("phaseless", |p| p.as_str()),
                         a.spec.claim_ref.as_ref().map_or("none".into(), |r| r.key())
                     ),
                     format!("{},{}", version(c), version(*a)),
@@ -564,7 +553,7 @@ fn pending_with_free_address(x: &Ctx<'_>, found: &mut Found) {
             continue;
         };
         if c.spec.address_name.is_some()
-            || c.metadata.deletion_timestamp.is_some()
+            || c.is_deleting()
             || c.is_refused_entitlement()
             || st.and_then(|st| st.phase) != Some(ClaimPhase::Pending)
         {
@@ -586,13 +575,13 @@ fn pending_with_free_address(x: &Ctx<'_>, found: &mut Found) {
             let free = x.s.addresses.iter().find(|a| {
                 a.spec.claim_ref.is_none()
                     && a.spec.class_name == class
-                    && phase(a) == Some(AddressPhase::Available)
-                    && a.metadata.deletion_timestamp.is_none()
+                    && a.phase() == Some(AddressPhase::Available)
+                    && !a.is_deleting()
                     && family_of(&a.spec.address).ok() == Some(*f)
             });
             if let Some(a) = free {
                 found.add(
-                    format!("claim {}", claim_key(c)),
+                    format!("claim {}", c.key()),
                     format!("Pending for {f} while IPAddress {} is free", a.name_any()),
                     format!("{},{}", version(c), version(a)),
                 );
@@ -625,9 +614,9 @@ fn claim_gone(x: &Ctx<'_>, a: &IPAddress) -> bool {
 fn reservation_not_kept(x: &Ctx<'_>, found: &mut Found) {
     for a in x.addresses_in_scope() {
         if is_reservation(x, a)
-            && a.metadata.deletion_timestamp.is_none()
+            && !a.is_deleting()
             && !matches!(
-                phase(a),
+                a.phase(),
                 Some(AddressPhase::Available | AddressPhase::Conflict | AddressPhase::Lost)
             )
         {
@@ -640,7 +629,7 @@ fn reservation_not_kept(x: &Ctx<'_>, found: &mut Found) {
                         .as_ref()
                         .map(|r| r.key())
                         .unwrap_or_default(),
-                    phase(a).map_or("phaseless", |p| p.as_str())
+                    a.phase().map_or("phaseless", |p| p.as_str())
                 ),
                 version(a),
             );
@@ -650,7 +639,7 @@ fn reservation_not_kept(x: &Ctx<'_>, found: &mut Found) {
 
 fn bound_address_orphan(x: &Ctx<'_>, found: &mut Found) {
     for a in x.addresses_in_scope() {
-        if phase(a) != Some(AddressPhase::Bound) {
+        if a.phase() != Some(AddressPhase::Bound) {
             continue;
         }
         let name = a.name_any();
@@ -679,13 +668,15 @@ fn bound_address_orphan(x: &Ctx<'_>, found: &mut Found) {
 fn orphan_not_reclaimed(x: &Ctx<'_>, found: &mut Found) {
     for a in x.addresses_in_scope() {
         let name = a.name_any();
-        if claim_gone(x, a) && a.metadata.deletion_timestamp.is_none() {
+        if claim_gone(x, a) && !a.is_deleting() {
             let problem = match a.spec.reclaim_policy {
                 ReclaimPolicy::Delete => Some("reclaim policy Delete, still exists".to_string()),
-                ReclaimPolicy::Retain if phase(a) != Some(AddressPhase::Released) => Some(format!(
-                    "reclaim policy Retain, phase {}",
-                    phase(a).map_or("none", |p| p.as_str())
-                )),
+                ReclaimPolicy::Retain if a.phase() != Some(AddressPhase::Released) => {
+                    Some(format!(
+                        "reclaim policy Retain, phase {}",
+                        a.phase().map_or("none", |p| p.as_str())
+                    ))
+                }
                 _ => None,
             };
             if let Some(p) = problem {
@@ -726,7 +717,7 @@ fn stuck_deleting(x: &Ctx<'_>, found: &mut Found) {
             && x.older_than_settle(&t.0)
         {
             found.add(
-                format!("claim {}", claim_key(c)),
+                format!("claim {}", c.key()),
                 format!("deleting since {}; finalizers {:?}", t.0, c.finalizers()),
                 String::new(),
             );
@@ -779,12 +770,12 @@ fn service_holds_unassociated(x: &Ctx<'_>, found: &mut Found) {
             .iter()
             .filter(|s| x.scope.namespace(&s.namespace().unwrap_or_default()))
     {
-        let key = service_key(svc);
+        let key = address_controller_runtime::cache::key_of(svc);
         for ip in address_controller_api::service::ingress_addresses(svc) {
             for a in x.by_ip.get(&ip).into_iter().flatten() {
                 let holders = a.holder_services();
                 if a.spec.claim_ref.is_some()
-                    && phase(a) != Some(AddressPhase::Conflict)
+                    && a.phase() != Some(AddressPhase::Conflict)
                     && !holders.contains(&key)
                 {
                     found.add(
@@ -862,7 +853,7 @@ fn holders_incompatible(x: &Ctx<'_>, found: &mut Found) {
                     format!(
                         "holder Service {k}: {} ({})",
                         r.reason(),
-                        r.message(&claim_key(claim))
+                        r.message(&claim.key())
                     ),
                     format!("{},{},{}", version(a), version(claim), version(*svc)),
                 );
@@ -880,11 +871,11 @@ fn claim_services_miscounted(x: &Ctx<'_>, found: &mut Found) {
         }
     }
     for c in x.claims_in_scope() {
-        let key = claim_key(c);
+        let key = c.key();
         let of = naming.get(&key).map(Vec::as_slice).unwrap_or_default();
         let want = address_controller_api::ClaimServices::count(of.iter().copied());
         let has = c.status.as_ref().and_then(|st| st.services);
-        if c.metadata.deletion_timestamp.is_none() && has != want {
+        if !c.is_deleting() && has != want {
             let versions = std::iter::once(version(c))
                 .chain(of.iter().map(|s| version(*s)))
                 .collect::<Vec<_>>()
@@ -988,7 +979,7 @@ fn refusal_stale(x: &Ctx<'_>, found: &mut Found) {
         };
         if admitted && fits {
             found.add(
-                format!("claim {}", claim_key(c)),
+                format!("claim {}", c.key()),
                 "refused for an entitlement that its namespace, class and quota grant now".into(),
                 format!(
                     "{},{},{}",
@@ -1005,7 +996,7 @@ fn refusal_stale(x: &Ctx<'_>, found: &mut Found) {
 fn expected_gauges(s: &Snapshot) -> BTreeMap<String, i64> {
     let mut m: BTreeMap<String, i64> = BTreeMap::new();
     for a in &s.addresses {
-        let ph = phase(a).map_or("Unknown", |p| p.as_str());
+        let ph = a.phase().map_or("Unknown", |p| p.as_str());
         *m.entry(format!(
             "address_controller_ipaddresses{{class=\"{}\",phase=\"{ph}\"}}",
             a.spec.class_name

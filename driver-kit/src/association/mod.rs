@@ -48,7 +48,7 @@ pub use address_controller_api::service::service_families;
 
 /// `namespace/name` of a Service.
 pub fn service_key(s: &Service) -> String {
-    format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any())
+    address_controller_runtime::cache::key_of(s)
 }
 
 /// The attachment naming Service `key` with `ports`.
