@@ -223,10 +223,30 @@ fn refused(plan: &mut ServicePlan, event: &'static str, condition: &'static str,
 /// Plans one pass over a Service.
 pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
     let mut plan = ServicePlan::default();
-    let name = s.key.split_once('/').map_or(s.key, |(_, n)| n);
-    // The addresses this Service should hold now (possibly after a handoff).
+    let (wanted, co_holders) = judge(s, &mut plan);
+    plan.ports = s
+        .service
+        .map(|svc| sharing::ports_of(svc).into_iter().collect())
+        .unwrap_or_default();
+    let pinnable = ledger_first(s, &mut plan, &wanted, &co_holders);
+    say_associated(s, &mut plan, &wanted, &pinnable);
+    if s.service.is_some() {
+        record_and_pin(s, &mut plan, &pinnable);
+    }
+    withdraw(s, &mut plan, &wanted, &pinnable);
+    plan
+}
+
+/// The Service's name (its key without the namespace).
+fn name_of<'a>(s: &ServiceSnapshot<'a>) -> &'a str {
+    s.key.split_once('/').map_or(s.key, |(_, n)| n)
+}
+
+/// Whether the Service may hold its claim's addresses, said in the plan's condition: the
+/// addresses it should hold now (possibly after a handoff), and the Services admitted with
+/// it (judged once, with its own verdict).
+fn judge(s: &ServiceSnapshot<'_>, plan: &mut ServicePlan) -> (Vec<Arc<IPAddress>>, Vec<String>) {
     let mut wanted: Vec<Arc<IPAddress>> = Vec::new();
-    // The Services admitted with this one (judged once, with its own verdict).
     let mut co_holders: Vec<String> = Vec::new();
     let reference = s
         .service
@@ -234,7 +254,7 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
         .and_then(address_controller_api::service::claim_reference);
     match (reference, s.service) {
         (Some(Err(why)), _) => refused(
-            &mut plan,
+            plan,
             reason::CLAIM_NOT_FOUND,
             sharing::reason::INVALID_CLAIM_REFERENCE,
             why,
@@ -243,7 +263,7 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
             let claim_ref = format!("{ns}/{claim_name}");
             match s.claim {
                 None => refused(
-                    &mut plan,
+                    plan,
                     reason::CLAIM_NOT_FOUND,
                     sharing::reason::CLAIM_NOT_FOUND,
                     format!(
@@ -251,7 +271,7 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
                     ),
                 ),
                 Some(c) if c.phase() != Some(ClaimPhase::Bound) => refused(
-                    &mut plan,
+                    plan,
                     reason::CLAIM_NOT_BOUND,
                     sharing::reason::CLAIM_NOT_BOUND,
                     format!(
@@ -272,26 +292,32 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
                         .map_or(Err(Refusal::NotShared), |(_, v)| v);
                     match verdict {
                         Err(r) => refused(
-                            &mut plan,
+                            plan,
                             reason::ASSOCIATION_REJECTED,
                             r.reason(),
                             r.message(&claim_ref),
                         ),
-                        Ok(()) => admitted(&mut plan, s, svc, c, &claim_ref, &mut wanted),
+                        Ok(()) => admitted(plan, s, svc, c, &claim_ref, &mut wanted),
                     }
                 }
             }
         }
         _ => {}
     }
-    plan.ports = s
-        .service
-        .map(|svc| sharing::ports_of(svc).into_iter().collect())
-        .unwrap_or_default();
-    // Ledger first: this Service joins the holders of what it should hold, unless a Service
-    // that is not a co-holder still shows it (the handoff waits for it to let go).
+    (wanted, co_holders)
+}
+
+/// Ledger first: this Service joins the holders of what it should hold, unless a Service
+/// that is not a co-holder still shows it (the handoff waits for it to let go). What it
+/// may be pinned, IPv4 first.
+fn ledger_first(
+    s: &ServiceSnapshot<'_>,
+    plan: &mut ServicePlan,
+    wanted: &[Arc<IPAddress>],
+    co_holders: &[String],
+) -> Vec<IpAddr> {
     let mut pinnable: Vec<IpAddr> = Vec::new();
-    for a in &wanted {
+    for a in wanted {
         let Some(ip) = ip_of(a) else { continue };
         let recorded = a
             .status
@@ -323,7 +349,17 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
             pinnable.push(ip);
         }
     }
-    let pinnable = sorted(pinnable);
+    sorted(pinnable)
+}
+
+/// The event for addresses newly put on the Service; the condition says it waits while
+/// another Service still holds what it should hold.
+fn say_associated(
+    s: &ServiceSnapshot<'_>,
+    plan: &mut ServicePlan,
+    wanted: &[Arc<IPAddress>],
+    pinnable: &[IpAddr],
+) {
     let fresh: Vec<&str> = plan
         .associate
         .iter()
@@ -334,9 +370,10 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
         plan.events.push(PlannedEvent::normal(
             reason::ASSOCIATED,
             format!(
-                "{} of IPAddressClaim {} put on Service {name}",
+                "{} of IPAddressClaim {} put on Service {}",
                 fresh.join(", "),
-                s.claim.map(|c| c.key()).unwrap_or_default()
+                s.claim.map(|c| c.key()).unwrap_or_default(),
+                name_of(s)
             ),
         ));
     }
@@ -353,31 +390,41 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
             ),
         ));
     }
-    if s.service.is_some() {
-        // The record: what is pinned now, plus what is still shown of earlier pins.
-        let still: Vec<IpAddr> = s
-            .marked
-            .iter()
-            .copied()
-            .filter(|ip| s.shown.contains(ip))
-            .collect();
-        let marker = sorted(pinnable.iter().copied().chain(still).collect());
-        if marker != sorted(s.marked.to_vec()) {
-            plan.marker = Some(marker);
-        }
-        if s.served || !s.marked.is_empty() || !pinnable.is_empty() {
-            let ours = sorted(
-                s.marked
-                    .iter()
-                    .copied()
-                    .chain(pinnable.iter().copied())
-                    .collect(),
-            );
-            plan.pin = Some((ours, pinnable.clone()));
-        }
+}
+
+/// The record (what is pinned now, plus what is still shown of earlier pins) and what the
+/// backend pins.
+fn record_and_pin(s: &ServiceSnapshot<'_>, plan: &mut ServicePlan, pinnable: &[IpAddr]) {
+    let still: Vec<IpAddr> = s
+        .marked
+        .iter()
+        .copied()
+        .filter(|ip| s.shown.contains(ip))
+        .collect();
+    let marker = sorted(pinnable.iter().copied().chain(still).collect());
+    if marker != sorted(s.marked.to_vec()) {
+        plan.marker = Some(marker);
     }
-    // Withdrawn: the Service leaves the ledger once the backend shows the address gone (or
-    // the Service is gone).
+    if s.served || !s.marked.is_empty() || !pinnable.is_empty() {
+        let ours = sorted(
+            s.marked
+                .iter()
+                .copied()
+                .chain(pinnable.iter().copied())
+                .collect(),
+        );
+        plan.pin = Some((ours, pinnable.to_vec()));
+    }
+}
+
+/// Withdrawn: the Service leaves the ledger once the backend shows the address gone (or
+/// the Service is gone).
+fn withdraw(
+    s: &ServiceSnapshot<'_>,
+    plan: &mut ServicePlan,
+    wanted: &[Arc<IPAddress>],
+    pinnable: &[IpAddr],
+) {
     for a in s.associated_here {
         let Some(ip) = ip_of(a) else { continue };
         let gone = s.service.is_none() || !s.shown.contains(&ip);
@@ -393,10 +440,9 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
             .collect();
         plan.events.push(PlannedEvent::normal(
             reason::DISASSOCIATED,
-            format!("{} taken off Service {name}", list.join(", ")),
+            format!("{} taken off Service {}", list.join(", "), name_of(s)),
         ));
     }
-    plan
 }
 
 /// A Service the claim's sharing admits: the addresses of its families it should hold.
