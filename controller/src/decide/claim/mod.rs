@@ -190,63 +190,10 @@ pub fn plan_claim(s: &ClaimSnapshot<'_>) -> ClaimPlan {
         // §4.7
         let r = resolve_class(claim, s.classes);
         match &r {
-            Resolution::Resolved(class) => 'resolved: {
-                // §13: entitlements come before matching — a refused claim neither binds
-                // nor invites a driver.
-                let ns = claim.namespace().unwrap_or_default();
-                if let Some(why) = class.refuses_namespace(&ns, s.namespace_labels) {
-                    waiting = Some((reason::NAMESPACE_NOT_ADMITTED, why));
-                    break 'resolved;
-                }
-                let class_name = class.name_any();
-                let standing = (s.quota)(&class_name);
-                if let Some((limits, used)) = &standing
-                    && let Err(why) = limits.admit(&class_name, used, &missing)
-                {
-                    waiting = Some((reason::QUOTA_EXCEEDED, why));
-                    break 'resolved;
-                }
-                let m = matching::match_families(
-                    claim,
-                    class,
-                    &missing,
-                    s.pinned,
-                    s.pinned_taken,
-                    s.candidate,
-                );
-                // The stamp tells the driver to provision. It is written only in a pass
-                // that matched nothing and waits for provisioning (SPEC §5.7): a pass that
-                // binds a free address never invites a driver to create a second one.
-                if m.needs_provisioning
-                    && m.bind.is_empty()
-                    && claim.annotations().get(PROVISIONER_ANNOTATION)
-                        != Some(&class.spec.provisioner)
-                {
-                    metadata.provisioner = Some(class.spec.provisioner.clone());
-                }
-                if let Some((reason, _)) = m.waiting.first() {
-                    let message = m
-                        .waiting
-                        .iter()
-                        .map(|(_, m)| m.as_str())
-                        .collect::<Vec<_>>()
-                        .join("; ");
-                    waiting = Some((*reason, message));
-                }
-                if let Some((limits, _)) = standing {
-                    let mut families: Vec<Family> =
-                        m.bind.iter().filter_map(IPAddress::family).collect();
-                    families.extend(m.provision.iter().copied());
-                    if !families.is_empty() {
-                        plan.quota_take = Some(QuotaTake {
-                            class: class_name,
-                            families,
-                            limits,
-                        });
-                    }
-                }
-                bind = m.bind;
-                plan.address_events = m.address_events;
+            Resolution::Resolved(class) => {
+                let (b, w) = in_class(s, class, &missing, &mut plan, &mut metadata);
+                bind = b;
+                waiting = w;
             }
             Resolution::Failed { reason, message } => waiting = Some((reason, message.clone())),
         }
@@ -292,6 +239,62 @@ pub fn plan_claim(s: &ClaimSnapshot<'_>) -> ClaimPlan {
     plan.status = new_status;
     plan.events.extend(events);
     plan
+}
+
+/// §4.7 within the resolved class: the §13 gate (namespace, then quota) before any
+/// matching — a refused claim neither binds nor invites a driver — then the matching, the
+/// provisioner stamp (written only in a pass that matched nothing and waits for
+/// provisioning, SPEC §5.7: a pass that binds a free address never invites a driver to
+/// create a second one) and the quota the plan takes. The addresses to bind, and why the
+/// claim waits.
+fn in_class(
+    s: &ClaimSnapshot<'_>,
+    class: &IPAddressClass,
+    missing: &[Family],
+    plan: &mut ClaimPlan,
+    metadata: &mut ClaimMetadata,
+) -> (Vec<IPAddress>, Option<(&'static str, String)>) {
+    let claim = s.claim;
+    let ns = claim.namespace().unwrap_or_default();
+    if let Some(why) = class.refuses_namespace(&ns, s.namespace_labels) {
+        return (Vec::new(), Some((reason::NAMESPACE_NOT_ADMITTED, why)));
+    }
+    let class_name = class.name_any();
+    let standing = (s.quota)(&class_name);
+    if let Some((limits, used)) = &standing
+        && let Err(why) = limits.admit(&class_name, used, missing)
+    {
+        return (Vec::new(), Some((reason::QUOTA_EXCEEDED, why)));
+    }
+    let m = matching::match_families(claim, class, missing, s.pinned, s.pinned_taken, s.candidate);
+    if m.needs_provisioning
+        && m.bind.is_empty()
+        && claim.annotations().get(PROVISIONER_ANNOTATION) != Some(&class.spec.provisioner)
+    {
+        metadata.provisioner = Some(class.spec.provisioner.clone());
+    }
+    let waiting = m.waiting.first().map(|(reason, _)| {
+        let message = m
+            .waiting
+            .iter()
+            .map(|(_, m)| m.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        (*reason, message)
+    });
+    if let Some((limits, _)) = standing {
+        let mut families: Vec<Family> = m.bind.iter().filter_map(IPAddress::family).collect();
+        families.extend(m.provision.iter().copied());
+        if !families.is_empty() {
+            plan.quota_take = Some(QuotaTake {
+                class: class_name,
+                families,
+                limits,
+            });
+        }
+    }
+    plan.address_events = m.address_events;
+    (m.bind, waiting)
 }
 
 /// §4.5: an address of the family that is not `Lost` satisfies it.
