@@ -388,7 +388,7 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
             q.services.clone(),
             n,
             ctx.gate.clone(),
-            move |k| association::pass::service_pass(c.clone(), k),
+            move |k| runner::association::service_pass(c.clone(), k),
             observe,
         ),
     );

@@ -42,8 +42,6 @@ use kube::ResourceExt;
 
 use crate::driver::Presence;
 
-pub(crate) mod pass;
-
 pub use address_controller_api::service::service_families;
 
 /// `namespace/name` of a Service.

@@ -46,14 +46,14 @@ pub(crate) async fn address_pass<D: Driver>(
                     })?;
                 return Ok(Outcome::Done);
             }
-            crate::association::pass::health_pass(&ctx, &a).await?;
+            crate::runner::association::health_pass(&ctx, &a).await?;
         }
         return Ok(Outcome::Done);
     };
     // Teardown waits until no Service shows the address any more (its association is
     // withdrawn first): the backend's state is what withdraws it.
     if let Some(ip) = crate::association::ip_of(&a) {
-        let shown = crate::association::pass::shown_by(&ctx, ip);
+        let shown = crate::runner::association::shown_by(&ctx, ip);
         if let Some(svc) = shown.first() {
             return Err(Error::Backend {
                 object: name.clone(),

@@ -113,7 +113,7 @@ pub(crate) async fn plan<D: Driver>(ctx: &Ctx<D>, claim: &IPAddressClaim, key: &
         // Taken: in the ledger, chosen or being created — or shown by a Service already
         // (a tenant's own pin that the backend honoured outside the ledger): never handed
         // to another claim (#45 item 7; the Service turns the address Conflict once bound).
-        let shown = |ip: IpAddr| !crate::association::pass::shown_by(ctx, ip).is_empty();
+        let shown = |ip: IpAddr| !crate::runner::association::shown_by(ctx, ip).is_empty();
         let in_use = move |ip: IpAddr| {
             inventory.in_use(ip) || taken.contains(&ip) || busy.contains(&ip) || shown(ip)
         };

@@ -38,6 +38,7 @@ use crate::inventory::Inventory;
 use crate::services::ServiceIndex;
 
 mod address;
+pub(crate) mod association;
 mod claim;
 mod class;
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! The association passes: snapshots from the caches and indexes, the pure plans of
-//! [`super`], guarded writes in the plans' order.
+//! [`crate::association`], guarded writes in the plans' order.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
-use super::{
+use crate::association::{
     AddressPlan, AddressSnapshot, ServiceCondition, ServicePlan, ServiceSnapshot, attachment_of,
     ip_of, is_load_balancer, parse_marker, plan_address, plan_service, render_marker,
 };
@@ -281,7 +281,7 @@ async fn write_condition(
                 "lastTransitionTime": since}]}})
         }
     };
-    let key = super::service_key(svc);
+    let key = crate::association::service_key(svc);
     Api::<Service>::namespaced(ctx.client.clone(), &svc.namespace().unwrap_or_default())
         .patch_status(
             &svc.name_any(),
