@@ -124,9 +124,10 @@ node_preflight() {
   command -v gcc >/dev/null || die "gcc is needed to build the pod-sandbox (pause) binary"
   if [ ! -f "$NODE_BIN/.complete" ] || [ ! -f "$KUBE_PROXY_BIN/.complete" ]; then "$here/build-binaries.sh" node wire; fi
   # One node per machine: the lock is held by every process of the node (fd 9 is
-  # inherited), so it frees itself when the last one is gone.
+  # inherited), so it frees itself when the last one is gone. A node whose test process
+  # has just exited is still being stopped by its watcher: wait for it a minute.
   exec 9>>"$NODE_LOCK"
-  if ! flock -n 9; then
+  if ! flock -w 60 9; then
     die "another local node is running ($(cat "$NODE_LOCK" 2>/dev/null)); stop it first: deploy/local/cluster.sh down DIR"
   fi
   echo "$dir" > "$NODE_LOCK"
@@ -287,8 +288,11 @@ protectKernelDefaults: true
 failSwapOn: false
 podLogsDir: /var/log/pods
 resolvConf: $nd/resolv.conf
-# A developer machine's disk and memory are not the node's to evict for.
-evictionHard: {memory.available: "50Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+# A developer's or CI's disk is not the node's to evict for: "0%" turns a signal off (the
+# kubelet ignores it), so a nearly full disk never taints the node disk-pressure (NoSchedule)
+# with the release's pods Pending (a CI run's node tier failed so, and the same symptom comes
+# back here at a threshold above the free space). Memory keeps a floor.
+evictionHard: {memory.available: "50Mi", nodefs.available: "0%", imagefs.available: "0%", nodefs.inodesFree: "0%", imagefs.inodesFree: "0%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 nodeStatusUpdateFrequency: 5s

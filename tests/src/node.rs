@@ -302,10 +302,68 @@ impl Node {
                     .cluster
                     .kubectl_ok(&["get", "pods", "-n", NAMESPACE, "-o", "wide"])
                     .unwrap_or_default();
-                bail!("deployment {deployment} not rolled out: {st}\n{pods}");
+                bail!(
+                    "deployment {deployment} not rolled out: {st}\n{pods}\n{}",
+                    self.why_not_running()
+                );
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// What keeps pods from running, for a failure message: the node's conditions that are
+    /// not as a healthy node has them and its taints, the scheduler's and the kubelet's
+    /// words on the release's pods (FailedScheduling, FailedCreatePodSandBox, …), whether
+    /// the scheduler still runs, and the disk the kubelet measures.
+    pub fn why_not_running(&self) -> String {
+        let mut out = String::new();
+        if let Ok(nodes) = self.json(&["get", "nodes"]) {
+            for n in nodes["items"].as_array().into_iter().flatten() {
+                let name = n["metadata"]["name"].as_str().unwrap_or("?");
+                for c in n["status"]["conditions"].as_array().into_iter().flatten() {
+                    let healthy = if c["type"] == "Ready" {
+                        "True"
+                    } else {
+                        "False"
+                    };
+                    if c["status"] != healthy {
+                        out += &format!(
+                            "node {name}: {}={} {}: {}\n",
+                            c["type"].as_str().unwrap_or("?"),
+                            c["status"].as_str().unwrap_or("?"),
+                            c["reason"].as_str().unwrap_or(""),
+                            c["message"].as_str().unwrap_or("")
+                        );
+                    }
+                }
+                out += &format!(
+                    "node {name}: taints {}, allocatable {}\n",
+                    n["spec"]["taints"], n["status"]["allocatable"]
+                );
+            }
+        }
+        if let Ok(events) = self.json(&["get", "events", "-n", NAMESPACE]) {
+            for e in events["items"].as_array().into_iter().flatten() {
+                if e["type"] == "Warning" {
+                    out += &format!(
+                        "event {} {}: {} (x{})\n",
+                        e["involvedObject"]["name"].as_str().unwrap_or("?"),
+                        e["reason"].as_str().unwrap_or("?"),
+                        e["message"].as_str().unwrap_or(""),
+                        e["count"].as_i64().unwrap_or(1)
+                    );
+                }
+            }
+        }
+        let pid = std::fs::read_to_string(self.cluster.dir.join("pids/kube-scheduler"))
+            .unwrap_or_default();
+        let alive = !pid.trim().is_empty()
+            && std::path::Path::new(&format!("/proc/{}", pid.trim())).exists();
+        out += &format!("kube-scheduler running: {alive}\n");
+        if let Ok(df) = Command::new("df").args(["-h", "/var/lib/kubelet"]).output() {
+            out += &String::from_utf8_lossy(&df.stdout);
+        }
+        out
     }
 
     /// The release's running pods of a component (`controller` or `range-driver`), by name.
