@@ -383,10 +383,24 @@ impl Adopt<'_> {
             // The ledger says what is so: the Service holds the address. Without it, the
             // moment the claim binds, the address is shown by a Service its ledger does not
             // list — Conflict, until the driver's next pass associates it.
-            let holder = json!({"kind": "Service", "namespace": ns, "name": name});
-            let mut attachment = holder.clone();
-            attachment["ports"] = json!(address_controller_api::sharing::ports_of(s));
-            let ledger = json!({"status": {"associatedTo": holder, "attachments": [attachment], "holderCount": 1}});
+            // Its history says so too: a span found under way (it held the address before).
+            let attachment = address_controller_api::Attachment {
+                kind: "Service".into(),
+                namespace: Some(ns.clone()),
+                name: name.clone(),
+                ports: address_controller_api::sharing::ports_of(s)
+                    .into_iter()
+                    .collect(),
+            };
+            let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            );
+            let one = std::slice::from_ref(&attachment);
+            let spans = address_controller_api::history::spans_after(&[], 0, one, one, &now)
+                .map(|(spans, _)| spans)
+                .unwrap_or_default();
+            let ledger = json!({"status": {"associatedTo": attachment.association(),
+                "attachments": [attachment], "holderCount": 1, "attachmentHistory": spans}});
             if let Err(e) = addresses
                 .patch_status(
                     &object_name(*ip),

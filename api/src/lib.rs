@@ -5,6 +5,7 @@ pub mod conditions;
 pub mod duration;
 pub mod entitlement;
 pub mod family;
+pub mod history;
 pub mod manifests;
 pub mod names;
 pub mod ranges;

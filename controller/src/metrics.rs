@@ -158,6 +158,24 @@ struct Counts {
     allocated: HashMap<(String, &'static str), i64>,
     held: HashMap<(String, String, &'static str), i64>,
     claims: HashMap<(String, String, &'static str), i64>,
+    /// (class, list) → history entries dropped past the bound, over the class's addresses.
+    dropped: HashMap<(String, &'static str), i64>,
+}
+
+/// What an address counts in `address_controller_address_history_dropped`: (class, list,
+/// entries dropped) for both lists of its history.
+fn dropped_of(a: &IPAddress) -> [((String, &'static str), i64); 2] {
+    let class = a.spec.class_name.clone();
+    [
+        (
+            (class.clone(), "holdings"),
+            address_controller_api::history::holdings(a).1,
+        ),
+        (
+            (class, "services"),
+            address_controller_api::history::spans(a).1,
+        ),
+    ]
 }
 
 fn tally<K: Eq + std::hash::Hash>(map: &mut HashMap<K, i64>, key: K, delta: i64) {
@@ -218,6 +236,7 @@ const HELD: &str = "address_controller_ipaddresses_held";
 const CLAIMS: &str = "address_controller_ipaddressclaims";
 const CAPACITY: &str = "address_controller_ipaddressclass_capacity";
 const ALLOCATED: &str = "address_controller_ipaddressclass_allocated";
+const DROPPED: &str = "address_controller_address_history_dropped";
 
 /// The `allocated` series an address counts in: (class, family).
 fn allocated_key(a: &IPAddress) -> Option<(String, &'static str)> {
@@ -241,6 +260,19 @@ impl Ledger {
                 ch.old.as_deref().and_then(allocated_key),
                 ch.new.as_deref().and_then(allocated_key),
             );
+            let (old_dropped, new_dropped) = (
+                ch.old.as_deref().map(dropped_of),
+                ch.new.as_deref().map(dropped_of),
+            );
+            if old_dropped != new_dropped {
+                let mut counts = c.lock().unwrap_or_else(PoisonError::into_inner);
+                for (k, n) in old_dropped.into_iter().flatten() {
+                    tally(&mut counts.dropped, k, -n);
+                }
+                for (k, n) in new_dropped.into_iter().flatten() {
+                    tally(&mut counts.dropped, k, n);
+                }
+            }
             if old != new || old_held != new_held || old_alloc != new_alloc {
                 let mut counts = c.lock().unwrap_or_else(PoisonError::into_inner);
                 shift(&mut counts.addresses, old, new);
@@ -273,6 +305,7 @@ impl Ledger {
             Self::claims_vec()?,
             Self::capacity_vec()?,
             Self::allocated_vec()?,
+            Self::dropped_vec()?,
         ]
         .iter()
         .flat_map(|v| v.desc().into_iter().cloned())
@@ -318,6 +351,16 @@ impl Ledger {
                 "IPAddresses of a class by family, every phase: what fills its capacity (as poolavailabilities counts)",
             ),
             &["class", "family"],
+        )
+    }
+
+    fn dropped_vec() -> Result<IntGaugeVec, prometheus::Error> {
+        IntGaugeVec::new(
+            Opts::new(
+                DROPPED,
+                "History entries dropped past the bound from the class's addresses, by list (holdings: claims; services: attachments); export the history before it grows",
+            ),
+            &["class", "list"],
         )
     }
 
@@ -426,12 +469,13 @@ impl Collector for Ledger {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let (Ok(addresses), Ok(held), Ok(claims), Ok(capacity), Ok(allocated)) = (
+        let (Ok(addresses), Ok(held), Ok(claims), Ok(capacity), Ok(allocated), Ok(dropped)) = (
             Self::addresses_vec(),
             Self::held_vec(),
             Self::claims_vec(),
             Self::capacity_vec(),
             Self::allocated_vec(),
+            Self::dropped_vec(),
         ) else {
             return Vec::new();
         };
@@ -454,12 +498,18 @@ impl Collector for Ledger {
             for family in ["IPv4", "IPv6"] {
                 allocated.with_label_values(&[name.as_str(), family]).set(0);
             }
+            for list in ["holdings", "services"] {
+                dropped.with_label_values(&[name.as_str(), list]).set(0);
+            }
         }
         let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         for ((class, phase), n) in &counts.addresses {
             addresses
                 .with_label_values(&[class.as_str(), phase])
                 .set(*n);
+        }
+        for ((class, list), n) in &counts.dropped {
+            dropped.with_label_values(&[class.as_str(), list]).set(*n);
         }
         for ((class, family), n) in &counts.allocated {
             allocated
@@ -483,6 +533,7 @@ impl Collector for Ledger {
             .chain(claims.collect())
             .chain(capacity.collect())
             .chain(allocated.collect())
+            .chain(dropped.collect())
             .collect()
     }
 }

@@ -121,6 +121,11 @@ pub const RULES: &[Rule] = &[
         check: Some(refusal_stale),
     },
     Rule {
+        name: "history-unsound",
+        meaning: "an address whose history is out of order, overlapping, open before its last entry, or whose open entry is not its claimRef and phase",
+        check: Some(history_unsound),
+    },
+    Rule {
         name: "gauges-differ",
         meaning: "a replica's ledger gauges differ from the objects",
         check: None,
@@ -609,6 +614,19 @@ fn claim_gone(x: &Ctx<'_>, a: &IPAddress) -> bool {
             .is_some_and(|r| r.uid.is_none() || r.uid == c.metadata.uid)
     };
     a.spec.claim_ref.is_some() && !is_reservation(x, a) && !x.claim_of(a).is_some_and(same_uid)
+}
+
+fn history_unsound(x: &Ctx<'_>, found: &mut Found) {
+    for a in x.addresses_in_scope() {
+        let problems = address_controller_api::history::problems(a);
+        if !problems.is_empty() {
+            found.add(
+                format!("IPAddress {}", a.name_any()),
+                problems.join("; "),
+                version(a),
+            );
+        }
+    }
 }
 
 fn reservation_not_kept(x: &Ctx<'_>, found: &mut Found) {
@@ -1278,6 +1296,59 @@ mod tests {
             .collect();
         r.sort();
         r
+    }
+
+    #[test]
+    fn a_history_overlapping_or_naming_another_claim_is_caught() {
+        let c = claim("web", "u1", "Bound", &[("a", "192.0.2.1")]);
+        let holding = |from: &str, until: Option<&str>, name: &str, uid: &str| {
+            json!({"namespace": "t", "name": name, "uid": uid, "state": "Bound",
+                "from": from, "until": until})
+        };
+        let with_history = |h: serde_json::Value| {
+            let mut a = addr("a", "192.0.2.1", Some(("web", "u1")), "Bound");
+            a.status.as_mut().unwrap().history = serde_json::from_value(h).unwrap();
+            a
+        };
+        let snap = |a: IPAddress| Snapshot {
+            claims: vec![c.clone()],
+            addresses: vec![a],
+            classes: vec![],
+            services: vec![],
+            quotas: vec![],
+            namespaces: [("t".to_string(), BTreeMap::new())].into(),
+            at: Timestamp::now(),
+        };
+        let sound = with_history(json!([
+            holding(
+                "2026-01-01T10:00:00Z",
+                Some("2026-01-01T11:00:00Z"),
+                "old",
+                "u0"
+            ),
+            holding("2026-01-01T11:00:00Z", None, "web", "u1"),
+        ]));
+        assert!(!rules(&snap(sound)).contains(&"history-unsound"));
+        // Overlapping (a failover that wrote from a replica's stale view).
+        let overlapping = with_history(json!([
+            holding(
+                "2026-01-01T10:00:00Z",
+                Some("2026-01-01T11:30:00Z"),
+                "old",
+                "u0"
+            ),
+            holding("2026-01-01T11:00:00Z", None, "web", "u1"),
+        ]));
+        assert!(rules(&snap(overlapping)).contains(&"history-unsound"));
+        // The open entry names another claim than the claimRef.
+        let stale = with_history(json!([holding("2026-01-01T10:00:00Z", None, "old", "u0")]));
+        assert!(rules(&snap(stale)).contains(&"history-unsound"));
+        // Two open entries.
+        let two_open = with_history(json!([
+            holding("2026-01-01T10:00:00Z", None, "old", "u0"),
+            holding("2026-01-01T11:00:00Z", None, "web", "u1"),
+        ]));
+        assert!(rules(&snap(two_open)).contains(&"history-unsound"));
     }
 
     #[test]

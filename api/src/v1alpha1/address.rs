@@ -173,6 +173,24 @@ pub struct IPAddressStatus {
     /// How many holders `attachments` lists (for `kubectl get -o wide`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder_count: Option<i64>,
+    /// Who held the address, oldest first: the claims it was bound to or reserved for,
+    /// from when until when. Core-owned, written only within the status writes that bind,
+    /// reserve and release the address; at most 32 entries, the oldest closed ones dropped
+    /// past that.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::history::HOLDINGS_LIMIT))]
+    pub history: Vec<crate::history::Holding>,
+    /// How many holdings were dropped from `history` past its bound.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub history_dropped: i64,
+    /// The Services the address was on, from when until when, oldest first. Driver-owned,
+    /// written within the ledger writes that attach and detach them; the oldest closed
+    /// spans are dropped past 64.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachment_history: Vec<crate::history::AttachmentSpan>,
+    /// How many spans were dropped from `attachmentHistory` past its bound.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attachment_history_dropped: i64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -269,6 +287,10 @@ impl IPAddress {
             .filter_map(Association::service_key)
             .collect()
     }
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 /// `status.releasedFrom` is a copy of `spec.claimRef` as it was: recorded as it is, even a

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use address_controller_api::family::family_of;
+use address_controller_api::history::{self, Held, Holding};
 use address_controller_api::names::{ADDRESS_FINALIZER, event, released};
 use address_controller_api::{
     AddressPhase, ClaimRef, IPAddress, IPAddressClaim, IPAddressClass, ReclaimPolicy,
@@ -39,6 +40,9 @@ pub struct AddressStatusWrite {
     pub released_from: Option<ClaimRef>,
     /// Why it is `Released` (`names::released`); none in any other phase.
     pub reason: Option<String>,
+    /// `status.history` and `status.historyDropped` when the write changes them
+    /// ([`history::holdings_after`]); `None`: left as they are.
+    pub history: Option<(Vec<Holding>, i64)>,
 }
 
 /// Everything one pass over an address wants done, in order.
@@ -128,33 +132,46 @@ pub fn holder(
     })
 }
 
-/// The status write that moves the address to `phase_to` / `released_at_to` (and the
-/// binding released, for `Released`), or `None` when it is there already.
-/// The status the address should have; `None` when it has it. `released` is
-/// `Some((releasedAt, reason))` for `Released` (ignored for any other phase).
+/// The status the address should have — `phase_to`, and for `Released` the time and
+/// reason `released` gives (ignored for any other phase) and the binding released — with
+/// its history brought along at `now` (`record`: the history follows the claimRef; an
+/// invalid address's does not); `None` when it has it all.
 fn status_write(
     a: &IPAddress,
     phase_to: AddressPhase,
     released: Option<(Time, Option<String>)>,
+    record: bool,
+    now: &Time,
 ) -> Option<AddressStatusWrite> {
     let (released_at, reason) = match released {
         Some((at, why)) if phase_to == AddressPhase::Released => (Some(at), why),
         _ => (None, None),
     };
-    let want = AddressStatusWrite {
+    let (history, dropped) = history::holdings(a);
+    let mut want = AddressStatusWrite {
         phase: phase_to,
         released_at,
         released_from: (phase_to == AddressPhase::Released)
             .then(|| a.spec.claim_ref.clone())
             .flatten(),
         reason,
+        history: None,
     };
     let have = a.phase().map(|p| AddressStatusWrite {
         phase: p,
         released_at: a.released_at().cloned(),
         released_from: a.status.as_ref().and_then(|s| s.released_from.clone()),
         reason: a.status.as_ref().and_then(|s| s.reason.clone()),
+        history: None,
     });
+    // The release's own time closes the holding, so the two always agree.
+    let at = want.released_at.clone().unwrap_or_else(|| now.clone());
+    want.history = Held::of(a.spec.claim_ref.as_ref(), phase_to)
+        .filter(|_| record)
+        .and_then(|held| {
+            let found = a.phase() == Some(phase_to);
+            history::holdings_after(history, dropped, held, found, &at)
+        });
     (have.as_ref() != Some(&want)).then_some(want)
 }
 
@@ -200,7 +217,7 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
 
     // §5.3: an invalid address is never trusted.
     if let Err(e) = family_of(&a.spec.address) {
-        plan.status = status_write(a, AddressPhase::Pending, None);
+        plan.status = status_write(a, AddressPhase::Pending, None, false, &s.now);
         plan.once_event = Some(PlannedEvent::warning(
             event::INVALID_ADDRESS,
             format!("{e}; nothing will bind it"),
@@ -217,19 +234,23 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
     // judged by the release delay; any other claimRef is judged as the binding it is.
     match holder {
         // §5.5: free (also after an admin cleared the claimRef of a Released address).
-        None => plan.status = status_write(a, AddressPhase::Available, None),
+        None => plan.status = status_write(a, AddressPhase::Available, None, true, &s.now),
         // §5.6: reserved for a claim that does not exist yet: Available, and no other claim
         // can take it (only an address without a claimRef is free).
-        Some(Holder::Reserved) => plan.status = status_write(a, AddressPhase::Available, None),
+        Some(Holder::Reserved) => {
+            plan.status = status_write(a, AddressPhase::Available, None, true, &s.now)
+        }
         Some(Holder::Live) => {
-            plan.status = status_write(a, AddressPhase::Bound, None);
+            plan.status = status_write(a, AddressPhase::Bound, None, true, &s.now);
             // A new binding next to a stale `Released` (bound again after the release delay
             // cleared the claimRef, or moved by an admin): the claim it names is confirmed
             // by a direct read before the address says Bound — a cache that missed the
             // claim's deletion never binds it.
             plan.confirm = plan.status.is_some() && a.phase() == Some(AddressPhase::Released);
         }
-        Some(Holder::PreBound) => plan.status = status_write(a, AddressPhase::Pending, None),
+        Some(Holder::PreBound) => {
+            plan.status = status_write(a, AddressPhase::Pending, None, true, &s.now)
+        }
         Some(Holder::Deleting | Holder::SurplusUnsettled) => {}
         Some(Holder::Released) => {
             let why = format!("released from claim {}", claim_ref_text(a));
@@ -297,7 +318,13 @@ fn orphaned(
     } else {
         Some(reason.to_string())
     };
-    plan.status = status_write(a, AddressPhase::Released, Some((at.clone(), reason)));
+    plan.status = status_write(
+        a,
+        AddressPhase::Released,
+        Some((at.clone(), reason)),
+        true,
+        &s.now,
+    );
     match release_delay::due(a, s.class, &at, &s.now) {
         Due::Never => {}
         // Becomes Released in this pass; recycle on the next.

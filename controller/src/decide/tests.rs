@@ -1042,6 +1042,17 @@ fn aplan_with(
     class: Option<&IPAddressClass>,
     now: Time,
 ) -> super::address::AddressPlan {
+    history_blind(a, aplan_recorded(a, c, others, class, now))
+}
+
+/// The plan as [`plan_address`] makes it, the history included.
+fn aplan_recorded(
+    a: &IPAddress,
+    c: Option<&IPAddressClaim>,
+    others: &[Arc<IPAddress>],
+    class: Option<&IPAddressClass>,
+    now: Time,
+) -> super::address::AddressPlan {
     let mut siblings: Vec<Arc<IPAddress>> = others.to_vec();
     siblings.push(Arc::new(a.clone()));
     plan_address(&AddressSnapshot {
@@ -1053,12 +1064,33 @@ fn aplan_with(
     })
 }
 
+/// The plan with the history left out (the phase rows judge phases; the history has
+/// tests of its own below): a status write that only records history is none.
+fn history_blind(
+    a: &IPAddress,
+    mut plan: super::address::AddressPlan,
+) -> super::address::AddressPlan {
+    if let Some(st) = plan.status.as_mut() {
+        st.history = None;
+        let have = a.status.as_ref();
+        if Some(st.phase) == a.phase()
+            && st.released_at.as_ref() == a.released_at()
+            && st.released_from.as_ref() == have.and_then(|h| h.released_from.as_ref())
+            && st.reason.as_ref() == have.and_then(|h| h.reason.as_ref())
+        {
+            plan.status = None;
+        }
+    }
+    plan
+}
+
 fn w(phase: AddressPhase, released_at: Option<Time>) -> Option<AddressStatusWrite> {
     Some(AddressStatusWrite {
         phase,
         released_at,
         released_from: None,
         reason: None,
+        history: None,
     })
 }
 
@@ -1074,6 +1106,7 @@ fn released_write(at: Time, uid: Option<&str>, reason: Option<&str>) -> Option<A
             uid: uid.map(str::to_string),
         }),
         reason: reason.map(str::to_string),
+        history: None,
     })
 }
 
@@ -2136,4 +2169,87 @@ fn an_address_released_before_the_record_existed_gets_it_once() {
     );
     assert!(p.events.is_empty() && !p.confirm && !p.clear_claim_ref);
     assert_eq!(p.requeue_after, Some(std::time::Duration::from_secs(1800)));
+}
+
+/// The history rides on the phase writes: a bind opens a holding, the steady state writes
+/// nothing, a release closes it at `releasedAt`, a binding the core finds already Bound
+/// (an upgrade) is recorded as found — each in the status write the phase makes anyway.
+#[test]
+fn the_history_rides_on_the_phase_writes() {
+    use address_controller_api::history::{HoldingState, ended};
+    let live = claim(json!({}));
+    // Available → Bound: the write that binds opens the holding.
+    let a = addr("a", "192.0.2.1", "pub", bound_to(Some("claim-uid")));
+    let mut fresh = (*a).clone();
+    fresh.status.as_mut().unwrap().phase = Some(AddressPhase::Available);
+    let p = aplan_recorded(&fresh, Some(&live), &[], None, now());
+    let st = p.status.expect("the bind's write");
+    assert_eq!(st.phase, AddressPhase::Bound);
+    let (h, dropped) = st.history.expect("the bind opens a holding");
+    assert_eq!(dropped, 0);
+    assert_eq!(h.len(), 1);
+    assert_eq!(
+        (h[0].state, h[0].namespace.as_str(), h[0].name.as_str()),
+        (HoldingState::Bound, "t", "c")
+    );
+    assert_eq!(h[0].uid.as_deref(), Some("claim-uid"));
+    assert_eq!((h[0].from.clone(), h[0].until.clone()), (now(), None));
+    assert!(!h[0].found);
+    // Bound with that holding: nothing to write.
+    let mut steady = (*a).clone();
+    steady.status.as_mut().unwrap().history = h.clone();
+    let p = aplan_recorded(&steady, Some(&live), &[], None, at("2026-01-01T13:00:00Z"));
+    assert_eq!(p.status, None, "a steady state writes nothing");
+    // Bound without any (written before the history was kept): recorded as found.
+    let p = aplan_recorded(&a, Some(&live), &[], None, now());
+    let (h2, _) = p.status.and_then(|s| s.history).expect("backfilled once");
+    assert!(h2[0].found);
+    // The claim is gone (Retain): Released closes the holding at releasedAt.
+    let gone = at("2026-01-01T14:00:00Z");
+    let p = aplan_recorded(&steady, None, &[], None, gone.clone());
+    let st = p.status.expect("the release's write");
+    assert_eq!(st.phase, AddressPhase::Released);
+    let (h3, _) = st.history.expect("the release closes the holding");
+    assert_eq!(h3[0].until, st.released_at);
+    assert_eq!(h3[0].until, Some(gone));
+    assert_eq!(h3[0].ended.as_deref(), Some(ended::RELEASED));
+    // An invalid address's history is left alone.
+    let mut bad = (*a).clone();
+    bad.spec.address = "not-an-ip".into();
+    let p = aplan_recorded(&bad, Some(&live), &[], None, now());
+    assert_eq!(p.status.and_then(|s| s.history), None);
+}
+
+/// A reservation (§5.6) is recorded as what it is, and its claim's binding ends it.
+#[test]
+fn a_reservation_is_recorded_and_ended_by_its_binding() {
+    use address_controller_api::history::{HoldingState, ended};
+    let reserved = addr(
+        "a",
+        "192.0.2.1",
+        "pub",
+        json!({"spec": {"claimRef": {"namespace": "t", "name": "c"}}, "status": {"phase": "Released",
+            "releasedFrom": {"namespace": "old", "name": "x", "uid": "u0"}}}),
+    );
+    let p = aplan_recorded(&reserved, None, &[], None, now());
+    let st = p.status.expect("Released → Available");
+    let (h, _) = st.history.expect("the reservation recorded");
+    assert_eq!(h[0].state, HoldingState::Reserved);
+    assert_eq!(h[0].uid, None);
+    let later = at("2026-01-01T12:05:00Z");
+    let mut bound = (*addr("a", "192.0.2.1", "pub", bound_to(Some("claim-uid")))).clone();
+    bound.status.as_mut().unwrap().phase = Some(AddressPhase::Available);
+    bound.status.as_mut().unwrap().history = h;
+    let p = aplan_recorded(&bound, Some(&claim(json!({}))), &[], None, later.clone());
+    let (h, _) = p
+        .status
+        .and_then(|s| s.history)
+        .expect("the binding recorded");
+    assert_eq!(h.len(), 2);
+    assert_eq!(h[0].ended.as_deref(), Some(ended::BOUND));
+    assert_eq!(h[0].until, Some(later.clone()));
+    assert_eq!(
+        (h[1].state, h[1].from.clone()),
+        (HoldingState::Bound, later)
+    );
 }

@@ -121,10 +121,19 @@ async fn apply(
         current = updated;
     }
     if let Some(status) = &plan.status {
+        let mut fields = json!({"phase": status.phase, "releasedAt": status.released_at,
+            "releasedFrom": status.released_from, "reason": status.reason});
+        if let Some((history, dropped)) = &status.history {
+            fields["history"] = json!(history);
+            fields["historyDropped"] = if *dropped == 0 {
+                json!(null)
+            } else {
+                json!(dropped)
+            };
+        }
         let body = guarded(
             current.metadata.resource_version.as_deref(),
-            json!({"status": {"phase": status.phase, "releasedAt": status.released_at,
-                "releasedFrom": status.released_from, "reason": status.reason}}),
+            json!({ "status": fields }),
         );
         let updated = api
             .patch_status(&name, &params, &Patch::Merge(body))

@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use address_controller_api::conditions::set_condition;
+use address_controller_api::history;
 use address_controller_api::{IPAddress, IPAddressClaim};
 use address_controller_runtime::events::reference;
 use address_controller_runtime::workers::Outcome;
@@ -47,12 +48,29 @@ async fn patch_address_status(
     Ok(())
 }
 
-/// The ledger's part of an address's status with `attachments` as its holders:
-/// `associatedTo` names the first, `holderCount` counts them.
-fn ledger(attachments: Vec<Attachment>) -> Value {
+/// The ledger's part of the status of `a` with `attachments` as its holders:
+/// `associatedTo` names the first, `holderCount` counts them, and `attachmentHistory`
+/// follows them in the same write ([`history::spans_after`]).
+fn ledger(a: &IPAddress, attachments: Vec<Attachment>) -> Value {
     let first = attachments.first().map(Attachment::association);
     let count = (!attachments.is_empty()).then_some(attachments.len());
-    json!({"attachments": attachments, "associatedTo": first, "holderCount": count})
+    let mut out = json!({"attachments": attachments, "associatedTo": first, "holderCount": count});
+    let (spans, dropped) = history::spans(a);
+    if let Some((spans, dropped)) = history::spans_after(
+        spans,
+        dropped,
+        &self::attachments(a),
+        &attachments,
+        &Time(Timestamp::now()),
+    ) {
+        out["attachmentHistory"] = json!(spans);
+        out["attachmentHistoryDropped"] = if dropped == 0 {
+            Value::Null
+        } else {
+            json!(dropped)
+        };
+    }
+    out
 }
 
 /// An address's holders as attachments (an older `associatedTo` alone counts as one).
@@ -179,7 +197,7 @@ async fn apply_service<D: Driver>(
             Some(h) => *h = me,
             None => list.push(me),
         }
-        patch_address_status(ctx, a, ledger(list)).await?;
+        patch_address_status(ctx, a, ledger(a, list)).await?;
         tracing::info!(address = %a.name_any(), service = %key, "associated");
     }
     let Some(mut svc) = svc.map(|s| s.as_ref().clone()) else {
@@ -246,7 +264,7 @@ async fn detach(ctx: &Ctx<impl Driver>, a: &IPAddress, keys: &[String]) -> Resul
         .into_iter()
         .filter(|h| attachment_key(h).is_none_or(|k| !keys.contains(&k)))
         .collect();
-    patch_address_status(ctx, a, ledger(list)).await
+    patch_address_status(ctx, a, ledger(a, list)).await
 }
 
 /// Brings the Service's `AddressAttached` condition to `want` (removes it for `None`);
@@ -363,7 +381,7 @@ async fn apply_address<D: Driver>(
             .into_iter()
             .filter(|h| attachment_key(h).is_none_or(|k| !plan.clear_holders.contains(&k)))
             .collect();
-        if let Value::Object(m) = ledger(list) {
+        if let Value::Object(m) = ledger(a, list) {
             status.extend(m);
         }
     }

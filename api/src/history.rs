@@ -1,0 +1,438 @@
+//! An address's history: who held it, and which Services it was on, when. Kept in the
+//! address's status, bounded, append-only, written only within the status writes that
+//! bind, reserve, release and attach it anyway — never a write of its own.
+//!
+//! Two lists, each owned by the component that writes the fact it records: `history`
+//! (the core: the claims the address was bound to or reserved for) and
+//! `attachmentHistory` (the driver: the Services it was on). The views join them.
+//!
+//! Times are the writer's clock at the write (second precision): a leader failover
+//! continues the same list (the open entry is in the object, not in a replica's memory);
+//! clock skew between replicas shifts the times written after a failover by the skew.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::{AddressPhase, Attachment, ClaimRef, IPAddress};
+
+/// How many holdings an address keeps; past it the oldest closed ones are dropped and
+/// counted in `status.historyDropped`.
+pub const HOLDINGS_LIMIT: usize = 32;
+/// How many Service spans an address keeps (sharing attaches several at once); past it
+/// the oldest closed ones are dropped and counted in `status.attachmentHistoryDropped`.
+pub const SPANS_LIMIT: usize = 64;
+
+/// What the address was to a claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum HoldingState {
+    /// Bound to the claim (phase `Bound`): the claim held it.
+    Bound,
+    /// Reserved for a claim by name (a claimRef without uid, SPEC §5.6): nobody else could
+    /// take it, and the claim named binds it once it exists.
+    Reserved,
+}
+
+/// How a holding ended.
+pub mod ended {
+    /// The claim let it go (deleted, reclaimed, surplus): the address went `Released`.
+    pub const RELEASED: &str = "Released";
+    /// The reservation's claim bound it (the next holding is the binding).
+    pub const BOUND: &str = "Bound";
+    /// An admin re-pointed the claimRef to another claim (SPEC §5.6).
+    pub const MOVED: &str = "Moved";
+    /// The claimRef was cleared without a release (an admin freed a reservation).
+    pub const FREED: &str = "Freed";
+}
+
+/// One holding: a claim the address was bound to or reserved for, from when until when.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Holding {
+    /// The claim's namespace.
+    pub namespace: String,
+    /// The claim's name.
+    pub name: String,
+    /// The claim's uid (a binding's; a reservation names a claim by name only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// `Bound` or `Reserved`.
+    pub state: HoldingState,
+    /// When it began (the write that recorded it).
+    pub from: Time,
+    /// When it ended; absent while it lasts (only the last entry may be open).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Time>,
+    /// How it ended: `Released`, `Bound` (a reservation its claim bound), `Moved` or
+    /// `Freed` (an admin's acts, SPEC §5.6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<String>,
+    /// The binding was under way when the history began to be kept (an upgrade): `from` is
+    /// when it was found, not when it began.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub found: bool,
+}
+
+/// One span of a Service (or another object a driver attaches to) holding the address.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachmentSpan {
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+    /// When the driver recorded it as a holder.
+    pub from: Time,
+    /// When the driver took it off the holders; absent while it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Time>,
+    /// It held the address when the history began to be kept (an upgrade): `from` is when
+    /// it was found.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub found: bool,
+}
+
+impl AttachmentSpan {
+    fn same_holder(&self, a: &Attachment) -> bool {
+        self.kind == a.kind && self.namespace == a.namespace && self.name == a.name
+    }
+}
+
+/// What the address is to a claim after a core write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held<'a> {
+    /// Bound to the claim the claimRef names.
+    Bound(&'a ClaimRef),
+    /// Reserved for (or pre-bound to) the claim the claimRef names.
+    Reserved(&'a ClaimRef),
+    /// Released: the open holding ends `Released`.
+    Released,
+    /// Nobody's (no claimRef).
+    Free,
+}
+
+impl<'a> Held<'a> {
+    /// What an address with `claim_ref` is in `phase` (the core's phases; `None` for the
+    /// driver's `Conflict` / `Lost`, which leave the history as it is).
+    pub fn of(claim_ref: Option<&'a ClaimRef>, phase: AddressPhase) -> Option<Held<'a>> {
+        Some(match (phase, claim_ref) {
+            (AddressPhase::Released, _) => Held::Released,
+            (AddressPhase::Conflict | AddressPhase::Lost, _) => return None,
+            (_, None) => Held::Free,
+            (AddressPhase::Bound, Some(r)) => Held::Bound(r),
+            (AddressPhase::Available | AddressPhase::Pending, Some(r)) => Held::Reserved(r),
+        })
+    }
+
+    fn state(&self) -> Option<(HoldingState, &'a ClaimRef)> {
+        match *self {
+            Held::Bound(r) => Some((HoldingState::Bound, r)),
+            Held::Reserved(r) => Some((HoldingState::Reserved, r)),
+            Held::Released | Held::Free => None,
+        }
+    }
+}
+
+impl Holding {
+    /// Whether this open holding already records `state` of `r`.
+    fn records(&self, state: HoldingState, r: &ClaimRef) -> bool {
+        self.state == state
+            && self.namespace == r.namespace
+            && self.name == r.name
+            && (state == HoldingState::Reserved || self.uid == r.uid)
+    }
+
+    /// Whether it covers the instant `t` (from inclusive, until exclusive).
+    pub fn covers(&self, t: &Time) -> bool {
+        self.from.0 <= t.0 && self.until.as_ref().is_none_or(|u| t.0 < u.0)
+    }
+}
+
+/// Who held the address at `t`: the holding that covers it (a binding or a reservation),
+/// `None` in a gap (free, or Released waiting out its delay).
+pub fn holder_at<'a>(history: &'a [Holding], t: &Time) -> Option<&'a Holding> {
+    history.iter().rev().find(|h| h.covers(t))
+}
+
+/// The Services that held the address at `t`.
+pub fn attached_at<'a>(spans: &'a [AttachmentSpan], t: &Time) -> Vec<&'a AttachmentSpan> {
+    spans
+        .iter()
+        .filter(|s| s.from.0 <= t.0 && s.until.as_ref().is_none_or(|u| t.0 < u.0))
+        .collect()
+}
+
+/// The address's holdings, and how many were dropped past the bound.
+pub fn holdings(a: &IPAddress) -> (&[Holding], i64) {
+    a.status
+        .as_ref()
+        .map_or((&[][..], 0), |s| (&s.history[..], s.history_dropped))
+}
+
+/// The address's Service spans, and how many were dropped past the bound.
+pub fn spans(a: &IPAddress) -> (&[AttachmentSpan], i64) {
+    a.status.as_ref().map_or((&[][..], 0), |s| {
+        (&s.attachment_history[..], s.attachment_history_dropped)
+    })
+}
+
+/// The holdings after a core write that leaves the address `held`, at `now`; `None` when
+/// they stay as they are (then the write is not made for them). `found`: the address is
+/// in that state already (no phase change in this write) — a binding recorded late.
+pub fn holdings_after(
+    history: &[Holding],
+    dropped: i64,
+    held: Held<'_>,
+    found: bool,
+    now: &Time,
+) -> Option<(Vec<Holding>, i64)> {
+    let open = history.last().filter(|h| h.until.is_none());
+    let want = held.state();
+    match (open, want) {
+        (None, None) => return None,
+        (Some(o), Some((state, r))) if o.records(state, r) => return None,
+        _ => {}
+    }
+    let mut out = history.to_vec();
+    if let Some(o) = out.last_mut().filter(|h| h.until.is_none()) {
+        o.until = Some(now.clone());
+        o.ended = Some(
+            match (held, want) {
+                (Held::Released, _) => ended::RELEASED,
+                (_, Some((HoldingState::Bound, r)))
+                    if o.state == HoldingState::Reserved
+                        && o.namespace == r.namespace
+                        && o.name == r.name =>
+                {
+                    ended::BOUND
+                }
+                (_, Some(_)) => ended::MOVED,
+                (_, None) => ended::FREED,
+            }
+            .to_string(),
+        );
+    }
+    if let Some((state, r)) = want {
+        out.push(Holding {
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+            uid: if state == HoldingState::Bound {
+                r.uid.clone()
+            } else {
+                None
+            },
+            state,
+            from: now.clone(),
+            until: None,
+            ended: None,
+            found: found && state == HoldingState::Bound,
+        });
+    }
+    Some(bounded(out, dropped, HOLDINGS_LIMIT, |h| h.until.is_some()))
+}
+
+/// The Service spans after a driver's ledger write that changes the holders from `before`
+/// to `after`, at `now`; `None` when they stay as they are. A holder in `after` without an
+/// open span gets one (`found` when it was in `before` already: recorded late).
+pub fn spans_after(
+    spans: &[AttachmentSpan],
+    dropped: i64,
+    before: &[Attachment],
+    after: &[Attachment],
+    now: &Time,
+) -> Option<(Vec<AttachmentSpan>, i64)> {
+    let mut out = spans.to_vec();
+    let mut changed = false;
+    for s in out.iter_mut().filter(|s| s.until.is_none()) {
+        if !after.iter().any(|a| s.same_holder(a)) {
+            s.until = Some(now.clone());
+            changed = true;
+        }
+    }
+    for a in after {
+        if !out.iter().any(|s| s.until.is_none() && s.same_holder(a)) {
+            out.push(AttachmentSpan {
+                kind: a.kind.clone(),
+                namespace: a.namespace.clone(),
+                name: a.name.clone(),
+                from: now.clone(),
+                until: None,
+                found: before
+                    .iter()
+                    .any(|b| b == a || b.association() == a.association()),
+            });
+            changed = true;
+        }
+    }
+    changed.then(|| bounded(out, dropped, SPANS_LIMIT, |s| s.until.is_some()))
+}
+
+/// Drops the oldest closed entries past `limit` (an open one is never dropped), counting
+/// them into `dropped`.
+fn bounded<T>(
+    mut list: Vec<T>,
+    mut dropped: i64,
+    limit: usize,
+    closed: impl Fn(&T) -> bool,
+) -> (Vec<T>, i64) {
+    while list.len() > limit {
+        let Some(i) = list.iter().position(&closed) else {
+            break;
+        };
+        list.remove(i);
+        dropped += 1;
+    }
+    (list, dropped)
+}
+
+/// What is wrong with a history, for the invariant checker: entries out of order or
+/// overlapping, an open entry that is not the last, or a last open entry that does not
+/// match the address's claimRef and phase. Empty when it is sound.
+pub fn problems(a: &IPAddress) -> Vec<String> {
+    let (list, _) = holdings(a);
+    let mut out = Vec::new();
+    for (i, h) in list.iter().enumerate() {
+        if let Some(u) = &h.until
+            && u.0 < h.from.0
+        {
+            out.push(format!("entry {i} ends before it begins"));
+        }
+        if h.until.is_none() && i + 1 != list.len() {
+            out.push(format!("entry {i} is open but not the last"));
+        }
+        if let Some(next) = list.get(i + 1)
+            && h.until.as_ref().is_some_and(|u| next.from.0 < u.0)
+        {
+            out.push(format!("entry {} begins before entry {i} ends", i + 1));
+        }
+    }
+    let phase = a.status.as_ref().and_then(|s| s.phase);
+    let held = phase.and_then(|p| Held::of(a.spec.claim_ref.as_ref(), p));
+    let open = list.last().filter(|h| h.until.is_none());
+    match (held.and_then(|h| h.state()), open) {
+        (Some((state, r)), Some(o)) if !o.records(state, r) => out.push(format!(
+            "the open entry ({:?} {}/{}) is not the address's {:?} of {}/{}",
+            o.state, o.namespace, o.name, state, r.namespace, r.name
+        )),
+        (None, Some(o)) if held.is_some() => out.push(format!(
+            "the open entry ({:?} {}/{}) outlives the holding (phase {:?})",
+            o.state, o.namespace, o.name, phase
+        )),
+        _ => {}
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn t(s: i64) -> Time {
+        Time(Timestamp::from_second(1_800_000_000 + s).unwrap())
+    }
+    fn r(ns: &str, name: &str, uid: Option<&str>) -> ClaimRef {
+        ClaimRef {
+            namespace: ns.into(),
+            name: name.into(),
+            uid: uid.map(Into::into),
+        }
+    }
+    fn svc(name: &str) -> Attachment {
+        Attachment {
+            kind: "Service".into(),
+            namespace: Some("a".into()),
+            name: name.into(),
+            ports: vec!["TCP/80".into()],
+        }
+    }
+
+    #[test]
+    fn a_binding_opens_and_a_release_closes_it() {
+        let c = r("a", "web", Some("u1"));
+        let (h, d) = holdings_after(&[], 0, Held::Bound(&c), false, &t(1)).unwrap();
+        assert_eq!(h.len(), 1);
+        assert_eq!(h[0].state, HoldingState::Bound);
+        assert_eq!(h[0].uid.as_deref(), Some("u1"));
+        assert!(!h[0].found);
+        // Steady: nothing to write.
+        assert_eq!(holdings_after(&h, d, Held::Bound(&c), true, &t(5)), None);
+        let (h, _) = holdings_after(&h, d, Held::Released, false, &t(9)).unwrap();
+        assert_eq!(h[0].until, Some(t(9)));
+        assert_eq!(h[0].ended.as_deref(), Some(ended::RELEASED));
+        // Released, then recycled (no claimRef): nothing more.
+        assert_eq!(holdings_after(&h, 0, Held::Released, false, &t(10)), None);
+        assert_eq!(holdings_after(&h, 0, Held::Free, false, &t(11)), None);
+    }
+
+    #[test]
+    fn a_reservation_then_its_binding_then_a_move() {
+        let res = r("b", "db", None);
+        let (h, d) = holdings_after(&[], 0, Held::Reserved(&res), true, &t(1)).unwrap();
+        assert_eq!(h[0].state, HoldingState::Reserved);
+        assert!(
+            !h[0].found,
+            "a reservation is recorded when seen, never as found"
+        );
+        let bound = r("b", "db", Some("u2"));
+        let (h, d) = holdings_after(&h, d, Held::Bound(&bound), false, &t(2)).unwrap();
+        assert_eq!(h[0].ended.as_deref(), Some(ended::BOUND));
+        assert_eq!(h[1].uid.as_deref(), Some("u2"));
+        let other = r("c", "db", None);
+        let (h, d) = holdings_after(&h, d, Held::Reserved(&other), false, &t(3)).unwrap();
+        assert_eq!(h[1].ended.as_deref(), Some(ended::MOVED));
+        let (h, _) = holdings_after(&h, d, Held::Free, false, &t(4)).unwrap();
+        assert_eq!(h[2].ended.as_deref(), Some(ended::FREED));
+        assert_eq!(h.len(), 3);
+    }
+
+    #[test]
+    fn a_binding_found_after_an_upgrade_says_so() {
+        let c = r("a", "web", Some("u1"));
+        let (h, _) = holdings_after(&[], 0, Held::Bound(&c), true, &t(1)).unwrap();
+        assert!(h[0].found);
+    }
+
+    #[test]
+    fn a_new_claim_of_the_same_name_is_a_new_holding() {
+        let old = r("a", "web", Some("u1"));
+        let new = r("a", "web", Some("u2"));
+        let (h, d) = holdings_after(&[], 0, Held::Bound(&old), false, &t(1)).unwrap();
+        let (h, _) = holdings_after(&h, d, Held::Bound(&new), false, &t(2)).unwrap();
+        assert_eq!(h.len(), 2);
+        assert_eq!(h[0].ended.as_deref(), Some(ended::MOVED));
+    }
+
+    #[test]
+    fn the_bound_drops_the_oldest_closed_and_counts_them() {
+        let mut h = Vec::new();
+        let mut d = 0;
+        for i in 0..(HOLDINGS_LIMIT as i64 + 5) {
+            let c = r("a", "web", Some(&format!("u{i}")));
+            (h, d) = holdings_after(&h, d, Held::Bound(&c), false, &t(2 * i)).unwrap();
+            (h, d) = holdings_after(&h, d, Held::Released, false, &t(2 * i + 1)).unwrap();
+        }
+        assert_eq!(h.len(), HOLDINGS_LIMIT);
+        assert_eq!(d, 5);
+        assert_eq!(h[0].uid.as_deref(), Some("u5"), "the oldest went first");
+    }
+
+    #[test]
+    fn spans_follow_the_holders() {
+        let (s, d) = spans_after(&[], 0, &[], &[svc("web")], &t(1)).unwrap();
+        assert_eq!(s.len(), 1);
+        assert!(!s[0].found);
+        // A port change is no new span.
+        let mut moved = svc("web");
+        moved.ports = vec!["TCP/443".into()];
+        assert_eq!(spans_after(&s, d, &[svc("web")], &[moved], &t(2)), None);
+        let (s, d) = spans_after(&s, d, &[svc("web")], &[svc("web"), svc("api")], &t(3)).unwrap();
+        assert_eq!(s.len(), 2);
+        let (s, _) = spans_after(&s, d, &[svc("web"), svc("api")], &[svc("api")], &t(4)).unwrap();
+        assert_eq!(s[0].until, Some(t(4)));
+        assert_eq!(s[1].until, None);
+        // A holder from before the history: found.
+        let (s, _) = spans_after(&[], 0, &[svc("old")], &[svc("old")], &t(5)).unwrap();
+        assert!(s[0].found);
+    }
+}

@@ -1,0 +1,328 @@
+//! An address's history (#44) against the real control plane: who held it and which
+//! Services it was on, from when until when, written within the writes that bind, attach,
+//! detach and release it — across a leader failover, past its bound, and as the abuse desk
+//! asks it ("who held X at T").
+
+#![allow(clippy::unwrap_used)] // test helpers fail loudly by design
+
+use address_controller_api::history::{self, HOLDINGS_LIMIT, HoldingState, ended};
+use address_controller_api::names::SERVICE_CLAIM_ANNOTATION;
+use address_controller_api::{AddressPhase, ClaimPhase, IPAddress, IPAddressClaim};
+use address_controller_tests::env::{
+    Env, WAIT, aphase, env, fast_lease, phase, purge, range_class, wait_lease_holder,
+};
+use address_controller_tests::{ControllerProcess, TestNamespace, wait_for};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+fn now() -> Timestamp {
+    Timestamp::now()
+}
+
+/// `t` within `[lo, hi]`, `lo` taken down to its second (the history keeps seconds).
+fn within(what: &str, t: &Time, lo: Timestamp, hi: Timestamp) {
+    let lo = Timestamp::from_second(lo.as_second()).unwrap();
+    assert!(
+        lo <= t.0 && t.0 <= hi,
+        "{what}: {} not within [{lo}, {hi}]",
+        t.0
+    );
+}
+
+async fn bound(e: &Env, api: &Api<IPAddressClaim>, name: &str) -> (IPAddressClaim, String) {
+    let c = wait_for(&format!("claim {name} Bound"), WAIT, || {
+        let api = api.clone();
+        async move {
+            let c = api.get(name).await?;
+            Ok((phase(&c) == Some(ClaimPhase::Bound)).then_some(c))
+        }
+    })
+    .await
+    .unwrap();
+    let _ = e;
+    let a = c.status.as_ref().unwrap().addresses[0].name.clone();
+    (c, a)
+}
+
+async fn holders(e: &Env, address: &str, want: &[String]) -> IPAddress {
+    e.wait_address(address, &format!("holders {want:?}"), |a| {
+        a.is_some_and(|a| a.holder_services() == want)
+    })
+    .await
+    .unwrap()
+}
+
+/// One address, two tenants: bound by `web` in one namespace, attached to a Service,
+/// detached, the claim deleted (Retain), released after the class's delay, bound by `db`
+/// in another namespace. Its history lists both holdings and the Service, in order, with
+/// times within the test's own timestamps; "who held X at T" answers each tenant inside
+/// its holding and nobody in the gap between.
+#[tokio::test]
+async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
+    let mut e = env("hist").await;
+    purge(&e, &["198.18.103."]).await;
+    let _drv = ControllerProcess::driver(&format!("drv-hist-{}", e.sfx), &["--leader-elect=false"])
+        .await
+        .unwrap();
+    let class = range_class(
+        &mut e,
+        "hist",
+        json!(["198.18.103.7/32"]),
+        json!({"spec": {"releaseDelay": "3s"}}),
+    )
+    .await;
+    let ns = e.ns.name.clone();
+    let other = TestNamespace::create(&e.client, "hist-b").await.unwrap();
+
+    let t0 = now();
+    e.claim("web", json!({"className": class})).await;
+    let (web, name) = bound(&e, &e.claims(), "web").await;
+    let t1 = now();
+
+    let services: Api<Service> = Api::namespaced(e.client.clone(), &ns);
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "site", "annotations": {SERVICE_CLAIM_ANNOTATION: "web"}},
+        "spec": {"type": "LoadBalancer", "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
+            "selector": {"app": "site"}}}))
+    .unwrap();
+    services.create(&PostParams::default(), &svc).await.unwrap();
+    let attached = holders(&e, &name, &[format!("{ns}/site")]).await;
+    // The history keeps seconds: the Service holds the address into a later second, so
+    // its span is not empty.
+    let since = history::spans(&attached).0[0].from.0;
+    wait_for("a second past the attachment", WAIT, || async move {
+        Ok((now() >= since + SignedDuration::from_secs(2)).then_some(()))
+    })
+    .await
+    .unwrap();
+    let t2 = now();
+    services
+        .delete("site", &DeleteParams::default())
+        .await
+        .unwrap();
+    holders(&e, &name, &[]).await;
+    let t3 = now();
+
+    e.claims()
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    e.wait_address(&name, "Released", |a| {
+        aphase(a) == Some(AddressPhase::Released)
+    })
+    .await
+    .unwrap();
+    let t4 = now();
+    e.wait_address(&name, "Available after the delay", |a| {
+        aphase(a) == Some(AddressPhase::Available) && a.is_some_and(|a| a.spec.claim_ref.is_none())
+    })
+    .await
+    .unwrap();
+    let t5 = now();
+    let theirs: Api<IPAddressClaim> = Api::namespaced(e.client.clone(), &other.name);
+    let db: IPAddressClaim =
+        serde_json::from_value(json!({"metadata": {"name": "db"}, "spec": {"className": class}}))
+            .unwrap();
+    theirs.create(&PostParams::default(), &db).await.unwrap();
+    let (db, again) = bound(&e, &theirs, "db").await;
+    let t6 = now();
+    assert_eq!(again, name, "the one address of the class, bound again");
+
+    let a = e.addresses().get(&name).await.unwrap();
+    let (h, dropped) = history::holdings(&a);
+    assert_eq!(dropped, 0);
+    assert_eq!(h.len(), 2, "{h:#?}");
+    assert_eq!(
+        (h[0].state, h[0].namespace.as_str(), h[0].name.as_str()),
+        (HoldingState::Bound, ns.as_str(), "web")
+    );
+    assert_eq!(h[0].uid, web.metadata.uid);
+    within("web bound from", &h[0].from, t0, t1);
+    within("web held until", h[0].until.as_ref().unwrap(), t3, t4);
+    assert_eq!(h[0].ended.as_deref(), Some(ended::RELEASED));
+    assert_eq!(
+        (h[1].state, h[1].namespace.as_str(), h[1].name.as_str()),
+        (HoldingState::Bound, other.name.as_str(), "db")
+    );
+    assert_eq!(h[1].uid, db.metadata.uid);
+    within("db bound from", &h[1].from, t5, t6);
+    assert_eq!(h[1].until, None);
+    assert!(!h[0].found && !h[1].found);
+
+    let (spans, _) = history::spans(&a);
+    assert_eq!(spans.len(), 1, "{spans:#?}");
+    assert_eq!(
+        (spans[0].namespace.as_deref(), spans[0].name.as_str()),
+        (Some(ns.as_str()), "site")
+    );
+    within("site attached from", &spans[0].from, t1, t2);
+    within(
+        "site attached until",
+        spans[0].until.as_ref().unwrap(),
+        t2,
+        t3,
+    );
+
+    // The abuse desk's question, at instants inside each holding and in the gap.
+    let at = |t: Timestamp| Time(t);
+    let inside_web = h[0].from.0;
+    assert_eq!(
+        history::holder_at(h, &at(inside_web)).map(|x| x.name.as_str()),
+        Some("web")
+    );
+    let inside_db = h[1].from.0 + SignedDuration::from_secs(1);
+    assert_eq!(
+        history::holder_at(h, &at(inside_db)).map(|x| x.namespace.as_str()),
+        Some(other.name.as_str())
+    );
+    let gap = h[0].until.as_ref().unwrap().0 + SignedDuration::from_secs(1);
+    assert!(gap < h[1].from.0, "the release delay leaves a gap");
+    assert_eq!(history::holder_at(h, &at(gap)), None);
+    assert_eq!(history::attached_at(spans, &at(spans[0].from.0)).len(), 1);
+    assert!(history::attached_at(spans, &at(gap)).is_empty());
+
+    // Only the last entry is open, and it is the claimRef: the checker's rule agrees.
+    assert!(
+        history::problems(&a).is_empty(),
+        "{:?}",
+        history::problems(&a)
+    );
+    theirs.delete("db", &DeleteParams::default()).await.unwrap();
+    e.check().await;
+}
+
+/// Two replicas with leader election; the leader that wrote the bind is killed before the
+/// release. The new leader closes the very holding the old one opened: one entry, closed
+/// `Released` at `releasedAt`, nothing open, nothing doubled.
+#[tokio::test]
+async fn a_leader_failover_between_bind_and_release_keeps_the_history_exact() {
+    let mut e = env("histha").await;
+    e.ctl.stop();
+    let lease = format!("histha-{}", e.sfx);
+    let args = fast_lease(&lease);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut first = ControllerProcess::start(&format!("ctl-histha-a-{}", e.sfx), &args)
+        .await
+        .unwrap();
+    wait_lease_holder(&e.client, &lease, &first.user).await;
+    let second = ControllerProcess::start(&format!("ctl-histha-b-{}", e.sfx), &args)
+        .await
+        .unwrap();
+    let class = e.class("pub", json!({})).await;
+    let a = e.address("a", "192.0.2.144", &class, json!({})).await;
+    e.claim("web", json!({"className": class, "addressName": a}))
+        .await;
+    let t0 = now();
+    let bound = e
+        .wait_address(&a, "Bound", |x| aphase(x) == Some(AddressPhase::Bound))
+        .await
+        .unwrap();
+    let opened = history::holdings(&bound).0.to_vec();
+    assert_eq!(opened.len(), 1, "{opened:#?}");
+    first.kill();
+    wait_lease_holder(&e.client, &lease, &second.user).await;
+    e.claims()
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    let released = e
+        .wait_address(&a, "Released by the new leader", |x| {
+            aphase(x) == Some(AddressPhase::Released)
+        })
+        .await
+        .unwrap();
+    let t1 = now();
+    let (h, dropped) = history::holdings(&released);
+    assert_eq!((h.len(), dropped), (1, 0), "{h:#?}");
+    assert_eq!(
+        h[0].from, opened[0].from,
+        "the holding the first leader opened"
+    );
+    assert_eq!(h[0].until, released.status.as_ref().unwrap().released_at);
+    within("released at", h[0].until.as_ref().unwrap(), t0, t1);
+    assert_eq!(h[0].ended.as_deref(), Some(ended::RELEASED));
+    assert!(history::problems(&released).is_empty());
+    e.ctl = second;
+    e.check().await;
+}
+
+/// An admin's moves (§5.6: the claimRef re-pointed, without uid, to claims that do not
+/// exist) are recorded as reservations, each ending `Moved`; past the bound the oldest are
+/// dropped and counted, and the open one is kept.
+#[tokio::test]
+async fn past_its_bound_the_history_drops_the_oldest_and_counts_them() {
+    let mut e = env("histcap").await;
+    let class = e.class("pub", json!({})).await;
+    let a = e.address("a", "192.0.2.145", &class, json!({})).await;
+    e.wait_address(&a, "Available", |x| {
+        aphase(x) == Some(AddressPhase::Available)
+    })
+    .await
+    .unwrap();
+    let moves = HOLDINGS_LIMIT + 4;
+    for i in 0..moves {
+        let target = format!("r{i}");
+        e.addresses()
+            .patch(
+                &a,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"spec": {"claimRef": {"namespace": e.ns.name, "name": target}}}),
+                ),
+            )
+            .await
+            .unwrap();
+        e.wait_address(&a, &format!("reserved for {target}"), |x| {
+            x.is_some_and(|x| {
+                history::holdings(x)
+                    .0
+                    .last()
+                    .is_some_and(|h| h.name == target && h.until.is_none())
+            })
+        })
+        .await
+        .unwrap();
+    }
+    let x = e.addresses().get(&a).await.unwrap();
+    let (h, dropped) = history::holdings(&x);
+    assert_eq!(h.len(), HOLDINGS_LIMIT);
+    assert_eq!(dropped as usize, moves - HOLDINGS_LIMIT);
+    assert_eq!(
+        h[0].name,
+        format!("r{}", moves - HOLDINGS_LIMIT),
+        "the oldest went"
+    );
+    assert!(h.iter().all(|h| h.state == HoldingState::Reserved));
+    assert!(
+        h[..h.len() - 1]
+            .iter()
+            .all(|h| h.ended.as_deref() == Some(ended::MOVED))
+    );
+    assert!(history::problems(&x).is_empty());
+    // The dropped count is in the gauges the operator watches.
+    let m = e.ctl.metrics().await.unwrap();
+    let series = format!(
+        "address_controller_address_history_dropped{{class=\"{class}\",list=\"holdings\"}}"
+    );
+    assert_eq!(
+        address_controller_tests::sample(&m, &series),
+        Some((moves - HOLDINGS_LIMIT) as f64),
+        "{series} in\n{}",
+        m.lines()
+            .filter(|l| l.contains("history"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    e.addresses()
+        .patch(
+            &a,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"claimRef": null}})),
+        )
+        .await
+        .unwrap();
+    e.check().await;
+}
