@@ -31,6 +31,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 mod adopt;
 mod chart_docs;
 mod check;
+mod history;
 mod teardown;
 
 #[derive(Parser)]
@@ -51,6 +52,13 @@ enum Command {
     /// Give LoadBalancer Services that show an address of a class and name no claim a
     /// claim of their own, without renumbering; a dry run unless --yes; --undo reverses it.
     Adopt(Box<adopt::AdoptArgs>),
+    /// Who held an address, and when (the abuse desk's question): its holdings from its
+    /// history, each with the Services it was on; with --at, the one holding at that
+    /// instant. Exit 1 when nobody held it then.
+    Holders(Box<history::HoldersArgs>),
+    /// Address-seconds per namespace and class over a period — held (Bound) and attached
+    /// (on a Service) — from the addresses' history: what to bill.
+    Usage(Box<history::UsageArgs>),
     /// After `helm uninstall`, remove the product for good: refuse while a component
     /// still runs, remove this project's finalizers from every claim and address (so tenant
     /// namespaces and the CRDs can be deleted), delete the views' APIService, and with
@@ -187,6 +195,29 @@ fn main() -> anyhow::Result<()> {
                     std::process::exit(1)
                 }
             }
+        }
+        Command::Holders(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            match runtime.block_on(history::holders(&args)) {
+                Ok(true) => Ok(()),
+                Ok(false) => std::process::exit(1),
+                Err(e) => {
+                    eprintln!("address-controller holders: {e:#}");
+                    std::process::exit(1)
+                }
+            }
+        }
+        Command::Usage(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            if let Err(e) = runtime.block_on(history::usage(&args)) {
+                eprintln!("address-controller usage: {e:#}");
+                std::process::exit(1)
+            }
+            Ok(())
         }
         Command::Teardown(args) => {
             let runtime = tokio::runtime::Builder::new_current_thread()

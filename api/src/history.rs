@@ -162,6 +162,85 @@ pub fn attached_at<'a>(spans: &'a [AttachmentSpan], t: &Time) -> Vec<&'a Attachm
         .collect()
 }
 
+/// What a namespace used of a class over a period: seconds its claims held addresses
+/// (`Bound`), and of those the seconds some Service was on them (sharing counts once).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Distinct addresses held within the period.
+    pub addresses: i64,
+    pub held_seconds: i64,
+    pub attached_seconds: i64,
+    /// The history cannot answer for all of the period: entries that may have covered it
+    /// were dropped past the bound, or a binding was found under way (an upgrade).
+    pub partial: bool,
+}
+
+/// The seconds of `[lo, hi)` within `[from, until)` (`until` absent: open, up to `hi`).
+fn overlap(from: &Time, until: Option<&Time>, lo: i64, hi: i64) -> Option<(i64, i64)> {
+    let s = from.0.as_second().max(lo);
+    let e = until.map_or(hi, |u| u.0.as_second().min(hi));
+    (e > s).then_some((s, e))
+}
+
+/// What one address was used for within `[lo, hi)` (Unix seconds), by the namespace of
+/// each claim it was bound to: the same answer from every replica and after every restart,
+/// because it is computed from the object alone.
+pub fn usage_of(a: &IPAddress, lo: i64, hi: i64) -> Vec<(String, Usage)> {
+    let (list, dropped) = holdings(a);
+    let (spans, spans_dropped) = spans(a);
+    // Dropped entries are older than every kept one: they may cover the period's start.
+    let lost_before =
+        |first: Option<&Time>, n: i64| n > 0 && first.is_none_or(|f| f.0.as_second() > lo);
+    let partial_holdings = lost_before(list.first().map(|h| &h.from), dropped);
+    let partial_spans = lost_before(spans.first().map(|s| &s.from), spans_dropped);
+    let mut out: Vec<(String, Usage)> = Vec::new();
+    for h in list.iter().filter(|h| h.state == HoldingState::Bound) {
+        let Some((s, e)) = overlap(&h.from, h.until.as_ref(), lo, hi) else {
+            continue;
+        };
+        let mut on: Vec<(i64, i64)> = spans
+            .iter()
+            .filter_map(|sp| overlap(&sp.from, sp.until.as_ref(), s, e))
+            .collect();
+        on.sort_unstable();
+        let mut attached = 0;
+        let mut reach = s;
+        for (a0, a1) in on {
+            let a0 = a0.max(reach);
+            if a1 > a0 {
+                attached += a1 - a0;
+                reach = a1;
+            }
+        }
+        let u = Usage {
+            addresses: 1,
+            held_seconds: e - s,
+            attached_seconds: attached,
+            partial: partial_holdings || partial_spans || (h.found && h.from.0.as_second() > lo),
+        };
+        match out.iter_mut().find(|(ns, _)| *ns == h.namespace) {
+            // The same namespace twice (bound, released, bound again): one address.
+            Some((_, acc)) => {
+                acc.held_seconds += u.held_seconds;
+                acc.attached_seconds += u.attached_seconds;
+                acc.partial |= u.partial;
+            }
+            None => out.push((h.namespace.clone(), u)),
+        }
+    }
+    if out.is_empty() && partial_holdings {
+        // Nothing kept covers the period, and what was dropped may have: say so.
+        out.push((
+            String::new(),
+            Usage {
+                partial: true,
+                ..Usage::default()
+            },
+        ));
+    }
+    out
+}
+
 /// The address's holdings, and how many were dropped past the bound.
 pub fn holdings(a: &IPAddress) -> (&[Holding], i64) {
     a.status
@@ -415,6 +494,65 @@ mod tests {
         assert_eq!(h.len(), HOLDINGS_LIMIT);
         assert_eq!(d, 5);
         assert_eq!(h[0].uid.as_deref(), Some("u5"), "the oldest went first");
+    }
+
+    #[test]
+    fn usage_clips_to_the_period_and_counts_shared_time_once() {
+        let mut a: IPAddress = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a"},
+            "spec": {"address": "192.0.2.1", "className": "pub", "source": {"fromClass": {}}},
+            "status": {"phase": "Bound"}}))
+        .unwrap();
+        let st = a.status.as_mut().unwrap();
+        let c1 = r("a", "web", Some("u1"));
+        let c2 = r("b", "db", Some("u2"));
+        let (h, d) = holdings_after(&[], 0, Held::Bound(&c1), false, &t(0)).unwrap();
+        let (h, d) = holdings_after(&h, d, Held::Released, false, &t(100)).unwrap();
+        let (h, _) = holdings_after(&h, d, Held::Bound(&c2), false, &t(150)).unwrap();
+        st.history = h;
+        // Two Services on it 10..60 and 30..80 (shared 30..60), one on the second holding.
+        let span = |name: &str, from: i64, until: Option<i64>| AttachmentSpan {
+            kind: "Service".into(),
+            namespace: Some("a".into()),
+            name: name.into(),
+            from: t(from),
+            until: until.map(t),
+            found: false,
+        };
+        st.attachment_history = vec![
+            span("x", 10, Some(60)),
+            span("y", 30, Some(80)),
+            span("z", 160, None),
+        ];
+        let base = 1_800_000_000;
+        let u = usage_of(&a, base, base + 200);
+        assert_eq!(u.len(), 2);
+        assert_eq!(
+            (
+                u[0].0.as_str(),
+                u[0].1.held_seconds,
+                u[0].1.attached_seconds
+            ),
+            ("a", 100, 70)
+        );
+        // The open holding counts up to the period's end.
+        assert_eq!(
+            (
+                u[1].0.as_str(),
+                u[1].1.held_seconds,
+                u[1].1.attached_seconds
+            ),
+            ("b", 50, 40)
+        );
+        // Clipped: 50..120 holds 50 s of the first, 0 of the second.
+        let u = usage_of(&a, base + 50, base + 120);
+        assert_eq!(u.len(), 1);
+        assert_eq!((u[0].1.held_seconds, u[0].1.attached_seconds), (50, 30));
+        assert!(!u[0].1.partial);
+        // Dropped entries older than everything kept: a period before them is partial.
+        a.status.as_mut().unwrap().history_dropped = 3;
+        assert!(usage_of(&a, base - 10, base + 5)[0].1.partial);
+        assert!(!usage_of(&a, base + 10, base + 20)[0].1.partial);
     }
 
     #[test]

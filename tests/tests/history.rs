@@ -18,6 +18,28 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
+/// `address-controller ARGS` against the test cluster: (exit 0, stdout + stderr).
+async fn cli(args: &[&str]) -> (bool, String) {
+    let out = tokio::process::Command::new(address_controller_tests::binary("address-controller"))
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(&address_controller_tests::Cluster::get().kubeconfig)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!(
+        "address-controller {args:?} → {:?}\n{text}",
+        out.status.code()
+    );
+    (out.status.success(), text)
+}
+
 fn now() -> Timestamp {
     Timestamp::now()
 }
@@ -183,6 +205,80 @@ async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
     assert_eq!(history::holder_at(h, &at(gap)), None);
     assert_eq!(history::attached_at(spans, &at(spans[0].from.0)).len(), 1);
     assert!(history::attached_at(spans, &at(gap)).is_empty());
+
+    // The same answers from the binary an operator runs.
+    let ip = a.spec.address.clone();
+    let (ok, out) = cli(&["holders", &ip, "--at", &spans[0].from.0.to_string()]).await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains(&format!("{ns}   "))
+            && out.contains("web")
+            && out.contains(&format!("{ns}/site")),
+        "{out}"
+    );
+    assert!(!out.contains(&other.name), "only the holding at T: {out}");
+    let (ok, out) = cli(&["holders", &ip, "--at", &gap.to_string()]).await;
+    assert!(!ok && out.contains("nobody held it at"), "{out}");
+    let (ok, out) = cli(&["holders", &ip]).await;
+    assert!(
+        ok && out.contains(&other.name) && out.contains("Released"),
+        "{out}"
+    );
+
+    // Usage over [t0, end): each namespace's held and attached seconds equal what the test
+    // computes from the history it observed, to the second.
+    let db_from = h[1].from.0;
+    wait_for("a second into db's holding", WAIT, || async move {
+        Ok((now() >= db_from + SignedDuration::from_secs(2)).then_some(()))
+    })
+    .await
+    .unwrap();
+    let end = Timestamp::from_second(now().as_second()).unwrap();
+    let secs = |from: &Time, until: Option<&Time>| {
+        until.map_or(end, |u| u.0).as_second() - from.0.as_second()
+    };
+    let (ok, csv) = cli(&[
+        "usage",
+        "--from",
+        &t0.to_string(),
+        "--to",
+        &end.to_string(),
+        "-o",
+        "csv",
+    ])
+    .await;
+    assert!(ok, "{csv}");
+    let row = |namespace: &str| -> Vec<String> {
+        csv.lines()
+            .map(|l| l.split(',').map(str::to_string).collect::<Vec<_>>())
+            .find(|r| r.get(2).map(String::as_str) == Some(namespace) && r.get(3) == Some(&class))
+            .unwrap_or_else(|| panic!("no row for {namespace} in\n{csv}"))
+    };
+    let web_row = row(&ns);
+    let want_web = secs(&h[0].from, h[0].until.as_ref());
+    let want_site = secs(&spans[0].from, spans[0].until.as_ref());
+    assert_eq!(
+        web_row[4..8],
+        [
+            "1".to_string(),
+            want_web.to_string(),
+            want_site.to_string(),
+            "complete".to_string()
+        ],
+        "{csv}"
+    );
+    let db_row = row(&other.name);
+    let want_db = secs(&h[1].from, None);
+    assert_eq!(
+        db_row[4..8],
+        [
+            "1".to_string(),
+            want_db.to_string(),
+            "0".to_string(),
+            "complete".to_string()
+        ],
+        "{csv}"
+    );
 
     // Only the last entry is open, and it is the claimRef: the checker's rule agrees.
     assert!(

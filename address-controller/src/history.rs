@@ -1,0 +1,223 @@
+//! `address-controller holders` (who held an address, and when: the abuse desk's question)
+//! and `address-controller usage` (address-seconds per namespace and class over a period:
+//! what to bill), both read from the addresses' own history (`api::history`), so every
+//! run, replica and restart gives the same answer for a period in the past.
+
+use std::collections::BTreeMap;
+
+use address_controller_api::IPAddress;
+use address_controller_api::history::{self, Usage};
+use address_controller_runtime::client::ClientArgs;
+use address_controller_runtime::report::table;
+use anyhow::Context as _;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::ListParams;
+
+#[derive(clap::Args)]
+pub struct HoldersArgs {
+    #[command(flatten)]
+    kube: ClientArgs,
+    /// The IP address (as written in the abuse report: 203.0.113.7, 2001:db8::7).
+    address: String,
+    /// Only the holding at this instant (RFC 3339, e.g. 2026-03-03T14:02:00Z).
+    #[arg(long)]
+    at: Option<Timestamp>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Csv,
+}
+
+#[derive(clap::Args)]
+pub struct UsageArgs {
+    #[command(flatten)]
+    kube: ClientArgs,
+    /// Start of the period (RFC 3339, inclusive).
+    #[arg(long)]
+    from: Timestamp,
+    /// End of the period (RFC 3339, exclusive; default and at most: now).
+    #[arg(long)]
+    to: Option<Timestamp>,
+    /// Only this namespace's claims.
+    #[arg(long, short = 'n')]
+    namespace: Option<String>,
+    #[arg(long, short = 'o', value_enum, default_value = "table")]
+    output: Format,
+}
+
+/// Every IPAddress, in pages (the listing a one-shot makes; never a watch).
+async fn addresses(kube: &ClientArgs) -> anyhow::Result<Vec<IPAddress>> {
+    let client = kube.client().await?;
+    let api: Api<IPAddress> = Api::all(client);
+    let mut out = Vec::new();
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = api.list(&params).await.context("listing IPAddresses")?;
+        out.extend(page.items);
+        match page.metadata.continue_ {
+            Some(c) if !c.is_empty() => params = params.continue_token(&c),
+            _ => break,
+        }
+    }
+    Ok(out)
+}
+
+fn time(t: Option<&Time>) -> String {
+    t.map_or_else(|| "-".to_string(), |t| t.0.to_string())
+}
+
+/// Prints the holdings of `address` (all of them, or the one at `--at`), each with the
+/// Services it was on during it. False when the address is unknown or nobody held it then.
+pub async fn holders(args: &HoldersArgs) -> anyhow::Result<bool> {
+    let ip = address_controller_api::family::parse_address(&args.address)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let all = addresses(&args.kube).await?;
+    let found: Vec<&IPAddress> = all
+        .iter()
+        .filter(|a| address_controller_api::family::parse_address(&a.spec.address).ok() == Some(ip))
+        .collect();
+    let Some(a) = found.first() else {
+        println!(
+            "no IPAddress for {ip}: it is not in the ledger (or was deleted, and its history with it)"
+        );
+        return Ok(false);
+    };
+    let (list, dropped) = history::holdings(a);
+    let (spans, _) = history::spans(a);
+    let at = args.at.map(Time);
+    let mut rows = Vec::new();
+    for h in list {
+        if at.as_ref().is_some_and(|t| !h.covers(t)) {
+            continue;
+        }
+        let services: Vec<String> = spans
+            .iter()
+            .filter(|s| {
+                let end = h.until.as_ref().map(|u| u.0);
+                s.from.0 < end.unwrap_or(Timestamp::MAX)
+                    && s.until.as_ref().is_none_or(|u| u.0 > h.from.0)
+            })
+            .filter(|s| {
+                at.as_ref()
+                    .is_none_or(|t| history::attached_at(std::slice::from_ref(s), t).len() == 1)
+            })
+            .map(|s| format!("{}/{}", s.namespace.as_deref().unwrap_or(""), s.name))
+            .collect();
+        rows.push(vec![
+            h.namespace.clone(),
+            h.name.clone(),
+            h.uid.clone().unwrap_or_else(|| "-".into()),
+            format!("{:?}", h.state),
+            format!("{}{}", h.from.0, if h.found { " (found)" } else { "" }),
+            time(h.until.as_ref()),
+            h.ended.clone().unwrap_or_else(|| "-".into()),
+            if services.is_empty() {
+                "-".into()
+            } else {
+                services.join(",")
+            },
+        ]);
+    }
+    println!(
+        "IPAddress {} ({}), class {}",
+        kube::ResourceExt::name_any(*a),
+        a.spec.address,
+        a.spec.class_name
+    );
+    if dropped > 0 {
+        println!(
+            "{dropped} older holding(s) dropped past the bound; the first kept begins {}",
+            time(list.first().map(|h| &h.from))
+        );
+    }
+    if rows.is_empty() {
+        match &at {
+            Some(t) => println!("nobody held it at {}", t.0),
+            None => println!("nobody has held it since its history began"),
+        }
+        return Ok(false);
+    }
+    print!(
+        "{}",
+        table(
+            &[
+                "NAMESPACE",
+                "CLAIM",
+                "UID",
+                "STATE",
+                "FROM",
+                "UNTIL",
+                "ENDED",
+                "SERVICES"
+            ],
+            &rows
+        )
+    );
+    Ok(true)
+}
+
+/// Prints address-seconds held and attached per namespace and class over the period.
+pub async fn usage(args: &UsageArgs) -> anyhow::Result<()> {
+    let now = Timestamp::now();
+    let to = args.to.map_or(now, |t| t.min(now));
+    anyhow::ensure!(
+        args.from < to,
+        "--from must be before --to (and before now)"
+    );
+    let all = addresses(&args.kube).await?;
+    let mut by: BTreeMap<(String, String), Usage> = BTreeMap::new();
+    for a in &all {
+        for (ns, u) in history::usage_of(a, args.from.as_second(), to.as_second()) {
+            if args.namespace.as_ref().is_some_and(|n| *n != ns) {
+                continue;
+            }
+            let acc = by.entry((ns, a.spec.class_name.clone())).or_default();
+            acc.addresses += u.addresses;
+            acc.held_seconds += u.held_seconds;
+            acc.attached_seconds += u.attached_seconds;
+            acc.partial |= u.partial;
+        }
+    }
+    let rows: Vec<Vec<String>> = by
+        .iter()
+        .map(|((ns, class), u)| {
+            vec![
+                if ns.is_empty() {
+                    "?".into()
+                } else {
+                    ns.clone()
+                },
+                class.clone(),
+                u.addresses.to_string(),
+                u.held_seconds.to_string(),
+                u.attached_seconds.to_string(),
+                if u.partial { "partial" } else { "complete" }.into(),
+            ]
+        })
+        .collect();
+    let header = [
+        "NAMESPACE",
+        "CLASS",
+        "ADDRESSES",
+        "HELD_SECONDS",
+        "ATTACHED_SECONDS",
+        "HISTORY",
+    ];
+    match args.output {
+        Format::Table => {
+            println!("from {} to {}", args.from, to);
+            print!("{}", table(&header, &rows));
+        }
+        Format::Csv => {
+            println!("from,to,{}", header.join(",").to_lowercase());
+            for r in rows {
+                println!("{},{},{}", args.from, to, r.join(","));
+            }
+        }
+    }
+    Ok(())
+}
