@@ -175,7 +175,8 @@ mod tests {
             [
                 "namespaceaddresses",
                 "namespaceaddresses/addresses",
-                "poolavailabilities"
+                "poolavailabilities",
+                "addressholdings"
             ]
         );
         let v2 = aggregated(&views);

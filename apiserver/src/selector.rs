@@ -492,6 +492,12 @@ impl FieldSelector {
         }
     }
 
+    /// Whether every term holds, `holds(key, value)` judging `key=value` (a field the
+    /// server computes, such as `heldAt`, judges its own way).
+    pub fn matches_terms(&self, holds: impl Fn(&str, &str) -> bool) -> bool {
+        self.0.iter().all(|(k, eq, v)| holds(k, v) == *eq)
+    }
+
     pub fn matches(&self, field: impl Fn(&str) -> Option<String>) -> bool {
         self.0
             .iter()

@@ -39,6 +39,8 @@ pub struct Entry {
     pub json: Bytes,
     pub cells: Vec<Value>,
     pub labels: BTreeMap<String, String>,
+    /// Its field labels' values beyond name and namespace ([`Computed::fields`]).
+    pub fields: BTreeMap<&'static str, String>,
 }
 
 impl Entry {
@@ -65,10 +67,13 @@ impl Entry {
     pub fn selected(&self, ns: Option<&str>, opts: &ListOptions) -> bool {
         ns.is_none_or(|ns| self.namespace.as_deref() == Some(ns))
             && opts.labels.matches(&self.labels)
-            && opts.fields.matches(|f| match f {
-                "metadata.name" => Some(self.name.clone()),
-                "metadata.namespace" => self.namespace.clone(),
-                _ => None,
+            && opts.fields.matches_terms(|f, value| match f {
+                "metadata.name" => self.name == value,
+                "metadata.namespace" => self.namespace.as_deref() == Some(value),
+                crate::resources::holders::HELD_AT => {
+                    crate::resources::holders::held_at(&self.fields, value)
+                }
+                _ => self.fields.get(f).is_some_and(|v| v == value),
             })
     }
 }
@@ -535,6 +540,7 @@ pub fn entry(key: String, mut c: Computed, rv: u64) -> Entry {
         json: serialized(&c.value),
         cells: c.cells,
         labels: c.labels,
+        fields: c.fields,
     }
 }
 
@@ -542,7 +548,7 @@ pub fn entry(key: String, mut c: Computed, rv: u64) -> Entry {
 /// the old revision, an unchanged object is byte for byte the old one: the computation and
 /// serde_json's key order are deterministic.
 fn unchanged(old: &Entry, c: &mut Computed) -> bool {
-    if old.cells != c.cells || old.labels != c.labels {
+    if old.cells != c.cells || old.labels != c.labels || old.fields != c.fields {
         return false;
     }
     c.value["metadata"]["resourceVersion"] = json!(old.rv.to_string());
@@ -561,5 +567,6 @@ fn with_rv(old: &Entry, rv: u64) -> Entry {
         json: serialized(&value),
         cells: old.cells.clone(),
         labels: old.labels.clone(),
+        fields: old.fields.clone(),
     }
 }

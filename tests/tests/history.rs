@@ -40,6 +40,20 @@ async fn cli(args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// `kubectl ARGS` as the cluster's admin: (exit 0, stdout, stderr).
+fn kubectl(args: &[&str]) -> (bool, String, String) {
+    let out = address_controller_tests::Cluster::get()
+        .kubectl()
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 fn now() -> Timestamp {
     Timestamp::now()
 }
@@ -85,6 +99,8 @@ async fn holders(e: &Env, address: &str, want: &[String]) -> IPAddress {
 #[tokio::test]
 async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
     let mut e = env("hist").await;
+    let (ctl, _, _) = e.serve_views().await;
+    e.ctl = ctl;
     purge(&e, &["198.18.103."]).await;
     let _drv = ControllerProcess::driver(&format!("drv-hist-{}", e.sfx), &["--leader-elect=false"])
         .await
@@ -224,6 +240,80 @@ async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
         ok && out.contains(&other.name) && out.contains("Released"),
         "{out}"
     );
+
+    // Through kubectl and the aggregator: the abuse desk (cluster-wide) asks "who held X
+    // at T"; each tenant reads its own namespace's holdings and nothing of the other's.
+    let holdings_at = |t: &Timestamp| {
+        kubectl(&[
+            "get",
+            "addressholdings",
+            "-A",
+            "--field-selector",
+            &format!("address={ip},heldAt={t}"),
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.namespace}/{.claim.name} {end}",
+        ])
+    };
+    let (ok, out, err) = holdings_at(&spans[0].from.0);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), format!("{ns}/web"));
+    let (ok, out, err) = holdings_at(&inside_db);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), format!("{}/db", other.name));
+    let (ok, out, err) = holdings_at(&gap);
+    assert!(ok && out.trim().is_empty(), "nobody in the gap: {out}{err}");
+    let (ok, _, err) = kubectl(&[
+        "get",
+        "addressholdings",
+        "-A",
+        "--field-selector",
+        "heldAt=yesterday",
+    ]);
+    assert!(!ok && err.contains("RFC 3339"), "{err}");
+    let (ok, table, err) = kubectl(&["get", "addressholdings", "-n", &ns, "-o", "wide"]);
+    assert!(ok, "{err}");
+    assert!(
+        table.contains("CLAIM")
+            && table.contains("web")
+            && table.contains("Released")
+            && table.contains("site")
+            && table.contains(&class),
+        "{table}"
+    );
+    let tenant = format!("tenant-{}", e.sfx);
+    let rbac = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: holdings, namespace: {ns}}}\n\
+         rules: [{{apiGroups: [view.local.sdn.cozystack.io], resources: [addressholdings], verbs: [get, list]}}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: holdings, namespace: {ns}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: holdings}}\n\
+         subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {tenant}}}]\n"
+    );
+    let dir = address_controller_tests::env::tempdir();
+    std::fs::write(dir.join("rbac.yaml"), rbac).unwrap();
+    let (ok, _, err) = kubectl(&["apply", "-f", dir.join("rbac.yaml").to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = kubectl(&[
+        "get",
+        "addressholdings",
+        "-n",
+        &ns,
+        "--as",
+        &tenant,
+        "-o",
+        "name",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.trim(),
+        format!("addressholding.view.local.sdn.cozystack.io/{}.0", name)
+    );
+    let (ok, _, err) = kubectl(&["get", "addressholdings", "-n", &other.name, "--as", &tenant]);
+    assert!(
+        !ok && err.contains("forbidden"),
+        "the other namespace's: {err}"
+    );
+    let (ok, _, err) = kubectl(&["get", "addressholdings", "-A", "--as", &tenant]);
+    assert!(!ok && err.contains("forbidden"), "every namespace's: {err}");
 
     // Usage over [t0, end): each namespace's held and attached seconds equal what the test
     // computes from the history it observed, to the second.

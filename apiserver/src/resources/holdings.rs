@@ -568,6 +568,7 @@ fn computed(v: NamespaceAddresses) -> Computed {
         value: serde_json::to_value(v).unwrap_or_default(),
         cells,
         labels: BTreeMap::new(),
+        fields: BTreeMap::new(),
     }
 }
 

@@ -4,6 +4,7 @@
 //! routing and the view store are derived from the registry ([`all`]); adding a view is
 //! adding a module.
 
+pub mod holders;
 pub mod holdings;
 pub mod pools;
 
@@ -80,6 +81,9 @@ pub struct Computed {
     pub value: Value,
     pub cells: Vec<Value>,
     pub labels: BTreeMap<String, String>,
+    /// The values of its field labels beyond `metadata.name` / `metadata.namespace` (the
+    /// field selectors it supports, [`ResourceInfo::field_labels`]).
+    pub fields: BTreeMap<&'static str, String>,
 }
 
 /// A served, computed resource.
@@ -157,6 +161,7 @@ pub fn all() -> Vec<Arc<dyn View>> {
     vec![
         Arc::new(holdings::Holdings::default()),
         Arc::new(pools::Pools::default()),
+        Arc::new(holders::Holders),
     ]
 }
 

@@ -439,6 +439,7 @@ impl View for Pools {
             value: serde_json::to_value(v).unwrap_or_default(),
             cells,
             labels,
+            fields: BTreeMap::new(),
         })
     }
 

@@ -1,0 +1,367 @@
+//! `addressholdings` (kind `AddressHolding`, namespaced): one object per holding in an
+//! address's history (`api::history`) — a claim of the namespace that held the address, or
+//! for which it was reserved, from when until when, with the Services it was on then. The
+//! abuse desk asks `kubectl get addressholdings -A --field-selector
+//! address=203.0.113.7,heldAt=2026-03-03T14:02:00Z`; a tenant lists its own namespace's
+//! holdings, past ones included, and nothing of another namespace (the views' authorization:
+//! a namespaced resource, read per namespace).
+//!
+//! Named `<IPAddress name>.<ordinal>`, the ordinal counting from the address's first holding
+//! ever (dropped ones included): the same name on every replica, after every restart, for as
+//! long as the holding is kept.
+
+use std::collections::BTreeMap;
+
+use address_controller_api::IPAddress;
+use address_controller_api::history::{self, AttachmentSpan, Holding};
+use address_controller_runtime::world::World;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde_json::json;
+
+use super::{Column, Computed, ResourceInfo, View, meta};
+use crate::group::API_VERSION;
+
+/// The field selector that answers "who held it at this instant": an RFC 3339 time,
+/// matching the holdings that cover it (from inclusive, until exclusive).
+pub const HELD_AT: &str = "heldAt";
+/// The stored fields `heldAt` is judged on (Unix seconds; `heldUntil` absent while open).
+pub const HELD_FROM_FIELD: &str = "heldFrom";
+pub const HELD_UNTIL_FIELD: &str = "heldUntil";
+
+/// The claim of a holding.
+#[derive(Serialize, JsonSchema, Debug, Clone, PartialEq)]
+pub struct HoldingClaim {
+    /// Name of the claim (in the holding's namespace).
+    pub name: String,
+    /// Its uid (a binding's; a reservation names the claim by name only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+/// A Service the address was on during the holding.
+#[derive(Serialize, JsonSchema, Debug, Clone, PartialEq)]
+pub struct HoldingService {
+    /// The Service's namespace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Its name; left out for a Service of another namespace (one the claim shared the
+    /// address with): that tenant's names are its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// When it began holding the address.
+    pub from: Time,
+    /// When it stopped; absent while it holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until: Option<Time>,
+}
+
+/// One holding of an address by a claim of the namespace.
+#[derive(Serialize, JsonSchema, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AddressHolding {
+    /// APIVersion of this object: view.local.sdn.cozystack.io/v1alpha1.
+    pub api_version: String,
+    /// Kind of this object: AddressHolding.
+    pub kind: String,
+    /// Standard object metadata: `<IPAddress name>.<ordinal>` in the claim's namespace.
+    pub metadata: ObjectMeta,
+    /// The address held.
+    pub address: String,
+    /// The IPAddress object.
+    pub address_name: String,
+    /// Its class.
+    pub class_name: String,
+    /// The claim that held it.
+    pub claim: HoldingClaim,
+    /// `Bound` (the claim held it) or `Reserved` (an admin reserved it for the claim).
+    pub state: String,
+    /// When the holding began.
+    pub from: Time,
+    /// When it ended; absent while it lasts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until: Option<Time>,
+    /// How it ended: Released, Bound (a reservation its claim bound), Moved or Freed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended: Option<String>,
+    /// The holding was under way when the history began to be kept (an upgrade): `from`
+    /// is when it was found.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub found: bool,
+    /// The Services the address was on during the holding.
+    pub services: Vec<HoldingService>,
+}
+
+const COLUMNS: &[Column] = &[
+    Column::new("Name", "string", "IPAddress name and ordinal", 0),
+    Column::new("Address", "string", "The address held", 0),
+    Column::new("Claim", "string", "The claim that held it", 0),
+    Column::new("State", "string", "Bound or Reserved", 0),
+    Column::new("From", "string", "When the holding began", 0),
+    Column::new("Until", "string", "When it ended (<none>: it lasts)", 0),
+    Column::new("Ended", "string", "How it ended", 0),
+    Column::new("Services", "string", "The Services it was on", 0),
+    Column::new("Class", "string", "The address's class", 1),
+    Column::new("UID", "string", "The claim's uid", 1),
+];
+
+pub static INFO: ResourceInfo = ResourceInfo {
+    plural: "addressholdings",
+    singular: "addressholding",
+    kind: "AddressHolding",
+    namespaced: true,
+    short_names: &["ah"],
+    categories: &["addresses"],
+    verbs: &["get", "list", "watch"],
+    subresources: &[],
+    field_labels: &[
+        "metadata.name",
+        "metadata.namespace",
+        "address",
+        "claim.name",
+        "state",
+        HELD_AT,
+    ],
+    columns: COLUMNS,
+};
+
+/// The view. No index of its own: a key names its address.
+#[derive(Default)]
+pub struct Holders;
+
+fn key_of(a: &IPAddress, ordinal: i64, ns: &str) -> String {
+    format!("{ns}/{}.{ordinal}", a.name_any())
+}
+
+/// The keys of `a`'s holdings whose object a change from `old` to `new` may alter.
+fn keys(a: &IPAddress, out: &mut Vec<String>) {
+    let (list, dropped) = history::holdings(a);
+    for (i, h) in list.iter().enumerate() {
+        out.push(key_of(a, dropped + i as i64, &h.namespace));
+    }
+}
+
+/// Whether a span (from..until) overlaps a holding.
+fn during(s: &AttachmentSpan, h: &Holding) -> bool {
+    h.until.as_ref().is_none_or(|u| s.from.0 < u.0)
+        && s.until.as_ref().is_none_or(|u| u.0 > h.from.0)
+}
+
+/// The holding object for `h` (ordinal `ordinal`) of address `a`.
+pub fn holding(a: &IPAddress, h: &Holding, ordinal: i64) -> AddressHolding {
+    let (spans, _) = history::spans(a);
+    let services = spans
+        .iter()
+        .filter(|s| during(s, h))
+        .map(|s| {
+            let own = s.namespace.as_deref() == Some(h.namespace.as_str());
+            HoldingService {
+                namespace: s.namespace.clone(),
+                name: own.then(|| s.name.clone()),
+                from: s.from.clone(),
+                until: s.until.clone(),
+            }
+        })
+        .collect();
+    AddressHolding {
+        api_version: API_VERSION.into(),
+        kind: INFO.kind.into(),
+        metadata: meta(&format!("{}.{ordinal}", a.name_any()), Some(&h.namespace)),
+        address: a.spec.address.clone(),
+        address_name: a.name_any(),
+        class_name: a.spec.class_name.clone(),
+        claim: HoldingClaim {
+            name: h.name.clone(),
+            uid: h.uid.clone(),
+        },
+        state: format!("{:?}", h.state),
+        from: h.from.clone(),
+        until: h.until.clone(),
+        ended: h.ended.clone(),
+        found: h.found,
+        services,
+    }
+}
+
+fn computed(v: AddressHolding) -> Computed {
+    let services: Vec<String> = v
+        .services
+        .iter()
+        .map(|s| match &s.name {
+            Some(n) => n.clone(),
+            None => format!("({})", s.namespace.as_deref().unwrap_or("")),
+        })
+        .collect();
+    let cells = vec![
+        json!(v.metadata.name),
+        json!(v.address),
+        json!(v.claim.name),
+        json!(v.state),
+        json!(v.from.0.to_string()),
+        json!(
+            v.until
+                .as_ref()
+                .map_or("<none>".to_string(), |t| t.0.to_string())
+        ),
+        json!(v.ended.as_deref().unwrap_or("<none>")),
+        json!(if services.is_empty() {
+            "<none>".to_string()
+        } else {
+            services.join(",")
+        }),
+        json!(v.class_name),
+        json!(v.claim.uid.as_deref().unwrap_or("<none>")),
+    ];
+    let mut fields = BTreeMap::new();
+    fields.insert("address", v.address.clone());
+    fields.insert("claim.name", v.claim.name.clone());
+    fields.insert("state", v.state.clone());
+    fields.insert(HELD_FROM_FIELD, v.from.0.as_second().to_string());
+    if let Some(u) = &v.until {
+        fields.insert(HELD_UNTIL_FIELD, u.0.as_second().to_string());
+    }
+    Computed {
+        namespace: v.metadata.namespace.clone(),
+        name: v.metadata.name.clone().unwrap_or_default(),
+        value: serde_json::to_value(&v).unwrap_or_default(),
+        cells,
+        labels: BTreeMap::new(),
+        fields,
+    }
+}
+
+/// Whether stored `fields` (a holding's) cover the instant `value` (RFC 3339); false for a
+/// value that is not one (refused with 400 before any object is judged).
+pub fn held_at(fields: &BTreeMap<&'static str, String>, value: &str) -> bool {
+    let Ok(t) = value.parse::<Timestamp>() else {
+        return false;
+    };
+    let t = t.as_second();
+    let from = fields
+        .get(HELD_FROM_FIELD)
+        .and_then(|s| s.parse::<i64>().ok());
+    let until = fields
+        .get(HELD_UNTIL_FIELD)
+        .and_then(|s| s.parse::<i64>().ok());
+    from.is_some_and(|f| f <= t) && until.is_none_or(|u| t < u)
+}
+
+impl View for Holders {
+    fn info(&self) -> &'static ResourceInfo {
+        &INFO
+    }
+
+    fn claim_changed(
+        &self,
+        _old: Option<&address_controller_api::IPAddressClaim>,
+        _new: Option<&address_controller_api::IPAddressClaim>,
+        _dirty: &mut Vec<String>,
+    ) {
+    }
+
+    fn address_changed(
+        &self,
+        old: Option<&IPAddress>,
+        new: Option<&IPAddress>,
+        dirty: &mut Vec<String>,
+    ) {
+        // Only a change of the history (or of the address's existence) alters holdings.
+        if let (Some(o), Some(n)) = (old, new)
+            && history::holdings(o) == history::holdings(n)
+            && history::spans(o) == history::spans(n)
+            && o.spec.class_name == n.spec.class_name
+        {
+            return;
+        }
+        for a in old.into_iter().chain(new) {
+            keys(a, dirty);
+        }
+    }
+
+    fn class_changed(
+        &self,
+        _old: Option<&address_controller_api::IPAddressClass>,
+        _new: Option<&address_controller_api::IPAddressClass>,
+        _dirty: &mut Vec<String>,
+    ) {
+    }
+
+    fn compute(&self, key: &str, world: &World) -> Option<Computed> {
+        let (ns, name) = key.split_once('/')?;
+        let (address, ordinal) = name.rsplit_once('.')?;
+        let ordinal: i64 = ordinal.parse().ok()?;
+        let a = world.addresses.get(address)?;
+        let (list, dropped) = history::holdings(&a);
+        let h = list.get(usize::try_from(ordinal - dropped).ok()?)?;
+        (h.namespace == ns).then(|| computed(holding(&a, h, ordinal)))
+    }
+
+    fn schemas(&self, g: &mut schemars::SchemaGenerator) -> Vec<(&'static str, schemars::Schema)> {
+        vec![("AddressHolding", g.subschema_for::<AddressHolding>())]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_holding_names_its_own_services_and_only_the_namespace_of_anothers() {
+        let a: IPAddress = serde_json::from_value(json!({
+            "metadata": {"name": "ipv4-192-0-2-1"},
+            "spec": {"address": "192.0.2.1", "className": "k", "source": {"fromClass": {}},
+                "claimRef": {"namespace": "shop", "name": "web", "uid": "u"}},
+            "status": {"phase": "Bound", "historyDropped": 2,
+                "history": [
+                    {"namespace": "old", "name": "x", "uid": "u0", "state": "Bound",
+                     "from": "2026-01-01T00:00:00Z", "until": "2026-01-01T01:00:00Z", "ended": "Released"},
+                    {"namespace": "shop", "name": "web", "uid": "u", "state": "Bound",
+                     "from": "2026-01-01T02:00:00Z"}],
+                "attachmentHistory": [
+                    {"kind": "Service", "namespace": "old", "name": "before", "from": "2026-01-01T00:10:00Z",
+                     "until": "2026-01-01T00:50:00Z"},
+                    {"kind": "Service", "namespace": "blog", "name": "secret-name", "from": "2026-01-01T02:10:00Z"},
+                    {"kind": "Service", "namespace": "shop", "name": "tls", "from": "2026-01-01T02:05:00Z"}]}}))
+        .unwrap();
+        let (list, dropped) = history::holdings(&a);
+        let h = holding(&a, &list[1], dropped + 1);
+        assert_eq!(h.metadata.name.as_deref(), Some("ipv4-192-0-2-1.3"));
+        assert_eq!(h.metadata.namespace.as_deref(), Some("shop"));
+        let names: Vec<_> = h
+            .services
+            .iter()
+            .map(|s| (s.namespace.clone(), s.name.clone()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                (Some("blog".into()), None),
+                (Some("shop".into()), Some("tls".into()))
+            ],
+            "the earlier holder's Service is not this holding's; another tenant's name never shows"
+        );
+        let c = computed(h);
+        assert!(
+            !String::from_utf8(serde_json::to_vec(&c.value).unwrap())
+                .unwrap()
+                .contains("secret-name")
+        );
+        assert!(held_at(&c.fields, "2026-01-01T02:00:00Z"));
+        assert!(
+            held_at(&c.fields, "2030-01-01T00:00:00Z"),
+            "open: held since"
+        );
+        assert!(!held_at(&c.fields, "2026-01-01T01:59:59Z"));
+        let first = computed(holding(&a, &list[0], dropped));
+        assert!(held_at(&first.fields, "2026-01-01T00:59:59Z"));
+        assert!(
+            !held_at(&first.fields, "2026-01-01T01:00:00Z"),
+            "until is exclusive"
+        );
+        assert!(!held_at(&first.fields, "not a time"));
+    }
+}
