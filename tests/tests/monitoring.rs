@@ -199,6 +199,7 @@ fn the_dashboard_is_a_valid_dashboard_shipped_for_the_sidecar() {
         "Views latency and errors",
         "Process CPU and memory",
         "Work queues and calls",
+        "Address-hours over the time range",
     ] {
         assert!(
             titles.iter().any(|t| t.starts_with(want)),
@@ -648,6 +649,9 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
             .replace("$namespace", ".*")
             .replace("$job", ".*")
             .replace("$__rate_interval", "1m")
+            // The dashboard's time range (the address-hours panel): the test's 10 minutes.
+            .replace("$__range_s", "600")
+            .replace("$__range", "10m")
     };
     let mut report = Vec::new();
     for (title, expr) in &exprs {
