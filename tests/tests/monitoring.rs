@@ -397,6 +397,7 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
 
     // A workload for every panel: a static pool (with a Released address and a claim that
     // waits) and a driver's class.
+    let started = k8s_openapi::jiff::Timestamp::now();
     let ns = TestNamespace::create(&client, "monitoring").await.unwrap();
     let sfx = &release.ns;
     let static_class = format!("mon-static-{sfx}");
@@ -677,6 +678,68 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
         report.push(format!("{title}: {got} series ← {expr}"));
     }
     println!("{}", report.join("\n"));
+
+    // The two sources of usage agree (docs/operations.md, "Billing for addresses"): the
+    // address-seconds the namespace held since the test began, from the recording rule
+    // (the samples × the evaluation interval) and from the addresses' history
+    // (`address-controller usage`, to the second). They differ by at most an interval per
+    // bind or release, and an interval at each end of the period.
+    let interval = 2.0;
+    // A period of 40 s at least, so that the comparison says something (20 evaluations).
+    wait_for("40 s of holdings", Duration::from_secs(60), || async {
+        Ok(
+            (k8s_openapi::jiff::Timestamp::now().as_second() >= started.as_second() + 40)
+                .then_some(()),
+        )
+    })
+    .await
+    .unwrap();
+    let to = k8s_openapi::jiff::Timestamp::now();
+    let prom = prometheus
+        .query(&format!(
+            "sum(sum_over_time(namespace_class_state:address_controller_ipaddresses_held:max{{namespace=\"{}\",state=\"bound\"}}[1h] @ {})) * {interval}",
+            ns.name,
+            to.as_second()
+        ))
+        .await
+        .unwrap();
+    let prom: f64 = prom[0]["value"][1].as_str().unwrap().parse().unwrap();
+    let out = Command::new(address_controller_tests::binary("address-controller"))
+        .args([
+            "usage",
+            "--from",
+            &started.to_string(),
+            "--to",
+            &to.to_string(),
+        ])
+        .args(["-n", &ns.name, "-o", "csv", "--kubeconfig"])
+        .arg(&Cluster::get().kubeconfig)
+        .output()
+        .unwrap();
+    let csv = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{csv}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let exact: f64 = csv
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split(',').nth(5).and_then(|v| v.parse::<f64>().ok()))
+        .sum();
+    // s1, s2, d1, d2 bound; s1 released.
+    let transitions = 5.0;
+    println!(
+        "usage of {} over {}s: history {exact} address-seconds, recording rule {prom} (differ by {})",
+        ns.name,
+        to.as_second() - started.as_second(),
+        (prom - exact).abs()
+    );
+    assert!(exact > 0.0, "{csv}");
+    assert!(
+        (prom - exact).abs() <= (transitions + 2.0) * interval * 2.0,
+        "history {exact} vs recording rule {prom}\n{csv}"
+    );
     let scope = Scope::of(
         &[ns.name.as_str()],
         &[static_class.as_str(), driver_class.as_str()],
