@@ -272,6 +272,15 @@ async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
     assert!(!ok && err.contains("RFC 3339"), "{err}");
     let (ok, table, err) = kubectl(&["get", "addressholdings", "-n", &ns, "-o", "wide"]);
     assert!(ok, "{err}");
+    println!("kubectl get addressholdings -n {ns} -o wide\n{table}");
+    let (_, every, _) = kubectl(&[
+        "get",
+        "addressholdings",
+        "-A",
+        "--field-selector",
+        &format!("address={ip}"),
+    ]);
+    println!("kubectl get addressholdings -A --field-selector address={ip}\n{every}");
     assert!(
         table.contains("CLAIM")
             && table.contains("web")
