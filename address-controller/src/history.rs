@@ -96,11 +96,7 @@ pub async fn holders(args: &HoldersArgs) -> anyhow::Result<bool> {
         }
         let services: Vec<String> = spans
             .iter()
-            .filter(|s| {
-                let end = h.until.as_ref().map(|u| u.0);
-                s.from.0 < end.unwrap_or(Timestamp::MAX)
-                    && s.until.as_ref().is_none_or(|u| u.0 > h.from.0)
-            })
+            .filter(|s| s.during(h))
             .filter(|s| {
                 at.as_ref()
                     .is_none_or(|t| history::attached_at(std::slice::from_ref(s), t).len() == 1)
@@ -112,7 +108,10 @@ pub async fn holders(args: &HoldersArgs) -> anyhow::Result<bool> {
             h.name.clone(),
             h.uid.clone().unwrap_or_else(|| "-".into()),
             format!("{:?}", h.state),
-            format!("{}{}", h.from.0, if h.found { " (found)" } else { "" }),
+            match &h.from {
+                Some(f) => f.0.to_string(),
+                None => "(before the history)".into(),
+            },
             time(h.until.as_ref()),
             h.ended.clone().unwrap_or_else(|| "-".into()),
             if services.is_empty() {
@@ -131,7 +130,7 @@ pub async fn holders(args: &HoldersArgs) -> anyhow::Result<bool> {
     if dropped > 0 {
         println!(
             "{dropped} older holding(s) dropped past the bound; the first kept begins {}",
-            time(list.first().map(|h| &h.from))
+            time(list.first().and_then(|h| h.from.as_ref()))
         );
     }
     if rows.is_empty() {

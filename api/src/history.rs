@@ -58,8 +58,10 @@ pub struct Holding {
     pub uid: Option<String>,
     /// `Bound` or `Reserved`.
     pub state: HoldingState,
-    /// When it began (the write that recorded it).
-    pub from: Time,
+    /// When it began (the write that recorded it); absent for a binding that began before
+    /// the history was kept (an upgrade: `found`), recorded when it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<Time>,
     /// When it ended; absent while it lasts (only the last entry may be open).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub until: Option<Time>,
@@ -67,8 +69,8 @@ pub struct Holding {
     /// `Freed` (an admin's acts, SPEC §5.6).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended: Option<String>,
-    /// The binding was under way when the history began to be kept (an upgrade): `from` is
-    /// when it was found, not when it began.
+    /// The binding was under way when the history began to be kept (an upgrade): it is
+    /// recorded when it ends, without `from` — the core writes no entry of its own.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub found: bool,
 }
@@ -144,7 +146,8 @@ impl Holding {
 
     /// Whether it covers the instant `t` (from inclusive, until exclusive).
     pub fn covers(&self, t: &Time) -> bool {
-        self.from.0 <= t.0 && self.until.as_ref().is_none_or(|u| t.0 < u.0)
+        self.from.as_ref().is_none_or(|f| f.0 <= t.0)
+            && self.until.as_ref().is_none_or(|u| t.0 < u.0)
     }
 }
 
@@ -152,6 +155,17 @@ impl Holding {
 /// `None` in a gap (free, or Released waiting out its delay).
 pub fn holder_at<'a>(history: &'a [Holding], t: &Time) -> Option<&'a Holding> {
     history.iter().rev().find(|h| h.covers(t))
+}
+
+impl AttachmentSpan {
+    /// Whether the span overlaps the holding `h` (a Service the address was on during it).
+    pub fn during(&self, h: &Holding) -> bool {
+        h.until.as_ref().is_none_or(|u| self.from.0 < u.0)
+            && self
+                .until
+                .as_ref()
+                .is_none_or(|u| h.from.as_ref().is_none_or(|f| u.0 > f.0))
+    }
 }
 
 /// The Services that held the address at `t`.
@@ -175,9 +189,10 @@ pub struct Usage {
     pub partial: bool,
 }
 
-/// The seconds of `[lo, hi)` within `[from, until)` (`until` absent: open, up to `hi`).
-fn overlap(from: &Time, until: Option<&Time>, lo: i64, hi: i64) -> Option<(i64, i64)> {
-    let s = from.0.as_second().max(lo);
+/// The seconds of `[lo, hi)` within `[from, until)` (`from` absent: from `lo`; `until`
+/// absent: open, up to `hi`).
+fn overlap(from: Option<&Time>, until: Option<&Time>, lo: i64, hi: i64) -> Option<(i64, i64)> {
+    let s = from.map_or(lo, |f| f.0.as_second().max(lo));
     let e = until.map_or(hi, |u| u.0.as_second().min(hi));
     (e > s).then_some((s, e))
 }
@@ -191,16 +206,16 @@ pub fn usage_of(a: &IPAddress, lo: i64, hi: i64) -> Vec<(String, Usage)> {
     // Dropped entries are older than every kept one: they may cover the period's start.
     let lost_before =
         |first: Option<&Time>, n: i64| n > 0 && first.is_none_or(|f| f.0.as_second() > lo);
-    let partial_holdings = lost_before(list.first().map(|h| &h.from), dropped);
+    let partial_holdings = lost_before(list.first().and_then(|h| h.from.as_ref()), dropped);
     let partial_spans = lost_before(spans.first().map(|s| &s.from), spans_dropped);
     let mut out: Vec<(String, Usage)> = Vec::new();
     for h in list.iter().filter(|h| h.state == HoldingState::Bound) {
-        let Some((s, e)) = overlap(&h.from, h.until.as_ref(), lo, hi) else {
+        let Some((s, e)) = overlap(h.from.as_ref(), h.until.as_ref(), lo, hi) else {
             continue;
         };
         let mut on: Vec<(i64, i64)> = spans
             .iter()
-            .filter_map(|sp| overlap(&sp.from, sp.until.as_ref(), s, e))
+            .filter_map(|sp| overlap(Some(&sp.from), sp.until.as_ref(), s, e))
             .collect();
         on.sort_unstable();
         let mut attached = 0;
@@ -216,7 +231,8 @@ pub fn usage_of(a: &IPAddress, lo: i64, hi: i64) -> Vec<(String, Usage)> {
             addresses: 1,
             held_seconds: e - s,
             attached_seconds: attached,
-            partial: partial_holdings || partial_spans || (h.found && h.from.0.as_second() > lo),
+            // A binding found under way: its start is not known.
+            partial: partial_holdings || partial_spans || h.from.is_none(),
         };
         match out.iter_mut().find(|(ns, _)| *ns == h.namespace) {
             // The same namespace twice (bound, released, bound again): one address.
@@ -256,17 +272,32 @@ pub fn spans(a: &IPAddress) -> (&[AttachmentSpan], i64) {
 }
 
 /// The holdings after a core write that leaves the address `held`, at `now`; `None` when
-/// they stay as they are (then the write is not made for them). `found`: the address is
-/// in that state already (no phase change in this write) — a binding recorded late.
+/// they stay as they are (then the write is not made for them). `unrecorded`: a binding
+/// that began before the history was kept and that this write releases — recorded, closed,
+/// as `found`, without `from`.
 pub fn holdings_after(
     history: &[Holding],
     dropped: i64,
     held: Held<'_>,
-    found: bool,
+    unrecorded: Option<&ClaimRef>,
     now: &Time,
 ) -> Option<(Vec<Holding>, i64)> {
     let open = history.last().filter(|h| h.until.is_none());
     let want = held.state();
+    if let (None, Some(r), Held::Released) = (open, unrecorded, held) {
+        let mut out = history.to_vec();
+        out.push(Holding {
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+            uid: r.uid.clone(),
+            state: HoldingState::Bound,
+            from: None,
+            until: Some(now.clone()),
+            ended: Some(ended::RELEASED.to_string()),
+            found: true,
+        });
+        return Some(bounded(out, dropped, HOLDINGS_LIMIT, |h| h.until.is_some()));
+    }
     match (open, want) {
         (None, None) => return None,
         (Some(o), Some((state, r))) if o.records(state, r) => return None,
@@ -301,10 +332,10 @@ pub fn holdings_after(
                 None
             },
             state,
-            from: now.clone(),
+            from: Some(now.clone()),
             until: None,
             ended: None,
-            found: found && state == HoldingState::Bound,
+            found: false,
         });
     }
     Some(bounded(out, dropped, HOLDINGS_LIMIT, |h| h.until.is_some()))
@@ -371,8 +402,8 @@ pub fn problems(a: &IPAddress) -> Vec<String> {
     let (list, _) = holdings(a);
     let mut out = Vec::new();
     for (i, h) in list.iter().enumerate() {
-        if let Some(u) = &h.until
-            && u.0 < h.from.0
+        if let (Some(u), Some(f)) = (&h.until, &h.from)
+            && u.0 < f.0
         {
             out.push(format!("entry {i} ends before it begins"));
         }
@@ -380,7 +411,9 @@ pub fn problems(a: &IPAddress) -> Vec<String> {
             out.push(format!("entry {i} is open but not the last"));
         }
         if let Some(next) = list.get(i + 1)
-            && h.until.as_ref().is_some_and(|u| next.from.0 < u.0)
+            && h.until
+                .as_ref()
+                .is_some_and(|u| next.from.as_ref().is_none_or(|f| f.0 < u.0))
         {
             out.push(format!("entry {} begins before entry {i} ends", i + 1));
         }
@@ -429,55 +462,59 @@ mod tests {
     #[test]
     fn a_binding_opens_and_a_release_closes_it() {
         let c = r("a", "web", Some("u1"));
-        let (h, d) = holdings_after(&[], 0, Held::Bound(&c), false, &t(1)).unwrap();
+        let (h, d) = holdings_after(&[], 0, Held::Bound(&c), None, &t(1)).unwrap();
         assert_eq!(h.len(), 1);
         assert_eq!(h[0].state, HoldingState::Bound);
         assert_eq!(h[0].uid.as_deref(), Some("u1"));
         assert!(!h[0].found);
         // Steady: nothing to write.
-        assert_eq!(holdings_after(&h, d, Held::Bound(&c), true, &t(5)), None);
-        let (h, _) = holdings_after(&h, d, Held::Released, false, &t(9)).unwrap();
+        assert_eq!(holdings_after(&h, d, Held::Bound(&c), None, &t(5)), None);
+        let (h, _) = holdings_after(&h, d, Held::Released, None, &t(9)).unwrap();
         assert_eq!(h[0].until, Some(t(9)));
         assert_eq!(h[0].ended.as_deref(), Some(ended::RELEASED));
         // Released, then recycled (no claimRef): nothing more.
-        assert_eq!(holdings_after(&h, 0, Held::Released, false, &t(10)), None);
-        assert_eq!(holdings_after(&h, 0, Held::Free, false, &t(11)), None);
+        assert_eq!(holdings_after(&h, 0, Held::Released, None, &t(10)), None);
+        assert_eq!(holdings_after(&h, 0, Held::Free, None, &t(11)), None);
     }
 
     #[test]
     fn a_reservation_then_its_binding_then_a_move() {
         let res = r("b", "db", None);
-        let (h, d) = holdings_after(&[], 0, Held::Reserved(&res), true, &t(1)).unwrap();
+        let (h, d) = holdings_after(&[], 0, Held::Reserved(&res), None, &t(1)).unwrap();
         assert_eq!(h[0].state, HoldingState::Reserved);
         assert!(
             !h[0].found,
             "a reservation is recorded when seen, never as found"
         );
         let bound = r("b", "db", Some("u2"));
-        let (h, d) = holdings_after(&h, d, Held::Bound(&bound), false, &t(2)).unwrap();
+        let (h, d) = holdings_after(&h, d, Held::Bound(&bound), None, &t(2)).unwrap();
         assert_eq!(h[0].ended.as_deref(), Some(ended::BOUND));
         assert_eq!(h[1].uid.as_deref(), Some("u2"));
         let other = r("c", "db", None);
-        let (h, d) = holdings_after(&h, d, Held::Reserved(&other), false, &t(3)).unwrap();
+        let (h, d) = holdings_after(&h, d, Held::Reserved(&other), None, &t(3)).unwrap();
         assert_eq!(h[1].ended.as_deref(), Some(ended::MOVED));
-        let (h, _) = holdings_after(&h, d, Held::Free, false, &t(4)).unwrap();
+        let (h, _) = holdings_after(&h, d, Held::Free, None, &t(4)).unwrap();
         assert_eq!(h[2].ended.as_deref(), Some(ended::FREED));
         assert_eq!(h.len(), 3);
     }
 
     #[test]
-    fn a_binding_found_after_an_upgrade_says_so() {
+    fn a_binding_from_before_the_history_is_recorded_when_it_is_released() {
         let c = r("a", "web", Some("u1"));
-        let (h, _) = holdings_after(&[], 0, Held::Bound(&c), true, &t(1)).unwrap();
+        let (h, _) = holdings_after(&[], 0, Held::Released, Some(&c), &t(9)).unwrap();
+        assert_eq!(h.len(), 1);
         assert!(h[0].found);
+        assert_eq!((h[0].from.clone(), h[0].until.clone()), (None, Some(t(9))));
+        assert_eq!(h[0].ended.as_deref(), Some(ended::RELEASED));
+        assert!(h[0].covers(&t(0)) && !h[0].covers(&t(9)));
     }
 
     #[test]
     fn a_new_claim_of_the_same_name_is_a_new_holding() {
         let old = r("a", "web", Some("u1"));
         let new = r("a", "web", Some("u2"));
-        let (h, d) = holdings_after(&[], 0, Held::Bound(&old), false, &t(1)).unwrap();
-        let (h, _) = holdings_after(&h, d, Held::Bound(&new), false, &t(2)).unwrap();
+        let (h, d) = holdings_after(&[], 0, Held::Bound(&old), None, &t(1)).unwrap();
+        let (h, _) = holdings_after(&h, d, Held::Bound(&new), None, &t(2)).unwrap();
         assert_eq!(h.len(), 2);
         assert_eq!(h[0].ended.as_deref(), Some(ended::MOVED));
     }
@@ -488,8 +525,8 @@ mod tests {
         let mut d = 0;
         for i in 0..(HOLDINGS_LIMIT as i64 + 5) {
             let c = r("a", "web", Some(&format!("u{i}")));
-            (h, d) = holdings_after(&h, d, Held::Bound(&c), false, &t(2 * i)).unwrap();
-            (h, d) = holdings_after(&h, d, Held::Released, false, &t(2 * i + 1)).unwrap();
+            (h, d) = holdings_after(&h, d, Held::Bound(&c), None, &t(2 * i)).unwrap();
+            (h, d) = holdings_after(&h, d, Held::Released, None, &t(2 * i + 1)).unwrap();
         }
         assert_eq!(h.len(), HOLDINGS_LIMIT);
         assert_eq!(d, 5);
@@ -506,9 +543,9 @@ mod tests {
         let st = a.status.as_mut().unwrap();
         let c1 = r("a", "web", Some("u1"));
         let c2 = r("b", "db", Some("u2"));
-        let (h, d) = holdings_after(&[], 0, Held::Bound(&c1), false, &t(0)).unwrap();
-        let (h, d) = holdings_after(&h, d, Held::Released, false, &t(100)).unwrap();
-        let (h, _) = holdings_after(&h, d, Held::Bound(&c2), false, &t(150)).unwrap();
+        let (h, d) = holdings_after(&[], 0, Held::Bound(&c1), None, &t(0)).unwrap();
+        let (h, d) = holdings_after(&h, d, Held::Released, None, &t(100)).unwrap();
+        let (h, _) = holdings_after(&h, d, Held::Bound(&c2), None, &t(150)).unwrap();
         st.history = h;
         // Two Services on it 10..60 and 30..80 (shared 30..60), one on the second holding.
         let span = |name: &str, from: i64, until: Option<i64>| AttachmentSpan {

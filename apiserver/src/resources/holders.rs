@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use address_controller_api::IPAddress;
-use address_controller_api::history::{self, AttachmentSpan, Holding};
+use address_controller_api::history::{self, Holding};
 use address_controller_runtime::world::World;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -79,16 +79,18 @@ pub struct AddressHolding {
     pub claim: HoldingClaim,
     /// `Bound` (the claim held it) or `Reserved` (an admin reserved it for the claim).
     pub state: String,
-    /// When the holding began.
-    pub from: Time,
+    /// When the holding began; absent for a binding that began before the history was
+    /// kept (`found`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from: Option<Time>,
     /// When it ended; absent while it lasts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub until: Option<Time>,
     /// How it ended: Released, Bound (a reservation its claim bound), Moved or Freed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ended: Option<String>,
-    /// The holding was under way when the history began to be kept (an upgrade): `from`
-    /// is when it was found.
+    /// The holding was under way when the history began to be kept (an upgrade): recorded
+    /// when it ended, its start unknown.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub found: bool,
     /// The Services the address was on during the holding.
@@ -144,18 +146,12 @@ fn keys(a: &IPAddress, out: &mut Vec<String>) {
     }
 }
 
-/// Whether a span (from..until) overlaps a holding.
-fn during(s: &AttachmentSpan, h: &Holding) -> bool {
-    h.until.as_ref().is_none_or(|u| s.from.0 < u.0)
-        && s.until.as_ref().is_none_or(|u| u.0 > h.from.0)
-}
-
 /// The holding object for `h` (ordinal `ordinal`) of address `a`.
 pub fn holding(a: &IPAddress, h: &Holding, ordinal: i64) -> AddressHolding {
     let (spans, _) = history::spans(a);
     let services = spans
         .iter()
-        .filter(|s| during(s, h))
+        .filter(|s| s.during(h))
         .map(|s| {
             let own = s.namespace.as_deref() == Some(h.namespace.as_str());
             HoldingService {
@@ -200,7 +196,11 @@ fn computed(v: AddressHolding) -> Computed {
         json!(v.address),
         json!(v.claim.name),
         json!(v.state),
-        json!(v.from.0.to_string()),
+        json!(
+            v.from
+                .as_ref()
+                .map_or("<before history>".to_string(), |t| t.0.to_string())
+        ),
         json!(
             v.until
                 .as_ref()
@@ -219,7 +219,9 @@ fn computed(v: AddressHolding) -> Computed {
     fields.insert("address", v.address.clone());
     fields.insert("claim.name", v.claim.name.clone());
     fields.insert("state", v.state.clone());
-    fields.insert(HELD_FROM_FIELD, v.from.0.as_second().to_string());
+    if let Some(f) = &v.from {
+        fields.insert(HELD_FROM_FIELD, f.0.as_second().to_string());
+    }
     if let Some(u) = &v.until {
         fields.insert(HELD_UNTIL_FIELD, u.0.as_second().to_string());
     }
@@ -246,7 +248,7 @@ pub fn held_at(fields: &BTreeMap<&'static str, String>, value: &str) -> bool {
     let until = fields
         .get(HELD_UNTIL_FIELD)
         .and_then(|s| s.parse::<i64>().ok());
-    from.is_some_and(|f| f <= t) && until.is_none_or(|u| t < u)
+    from.is_none_or(|f| f <= t) && until.is_none_or(|u| t < u)
 }
 
 impl View for Holders {

@@ -164,15 +164,22 @@ fn status_write(
         reason: a.status.as_ref().and_then(|s| s.reason.clone()),
         history: None,
     });
+    // The history rides on a write the phase makes anyway, or on one that ends an open
+    // holding the claimRef no longer names (an admin's move of a reservation): never a
+    // write of its own for a state that stands — a binding from before the history was
+    // kept is recorded when it is released, not written after the upgrade.
+    let changes = have.as_ref() != Some(&want);
+    let open = history.last().is_some_and(|h| h.until.is_none());
     // The release's own time closes the holding, so the two always agree.
     let at = want.released_at.clone().unwrap_or_else(|| now.clone());
+    let unrecorded =
+        (!open && phase_to == AddressPhase::Released && a.phase() == Some(AddressPhase::Bound))
+            .then_some(a.spec.claim_ref.as_ref())
+            .flatten();
     want.history = Held::of(a.spec.claim_ref.as_ref(), phase_to)
-        .filter(|_| record)
-        .and_then(|held| {
-            let found = a.phase() == Some(phase_to);
-            history::holdings_after(history, dropped, held, found, &at)
-        });
-    (have.as_ref() != Some(&want)).then_some(want)
+        .filter(|_| record && (changes || open))
+        .and_then(|held| history::holdings_after(history, dropped, held, unrecorded, &at));
+    (changes || want.history.is_some()).then_some(want)
 }
 
 fn claim_ref_text(a: &IPAddress) -> String {

@@ -2172,8 +2172,9 @@ fn an_address_released_before_the_record_existed_gets_it_once() {
 }
 
 /// The history rides on the phase writes: a bind opens a holding, the steady state writes
-/// nothing, a release closes it at `releasedAt`, a binding the core finds already Bound
-/// (an upgrade) is recorded as found — each in the status write the phase makes anyway.
+/// nothing, a release closes it at `releasedAt`, a binding from before the history (an
+/// upgrade) is left unwritten and recorded at its release — each in the status write the
+/// phase makes anyway.
 #[test]
 fn the_history_rides_on_the_phase_writes() {
     use address_controller_api::history::{HoldingState, ended};
@@ -2193,17 +2194,26 @@ fn the_history_rides_on_the_phase_writes() {
         (HoldingState::Bound, "t", "c")
     );
     assert_eq!(h[0].uid.as_deref(), Some("claim-uid"));
-    assert_eq!((h[0].from.clone(), h[0].until.clone()), (now(), None));
+    assert_eq!((h[0].from.clone(), h[0].until.clone()), (Some(now()), None));
     assert!(!h[0].found);
     // Bound with that holding: nothing to write.
     let mut steady = (*a).clone();
     steady.status.as_mut().unwrap().history = h.clone();
     let p = aplan_recorded(&steady, Some(&live), &[], None, at("2026-01-01T13:00:00Z"));
     assert_eq!(p.status, None, "a steady state writes nothing");
-    // Bound without any (written before the history was kept): recorded as found.
+    // Bound without any (bound before the history was kept, an upgrade): no write of its
+    // own — the upgrade writes nothing — and its release records it, found, without a start.
     let p = aplan_recorded(&a, Some(&live), &[], None, now());
-    let (h2, _) = p.status.and_then(|s| s.history).expect("backfilled once");
+    assert_eq!(p.status, None, "an upgrade writes nothing");
+    let p = aplan_recorded(&a, None, &[], None, at("2026-01-01T15:00:00Z"));
+    let (h2, _) = p
+        .status
+        .and_then(|s| s.history)
+        .expect("recorded at its release");
     assert!(h2[0].found);
+    assert_eq!(h2[0].from, None);
+    assert_eq!(h2[0].until, Some(at("2026-01-01T15:00:00Z")));
+    assert_eq!(h2[0].uid.as_deref(), Some("claim-uid"));
     // The claim is gone (Retain): Released closes the holding at releasedAt.
     let gone = at("2026-01-01T14:00:00Z");
     let p = aplan_recorded(&steady, None, &[], None, gone.clone());
@@ -2250,6 +2260,6 @@ fn a_reservation_is_recorded_and_ended_by_its_binding() {
     assert_eq!(h[0].until, Some(later.clone()));
     assert_eq!(
         (h[1].state, h[1].from.clone()),
-        (HoldingState::Bound, later)
+        (HoldingState::Bound, Some(later))
     );
 }
