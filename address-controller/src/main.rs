@@ -7,8 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use address_controller_apiserver::Views;
-use address_controller_apiserver::limits::ServingLimitArgs;
-use address_controller_apiserver::secure::{SecureServing, Serving};
 use address_controller_controller::context::Context;
 use address_controller_controller::metrics::Metrics;
 use address_controller_controller::run;
@@ -20,6 +18,7 @@ use address_controller_runtime::probes::ProbeArgs;
 use address_controller_runtime::process::{Acting, Lease, Process};
 use address_controller_runtime::workers::Gate;
 use address_controller_runtime::world::World;
+use address_controller_serving::secure::{SecureServing, SecureServingArgs, Serving};
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
@@ -119,20 +118,6 @@ struct ApiServerArgs {
         default_value = "0.0.0.0:6443"
     )]
     apiserver_address: SocketAddr,
-    /// Serving certificate (PEM); reloaded when it changes. Without it a self-signed one is used.
-    #[arg(
-        long,
-        env = "ADDRESS_CONTROLLER_TLS_CERT_FILE",
-        requires = "tls_private_key_file"
-    )]
-    tls_cert_file: Option<PathBuf>,
-    /// Key of the serving certificate (PEM).
-    #[arg(
-        long,
-        env = "ADDRESS_CONTROLLER_TLS_PRIVATE_KEY_FILE",
-        requires = "tls_cert_file"
-    )]
-    tls_private_key_file: Option<PathBuf>,
     /// HTTPS address of /metrics (TokenReview + SubjectAccessReview on the path); empty disables it.
     #[arg(
         long,
@@ -156,19 +141,11 @@ struct ApiServerArgs {
         default_value_t = 64 << 20
     )]
     view_history_bytes: usize,
-    /// Most entries of each delegated-auth cache (TokenReview results, SubjectAccessReview
-    /// decisions): a flood of distinct tokens cannot grow memory past it.
-    #[arg(
-        long,
-        env = "ADDRESS_CONTROLLER_AUTH_CACHE_SIZE",
-        default_value_t = 10_000
-    )]
-    auth_cache_size: u64,
     /// Testing only: serve this file as /openapi/v2 instead of the generated document.
     #[arg(long, hide = true)]
     testing_openapi_v2: Option<PathBuf>,
     #[command(flatten)]
-    limits: ServingLimitArgs,
+    serving: SecureServingArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -310,9 +287,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(SecureServing::start(
             Serving {
                 reviews: &p.reviews,
-                cert: a.tls_cert_file.clone().zip(a.tls_private_key_file.clone()),
-                cache_size: a.auth_cache_size,
-                limits: &a.limits,
+                args: &a.serving,
                 servers: u64::from(a.enabled) + u64::from(!a.metrics_address.is_empty()),
             },
             &metrics.registry,

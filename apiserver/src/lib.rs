@@ -4,34 +4,27 @@
 //! authorization, answering as kube-apiserver answers for a custom resource of the same
 //! shape (list options, selectors, paging, watch, content negotiation, errors).
 //!
-//! One module per concern: [`front`] (the layers every request passes: what it asks for,
-//! metrics, authentication and authorization), [`request`] (what a request asks for),
-//! [`selector`], [`negotiate`], [`render`], [`serve`] (list/get/subresources), [`watch`],
-//! [`store`] (materialized views and their change history), [`resources`] (one module per
-//! view), [`discovery`] (and the OpenAPI documents' handlers), [`openapi`],
-//! [`authn`]/[`authz`] (delegated, cached), [`limits`] (what the network may have), [`secure`] (certificate, auth and `/metrics`
-//! shared by every binary), [`tls`], [`metrics`], [`group`], [`state`]. This file only assembles the
-//! router and spawns the server.
+//! The generic half — TLS, delegated authentication and authorization, limits, what a
+//! request asks for, Status errors, negotiation — is the [`serving`] crate, shared with the
+//! drivers. Here, one module per concern of the views: [`front`] (the views' request
+//! metrics and readiness on serving's front door), [`request`] (list options),
+//! [`selector`], [`render`], [`serve`] (list/get/subresources), [`watch`], [`store`]
+//! (materialized views and their change history), [`resources`] (one module per view),
+//! [`discovery`] (and the OpenAPI documents' handlers), [`openapi`], [`metrics`],
+//! [`group`], [`state`]. This file only assembles the router and spawns the server.
 
-pub mod authn;
-pub mod authz;
 pub mod discovery;
 pub mod front;
 pub mod group;
-pub mod limits;
 pub mod metrics;
-pub mod negotiate;
 pub mod openapi;
 pub mod render;
 pub mod request;
 pub mod resources;
-pub mod secure;
 pub mod selector;
 pub mod serve;
 pub mod state;
-pub mod status;
 pub mod store;
-pub mod tls;
 pub mod watch;
 
 use std::net::SocketAddr;
@@ -43,6 +36,8 @@ use anyhow::Context as _;
 use axum::Router;
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::any;
+use serving::front as door;
+use serving::{secure, tls};
 use tower::ServiceExt;
 
 pub use crate::group::{API_VERSION, GROUP, VERSION};
@@ -50,7 +45,7 @@ pub use crate::state::State;
 
 /// The router. Requests carry the TLS peer's certificates as a [`authn::PeerCerts`]
 /// extension. Probes answer anonymously; everything else passes the [`front`] layers.
-pub fn router(state: Arc<State>, access: front::Access) -> Router {
+pub fn router(state: Arc<State>, access: door::Access) -> Router {
     let api = Router::new()
         .route("/apis", any(discovery::apis))
         .route("/apis/{group}", any(discovery::group))
@@ -63,18 +58,18 @@ pub fn router(state: Arc<State>, access: front::Access) -> Router {
         )
         // Every resource path (and any other): the target is read from the description.
         .fallback(serve::resource)
-        .layer(from_fn_with_state(access.clone(), front::authenticate))
-        .layer(from_fn_with_state(access, front::admit))
-        .layer(from_fn(front::yaml_errors))
+        .layer(from_fn_with_state(access.clone(), door::authenticate))
+        .layer(from_fn_with_state(access, door::admit))
+        .layer(from_fn(door::yaml_errors))
         .layer(from_fn_with_state(state.clone(), front::metered))
-        .layer(from_fn(front::describe));
+        .layer(from_fn(door::describe));
     let app = Router::new()
-        .route("/healthz", any(front::alive))
-        .route("/livez", any(front::alive))
+        .route("/healthz", any(door::alive))
+        .route("/livez", any(door::alive))
         .route("/readyz", any(front::ready))
         .merge(api)
         .with_state(state);
-    Router::new().fallback_service(app.map_request(front::without_trailing_slash))
+    Router::new().fallback_service(app.map_request(door::without_trailing_slash))
 }
 
 /// How a process serves the views.

@@ -6,10 +6,10 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use crate::group::API_VERSION;
-use crate::negotiate::Format;
 use crate::resources::ResourceInfo;
-use crate::status::ApiError;
 use crate::store::Entry;
+use serving::negotiate::Format;
+use serving::status::ApiError;
 
 /// `PartialObjectMetadata` of an object.
 pub fn partial(e: &Entry, version: &str) -> Value {

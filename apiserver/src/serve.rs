@@ -14,15 +14,16 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::front::Described;
 use crate::group::{GROUP, VERSION};
-use crate::negotiate::{Format, negotiate};
 use crate::render::{self, IncludeObject, ListMeta};
-use crate::request::verb_of;
-use crate::request::{ContinueToken, ListOptions, Query, RvMatch};
+use crate::request::{ContinueToken, ListOptions, RvMatch};
 use crate::state::State;
-use crate::status::{ApiError, page_not_found};
 use crate::store::Entry;
+use serving::front::Described;
+use serving::negotiate::{Format, negotiate};
+use serving::request::Query;
+use serving::request::verb_of;
+use serving::status::{ApiError, page_not_found};
 
 /// How long a request for a resourceVersion newer than this replica's waits for it.
 const WAIT_FOR_REVISION: Duration = Duration::from_secs(3);
@@ -57,7 +58,7 @@ fn read_only(method: &Method, verb: &'static str, resource: &str) -> Result<(), 
     if *method == Method::GET || *method == Method::HEAD {
         Ok(())
     } else {
-        Err(ApiError::method_not_allowed(verb, resource).into_response())
+        Err(ApiError::method_not_allowed(GROUP, verb, resource).into_response())
     }
 }
 
@@ -288,7 +289,7 @@ fn get(
     if let Some(sub) = sub {
         if !info.subresources.iter().any(|s| s.name == sub) {
             // kube-apiserver: the object "is not found" under a subresource it lacks.
-            return Err(ApiError::not_found(info.plural, name).into_response());
+            return Err(ApiError::not_found(GROUP, info.plural, name).into_response());
         }
         return match v.subresource(&sub, ns.as_deref(), name, query, &state.store.world) {
             Some(Ok(value)) => Ok(match format {
@@ -313,7 +314,7 @@ fn get(
         Some(e) => e,
         None => match v.absent(ns.as_deref(), name, &state.store.world) {
             Some(c) => Arc::new(crate::store::entry(key, c, revision)),
-            None => return Err(ApiError::not_found(info.plural, name).into_response()),
+            None => return Err(ApiError::not_found(GROUP, info.plural, name).into_response()),
         },
     };
     let include = IncludeObject::parse(query.get("includeObject"));

@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use crate::authn::Authenticator;
 use crate::metrics::ApiMetrics;
 use crate::openapi;
 use crate::store::ViewStore;
+use serving::authn::Authenticator;
 
 /// Shared state of the server.
 pub struct State {

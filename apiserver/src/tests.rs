@@ -20,12 +20,12 @@ use rustls::pki_types::CertificateDer;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use crate::authn::{Authenticator, FrontProxy, PeerCerts};
-use crate::authz::Authorizer;
-use crate::limits::{InFlight, Limits, ReviewGate};
 use crate::metrics::ApiMetrics;
 use crate::store::{HistoryBound, ViewStore};
 use crate::{State, router};
+use serving::authn::{Authenticator, FrontProxy, PeerCerts};
+use serving::authz::Authorizer;
+use serving::limits::{InFlight, Limits, ReviewGate};
 
 fn fill<K>(cache: &Cache<K>, objects: Vec<Value>)
 where
@@ -137,7 +137,7 @@ fn app_limited(
         "requestheader-extra-headers-prefix": "[\"X-Remote-Extra-\"]"}}))
     .unwrap();
     authn.set_front_proxy(Some(FrontProxy::from_config_map(&cm).unwrap()));
-    let access = crate::front::Access {
+    let access = serving::front::Access {
         authn: authn.clone(),
         authz: Arc::new(Authorizer::new(client, 100, ReviewGate::unlimited())),
         inflight: Arc::new(InFlight::new(&limits)),
@@ -606,12 +606,12 @@ async fn the_metrics_endpoint_passes_the_same_front_door() {
         "requestheader-username-headers": "[\"X-Remote-User\"]", "requestheader-group-headers": "[\"X-Remote-Group\"]"}}))
     .unwrap();
     authn.set_front_proxy(Some(FrontProxy::from_config_map(&cm).unwrap()));
-    let access = crate::front::Access {
+    let access = serving::front::Access {
         authn,
         authz: Arc::new(Authorizer::new(client, 100, ReviewGate::unlimited())),
         inflight: Arc::new(InFlight::new(&Limits::default())),
     };
-    let app = crate::secure::metrics_router(access, Arc::new(|| "up 1\n".to_string()));
+    let app = serving::secure::metrics_router(access, Arc::new(|| "up 1\n".to_string()));
     // An allowed principal reads the metrics.
     let (code, _, body) = call(&app, &pki.proxy, "GET", "/metrics", &ADMIN).await;
     assert_eq!(
@@ -798,7 +798,7 @@ async fn the_store_sizes_follow_its_objects_and_its_history() {
 #[tokio::test]
 async fn a_draining_server_returns_once_its_connections_close() {
     use std::time::Duration;
-    let config = crate::tls::server_config(crate::tls::ServingCert::SelfSigned(vec![
+    let config = serving::tls::server_config(serving::tls::ServingCert::SelfSigned(vec![
         "localhost".into(),
     ]))
     .unwrap();
@@ -810,7 +810,7 @@ async fn a_draining_server_returns_once_its_connections_close() {
             .port();
         let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(crate::tls::serve(
+        let server = tokio::spawn(serving::tls::serve(
             addr,
             config.clone(),
             axum::Router::new(),
@@ -819,7 +819,7 @@ async fn a_draining_server_returns_once_its_connections_close() {
             },
             drain,
             "test",
-            crate::limits::Limits::default(),
+            serving::limits::Limits::default(),
         ));
         // A connection open (its handshake not even begun) when the signal comes.
         let conn = loop {

@@ -98,28 +98,8 @@ pub struct MetricsArgs {
         default_value = ""
     )]
     pub metrics_address: String,
-    /// Serving certificate of /metrics (PEM); without it and the key, a self-signed one.
-    #[arg(
-        long,
-        env = "ADDRESS_CONTROLLER_DRIVER_TLS_CERT_FILE",
-        requires = "tls_private_key_file"
-    )]
-    pub tls_cert_file: Option<std::path::PathBuf>,
-    #[arg(
-        long,
-        env = "ADDRESS_CONTROLLER_DRIVER_TLS_PRIVATE_KEY_FILE",
-        requires = "tls_cert_file"
-    )]
-    pub tls_private_key_file: Option<std::path::PathBuf>,
-    /// Entries kept in each of the TokenReview and SubjectAccessReview caches.
-    #[arg(
-        long,
-        env = "ADDRESS_CONTROLLER_DRIVER_AUTH_CACHE_SIZE",
-        default_value_t = 1000
-    )]
-    pub auth_cache_size: u64,
     #[command(flatten)]
-    pub limits: address_controller_apiserver::limits::ServingLimitArgs,
+    pub serving: address_controller_serving::secure::SecureServingArgs,
 }
 
 #[derive(Parser)]
@@ -303,16 +283,10 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
         });
     }
     if !args.metrics.metrics_address.is_empty() {
-        let serving = address_controller_apiserver::secure::SecureServing::start(
-            address_controller_apiserver::secure::Serving {
+        let serving = address_controller_serving::secure::SecureServing::start(
+            address_controller_serving::secure::Serving {
                 reviews: &p.reviews,
-                cert: args
-                    .metrics
-                    .tls_cert_file
-                    .clone()
-                    .zip(args.metrics.tls_private_key_file.clone()),
-                cache_size: args.metrics.auth_cache_size,
-                limits: &args.metrics.limits,
+                args: &args.metrics.serving,
                 servers: 1,
             },
             &metrics.registry,

@@ -21,9 +21,9 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::{Column, Computed, ResourceInfo, Subresource, View, meta};
-use crate::group::API_VERSION;
-use crate::request::Query;
-use crate::status::ApiError;
+use crate::group::{API_VERSION, GROUP};
+use serving::request::Query;
+use serving::status::ApiError;
 
 /// Counts of claims by phase.
 #[derive(Serialize, JsonSchema, Default, Debug, Clone, PartialEq)]
@@ -766,7 +766,7 @@ impl View for Holdings {
         }
         let ns = namespace.unwrap_or_default();
         if name != ns {
-            return Some(Err(ApiError::not_found(INFO.plural, name)));
+            return Some(Err(ApiError::not_found(GROUP, INFO.plural, name)));
         }
         let (_, addresses) = self.gather(ns, world);
         let records = address_records(ns, query.get("claim"), &addresses);

@@ -16,8 +16,8 @@ use address_controller_runtime::world::World;
 use k8s_openapi::api::core::v1::Namespace;
 use serde_json::{Value, json};
 
-use crate::request::Query;
-use crate::status::ApiError;
+use serving::request::Query;
+use serving::status::ApiError;
 
 /// A subresource of a resource.
 pub struct Subresource {

@@ -1,15 +1,17 @@
-//! Secure serving shared by every binary of the project: the serving certificate and the
-//! delegated authentication (front-proxy certificates, TokenReview) and authorization
-//! (SubjectAccessReview) with their bounded caches — and the HTTPS `/metrics` endpoint
-//! built on them. The core serves its views and `/metrics` with it; a driver built on the
-//! kit its `/metrics`.
+//! Secure serving shared by every binary of the project: its flags ([`SecureServingArgs`]),
+//! the serving certificate and the delegated authentication (front-proxy certificates,
+//! TokenReview) and authorization (SubjectAccessReview) with their bounded caches — and the
+//! HTTPS `/metrics` endpoint built on them. The core serves its views and `/metrics` with
+//! it; a driver built on the kit its `/metrics`.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use address_controller_runtime::process::open_files_limit;
 use address_controller_runtime::supervise::{Shutdown, Tasks};
 use anyhow::Context as _;
+use clap::Args;
 use kube::Client;
 use prometheus::Registry;
 
@@ -35,16 +37,44 @@ pub struct SecureServing {
     pub limits: Limits,
 }
 
+/// The serving flags every binary of the project takes: the certificate, the auth caches'
+/// bound and the limits of what the network may have.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Secure serving")]
+pub struct SecureServingArgs {
+    /// Serving certificate (PEM); reloaded when it changes. Without it and the key, a
+    /// self-signed one for localhost.
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_TLS_CERT_FILE",
+        requires = "tls_private_key_file"
+    )]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Key of the serving certificate (PEM).
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_TLS_PRIVATE_KEY_FILE",
+        requires = "tls_cert_file"
+    )]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// Most entries of each delegated-auth cache (TokenReview results, SubjectAccessReview
+    /// decisions): a flood of distinct tokens cannot grow memory past it.
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_AUTH_CACHE_SIZE",
+        default_value_t = 10_000
+    )]
+    pub auth_cache_size: u64,
+    #[command(flatten)]
+    pub limits: ServingLimitArgs,
+}
+
 /// Where a process's secure serving comes from.
 pub struct Serving<'a> {
     /// The reviews' own client (TokenReview, SubjectAccessReview, the front-proxy
     /// settings): nothing else of the process waits behind a stranger's reviews.
     pub reviews: &'a Client,
-    /// The serving certificate and key; without them a self-signed one for localhost.
-    pub cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
-    /// Most entries of each auth cache.
-    pub cache_size: u64,
-    pub limits: &'a ServingLimitArgs,
+    pub args: &'a SecureServingArgs,
     /// How many TLS servers the process runs (they share the open-file limit).
     pub servers: u64,
 }
@@ -61,18 +91,22 @@ impl SecureServing {
         front_proxy: bool,
         tasks: &mut Tasks,
     ) -> anyhow::Result<SecureServing> {
-        let cert = match serving.cert {
-            Some((cert, key)) => ServingCert::Files { cert, key },
-            None => ServingCert::SelfSigned(vec!["localhost".into()]),
+        let args = serving.args;
+        let cert = match (&args.tls_cert_file, &args.tls_private_key_file) {
+            (Some(cert), Some(key)) => ServingCert::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+            },
+            _ => ServingCert::SelfSigned(vec!["localhost".into()]),
         };
         let config = tls::server_config(cert)?;
-        let gate = serving.limits.review_gate();
+        let gate = args.limits.review_gate();
         let client = serving.reviews;
-        let authn = Authenticator::new(client.clone(), serving.cache_size, gate.clone());
-        let authz = Arc::new(Authorizer::new(client.clone(), serving.cache_size, gate));
+        let authn = Authenticator::new(client.clone(), args.auth_cache_size, gate.clone());
+        let authz = Arc::new(Authorizer::new(client.clone(), args.auth_cache_size, gate));
         registry.register(Box::new(AuthCaches::new(authn.clone(), authz.clone())?))?;
         ServingMetrics::register(registry)?;
-        let limits = serving.limits.limits(open_files_limit(), serving.servers);
+        let limits = args.limits.limits(open_files_limit(), serving.servers);
         if front_proxy {
             tasks.spawn_forever("front-proxy settings watch", authn.clone().watch_config());
         }

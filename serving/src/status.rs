@@ -5,8 +5,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::group::GROUP;
-
 /// What kube-apiserver answers for a path that names nothing: a plain-text 404.
 pub fn page_not_found() -> Response {
     (
@@ -45,6 +43,7 @@ impl ApiError {
     /// 403 in the wording of the Kubernetes authorizer.
     pub fn forbidden(
         user: &str,
+        group: &str,
         verb: &str,
         resource: &str,
         subresource: &str,
@@ -66,11 +65,10 @@ impl ApiError {
             reason: "Forbidden",
             message: format!(
                 "{resource}.{group}{named} is forbidden: User \"{user}\" cannot {verb} resource \"{what}\" in API group \"{group}\" {scope}",
-                group = GROUP
             ),
             continue_: None,
             details: Some(
-                json!({"group": GROUP, "kind": resource, "name": name.unwrap_or_default()}),
+                json!({"group": group, "kind": resource, "name": name.unwrap_or_default()}),
             ),
         }
     }
@@ -85,13 +83,13 @@ impl ApiError {
         }
     }
 
-    pub fn not_found(resource: &str, name: &str) -> Self {
+    pub fn not_found(group: &str, resource: &str, name: &str) -> Self {
         Self {
             code: StatusCode::NOT_FOUND,
             reason: "NotFound",
-            message: format!("{resource}.{} \"{name}\" not found", GROUP),
+            message: format!("{resource}.{group} \"{name}\" not found"),
             continue_: None,
-            details: Some(json!({"group": GROUP, "kind": resource, "name": name})),
+            details: Some(json!({"group": group, "kind": resource, "name": name})),
         }
     }
 
@@ -105,16 +103,13 @@ impl ApiError {
         }
     }
 
-    pub fn method_not_allowed(verb: &str, resource: &str) -> Self {
+    pub fn method_not_allowed(group: &str, verb: &str, resource: &str) -> Self {
         Self {
             code: StatusCode::METHOD_NOT_ALLOWED,
             reason: "MethodNotAllowed",
-            message: format!(
-                "{verb} is not supported on resources of kind \"{resource}.{}\"",
-                GROUP
-            ),
+            message: format!("{verb} is not supported on resources of kind \"{resource}.{group}\""),
             continue_: None,
-            details: Some(json!({"group": GROUP, "kind": resource})),
+            details: Some(json!({"group": group, "kind": resource})),
         }
     }
 

@@ -21,6 +21,9 @@ const TTL: Duration = Duration::from_secs(10);
 pub enum Attributes {
     Resource {
         verb: String,
+        /// The API group and version, from the request's path.
+        group: String,
+        version: String,
         resource: String,
         subresource: String,
         namespace: Option<String>,
@@ -119,6 +122,8 @@ impl Authorizer {
         match attrs {
             Attributes::Resource {
                 verb,
+                group,
+                version,
                 resource,
                 subresource,
                 namespace,
@@ -126,8 +131,8 @@ impl Authorizer {
             } => {
                 spec.resource_attributes = Some(ResourceAttributes {
                     verb: Some(verb.clone()),
-                    group: Some(crate::group::GROUP.into()),
-                    version: Some(crate::group::VERSION.into()),
+                    group: Some(group.clone()),
+                    version: Some(version.clone()),
                     resource: Some(resource.clone()),
                     subresource: Some(subresource.clone()).filter(|s| !s.is_empty()),
                     namespace: namespace.clone(),

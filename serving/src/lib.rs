@@ -1,0 +1,22 @@
+//! Secure serving for every binary of the project — the generic half of an API server,
+//! after k8s.io/apiserver's: TLS with certificate rotation ([`tls`]), delegated
+//! authentication ([`authn`]: front-proxy certificates, TokenReview) and authorization
+//! ([`authz`]: SubjectAccessReview), bounded caches and what the network may have
+//! ([`limits`]), what a request asks for ([`request`]), the front door's layers
+//! ([`front`]), `metav1.Status` errors ([`status`]), content negotiation ([`negotiate`]),
+//! the serving flags and the HTTPS `/metrics` endpoint ([`secure`]).
+//!
+//! Nothing here knows an API group: the group of a request comes from its path. The core's
+//! views (`address-controller-apiserver`) are built on it; a driver built on the kit uses
+//! it for its `/metrics` and depends on nothing else of the views.
+
+pub mod authn;
+pub mod authz;
+pub mod front;
+pub mod limits;
+pub mod metrics;
+pub mod negotiate;
+pub mod request;
+pub mod secure;
+pub mod status;
+pub mod tls;
