@@ -336,17 +336,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let settings = run::Settings {
             concurrency: args.concurrency,
         };
-        let c = ctx.clone();
-        p.tasks.spawn("controllers", async move {
-            run::run(c, settings).await;
-            Ok(())
-        });
-        let stop = p.shutdown.wait();
-        p.tasks.spawn("controllers shutdown", async move {
-            stop.await;
-            run::shut_down(&ctx);
-            Ok(())
-        });
+        run::controllers(&ctx, &settings).spawn(&mut p.tasks, &p.shutdown);
     }
     let lease = Lease {
         election: &args.election,

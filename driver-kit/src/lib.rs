@@ -15,11 +15,11 @@ pub mod runner;
 /// reads them too.
 pub use address_controller_api::ranges;
 mod services;
+mod wiring;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use address_controller_runtime::cache::key_of;
 use address_controller_runtime::client::ClientArgs;
 use address_controller_runtime::health::LivenessArgs;
 use address_controller_runtime::leader::ElectionArgs;
@@ -27,11 +27,9 @@ use address_controller_runtime::logging::LogArgs;
 use address_controller_runtime::probes::ProbeArgs;
 use address_controller_runtime::process::{Acting, Lease, Process};
 use address_controller_runtime::rbac::{LEADER_ELECTION_RULES, RUNTIME_RULES, Rule, render};
-use address_controller_runtime::workers::{self, Gate};
+use address_controller_runtime::workers::Gate;
 use address_controller_runtime::world::World;
 use clap::{Args, CommandFactory, FromArgMatches, Parser};
-use futures::StreamExt;
-use kube::ResourceExt;
 
 /// RBAC rule type, for [`Info::extra_rules`].
 pub use address_controller_runtime::rbac as runtime_rbac;
@@ -255,7 +253,7 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
     );
     ctx.create_delay = args.testing_create_delay;
     let ctx = Arc::new(ctx);
-    register(&ctx);
+    wiring::register(&ctx);
     let metrics = metrics::KitMetrics::new(
         info.name,
         health.clone(),
@@ -302,92 +300,8 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
         )?;
     }
     world.watch(&client, args.liveness.watch_config(), &mut p.tasks);
-    // One supervised pool of workers per queue; a queue that stalls while this replica
-    // leads fails liveness.
-    let (n, observe, q) = (
-        usize::from(args.concurrency),
-        metrics.observe(),
-        &ctx.queues,
-    );
-    for (name, queue) in [
-        ("claims", &q.claims),
-        ("classes", &q.classes),
-        ("addresses", &q.addresses),
-        ("services", &q.services),
-    ] {
-        let leader = leadership.clone();
-        health.queue(name, queue.clone(), move || leader.is_leader());
-    }
-    let c = ctx.clone();
-    p.tasks.spawn_forever(
-        "claims",
-        workers::run(
-            "claim",
-            q.claims.clone(),
-            n,
-            ctx.gate.clone(),
-            move |k| runner::claim_pass(c.clone(), k),
-            observe.clone(),
-        ),
-    );
-    let c = ctx.clone();
-    p.tasks.spawn_forever(
-        "classes",
-        workers::run(
-            "class",
-            q.classes.clone(),
-            1,
-            ctx.gate.clone(),
-            move |k| runner::class_pass(c.clone(), k),
-            observe.clone(),
-        ),
-    );
-    let c = ctx.clone();
-    p.tasks.spawn_forever(
-        "addresses",
-        workers::run(
-            "address",
-            q.addresses.clone(),
-            n,
-            ctx.gate.clone(),
-            move |k| runner::address_pass(c.clone(), k),
-            observe.clone(),
-        ),
-    );
-    let c = ctx.clone();
-    p.tasks.spawn_forever(
-        "services",
-        workers::run(
-            "service",
-            q.services.clone(),
-            n,
-            ctx.gate.clone(),
-            move |k| runner::association::service_pass(c.clone(), k),
-            observe,
-        ),
-    );
-    {
-        let c = ctx.clone();
-        p.tasks.spawn_forever(
-            "leadership",
-            leadership.acquired().for_each(move |()| {
-                let c = c.clone();
-                async move { queue_everything(&c).await }
-            }),
-        );
-    }
-    {
-        let c = ctx.clone();
-        let stop = p.shutdown.wait();
-        p.tasks.spawn("workers shutdown", async move {
-            stop.await;
-            c.queues.claims.shut_down();
-            c.queues.classes.shut_down();
-            c.queues.addresses.shut_down();
-            c.queues.services.shut_down();
-            Ok(())
-        });
-    }
+    wiring::controllers(&ctx, usize::from(args.concurrency), metrics.observe())
+        .spawn(&mut p.tasks, &p.shutdown);
     let lease = Lease {
         election: &args.election,
         default_name: info.name,
@@ -399,187 +313,4 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
         .into(),
     };
     p.run(&args.probes, lease).await
-}
-
-/// What each change wakes.
-fn register<D: Driver>(ctx: &Arc<runner::Ctx<D>>) {
-    let c = ctx.clone();
-    ctx.world.addresses.on_change(move |ch| {
-        let Some(a) = ch.object() else { return };
-        // Index first, then end its time in flight (see `runner::wanted`).
-        c.queues.claims.add_all(
-            c.inventory
-                .address_changed(ch.old.as_deref(), ch.new.as_deref()),
-        );
-        if let Some(new) = &ch.new {
-            c.landed(new);
-        }
-        c.queues.addresses.add(a.name_any());
-        // Usage changes the class's Exhausted condition; the last address of a gone class
-        // lets the backend forget it.
-        let class = &a.spec.class_name;
-        match c.world.classes.get(class) {
-            Some(k) if c.ours(&k) => c.queues.classes.add(class.clone()),
-            Some(_) => {}
-            None if ch.new.is_none() && !c.inventory.classes().contains(class) => {
-                c.queues.classes.add(class.clone());
-            }
-            None => {}
-        }
-        // The Services its claim, its IP and its association concern.
-        for x in [ch.old.as_deref(), ch.new.as_deref()].into_iter().flatten() {
-            if let Some(r) = &x.spec.claim_ref {
-                c.queues.services.add_all(c.services.naming(&r.key()));
-            }
-            if let Some(ip) = association::ip_of(x) {
-                c.queues.services.add_all(c.services.mentioning(ip));
-            }
-            c.queues.services.add_all(x.holder_services());
-        }
-    });
-    let c = ctx.clone();
-    ctx.world.claims.on_change(move |ch| {
-        let stamped = |o: Option<&Arc<address_controller_api::IPAddressClaim>>| {
-            o.is_some_and(|o| c.stamped(o))
-        };
-        let Some(o) = ch.object() else { return };
-        if stamped(ch.old.as_ref()) || stamped(ch.new.as_ref()) {
-            c.queues.claims.add(key_of(o.as_ref()));
-        }
-        // The Services that name it (its phase and addresses decide what they get).
-        c.queues
-            .services
-            .add_all(c.services.naming(&key_of(o.as_ref())));
-    });
-    if let Some(services) = &ctx.world.services {
-        let c = ctx.clone();
-        services.on_change(move |ch| {
-            let Some(o) = ch.object() else { return };
-            let key = key_of(o.as_ref());
-            let entry = |s: &Option<Arc<k8s_openapi::api::core::v1::Service>>| {
-                s.as_ref()
-                    .map(|s| services::Entry::of(s, c.driver.shown(s), &c.marker))
-            };
-            let (old, new) = (entry(&ch.old), entry(&ch.new));
-            c.services.changed(&key, old.as_ref(), new.as_ref());
-            // The addresses it shows (or showed): their health depends on it.
-            for e in old.iter().chain(new.iter()) {
-                for ip in &e.ips {
-                    c.queues.addresses.add_all(c.inventory.addresses_of(*ip));
-                }
-            }
-            // The other Services naming the same claim: who holds it may change with this one.
-            for e in old.iter().chain(new.iter()) {
-                if let Some(claim) = &e.claim {
-                    c.queues.services.add_all(c.services.naming(claim));
-                }
-            }
-            let associated = c.inventory.associated_to(&key);
-            let relevant = old
-                .iter()
-                .chain(new.iter())
-                .any(|e| e.claim.is_some() || !e.ips.is_empty())
-                || [&ch.old, &ch.new]
-                    .into_iter()
-                    .flatten()
-                    .any(|s| association::claim_annotation(s).is_some())
-                || !associated.is_empty();
-            if relevant {
-                c.queues.services.add(key);
-            }
-            c.queues.addresses.add_all(associated);
-        });
-    }
-    let c = ctx.clone();
-    ctx.world.classes.on_change(move |ch| {
-        // The driver's own status writes do not change what it parsed.
-        let spec_changed = match (&ch.old, &ch.new) {
-            (Some(o), Some(n)) => {
-                o.metadata.generation != n.metadata.generation
-                    || o.spec.provisioner != n.spec.provisioner
-            }
-            _ => true,
-        };
-        if !spec_changed {
-            return;
-        }
-        c.classes_changed();
-        // A class gone: the backend may let go of it.
-        if ch.new.is_none()
-            && let Some(old) = &ch.old
-        {
-            c.queues.classes.add(old.name_any());
-        }
-        // Overlaps are judged across classes: every class of ours again; and every claim of
-        // ours, which may have been refused for bad parameters; and every address of ours,
-        // whose presence in the backend the parameters may change.
-        c.queues
-            .classes
-            .add_all(c.our_classes().iter().map(|k| k.name_any()));
-        if ch.object().is_some_and(|k| c.ours(k)) {
-            let (waiting, settled) = claims_to_examine(&c);
-            c.queues.claims.add_all(waiting.into_iter().chain(settled));
-            c.queues.addresses.add_all(addresses_to_examine(&c));
-        }
-    });
-}
-
-/// The addresses this driver examines: its own, or every one when it holds a finalizer.
-fn addresses_to_examine<D: Driver>(c: &runner::Ctx<D>) -> Vec<String> {
-    c.world
-        .addresses
-        .store
-        .all()
-        .iter()
-        .filter(|a| c.owns(a) || c.driver.finalizer().is_some())
-        .map(|a| a.name_any())
-        .collect()
-}
-
-/// The claims stamped with a class of this driver: those a tenant may wait on, and the
-/// settled ones.
-fn claims_to_examine<D: Driver>(c: &runner::Ctx<D>) -> (Vec<String>, Vec<String>) {
-    let claims = c.world.claims.store.all();
-    address_controller_api::IPAddressClaim::waiting_and_settled(
-        claims
-            .iter()
-            .filter(|k| c.stamped(k))
-            .map(std::sync::Arc::as_ref),
-    )
-}
-
-/// A new leader examines every object of this driver — claims first, what a tenant waits
-/// for, and those waiting alone before the settled ones and what piled up while following —
-/// in chunks, so the workers start on the first keys while the rest are queued and the
-/// lease's renewal is not held up behind 100,000 keys under one lock.
-async fn queue_everything<D: Driver>(c: &runner::Ctx<D>) {
-    tracing::info!("leading: examining every claim and class of this driver");
-    let q = &c.queues;
-    let (waiting, settled) = claims_to_examine(c);
-    q.claims
-        .lead(waiting, settled, &[&q.addresses, &q.services])
-        .await;
-    c.queues
-        .classes
-        .add_all(c.our_classes().iter().map(|k| k.name_any()));
-    // The empty name, no class's: what the backend kept for classes that went while
-    // another replica led, or none did.
-    c.queues.classes.add(String::new());
-    c.queues
-        .addresses
-        .add_all_in_chunks(addresses_to_examine(c))
-        .await;
-    if let Some(services) = &c.world.services {
-        let keys = services
-            .store
-            .all()
-            .iter()
-            .filter(|s| {
-                association::claim_annotation(s).is_some()
-                    || s.annotations().contains_key(&c.marker)
-            })
-            .map(|s| key_of(s.as_ref()))
-            .collect();
-        c.queues.services.add_all_in_chunks(keys).await;
-    }
 }

@@ -1,13 +1,14 @@
 //! What the core controller and every driver share (linkerd's `kubert` plays this part
 //! there): the Kubernetes client with every call bounded ([`client`]), watched caches with
 //! change handlers and health ([`cache`], [`health`]), a work queue and its workers
-//! ([`queue`], [`workers`]), leader election ([`leader`]), events ([`events`]), task
+//! ([`queue`], [`workers`]) and one way to run controllers over them ([`controllers`]), leader election ([`leader`]), events ([`events`]), task
 //! supervision and shutdown ([`supervise`]), the probe port ([`probes`]), the frame every
 //! binary starts and ends in ([`process`]), logging
 //! ([`logging`]) and ClusterRole rendering ([`rbac`]).
 
 pub mod cache;
 pub mod client;
+pub mod controllers;
 pub mod events;
 pub mod health;
 pub mod leader;
