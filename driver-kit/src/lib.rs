@@ -10,6 +10,7 @@ pub mod association;
 pub mod driver;
 mod inventory;
 pub mod metrics;
+pub mod plans;
 pub mod runner;
 /// Address ranges (CIDRs and `a-b` ranges): the api crate's, where `address-controller adopt`
 /// reads them too.

@@ -104,50 +104,28 @@ async fn pass(ctx: &Context, key: &str) -> Result<Outcome> {
         }
         // Reserve what this plan binds, so other workers plan around it instead of fighting
         // over the lowest name; if another got there first, recompute.
-        let mut reserved: Vec<String> = Vec::new();
-        let mut all = true;
-        for name in plan.binds() {
-            let pool = latest(name).and_then(|a| Some((a.spec.class_name.clone(), a.family()?)));
-            match pool {
-                Some(p) if ctx.index.reserve(name, &p, key) => reserved.push(name.to_string()),
-                _ => {
-                    all = false;
-                    break;
-                }
-            }
-        }
+        let Some(reserved) = reserve(ctx, &plan, key, &latest) else {
+            continue;
+        };
         // Then the quota (§13): another worker may have taken the last slot since the
         // plan read the usage; then replan, and the plan says QuotaExceeded.
         let took = plan
             .quota_take
             .as_ref()
-            .map(|t| all && ctx.quota.take(key, &t.class, &t.families, &t.limits));
-        if !all || took == Some(false) {
-            for r in &reserved {
-                ctx.queues.claims.add_all(ctx.index.unreserve(r));
-            }
+            .map(|t| ctx.quota.take(key, &t.class, &t.families, &t.limits));
+        if took == Some(false) {
+            unreserve(ctx, &reserved);
             continue;
         }
         let binds = plan.binds().next().is_some();
         let result = apply(ctx, &claim, plan).await;
         if let Err(e) = &result {
-            // The bind did not happen: the addresses are free again for others. (After a
-            // successful bind the reservation ends when the cache shows the address taken.)
-            for r in &reserved {
-                ctx.queues.claims.add_all(ctx.index.unreserve(r));
-            }
-            // A take for an invitation alone ends when the API server refused its write.
-            // A take stays when the write may have landed — a bind's (a later write may
-            // have failed after it), or an invitation's answered by a timeout, a 5xx or a
-            // broken connection (kube-apiserver answers 504 to a write it completes; the
-            // chaos run's kube-apiserver restart took a namespace past its quota that way,
-            // the slot freed while the invitation stood): no resourceVersion guards a
-            // namespace's count, so it ends when the cache shows the address or the
-            // invitation, when the claim stops waiting, or after its TTL (stricter, never
-            // looser, in the meantime).
-            if took == Some(true) && !binds && e.refused() {
-                ctx.queues.claims.add_all(ctx.quota.release(key));
-            }
+            undo_reservations(
+                ctx,
+                key,
+                &reserved,
+                took == Some(true) && !binds && e.refused(),
+            );
         }
         return result.map(|()| recheck.map_or(Outcome::Done, Outcome::RequeueAfter));
     }
@@ -157,14 +135,57 @@ async fn pass(ctx: &Context, key: &str) -> Result<Outcome> {
     })
 }
 
+/// Reserves in the index every address `plan` binds, so other workers plan around them.
+/// `None` when another worker got one first (what this pass reserved is released).
+fn reserve(
+    ctx: &Context,
+    plan: &ClaimPlan,
+    key: &str,
+    latest: &dyn Fn(&str) -> Option<Arc<IPAddress>>,
+) -> Option<Vec<String>> {
+    let mut reserved: Vec<String> = Vec::new();
+    for name in plan.binds() {
+        let pool = latest(name).and_then(|a| Some((a.spec.class_name.clone(), a.family()?)));
+        match pool {
+            Some(p) if ctx.index.reserve(name, &p, key) => reserved.push(name.to_string()),
+            _ => {
+                unreserve(ctx, &reserved);
+                return None;
+            }
+        }
+    }
+    Some(reserved)
+}
+
+fn unreserve(ctx: &Context, reserved: &[String]) {
+    for r in reserved {
+        ctx.queues.claims.add_all(ctx.index.unreserve(r));
+    }
+}
+
+/// A plan whose writes failed: the addresses it reserved are free again for others. (After
+/// a successful bind the reservation ends when the cache shows the address taken.)
+///
+/// `end_take`: a take for an invitation alone ends when the API server refused its write. A
+/// take stays when the write may have landed — a bind's (a later write may have failed
+/// after it), or an invitation's answered by a timeout, a 5xx or a broken connection
+/// (kube-apiserver answers 504 to a write it completes; the chaos run's kube-apiserver
+/// restart took a namespace past its quota that way, the slot freed while the invitation
+/// stood): no resourceVersion guards a namespace's count, so it ends when the cache shows
+/// the address or the invitation, when the claim stops waiting, or after its TTL (stricter,
+/// never looser, in the meantime).
+fn undo_reservations(ctx: &Context, key: &str, reserved: &[String], end_take: bool) {
+    unreserve(ctx, reserved);
+    if end_take {
+        ctx.queues.claims.add_all(ctx.quota.release(key));
+    }
+}
+
 async fn apply(ctx: &Context, claim: &Arc<IPAddressClaim>, plan: ClaimPlan) -> Result<()> {
     let ns = claim.namespace().unwrap_or_default();
     let claims: Api<IPAddressClaim> = Api::namespaced(ctx.client.clone(), &ns);
-    let address_api: Api<IPAddress> = Api::all(ctx.client.clone());
-    let params = PatchParams::default();
     let key = format!("{ns}/{}", claim.name_any());
     let mut current: IPAddressClaim = claim.as_ref().clone();
-
     if let Some(meta) = &plan.metadata {
         let mut m = serde_json::Map::new();
         if let Some(f) = &meta.finalizers {
@@ -177,109 +198,15 @@ async fn apply(ctx: &Context, claim: &Arc<IPAddressClaim>, plan: ClaimPlan) -> R
         ctx.recent_claims.record(&current, updated.clone());
         current = updated;
     }
-
     for w in &plan.address_writes {
-        let name = w.address_name().to_string();
-        let before = ctx
-            .world
-            .addresses
-            .get(&name)
-            .map(|a| ctx.recent_addresses.latest(a));
-        let written = match w {
-            AddressWrite::Bind {
-                resource_version,
-                claim_ref,
-                ..
-            }
-            | AddressWrite::CompleteUid {
-                resource_version,
-                claim_ref,
-                ..
-            } => {
-                let body = guarded(
-                    resource_version.as_deref(),
-                    json!({"spec": {"claimRef": claim_ref}}),
-                );
-                Some(
-                    address_api
-                        .patch(&name, &params, &Patch::Merge(body))
-                        .await
-                        .map_err(Error::kube_other("binding address", name.clone()))?,
-                )
-            }
-            AddressWrite::Release {
-                resource_version,
-                released_from,
-                reason,
-                ..
-            } => {
-                let body = guarded(
-                    resource_version.as_deref(),
-                    json!({"status": {"phase": "Released", "releasedAt": Time(Timestamp::now()),
-                        "releasedFrom": released_from, "reason": reason}}),
-                );
-                Some(
-                    address_api
-                        .patch_status(&name, &params, &Patch::Merge(body))
-                        .await
-                        .map_err(Error::kube_other("releasing address", name.clone()))?,
-                )
-            }
-            AddressWrite::Delete { uid, .. } => {
-                let dp = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        uid: uid.clone(),
-                        resource_version: None,
-                    }),
-                    ..Default::default()
-                };
-                match address_api.delete(&name, &dp).await {
-                    Ok(_) => None,
-                    Err(kube::Error::Api(s)) if s.code == 404 => None,
-                    Err(e) => return Err(Error::kube_other("deleting address", name)(e)),
-                }
-            }
-        };
-        if let (Some(before), Some(after)) = (before, written) {
-            ctx.recent_addresses.record(before.as_ref(), after);
-        }
+        write_address(ctx, w).await?;
     }
-
     if let Some(status) = &plan.status {
-        tracing::debug!(claim = %key, old = ?current.status, new = ?status, "writing claim status");
-        let first_bind = status.phase == Some(ClaimPhase::Bound)
-            && current
-                .status
-                .as_ref()
-                .and_then(|s| s.phase)
-                .is_none_or(|p| p == ClaimPhase::Pending);
-        let waited_since = current
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.iter().find(|c| c.type_ == condition::BOUND))
-            .filter(|c| c.reason == reason::WAITING_FOR_PROVISIONING)
-            .map(|c| c.last_transition_time.0);
-        let body = guarded(
-            current.metadata.resource_version.as_deref(),
-            json!({ "status": status_body(status) }),
-        );
-        let updated = claims
-            .patch_status(&current.name_any(), &params, &Patch::Merge(body))
-            .await
-            .map_err(Error::kube("writing claim status", key.clone()))?;
-        ctx.recent_claims.record(&current, updated.clone());
-        current = updated;
-        if first_bind {
-            let class = status.class_name.as_deref().unwrap_or_default();
-            let created = current.metadata.creation_timestamp.as_ref().map(|t| t.0);
-            ctx.metrics.bound(class, created, waited_since);
-        }
+        current = write_status(ctx, &claims, current, status, &key).await?;
     }
-
     if let Some(finalizers) = &plan.finalize {
         patch_meta(&claims, &current, json!({ "finalizers": finalizers })).await?;
     }
-
     for ev in &plan.events {
         tracing::info!(claim = %key, reason = ev.reason, "{}", ev.note);
         ctx.events.publish(claim.as_ref(), ev).await;
@@ -290,6 +217,121 @@ async fn apply(ctx: &Context, claim: &Arc<IPAddressClaim>, plan: ClaimPlan) -> R
         }
     }
     Ok(())
+}
+
+/// One write of the plan to an address (bind, complete the uid, release, delete), each
+/// guarded; what it wrote is remembered until the cache shows it.
+async fn write_address(ctx: &Context, w: &AddressWrite) -> Result<()> {
+    let address_api: Api<IPAddress> = Api::all(ctx.client.clone());
+    let params = PatchParams::default();
+    let name = w.address_name().to_string();
+    let before = ctx
+        .world
+        .addresses
+        .get(&name)
+        .map(|a| ctx.recent_addresses.latest(a));
+    let written = match w {
+        AddressWrite::Bind {
+            resource_version,
+            claim_ref,
+            ..
+        }
+        | AddressWrite::CompleteUid {
+            resource_version,
+            claim_ref,
+            ..
+        } => {
+            let body = guarded(
+                resource_version.as_deref(),
+                json!({"spec": {"claimRef": claim_ref}}),
+            );
+            Some(
+                address_api
+                    .patch(&name, &params, &Patch::Merge(body))
+                    .await
+                    .map_err(Error::kube_other("binding address", name.clone()))?,
+            )
+        }
+        AddressWrite::Release {
+            resource_version,
+            released_from,
+            reason,
+            ..
+        } => {
+            let body = guarded(
+                resource_version.as_deref(),
+                json!({"status": {"phase": "Released", "releasedAt": Time(Timestamp::now()),
+                    "releasedFrom": released_from, "reason": reason}}),
+            );
+            Some(
+                address_api
+                    .patch_status(&name, &params, &Patch::Merge(body))
+                    .await
+                    .map_err(Error::kube_other("releasing address", name.clone()))?,
+            )
+        }
+        AddressWrite::Delete { uid, .. } => {
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: uid.clone(),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match address_api.delete(&name, &dp).await {
+                Ok(_) => None,
+                Err(kube::Error::Api(s)) if s.code == 404 => None,
+                Err(e) => return Err(Error::kube_other("deleting address", name)(e)),
+            }
+        }
+    };
+    if let (Some(before), Some(after)) = (before, written) {
+        ctx.recent_addresses.record(before.as_ref(), after);
+    }
+    Ok(())
+}
+
+/// The claim's status write, guarded by `current`'s resourceVersion; a first bind is
+/// timed for the bind-latency histogram.
+async fn write_status(
+    ctx: &Context,
+    claims: &Api<IPAddressClaim>,
+    current: IPAddressClaim,
+    status: &IPAddressClaimStatus,
+    key: &str,
+) -> Result<IPAddressClaim> {
+    tracing::debug!(claim = %key, old = ?current.status, new = ?status, "writing claim status");
+    let first_bind = status.phase == Some(ClaimPhase::Bound)
+        && current
+            .status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .is_none_or(|p| p == ClaimPhase::Pending);
+    let waited_since = current
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == condition::BOUND))
+        .filter(|c| c.reason == reason::WAITING_FOR_PROVISIONING)
+        .map(|c| c.last_transition_time.0);
+    let body = guarded(
+        current.metadata.resource_version.as_deref(),
+        json!({ "status": status_body(status) }),
+    );
+    let updated = claims
+        .patch_status(
+            &current.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(body),
+        )
+        .await
+        .map_err(Error::kube("writing claim status", key.to_string()))?;
+    ctx.recent_claims.record(&current, updated.clone());
+    if first_bind {
+        let class = status.class_name.as_deref().unwrap_or_default();
+        let created = updated.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        ctx.metrics.bound(class, created, waited_since);
+    }
+    Ok(updated)
 }
 
 async fn patch_meta(

@@ -4,18 +4,19 @@
 use std::sync::Arc;
 
 use address_controller_api::IPAddress;
-use address_controller_api::names::{with_finalizer, without_finalizer};
 use address_controller_runtime::workers::Outcome;
+use kube::Api;
 use kube::api::{Patch, PatchParams};
-use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use crate::driver::Driver;
+use crate::plans::{AddressPlan, plan_address};
 
 use super::{Ctx, Error};
 
-/// One pass over an address: backend teardown behind the driver's finalizer; for an
-/// address of this driver's classes, its health (Lost, Conflict) and a dangling association.
+/// One pass over an address, as [`plan_address`] decides: backend teardown behind the
+/// driver's finalizer; for an address of this driver's classes, the finalizer, its health
+/// (Lost, Conflict) and a dangling association.
 pub(crate) async fn address_pass<D: Driver>(
     ctx: Arc<Ctx<D>>,
     name: String,
@@ -23,64 +24,48 @@ pub(crate) async fn address_pass<D: Driver>(
     let Some(a) = ctx.world.addresses.get(&name) else {
         return Ok(Outcome::Done);
     };
-    let teardown = ctx
-        .driver
-        .finalizer()
-        .filter(|f| a.is_deleting() && a.finalizers().iter().any(|x| x == f));
-    let Some(finalizer) = teardown else {
-        if ctx.owns(&a) {
-            // The driver's finalizer guards its backend state of every address of its
-            // classes — an admin's static ones too, not only those it created.
-            if let Some(f) = ctx.driver.finalizer()
-                && !a.is_deleting()
-                && let Some(all) = with_finalizer(a.finalizers(), f)
-            {
-                let body = json!({"metadata": {"resourceVersion": a.metadata.resource_version, "finalizers": all}});
-                Api::<IPAddress>::all(ctx.client.clone())
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(body))
-                    .await
-                    .map_err(|source| Error::Kube {
-                        action: "adding the finalizer of",
-                        object: name.clone(),
-                        source,
-                    })?;
-                return Ok(Outcome::Done);
-            }
-            crate::runner::association::health_pass(&ctx, &a).await?;
+    let plan = plan_address(&a, ctx.owns(&a), ctx.driver.finalizer(), |ip| {
+        crate::runner::association::shown_by(&ctx, ip)
+    });
+    let finalizers = |all: Vec<String>, action: &'static str| {
+        let body = json!({"metadata": {"resourceVersion": a.metadata.resource_version, "finalizers": all}});
+        let (client, name) = (ctx.client.clone(), name.clone());
+        async move {
+            Api::<IPAddress>::all(client)
+                .patch(&name, &PatchParams::default(), &Patch::Merge(body))
+                .await
+                .map_err(|source| Error::Kube {
+                    action,
+                    object: name,
+                    source,
+                })
         }
-        return Ok(Outcome::Done);
     };
-    // Teardown waits until no Service shows the address any more (its association is
-    // withdrawn first): the backend's state is what withdraws it.
-    if let Some(ip) = crate::association::ip_of(&a) {
-        let shown = crate::runner::association::shown_by(&ctx, ip);
-        if let Some(svc) = shown.first() {
+    match plan {
+        AddressPlan::Nothing => {}
+        AddressPlan::AddFinalizer(all) => {
+            finalizers(all, "adding the finalizer of").await?;
+        }
+        AddressPlan::Health => crate::runner::association::health_pass(&ctx, &a).await?,
+        AddressPlan::WaitForWithdrawal { service, ip } => {
             return Err(Error::Backend {
                 object: name.clone(),
                 message: format!(
-                    "Service {svc} still shows {ip}; tearing down after it is withdrawn"
+                    "Service {service} still shows {ip}; tearing down after it is withdrawn"
                 ),
             });
         }
+        AddressPlan::Teardown { remaining } => {
+            ctx.driver
+                .release(&ctx.client, &a)
+                .await
+                .map_err(|message| Error::Allocate {
+                    claim: name.clone(),
+                    message,
+                })?;
+            finalizers(remaining, "removing the finalizer of").await?;
+            tracing::info!(address = %name, "released in the backend");
+        }
     }
-    ctx.driver
-        .release(&ctx.client, &a)
-        .await
-        .map_err(|message| Error::Allocate {
-            claim: name.clone(),
-            message,
-        })?;
-    let remaining =
-        without_finalizer(a.finalizers(), finalizer).unwrap_or_else(|| a.finalizers().to_vec());
-    let body = json!({"metadata": {"resourceVersion": a.metadata.resource_version, "finalizers": remaining}});
-    Api::<IPAddress>::all(ctx.client.clone())
-        .patch(&name, &PatchParams::default(), &Patch::Merge(body))
-        .await
-        .map_err(|source| Error::Kube {
-            action: "removing the finalizer of",
-            object: name.clone(),
-            source,
-        })?;
-    tracing::info!(address = %name, "released in the backend");
     Ok(Outcome::Done)
 }

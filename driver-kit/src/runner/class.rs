@@ -3,9 +3,7 @@
 
 use std::sync::Arc;
 
-use address_controller_api::conditions::set_condition;
-use address_controller_api::{Family, IPAddressClass};
-use address_controller_runtime::events::PlannedEvent;
+use address_controller_api::IPAddressClass;
 use address_controller_runtime::workers::Outcome;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -14,11 +12,12 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 use crate::driver::Driver;
+use crate::plans::{Parsed, plan_class};
 
-use super::events;
 use super::{Ctx, Error};
 
-/// One pass over a class: capacity and conditions.
+/// One pass over a class: the backend syncs it, then [`plan_class`]'s capacity and
+/// conditions are written.
 pub(crate) async fn class_pass<D: Driver>(
     ctx: Arc<Ctx<D>>,
     name: String,
@@ -57,10 +56,7 @@ pub(crate) async fn class_pass<D: Driver>(
     let Some(parsed) = ctx.params(&name) else {
         return Ok(Outcome::Done);
     };
-    let now = Time(Timestamp::now());
-    let generation = class.metadata.generation;
-    let mut status = class.status.clone().unwrap_or_default();
-    match parsed {
+    let parsed = match parsed {
         Ok(params) => {
             ctx.driver
                 .sync_class(&ctx.client, &class, &params)
@@ -69,64 +65,27 @@ pub(crate) async fn class_pass<D: Driver>(
                     object: format!("class {name}"),
                     message,
                 })?;
-            let cap = ctx.driver.capacity(&params);
-            status.capacity = Some(address_controller_api::Capacity {
-                ipv4: Some(cap.ipv4),
-                ipv6: Some(cap.ipv6),
-            });
-            set_condition(
-                &mut status.conditions,
-                events::PARAMETERS_VALID,
-                true,
-                "Valid",
-                ctx.driver.describe(&params),
-                generation,
-                &now,
-            );
-            let full: Vec<&str> = [Family::IPv4, Family::IPv6]
-                .into_iter()
-                .filter(|f| cap.of(*f) > 0 && ctx.inventory.count(&name, *f) >= cap.of(*f))
-                .map(Family::as_str)
-                .collect();
-            let (exhausted, reason, msg) = if full.is_empty() {
-                (false, "FreeAddresses", "free addresses left".to_string())
-            } else {
-                (
-                    true,
-                    "NoFreeAddress",
-                    format!("no free {} address left", full.join(" or ")),
-                )
-            };
-            set_condition(
-                &mut status.conditions,
-                events::EXHAUSTED,
-                exhausted,
-                reason,
-                msg,
-                generation,
-                &now,
-            );
-            ctx.events.publish_once(class.as_ref(), None).await;
+            Ok((ctx.driver.capacity(&params), ctx.driver.describe(&params)))
         }
-        Err(why) => {
-            status.capacity = None;
-            set_condition(
-                &mut status.conditions,
-                events::PARAMETERS_VALID,
-                false,
-                events::INVALID_PARAMETERS,
-                why.clone(),
-                generation,
-                &now,
-            );
-            let ev = PlannedEvent::warning(
-                events::INVALID_PARAMETERS,
-                format!("{why}; nothing will be allocated from this class"),
-            );
-            ctx.events.publish_once(class.as_ref(), Some(&ev)).await;
-        }
-    }
-    if class.status.as_ref() != Some(&status) {
+        Err(why) => Err(why),
+    };
+    let plan = plan_class(
+        &class,
+        match &parsed {
+            Ok((capacity, described)) => Parsed::Valid {
+                capacity: *capacity,
+                described: described.clone(),
+            },
+            Err(why) => Parsed::Invalid(why),
+        },
+        |f| ctx.inventory.count(&name, f),
+        &Time(Timestamp::now()),
+    );
+    ctx.events
+        .publish_once(class.as_ref(), plan.event.as_ref())
+        .await;
+    if plan.writes(&class) {
+        let status = plan.status;
         let api: Api<IPAddressClass> = Api::all(ctx.client.clone());
         let body = json!({"metadata": {"resourceVersion": class.metadata.resource_version},
             "status": {"capacity": status.capacity, "conditions": status.conditions}});
