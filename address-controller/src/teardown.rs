@@ -219,13 +219,7 @@ pub async fn run(args: &TeardownArgs) -> anyhow::Result<()> {
     if !live.is_empty() {
         return Err(Refusal::Running(live.join(", ")).into());
     }
-    let say = |done: &str, todo: &str| {
-        if args.yes {
-            done.to_string()
-        } else {
-            format!("would {todo}")
-        }
-    };
+    let say = |done: &str, todo: &str| say(args, done, todo);
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let installed = crds
         .get_opt("ipaddressclaims.local.sdn.cozystack.io")
@@ -240,77 +234,10 @@ pub async fn run(args: &TeardownArgs) -> anyhow::Result<()> {
         return Err(Refusal::Count(items.len()).into());
     }
     if installed && args.yes {
-        let path = args.backup_file.clone().unwrap_or_else(|| {
-            PathBuf::from(format!(
-                "address-controller-ledger-{}.yaml",
-                Timestamp::now().as_second()
-            ))
-        });
-        let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
-        std::fs::write(&path, serde_yaml::to_string(&list)?)
-            .map_err(|e| anyhow::anyhow!("writing the backup {}: {e}", path.display()))?;
-        println!(
-            "wrote the ledger ({} objects) to {} (kubectl apply -f restores it)",
-            items.len(),
-            path.display()
-        );
+        write_backup(args, &items)?;
     }
     if installed {
-        let claims = strip(
-            &Api::<IPAddressClaim>::all(client.clone()),
-            |ns| Api::namespaced(client.clone(), ns.as_deref().unwrap_or_default()),
-            None,
-            args.yes,
-            args.force,
-        )
-        .await?;
-        let addresses = strip(
-            &Api::<IPAddress>::all(client.clone()),
-            |_| Api::all(client.clone()),
-            None,
-            args.yes,
-            args.force,
-        )
-        .await?;
-        println!(
-            "{} from {} claim(s) and {} address(es)",
-            say("removed the finalizers", "remove the finalizers"),
-            claims.done,
-            addresses.done
-        );
-        if claims.left + addresses.left > 0 {
-            println!(
-                "left {} claim(s) and {} address(es) already being deleted (a reclaim or a driver's teardown may still be due); --force removes theirs too",
-                claims.left, addresses.left
-            );
-        }
-        // The MetalLB driver keeps a class's IPAddressPool while addresses of the class are
-        // left; with the driver gone nobody would let go of it (and MetalLB's namespace would
-        // never finish deleting).
-        let gvk = GroupVersionKind::gvk("metallb.io", "v1beta1", "IPAddressPool");
-        let pools_of = |ns: Option<String>| -> Api<DynamicObject> {
-            Api::namespaced_with(
-                client.clone(),
-                ns.as_deref().unwrap_or_default(),
-                &ApiResource::from_gvk(&gvk),
-            )
-        };
-        let ours = ListParams::default().labels(METALLB_DRIVER_OBJECTS);
-        let all: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk));
-        match all.list(&ours).await {
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e.into()),
-            Ok(_) => {
-                let pools = strip(&all, pools_of, Some(&ours), args.yes, true).await?;
-                if pools.done > 0 {
-                    println!(
-                        "{} from {} MetalLB IPAddressPool(s) the MetalLB driver kept",
-                        say("removed the finalizers", "remove the finalizers"),
-                        pools.done
-                    );
-                }
-            }
-        }
+        strip_finalizers(args, &client).await?;
     } else {
         println!("no CRDs: nothing carries a finalizer of this project");
     }
@@ -327,28 +254,129 @@ pub async fn run(args: &TeardownArgs) -> anyhow::Result<()> {
         );
     }
     if args.delete_crds && installed {
-        println!(
-            "{} {} objects with the CRDs (claims, addresses, classes, quotas)",
-            say("destroyed", "destroy"),
-            items.len()
-        );
-        for crd in address_controller_api::manifests::crds() {
-            let name = crd.name_any();
-            if args.yes {
-                match crds.delete(&name, &DeleteParams::default()).await {
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => return Err(e.into()),
-                    Ok(_) => {}
-                }
-            }
-            println!(
-                "{} the CRD {name} (every object of it with it)",
-                say("deleted", "delete")
-            );
-        }
+        delete_crds(args, &crds, items.len()).await?;
     }
     if !args.yes {
         println!("dry run: nothing changed; pass --yes to do it");
+    }
+    Ok(())
+}
+
+/// What was done, or in a dry run what would be.
+fn say(args: &TeardownArgs, done: &str, todo: &str) -> String {
+    if args.yes {
+        done.to_string()
+    } else {
+        format!("would {todo}")
+    }
+}
+
+/// Writes the ledger to `--backup-file` (or a timestamped file) as a `List`.
+fn write_backup(args: &TeardownArgs, items: &[serde_json::Value]) -> anyhow::Result<()> {
+    let path = args.backup_file.clone().unwrap_or_else(|| {
+        PathBuf::from(format!(
+            "address-controller-ledger-{}.yaml",
+            Timestamp::now().as_second()
+        ))
+    });
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+    std::fs::write(&path, serde_yaml::to_string(&list)?)
+        .map_err(|e| anyhow::anyhow!("writing the backup {}: {e}", path.display()))?;
+    println!(
+        "wrote the ledger ({} objects) to {} (kubectl apply -f restores it)",
+        items.len(),
+        path.display()
+    );
+    Ok(())
+}
+
+/// Removes this project's finalizers from the claims and the addresses (those being
+/// deleted only with `--force`), and from the MetalLB IPAddressPools the MetalLB driver kept.
+async fn strip_finalizers(args: &TeardownArgs, client: &Client) -> anyhow::Result<()> {
+    let say = |done: &str, todo: &str| say(args, done, todo);
+    let claims = strip(
+        &Api::<IPAddressClaim>::all(client.clone()),
+        |ns| Api::namespaced(client.clone(), ns.as_deref().unwrap_or_default()),
+        None,
+        args.yes,
+        args.force,
+    )
+    .await?;
+    let addresses = strip(
+        &Api::<IPAddress>::all(client.clone()),
+        |_| Api::all(client.clone()),
+        None,
+        args.yes,
+        args.force,
+    )
+    .await?;
+    println!(
+        "{} from {} claim(s) and {} address(es)",
+        say("removed the finalizers", "remove the finalizers"),
+        claims.done,
+        addresses.done
+    );
+    if claims.left + addresses.left > 0 {
+        println!(
+            "left {} claim(s) and {} address(es) already being deleted (a reclaim or a driver's teardown may still be due); --force removes theirs too",
+            claims.left, addresses.left
+        );
+    }
+    // The MetalLB driver keeps a class's IPAddressPool while addresses of the class are
+    // left; with the driver gone nobody would let go of it (and MetalLB's namespace would
+    // never finish deleting).
+    let gvk = GroupVersionKind::gvk("metallb.io", "v1beta1", "IPAddressPool");
+    let pools_of = |ns: Option<String>| -> Api<DynamicObject> {
+        Api::namespaced_with(
+            client.clone(),
+            ns.as_deref().unwrap_or_default(),
+            &ApiResource::from_gvk(&gvk),
+        )
+    };
+    let ours = ListParams::default().labels(METALLB_DRIVER_OBJECTS);
+    let all: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk));
+    match all.list(&ours).await {
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(e.into()),
+        Ok(_) => {
+            let pools = strip(&all, pools_of, Some(&ours), args.yes, true).await?;
+            if pools.done > 0 {
+                println!(
+                    "{} from {} MetalLB IPAddressPool(s) the MetalLB driver kept",
+                    say("removed the finalizers", "remove the finalizers"),
+                    pools.done
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the CRDs (and every object of them with them).
+async fn delete_crds(
+    args: &TeardownArgs,
+    crds: &Api<CustomResourceDefinition>,
+    objects: usize,
+) -> anyhow::Result<()> {
+    let say = |done: &str, todo: &str| say(args, done, todo);
+    println!(
+        "{} {} objects with the CRDs (claims, addresses, classes, quotas)",
+        say("destroyed", "destroy"),
+        objects
+    );
+    for crd in address_controller_api::manifests::crds() {
+        let name = crd.name_any();
+        if args.yes {
+            match crds.delete(&name, &DeleteParams::default()).await {
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e.into()),
+                Ok(_) => {}
+            }
+        }
+        println!(
+            "{} the CRD {name} (every object of it with it)",
+            say("deleted", "delete")
+        );
     }
     Ok(())
 }

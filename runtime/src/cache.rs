@@ -430,15 +430,18 @@ impl<K: Object> Cache<K> {
     /// leads to a fresh list.
     pub async fn run(self: Arc<Self>, api: Api<K>, cfg: WatchConfig) {
         let kind = self.health.kind;
-        let mut version: Option<String> = None;
-        let mut failures: u32 = 0;
-        let mut streaming = cfg.streaming_lists;
+        let mut c = Cursor {
+            version: None,
+            failures: 0,
+            streaming: cfg.streaming_lists,
+            initial: None,
+        };
         let timeout = u32::try_from(cfg.timeout.as_secs()).unwrap_or(290).max(1);
         loop {
-            if failures > 0 {
+            if c.failures > 0 {
                 // 0.25 s doubling to 30 s.
                 let delay = Duration::from_millis(250)
-                    .saturating_mul(1 << failures.min(7))
+                    .saturating_mul(1 << c.failures.min(7))
                     .min(Duration::from_secs(30));
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
@@ -446,24 +449,25 @@ impl<K: Object> Cache<K> {
                 }
             }
             // `initial`: the objects of a streaming list so far, until its end bookmark.
-            let (rv, mut initial) = match &version {
+            let (rv, initial) = match &c.version {
                 Some(v) => (v.clone(), None),
-                None if streaming => (String::new(), Some(HashMap::new())),
+                None if c.streaming => (String::new(), Some(HashMap::new())),
                 None => match self.relist(&api, &cfg).await {
                     Ok(v) => {
-                        version = Some(v.clone());
+                        c.version = Some(v.clone());
                         (v, None)
                     }
                     Err(e) => {
-                        failures += 1;
+                        c.failures += 1;
                         tracing::warn!(kind, error = %e, "list failed; retrying");
                         continue;
                     }
                 },
             };
+            c.initial = initial;
             let mut params = WatchParams::default().timeout(timeout);
             params.bookmarks = true;
-            params.send_initial_events = initial.is_some();
+            params.send_initial_events = c.initial.is_some();
             if let Some(f) = &cfg.fields {
                 params = params.fields(f);
             }
@@ -473,14 +477,14 @@ impl<K: Object> Cache<K> {
             let stream = match api.watch(&params, &rv).await {
                 Ok(s) => s,
                 Err(e) => {
-                    if initial.is_some() && refuses_streaming(&e) {
-                        streaming = false;
+                    if c.initial.is_some() && refuses_streaming(&e) {
+                        c.streaming = false;
                         tracing::info!(kind, error = %e, "no streaming lists here; paged lists from now on");
                         continue;
                     }
-                    failures += 1;
+                    c.failures += 1;
                     if is_expired(&e) {
-                        version = None;
+                        c.version = None;
                     }
                     tracing::warn!(kind, error = %e, "watch failed; retrying");
                     continue;
@@ -489,93 +493,117 @@ impl<K: Object> Cache<K> {
             self.health.watches.fetch_add(1, Ordering::Relaxed);
             // Resuming from `version`: the stream replays what happened since, first thing.
             // A streaming list is complete only at its end bookmark.
-            self.health.set_connected(initial.is_none());
+            self.health.set_connected(c.initial.is_none());
             let mut stream = std::pin::pin!(stream);
             loop {
                 let next = tokio::select! {
                     ev = stream.next() => ev,
                     () = self.health.restart.notified() => {
                         tracing::warn!(kind, silent_for = ?self.health.silence(), "watch silent too long; listing again");
-                        version = None;
+                        c.version = None;
                         break;
                     }
                 };
-                match next {
-                    // The server ended the watch (its timeout): watch again from `version`.
-                    None => break,
-                    Some(Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)))
-                        if initial.is_some() =>
-                    {
-                        // The state at the list's revision, object by object: settled
-                        // all at once at its end, as a paged list is.
-                        self.health.heard();
-                        let o = Self::strip(o);
-                        if let Some(seen) = initial.as_mut() {
-                            seen.insert(key_of(o.as_ref()), o);
-                        }
-                    }
-                    Some(Ok(WatchEvent::Deleted(o))) if initial.is_some() => {
-                        if let Some(seen) = initial.as_mut() {
-                            seen.remove(&key_of(&o));
-                        }
-                    }
-                    Some(Ok(WatchEvent::Bookmark(b))) if initial.is_some() => {
-                        self.health.heard();
-                        if b.metadata.annotations.contains_key(INITIAL_EVENTS_END) {
-                            failures = 0;
-                            let rv = b.metadata.resource_version.clone();
-                            if let Some(seen) = initial.take() {
-                                self.settle(seen, &rv);
-                                self.health.streaming_lists.fetch_add(1, Ordering::Relaxed);
-                            }
-                            self.health.set_connected(true);
-                            version = Some(rv);
-                        }
-                    }
-                    Some(Ok(WatchEvent::Added(o) | WatchEvent::Modified(o))) => {
-                        failures = 0;
-                        let o = Self::strip(o);
-                        version = o.resource_version();
-                        self.note_revision(version.as_deref());
-                        self.health.events.fetch_add(1, Ordering::Relaxed);
-                        self.health.heard();
-                        self.apply(key_of(o.as_ref()), Some(o));
-                    }
-                    Some(Ok(WatchEvent::Deleted(o))) => {
-                        failures = 0;
-                        version = o.resource_version();
-                        self.note_revision(version.as_deref());
-                        self.health.events.fetch_add(1, Ordering::Relaxed);
-                        self.health.heard();
-                        self.apply(key_of(&o), None);
-                    }
-                    Some(Ok(WatchEvent::Bookmark(b))) => {
-                        failures = 0;
-                        version = Some(b.metadata.resource_version.clone());
-                        self.note_revision(version.as_deref());
-                        self.health.bookmarks.fetch_add(1, Ordering::Relaxed);
-                        self.health.heard();
-                    }
-                    Some(Ok(WatchEvent::Error(s))) => {
-                        if s.code == 410 {
-                            tracing::info!(kind, "resourceVersion expired; listing again");
-                            version = None;
-                        } else {
-                            failures += 1;
-                            tracing::warn!(kind, code = s.code, message = %s.message, "watch error; retrying");
-                        }
-                        break;
-                    }
-                    Some(Err(e)) => {
-                        failures += 1;
-                        tracing::warn!(kind, error = %e, "watch stream broke; retrying");
-                        break;
-                    }
+                if !self.on_event(&mut c, next) {
+                    break;
                 }
             }
             self.health.set_connected(false);
         }
     }
+
+    /// One event of the watch: applied to the cache (or to the streaming list being
+    /// gathered). `false`: watch again (the stream ended, broke, or its revision expired).
+    fn on_event(
+        &self,
+        c: &mut Cursor<K>,
+        next: Option<Result<WatchEvent<K>, kube::Error>>,
+    ) -> bool {
+        let kind = self.health.kind;
+        match next {
+            // The server ended the watch (its timeout): watch again from `c.version`.
+            None => return false,
+            Some(Ok(WatchEvent::Added(o) | WatchEvent::Modified(o))) if c.initial.is_some() => {
+                // The state at the list's revision, object by object: settled
+                // all at once at its end, as a paged list is.
+                self.health.heard();
+                let o = Self::strip(o);
+                if let Some(seen) = c.initial.as_mut() {
+                    seen.insert(key_of(o.as_ref()), o);
+                }
+            }
+            Some(Ok(WatchEvent::Deleted(o))) if c.initial.is_some() => {
+                if let Some(seen) = c.initial.as_mut() {
+                    seen.remove(&key_of(&o));
+                }
+            }
+            Some(Ok(WatchEvent::Bookmark(b))) if c.initial.is_some() => {
+                self.health.heard();
+                if b.metadata.annotations.contains_key(INITIAL_EVENTS_END) {
+                    c.failures = 0;
+                    let rv = b.metadata.resource_version.clone();
+                    if let Some(seen) = c.initial.take() {
+                        self.settle(seen, &rv);
+                        self.health.streaming_lists.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.health.set_connected(true);
+                    c.version = Some(rv);
+                }
+            }
+            Some(Ok(WatchEvent::Added(o) | WatchEvent::Modified(o))) => {
+                c.failures = 0;
+                let o = Self::strip(o);
+                c.version = o.resource_version();
+                self.note_revision(c.version.as_deref());
+                self.health.events.fetch_add(1, Ordering::Relaxed);
+                self.health.heard();
+                self.apply(key_of(o.as_ref()), Some(o));
+            }
+            Some(Ok(WatchEvent::Deleted(o))) => {
+                c.failures = 0;
+                c.version = o.resource_version();
+                self.note_revision(c.version.as_deref());
+                self.health.events.fetch_add(1, Ordering::Relaxed);
+                self.health.heard();
+                self.apply(key_of(&o), None);
+            }
+            Some(Ok(WatchEvent::Bookmark(b))) => {
+                c.failures = 0;
+                c.version = Some(b.metadata.resource_version.clone());
+                self.note_revision(c.version.as_deref());
+                self.health.bookmarks.fetch_add(1, Ordering::Relaxed);
+                self.health.heard();
+            }
+            Some(Ok(WatchEvent::Error(s))) => {
+                if s.code == 410 {
+                    tracing::info!(kind, "resourceVersion expired; listing again");
+                    c.version = None;
+                } else {
+                    c.failures += 1;
+                    tracing::warn!(kind, code = s.code, message = %s.message, "watch error; retrying");
+                }
+                return false;
+            }
+            Some(Err(e)) => {
+                c.failures += 1;
+                tracing::warn!(kind, error = %e, "watch stream broke; retrying");
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// Where a cache's list+watch loop stands.
+struct Cursor<K> {
+    /// The revision to watch from; `None`: list (or stream a list) again.
+    version: Option<String>,
+    /// Failures in a row (the backoff).
+    failures: u32,
+    /// Streaming lists (WatchList) are used while the server takes them.
+    streaming: bool,
+    /// The objects of a streaming list so far, until its end bookmark.
+    initial: Option<HashMap<String, Arc<K>>>,
 }
 
 fn is_expired(e: &kube::Error) -> bool {
