@@ -14,6 +14,8 @@ pub mod health;
 pub mod leader;
 pub mod logging;
 pub mod metrics;
+#[cfg(feature = "mock-api")]
+pub mod mock_api;
 pub mod probes;
 pub mod process;
 pub mod queue;

@@ -7,6 +7,9 @@ pub mod claim;
 pub mod class;
 pub mod service;
 
+#[cfg(test)]
+mod tests;
+
 use serde_json::{Value, json};
 
 /// A merge patch guarded by the resourceVersion it was computed from: the API server

@@ -45,10 +45,15 @@ fn ctx_with<D: Driver>(driver: D, more: &[&str]) -> Ctx<D> {
 
 /// [`ctx_with`], with a Service cache when `services`.
 fn ctx_of<D: Driver>(driver: D, more: &[&str], services: bool) -> Ctx<D> {
+    ctx_on(driver, more, services, offline())
+}
+
+/// [`ctx_of`] talking to `client`.
+fn ctx_on<D: Driver>(driver: D, more: &[&str], services: bool, client: Client) -> Ctx<D> {
     let health = Health::new(Bounds::default());
     let world = World::new(services, health.clone());
     let gate = Gate::new(Leadership::always(), health);
-    let ctx = Ctx::new(driver, offline(), world, gate, "test", "t".into());
+    let ctx = Ctx::new(driver, client, world, gate, "test", "t".into());
     let classes = [("ours", "p.example"), ("theirs", "q.example")]
         .into_iter()
         .chain(more.iter().map(|m| (*m, "p.example")));
@@ -329,4 +334,129 @@ async fn an_address_a_service_already_shows_is_never_allocated() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// A driver with a teardown finalizer that counts its releases.
+struct Keeper(Arc<std::sync::atomic::AtomicUsize>);
+impl Driver for Keeper {
+    type Params = ();
+    fn provisioner(&self) -> &str {
+        "p.example"
+    }
+    fn parameters(&self, classes: &[Arc<IPAddressClass>]) -> Vec<Result<(), String>> {
+        classes.iter().map(|_| Ok(())).collect()
+    }
+    fn capacity(&self, _: &()) -> crate::Capacity {
+        crate::Capacity { ipv4: 1, ipv6: 0 }
+    }
+    async fn allocate(&self, _: Request<'_, ()>) -> Result<Allocation, AllocateError> {
+        Err(AllocateError::Exhausted)
+    }
+    fn finalizer(&self) -> Option<&'static str> {
+        Some("p.example/teardown")
+    }
+    async fn release(&self, _: &Client, _: &IPAddress) -> Result<(), String> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+const KEPT: &str = "/apis/local.sdn.cozystack.io/v1alpha1/ipaddresses/ipv4-192-0-2-9";
+
+fn kept(deleting: bool) -> IPAddress {
+    let mut v = json!({"metadata": {"name": "ipv4-192-0-2-9", "resourceVersion": "7",
+            "finalizers": ["other.example/keep", "p.example/teardown"]},
+        "spec": {"address": "192.0.2.9", "className": "ours", "source": {"fromClass": {}}}});
+    if deleting {
+        merge(
+            &mut v,
+            json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+        );
+    }
+    serde_json::from_value(v).unwrap()
+}
+
+/// The mock-API tier: an address being deleted is released in the backend, then only the
+/// driver's own finalizer leaves, guarded by the resourceVersion the pass read.
+#[tokio::test]
+async fn a_teardown_releases_then_removes_only_its_finalizer_guarded_and_retries_a_409() {
+    use address_controller_runtime::mock_api::{Answer, MockApi};
+    let refused = std::sync::atomic::AtomicBool::new(false);
+    let (api, client) = MockApi::new(move |call| {
+        if call.method == "PATCH" && call.path == KEPT {
+            if !refused.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return Answer::conflict();
+            }
+            return Answer::Object(serde_json::to_value(kept(true)).unwrap());
+        }
+        Answer::Status(404, "NotFound")
+    });
+    let released = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ctx = Arc::new(ctx_on(Keeper(released.clone()), &[], false, client));
+    let a = kept(true);
+    ctx.world.addresses.apply(key_of(&a), Some(Arc::new(a)));
+    let err = super::address_pass(ctx.clone(), "ipv4-192-0-2-9".into())
+        .await
+        .unwrap_err();
+    // A 409 on the finalizer's removal is retried with backoff (the release is idempotent).
+    assert_eq!(
+        err.retry(),
+        address_controller_runtime::workers::Retry::Backoff
+    );
+    super::address_pass(ctx, "ipv4-192-0-2-9".into())
+        .await
+        .unwrap();
+    assert_eq!(released.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let writes = api.writes();
+    assert_eq!(writes.len(), 2);
+    for w in &writes {
+        assert_eq!(w.line(), format!("PATCH {KEPT}"));
+        assert_eq!(
+            w.body,
+            json!({"metadata": {"resourceVersion": "7", "finalizers": ["other.example/keep"]}})
+        );
+    }
+}
+
+/// The mock-API tier: the class pass writes capacity and conditions once, guarded; the
+/// status as written is not written again.
+#[tokio::test]
+async fn a_class_status_is_written_guarded_and_not_again_once_it_shows() {
+    use address_controller_runtime::mock_api::{Answer, MockApi};
+    let (api, client) = MockApi::new(|call| {
+        if call.method == "PATCH" && call.path.ends_with("/ipaddressclasses/ours/status") {
+            return Answer::Object(
+                json!({"metadata": {"name": "ours"}, "spec": {"provisioner": "p.example"}}),
+            );
+        }
+        Answer::Status(404, "NotFound")
+    });
+    let ctx = Arc::new(ctx_on(Keeper(Arc::default()), &[], false, client));
+    let class: IPAddressClass = serde_json::from_value(json!({"metadata": {"name": "ours",
+        "resourceVersion": "3", "generation": 2}, "spec": {"provisioner": "p.example"}}))
+    .unwrap();
+    ctx.world
+        .classes
+        .apply(key_of(&class), Some(Arc::new(class.clone())));
+    super::class::class_pass(ctx.clone(), "ours".into())
+        .await
+        .unwrap();
+    let writes = api.writes();
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    let body = &writes[0].body;
+    assert_eq!(body["metadata"]["resourceVersion"], "3", "{body}");
+    assert_eq!(
+        body["status"]["capacity"],
+        json!({"ipv4": 1, "ipv6": 0}),
+        "{body}"
+    );
+    // The cache shows what was written: the next pass writes nothing.
+    let mut shown = class;
+    shown.status = serde_json::from_value(body["status"].clone()).unwrap();
+    shown.metadata.resource_version = Some("4".into());
+    ctx.world
+        .classes
+        .apply(key_of(&shown), Some(Arc::new(shown)));
+    super::class::class_pass(ctx, "ours".into()).await.unwrap();
+    assert_eq!(api.writes().len(), 1);
 }

@@ -1,0 +1,174 @@
+//! The mock-API tier: the claim pass against a client whose answers the test chooses
+//! ([`MockApi`]). What the pure tests cannot see — the writes a pass issues, their guards and
+//! order, and what it does when kube-apiserver answers 409 or 422 — in milliseconds.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use address_controller_api::names::CLAIM_FINALIZER;
+use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass};
+use address_controller_runtime::cache::key_of;
+use address_controller_runtime::health::{Bounds, Health};
+use address_controller_runtime::leader::Leadership;
+use address_controller_runtime::mock_api::{Answer, Call, MockApi};
+use address_controller_runtime::workers::{Gate, Outcome, PassError, Retry};
+use address_controller_runtime::world::World;
+use serde_json::{Value, json};
+
+use crate::context::Context;
+use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::reconcile::claim::reconcile;
+use crate::run::register;
+
+const ADDRESS: &str = "/apis/local.sdn.cozystack.io/v1alpha1/ipaddresses/ipv4-192-0-2-1";
+const CLAIM_STATUS: &str =
+    "/apis/local.sdn.cozystack.io/v1alpha1/namespaces/t/ipaddressclaims/c/status";
+
+/// A core whose caches hold a class `pool`, its one Available address and the claim `t/c`
+/// of it, talking to `respond`.
+fn core(respond: impl Fn(&Call) -> Answer + Send + Sync + 'static) -> (MockApi, Arc<Context>) {
+    let (api, client) = MockApi::new(respond);
+    let health = Health::new(Bounds::default());
+    let world = World::new(false, health.clone());
+    let gate = Gate::new(Leadership::always(), health);
+    let metrics = Arc::new(Metrics::new(world.clone()).unwrap());
+    let ctx = Arc::new(Context::new(
+        client,
+        world,
+        gate,
+        metrics,
+        "test".into(),
+        false,
+    ));
+    register(&ctx);
+    let class: IPAddressClass = serde_json::from_value(json!({
+        "apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddressClass",
+        "metadata": {"name": "pool", "uid": "class-uid"},
+        "spec": {"provisioner": "static.example"}}))
+    .unwrap();
+    ctx.world
+        .classes
+        .apply(key_of(&class), Some(Arc::new(class)));
+    let address: IPAddress = serde_json::from_value(address_json()).unwrap();
+    ctx.world
+        .addresses
+        .apply(key_of(&address), Some(Arc::new(address)));
+    let claim: IPAddressClaim = serde_json::from_value(claim_json()).unwrap();
+    ctx.world
+        .claims
+        .apply(key_of(&claim), Some(Arc::new(claim)));
+    (api, ctx)
+}
+
+fn address_json() -> Value {
+    json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddress",
+        "metadata": {"name": "ipv4-192-0-2-1", "uid": "address-uid", "resourceVersion": "10",
+            "finalizers": [address_controller_api::names::ADDRESS_FINALIZER]},
+        "spec": {"address": "192.0.2.1", "className": "pool", "source": {"fromClass": {}}},
+        "status": {"phase": "Available"}})
+}
+
+fn claim_json() -> Value {
+    json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddressClaim",
+        "metadata": {"name": "c", "namespace": "t", "uid": "claim-uid", "generation": 1,
+            "resourceVersion": "5", "finalizers": [CLAIM_FINALIZER]},
+        "spec": {"className": "pool"}})
+}
+
+/// The object a merge patch would make of `base` (enough for these answers).
+fn patched(mut base: Value, patch: &Value) -> Value {
+    crate::decide::tests::merge(&mut base, patch.clone());
+    base
+}
+
+/// kube-apiserver's answer to the writes of a bind, except the first write to the path
+/// `refuse` names, which gets its answer.
+fn answers(refuse: Option<(&'static str, Answer)>) -> impl Fn(&Call) -> Answer {
+    let refused = AtomicBool::new(false);
+    move |call| match (call.method.as_str(), call.path.as_str()) {
+        (_, p)
+            if refuse.as_ref().is_some_and(|(r, _)| *r == p)
+                && !refused.swap(true, Ordering::SeqCst) =>
+        {
+            refuse.as_ref().map(|(_, a)| a.clone()).unwrap()
+        }
+        ("PATCH", ADDRESS) => Answer::Object(patched(address_json(), &call.body)),
+        ("PATCH", CLAIM_STATUS) => Answer::Object(patched(claim_json(), &call.body)),
+        _ => Answer::Status(404, "NotFound"),
+    }
+}
+
+#[tokio::test]
+async fn a_bind_is_a_guarded_address_patch_then_a_guarded_claim_status_patch() {
+    let (api, ctx) = core(answers(None));
+    let outcome = reconcile(ctx.clone(), "t/c".into()).await.unwrap();
+    assert_eq!(outcome, Outcome::Done);
+    let writes = api.writes();
+    let lines: Vec<String> = writes.iter().map(Call::line).collect();
+    assert_eq!(
+        lines,
+        [format!("PATCH {ADDRESS}"), format!("PATCH {CLAIM_STATUS}")]
+    );
+    // The address is bound to the claim by uid, guarded by the resourceVersion it was read at.
+    assert_eq!(
+        writes[0].body,
+        json!({"metadata": {"resourceVersion": "10"},
+            "spec": {"claimRef": {"namespace": "t", "name": "c", "uid": "claim-uid"}}})
+    );
+    // The claim's status, guarded by its own resourceVersion, names the address.
+    let status = &writes[1].body;
+    assert_eq!(status["metadata"]["resourceVersion"], "5", "{status}");
+    assert_eq!(status["status"]["phase"], "Bound", "{status}");
+    assert_eq!(
+        status["status"]["addresses"][0]["name"], "ipv4-192-0-2-1",
+        "{status}"
+    );
+}
+
+#[tokio::test]
+async fn a_bind_answered_409_writes_no_status_and_frees_the_address_for_the_next_pass() {
+    let (api, ctx) = core(answers(Some((ADDRESS, Answer::conflict()))));
+    let err = reconcile(ctx.clone(), "t/c".into()).await.unwrap_err();
+    assert!(matches!(err, Error::Conflict { .. }), "{err}");
+    assert_eq!(err.retry(), Retry::Backoff);
+    assert_eq!(
+        api.writes().iter().map(Call::line).collect::<Vec<_>>(),
+        [format!("PATCH {ADDRESS}")],
+        "nothing is written after the refused bind"
+    );
+    // The pass reserved the address for the claim while it wrote; refused, it lets go, so
+    // another claim's pass may take it.
+    assert!(
+        !ctx.index.reserved_by_other("ipv4-192-0-2-1", "t/other"),
+        "the refused bind left the address reserved"
+    );
+    // The retry (the cache unchanged: the conflict came from a write it has not seen yet)
+    // binds again, guarded as before.
+    reconcile(ctx, "t/c".into()).await.unwrap();
+    let lines: Vec<String> = api.writes().iter().map(Call::line).collect();
+    assert_eq!(
+        lines,
+        [
+            format!("PATCH {ADDRESS}"),
+            format!("PATCH {ADDRESS}"),
+            format!("PATCH {CLAIM_STATUS}")
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_status_answered_422_is_not_retried_and_the_bind_stands() {
+    let (api, ctx) = core(answers(Some((CLAIM_STATUS, Answer::invalid()))));
+    let err = reconcile(ctx.clone(), "t/c".into()).await.unwrap_err();
+    assert!(matches!(err, Error::Invalid { .. }), "{err}");
+    // Retrying the same write cannot help; the next change of the claim passes it again.
+    assert_eq!(err.retry(), Retry::Never);
+    assert!(err.refused());
+    assert_eq!(
+        api.writes().iter().map(Call::line).collect::<Vec<_>>(),
+        [format!("PATCH {ADDRESS}"), format!("PATCH {CLAIM_STATUS}")]
+    );
+}
