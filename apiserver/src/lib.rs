@@ -32,12 +32,11 @@ use std::sync::Arc;
 
 use address_controller_runtime::supervise::{Shutdown, Tasks};
 use address_controller_runtime::world::World;
-use anyhow::Context as _;
 use axum::Router;
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::any;
 use serving::front as door;
-use serving::{secure, tls};
+use serving::secure;
 use tower::ServiceExt;
 
 pub use crate::group::{API_VERSION, GROUP, VERSION};
@@ -108,18 +107,12 @@ pub fn spawn(
         metrics: metrics::ApiMetrics::new(registry)?,
         openapi: openapi::Served::new(views.openapi_v2),
     });
-    let serve = tls::serve(
-        views.address,
-        serving.config.clone(),
-        router(state, serving.access()),
-        shutdown.wait(),
-        true,
-        "views",
-        serving.limits,
-    );
-    tasks.spawn("aggregated API server", async move {
-        serve.await.context("aggregated API server")
-    });
+    let server = secure::Server {
+        name: "views",
+        task: "aggregated API server",
+    };
+    let app = router(state, serving.access());
+    serving.spawn_server(server, views.address, app, true, shutdown, tasks);
     Ok(())
 }
 

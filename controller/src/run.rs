@@ -116,13 +116,20 @@ fn class_changed(c: &Context, ch: &Change<IPAddressClass>) {
     c.queues.claims.add_all(c.index.claims_for_class(&name));
     c.queues.claims.add_all(c.quota.refused_of_class(&name));
     c.queues.addresses.add_all(c.index.released_in(&name));
+    // A class appearing or changing may settle Services waiting for it.
+    wake_auto_claims(c, None);
+}
+
+/// Queues the Services (of `namespace`, or all) that may want an auto-claim, when the
+/// core makes them.
+fn wake_auto_claims(c: &Context, namespace: Option<&str>) {
     if let Some(services) = c.world.services.as_ref().filter(|_| c.auto_claims) {
-        // A class appearing or changing may settle Services waiting for it.
         c.queues.services.add_all(
             services
                 .store
                 .all()
                 .iter()
+                .filter(|s| namespace.is_none_or(|ns| s.namespace().as_deref() == Some(ns)))
                 .filter(|s| may_want_auto_claim(s))
                 .map(|s| key_of(s.as_ref())),
         );
@@ -145,18 +152,8 @@ fn namespace_changed(c: &Context, ch: &Change<Namespace>) {
         return;
     };
     c.queues.claims.add_all(c.quota.pending_in(&ns));
-    if let Some(services) = c.world.services.as_ref().filter(|_| c.auto_claims) {
-        // Services refused an auto-claim there may be admitted now.
-        c.queues.services.add_all(
-            services
-                .store
-                .all()
-                .iter()
-                .filter(|s| s.namespace().as_deref() == Some(ns.as_str()))
-                .filter(|s| may_want_auto_claim(s))
-                .map(|s| key_of(s.as_ref())),
-        );
-    }
+    // Services refused an auto-claim there may be admitted now.
+    wake_auto_claims(c, Some(&ns));
 }
 
 /// A driver's Lease changed.

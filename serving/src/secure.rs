@@ -146,20 +146,48 @@ impl SecureServing {
             .with_context(|| format!("metrics address {addr:?}"))?;
         let app = metrics_router(self.access(), render);
         // Nothing to drain: a scrape that fails is retried at the next interval.
+        self.spawn_server(Server::METRICS, addr, app, false, shutdown, tasks);
+        Ok(())
+    }
+
+    /// Serves `app` over TLS on `addr` with this process's certificate and limits, as the
+    /// supervised task `server.task`; with `drain`, requests in flight finish at shutdown.
+    pub fn spawn_server(
+        &self,
+        server: Server,
+        addr: SocketAddr,
+        app: Router,
+        drain: bool,
+        shutdown: &Shutdown,
+        tasks: &mut Tasks,
+    ) {
         let serve = tls::serve(
             addr,
             self.config.clone(),
             app,
             shutdown.wait(),
-            false,
-            "metrics",
+            drain,
+            server.name,
             self.limits,
         );
-        tasks.spawn("metrics server", async move {
-            serve.await.context("metrics server")
-        });
-        Ok(())
+        let task = server.task;
+        tasks.spawn(task, async move { serve.await.context(task) });
     }
+}
+
+/// The names of one of a process's TLS servers: in its logs and metrics, and its task's.
+#[derive(Debug, Clone, Copy)]
+pub struct Server {
+    pub name: &'static str,
+    pub task: &'static str,
+}
+
+impl Server {
+    /// The secure `/metrics` endpoint.
+    pub const METRICS: Server = Server {
+        name: "metrics",
+        task: "metrics server",
+    };
 }
 
 /// Keeps the delegated-auth caches within their bounds (evictions and expirations are

@@ -9,7 +9,10 @@ use address_controller_runtime::health::{Bounds, Health};
 use address_controller_runtime::leader::Leadership;
 use serde_json::json;
 
-struct Null;
+/// The tests' driver: allocates nothing; with a counter, it has a teardown finalizer, one
+/// IPv4 address of capacity, and counts its releases.
+#[derive(Default)]
+struct Null(Option<Arc<std::sync::atomic::AtomicUsize>>);
 impl Driver for Null {
     type Params = ();
     fn provisioner(&self) -> &str {
@@ -19,10 +22,20 @@ impl Driver for Null {
         classes.iter().map(|_| Ok(())).collect()
     }
     fn capacity(&self, _: &()) -> crate::Capacity {
-        crate::Capacity::default()
+        let ipv4 = i64::from(self.0.is_some());
+        crate::Capacity { ipv4, ipv6: 0 }
     }
     async fn allocate(&self, _: Request<'_, ()>) -> Result<Allocation, AllocateError> {
         Err(AllocateError::Exhausted)
+    }
+    fn finalizer(&self) -> Option<&'static str> {
+        self.0.as_ref().map(|_| "p.example/teardown")
+    }
+    async fn release(&self, _: &Client, _: &IPAddress) -> Result<(), String> {
+        if let Some(n) = &self.0 {
+            n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(())
     }
 }
 
@@ -35,7 +48,7 @@ fn offline() -> Client {
 }
 
 fn ctx() -> Ctx<Null> {
-    ctx_with(Null, &[])
+    ctx_with(Null::default(), &[])
 }
 
 /// A context for `driver`, with the classes `ours` (its), `theirs` and `more` (its too).
@@ -336,31 +349,6 @@ async fn an_address_a_service_already_shows_is_never_allocated() {
     }
 }
 
-/// A driver with a teardown finalizer that counts its releases.
-struct Keeper(Arc<std::sync::atomic::AtomicUsize>);
-impl Driver for Keeper {
-    type Params = ();
-    fn provisioner(&self) -> &str {
-        "p.example"
-    }
-    fn parameters(&self, classes: &[Arc<IPAddressClass>]) -> Vec<Result<(), String>> {
-        classes.iter().map(|_| Ok(())).collect()
-    }
-    fn capacity(&self, _: &()) -> crate::Capacity {
-        crate::Capacity { ipv4: 1, ipv6: 0 }
-    }
-    async fn allocate(&self, _: Request<'_, ()>) -> Result<Allocation, AllocateError> {
-        Err(AllocateError::Exhausted)
-    }
-    fn finalizer(&self) -> Option<&'static str> {
-        Some("p.example/teardown")
-    }
-    async fn release(&self, _: &Client, _: &IPAddress) -> Result<(), String> {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Ok(())
-    }
-}
-
 const KEPT: &str = "/apis/local.sdn.cozystack.io/v1alpha1/ipaddresses/ipv4-192-0-2-9";
 
 fn kept(deleting: bool) -> IPAddress {
@@ -392,7 +380,7 @@ async fn a_teardown_releases_then_removes_only_its_finalizer_guarded_and_retries
         Answer::Status(404, "NotFound")
     });
     let released = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let ctx = Arc::new(ctx_on(Keeper(released.clone()), &[], false, client));
+    let ctx = Arc::new(ctx_on(Null(Some(released.clone())), &[], false, client));
     let a = kept(true);
     ctx.world.addresses.apply(key_of(&a), Some(Arc::new(a)));
     let err = super::address_pass(ctx.clone(), "ipv4-192-0-2-9".into())
@@ -431,7 +419,7 @@ async fn a_class_status_is_written_guarded_and_not_again_once_it_shows() {
         }
         Answer::Status(404, "NotFound")
     });
-    let ctx = Arc::new(ctx_on(Keeper(Arc::default()), &[], false, client));
+    let ctx = Arc::new(ctx_on(Null(Some(Arc::default())), &[], false, client));
     let class: IPAddressClass = serde_json::from_value(json!({"metadata": {"name": "ours",
         "resourceVersion": "3", "generation": 2}, "spec": {"provisioner": "p.example"}}))
     .unwrap();
