@@ -305,43 +305,48 @@ impl Suite<'_> {
         .await
     }
 
-    /// Waits until every named address lists exactly the Services `holders` (`ns/name`).
-    async fn holders(&self, addresses: &[String], holders: &[String]) -> Result<()> {
+    /// Waits until `check` passes on each named address; `check` says what it saw when it
+    /// does not. The one poll behind the suite's waits on addresses.
+    async fn addresses_until(
+        &self,
+        addresses: &[String],
+        what: &str,
+        check: impl Fn(&IPAddress) -> std::result::Result<(), String>,
+    ) -> Result<()> {
         let api = self.addresses();
-        let mut want = holders.to_vec();
-        want.sort();
         for a in addresses {
-            until(
-                &format!("{a} held by {want:?}"),
-                self.opts.timeout,
-                || async {
-                    let now = api.get(a).await?;
-                    let mut got = now.holder_services();
-                    got.sort();
-                    if got == want {
-                        Ok(Some(()))
-                    } else {
-                        Err(anyhow!("held by {got:?}"))
-                    }
-                },
-            )
+            until(&format!("{a} {what}"), self.opts.timeout, || async {
+                check(&api.get(a).await?)
+                    .map(Some)
+                    .map_err(|saw| anyhow!(saw))
+            })
             .await?;
         }
         Ok(())
     }
 
+    /// Waits until every named address lists exactly the Services `holders` (`ns/name`).
+    async fn holders(&self, addresses: &[String], holders: &[String]) -> Result<()> {
+        let want = sorted(holders.to_vec());
+        self.addresses_until(addresses, &format!("held by {want:?}"), |a| {
+            let got = sorted(a.holder_services());
+            (got == want)
+                .then_some(())
+                .ok_or(format!("held by {got:?}"))
+        })
+        .await
+    }
+
     /// Waits until Service `ns/name` shows exactly `want` (in any order).
     async fn shows(&self, ns: &str, name: &str, want: &[String]) -> Result<Service> {
         let api = self.services_in(ns);
-        let mut want = want.to_vec();
-        want.sort();
+        let want = sorted(want.to_vec());
         until(
             &format!("Service {name} to show {want:?}"),
             self.opts.timeout,
             || async {
                 let svc = api.get(name).await?;
-                let mut got = ingress_of(&svc);
-                got.sort();
+                let got = sorted(ingress_of(&svc));
                 if got == want {
                     Ok(Some(svc))
                 } else {
@@ -354,36 +359,24 @@ impl Suite<'_> {
 
     /// Waits until each named address is associated to Service `ns/name` (or to none).
     async fn associated(&self, addresses: &[String], to: Option<(&str, &str)>) -> Result<()> {
-        let api = self.addresses();
-        for a in addresses {
-            until(
-                &format!("{a} associatedTo {to:?}"),
-                self.opts.timeout,
-                || async {
-                    let now = api.get(a).await?;
-                    let at = now.status.as_ref().and_then(|s| s.associated_to.as_ref());
-                    let got = at.map(|t| (t.namespace.clone().unwrap_or_default(), t.name.clone()));
-                    let want = to.map(|(n, s)| (n.to_string(), s.to_string()));
-                    if got == want {
-                        Ok(Some(()))
-                    } else {
-                        Err(anyhow!("associatedTo {got:?}"))
-                    }
-                },
-            )
-            .await?;
-        }
-        Ok(())
+        let want = to.map(|(n, s)| (n.to_string(), s.to_string()));
+        self.addresses_until(addresses, &format!("associatedTo {to:?}"), |a| {
+            let at = a.status.as_ref().and_then(|s| s.associated_to.as_ref());
+            let got = at.map(|t| (t.namespace.clone().unwrap_or_default(), t.name.clone()));
+            (got == want)
+                .then_some(())
+                .ok_or(format!("associatedTo {got:?}"))
+        })
+        .await
     }
 
     /// Waits until address `name` is in phase `want`.
     async fn phase_is(&self, name: &str, want: address_controller_api::AddressPhase) -> Result<()> {
-        let api = self.addresses();
-        until(
-            &format!("{name} {}", want.as_str()),
-            self.opts.timeout,
-            || async { Ok((api.get(name).await?.phase() == Some(want)).then_some(())) },
-        )
+        self.addresses_until(&[name.to_string()], want.as_str(), |a| {
+            (a.phase() == Some(want))
+                .then_some(())
+                .ok_or(format!("phase {:?}", a.phase()))
+        })
         .await
     }
 
@@ -1086,6 +1079,12 @@ async fn race(s: &mut Suite<'_>) -> Result<Option<String>> {
 }
 
 /// The addresses in a Service's `status.loadBalancer.ingress`.
+/// `v`, sorted: the waits compare sets.
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
 fn ingress_of(s: &Service) -> Vec<String> {
     address_controller_api::service::ingress_ips(s)
         .map(str::to_string)
