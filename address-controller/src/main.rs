@@ -148,64 +148,41 @@ struct ApiServerArgs {
     serving: SecureServingArgs,
 }
 
+/// Runs a one-shot command on a current-thread runtime: it exits 0 when the command
+/// answers yes, 1 when it answers no, and on an error prints it as
+/// `address-controller NAME: …` and exits with `code_of` it.
+fn one_shot(
+    name: &str,
+    command: impl Future<Output = anyhow::Result<bool>>,
+    code_of: fn(&anyhow::Error) -> i32,
+) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    match runtime.block_on(command) {
+        Ok(true) => Ok(()),
+        Ok(false) => std::process::exit(1),
+        Err(e) => {
+            eprintln!("address-controller {name}: {e:#}");
+            std::process::exit(code_of(&e))
+        }
+    }
+}
+
+/// A command that answers nothing but success: yes when it succeeds.
+async fn yes(command: impl Future<Output = anyhow::Result<()>>) -> anyhow::Result<bool> {
+    command.await.map(|()| true)
+}
+
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Check(args) => {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            if runtime.block_on(check::run(&args))? {
-                Ok(())
-            } else {
-                std::process::exit(1)
-            }
-        }
-        Command::Adopt(args) => {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            match runtime.block_on(adopt::run(&args)) {
-                Ok(true) => Ok(()),
-                Ok(false) => std::process::exit(1),
-                Err(e) => {
-                    eprintln!("address-controller adopt: {e:#}");
-                    std::process::exit(1)
-                }
-            }
-        }
-        Command::Holders(args) => {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            match runtime.block_on(history::holders(&args)) {
-                Ok(true) => Ok(()),
-                Ok(false) => std::process::exit(1),
-                Err(e) => {
-                    eprintln!("address-controller holders: {e:#}");
-                    std::process::exit(1)
-                }
-            }
-        }
-        Command::Usage(args) => {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            if let Err(e) = runtime.block_on(history::usage(&args)) {
-                eprintln!("address-controller usage: {e:#}");
-                std::process::exit(1)
-            }
-            Ok(())
-        }
-        Command::Teardown(args) => {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            if let Err(e) = runtime.block_on(teardown::run(&args)) {
-                eprintln!("address-controller teardown: {e:#}");
-                std::process::exit(if e.is::<teardown::Refusal>() { 2 } else { 1 });
-            }
-            Ok(())
-        }
+        Command::Check(args) => one_shot("check", check::run(&args), |_| 1),
+        Command::Adopt(args) => one_shot("adopt", adopt::run(&args), |_| 1),
+        Command::Holders(args) => one_shot("holders", history::holders(&args), |_| 1),
+        Command::Usage(args) => one_shot("usage", yes(history::usage(&args)), |_| 1),
+        Command::Teardown(args) => one_shot("teardown", yes(teardown::run(&args)), |e| {
+            if e.is::<teardown::Refusal>() { 2 } else { 1 }
+        }),
         Command::Completion { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             let mut script = Vec::new();
