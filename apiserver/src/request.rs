@@ -1,6 +1,7 @@
 //! The list options of `metav1.ListOptions`, parsed from a request's [`Query`] and validated
 //! as kube-apiserver does (conversion errors 400 BadRequest, validation errors 422 Invalid).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -81,6 +82,23 @@ impl ContinueToken {
     }
 }
 
+/// A field label a view computes at request time from an object's stored fields
+/// (kube-apiserver's field selectors compare stored values only; `heldAt=T` asks whether a
+/// holding covers T). Its value is parsed once per request, then judged per object.
+pub struct ComputedField {
+    pub label: &'static str,
+    /// The selector's value, parsed (`Err`: the 400's message).
+    pub parse: fn(&str) -> Result<i64, String>,
+    /// Whether an object's stored fields hold for the parsed value.
+    pub holds: fn(&BTreeMap<&'static str, String>, i64) -> bool,
+}
+
+impl std::fmt::Debug for ComputedField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label)
+    }
+}
+
 /// `metav1.ListOptions`, validated.
 #[derive(Debug, Clone, Default)]
 pub struct ListOptions {
@@ -96,10 +114,49 @@ pub struct ListOptions {
     /// `None` or ≤ 0: everything.
     pub limit: Option<i64>,
     pub continue_from: Option<ContinueToken>,
+    /// The field selector's terms on computed fields, their values parsed
+    /// ([`ListOptions::resolve_fields`]).
+    pub computed: Vec<(&'static ComputedField, i64)>,
 }
 
 fn invalid(field: &str, reason: &str, message: String) -> ApiError {
     ApiError::invalid_list_options(field, reason, message)
+}
+
+impl ListOptions {
+    /// Checks the field selector against a view's labels — `stored`, and `computed` whose
+    /// values are parsed here, once for the request — as kube-apiserver refuses an unknown
+    /// label: 400 BadRequest, as for a computed value that does not parse.
+    pub fn resolve_fields(
+        &mut self,
+        stored: &[&str],
+        computed: &'static [ComputedField],
+    ) -> Result<(), ApiError> {
+        self.fields
+            .check(stored)
+            .map_err(|e| ApiError::bad_request(e.0))?;
+        self.computed.clear();
+        for (label, _, value) in &self.fields.0 {
+            if let Some(c) = computed.iter().find(|c| c.label == label) {
+                let parsed = (c.parse)(value).map_err(ApiError::bad_request)?;
+                self.computed.push((c, parsed));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether stored `fields` hold for the computed term `label=value`; `None` when
+    /// `label` is not a computed one.
+    pub fn computed_holds(
+        &self,
+        label: &str,
+        fields: &BTreeMap<&'static str, String>,
+    ) -> Option<bool> {
+        self.computed
+            .iter()
+            .find(|(c, _)| c.label == label)
+            .map(|(c, v)| (c.holds)(fields, *v))
+    }
 }
 
 impl ListOptions {

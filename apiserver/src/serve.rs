@@ -146,23 +146,9 @@ async fn list_or_watch(
     } = target;
     let info = state.store.views[view].info();
     read_only(method, verb_of(method, false, false), info.plural)?;
-    let opts = ListOptions::parse(query).map_err(IntoResponse::into_response)?;
-    opts.fields
-        .check(info.field_labels)
-        .map_err(|e| ApiError::bad_request(e.0).into_response())?;
-    if let Some((_, _, v)) = opts
-        .fields
-        .0
-        .iter()
-        .find(|(k, _, _)| k == crate::resources::holders::HELD_AT)
-        && v.parse::<k8s_openapi::jiff::Timestamp>().is_err()
-    {
-        return Err(ApiError::bad_request(format!(
-            "invalid {} {v:?}: an RFC 3339 time is expected, e.g. 2026-03-03T14:02:00Z",
-            crate::resources::holders::HELD_AT
-        ))
-        .into_response());
-    }
+    let mut opts = ListOptions::parse(query).map_err(IntoResponse::into_response)?;
+    opts.resolve_fields(info.field_labels, info.computed_fields)
+        .map_err(IntoResponse::into_response)?;
     let format = negotiate(accept(headers)).map_err(IntoResponse::into_response)?;
     ready(state)?;
     let include = IncludeObject::parse(query.get("includeObject"));

@@ -70,10 +70,9 @@ impl Entry {
             && opts.fields.matches_terms(|f, value| match f {
                 "metadata.name" => self.name == value,
                 "metadata.namespace" => self.namespace.as_deref() == Some(value),
-                crate::resources::holders::HELD_AT => {
-                    crate::resources::holders::held_at(&self.fields, value)
-                }
-                _ => self.fields.get(f).is_some_and(|v| v == value),
+                _ => opts
+                    .computed_holds(f, &self.fields)
+                    .unwrap_or_else(|| self.fields.get(f).is_some_and(|v| v == value)),
             })
     }
 }

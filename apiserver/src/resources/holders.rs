@@ -24,6 +24,7 @@ use serde_json::json;
 
 use super::{Column, Computed, ResourceInfo, View, meta};
 use crate::group::API_VERSION;
+use crate::request::ComputedField;
 
 /// The field selector that answers "who held it at this instant": an RFC 3339 time,
 /// matching the holdings that cover it (from inclusive, until exclusive).
@@ -127,6 +128,11 @@ pub static INFO: ResourceInfo = ResourceInfo {
         "state",
         HELD_AT,
     ],
+    computed_fields: &[ComputedField {
+        label: HELD_AT,
+        parse: parse_instant,
+        holds: held_at,
+    }],
     columns: COLUMNS,
 };
 
@@ -235,13 +241,19 @@ fn computed(v: AddressHolding) -> Computed {
     }
 }
 
-/// Whether stored `fields` (a holding's) cover the instant `value` (RFC 3339); false for a
-/// value that is not one (refused with 400 before any object is judged).
-pub fn held_at(fields: &BTreeMap<&'static str, String>, value: &str) -> bool {
-    let Ok(t) = value.parse::<Timestamp>() else {
-        return false;
-    };
-    let t = t.as_second();
+/// A `heldAt` value: an RFC 3339 time, as Unix seconds.
+fn parse_instant(value: &str) -> Result<i64, String> {
+    value
+        .parse::<Timestamp>()
+        .map(|t| t.as_second())
+        .map_err(|_| {
+            format!("invalid {HELD_AT} {value:?}: an RFC 3339 time is expected, e.g. 2026-03-03T14:02:00Z")
+        })
+}
+
+/// Whether stored `fields` (a holding's) cover the instant `t` (Unix seconds): from
+/// inclusive, until exclusive.
+fn held_at(fields: &BTreeMap<&'static str, String>, t: i64) -> bool {
     let from = fields
         .get(HELD_FROM_FIELD)
         .and_then(|s| s.parse::<i64>().ok());
@@ -352,18 +364,21 @@ mod tests {
                 .unwrap()
                 .contains("secret-name")
         );
-        assert!(held_at(&c.fields, "2026-01-01T02:00:00Z"));
-        assert!(
-            held_at(&c.fields, "2030-01-01T00:00:00Z"),
-            "open: held since"
-        );
-        assert!(!held_at(&c.fields, "2026-01-01T01:59:59Z"));
+        let at =
+            |f: &BTreeMap<&'static str, String>, t: &str| held_at(f, parse_instant(t).unwrap());
+        assert!(at(&c.fields, "2026-01-01T02:00:00Z"));
+        assert!(at(&c.fields, "2030-01-01T00:00:00Z"), "open: held since");
+        assert!(!at(&c.fields, "2026-01-01T01:59:59Z"));
         let first = computed(holding(&a, &list[0], dropped));
-        assert!(held_at(&first.fields, "2026-01-01T00:59:59Z"));
+        assert!(at(&first.fields, "2026-01-01T00:59:59Z"));
         assert!(
-            !held_at(&first.fields, "2026-01-01T01:00:00Z"),
+            !at(&first.fields, "2026-01-01T01:00:00Z"),
             "until is exclusive"
         );
-        assert!(!held_at(&first.fields, "not a time"));
+        assert!(
+            parse_instant("not a time")
+                .unwrap_err()
+                .contains("RFC 3339")
+        );
     }
 }

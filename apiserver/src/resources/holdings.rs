@@ -255,6 +255,7 @@ pub static INFO: ResourceInfo = ResourceInfo {
         verbs: &["get"],
     }],
     field_labels: &["metadata.name", "metadata.namespace"],
+    computed_fields: &[],
     columns: COLUMNS,
 };
 

@@ -17,6 +17,8 @@ use k8s_openapi::api::core::v1::Namespace;
 use serde_json::{Value, json};
 
 use serving::request::Query;
+
+use crate::request::ComputedField;
 use serving::status::ApiError;
 
 /// A subresource of a resource.
@@ -69,6 +71,8 @@ pub struct ResourceInfo {
     /// Field selectors it supports (kube-apiserver: `metadata.name`, and `metadata.namespace`
     /// for namespaced kinds).
     pub field_labels: &'static [&'static str],
+    /// Those of its field labels the server computes at request time.
+    pub computed_fields: &'static [ComputedField],
     pub columns: &'static [Column],
 }
 

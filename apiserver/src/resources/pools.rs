@@ -137,6 +137,7 @@ pub static INFO: ResourceInfo = ResourceInfo {
     verbs: &["get", "list", "watch"],
     subresources: &[],
     field_labels: &["metadata.name"],
+    computed_fields: &[],
     columns: COLUMNS,
 };
 
