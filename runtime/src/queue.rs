@@ -379,6 +379,11 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         self.notify.notify_waiters();
     }
 
+    /// Whether [`Queue::shut_down`] was called.
+    pub fn is_shut_down(&self) -> bool {
+        self.lock().shut_down
+    }
+
     /// Keys ready, delayed and running (for metrics).
     pub fn depth(&self) -> (usize, usize, usize) {
         let s = self.lock();

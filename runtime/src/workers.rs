@@ -84,10 +84,14 @@ impl Gate {
         false
     }
 
-    /// Resolves once the process may act; true when it had to wait.
-    pub async fn ready(&self) -> bool {
+    /// Resolves once the process may act (`Some(true)` when it had to wait), or with `None`
+    /// once `closed` says the work is over while it may not.
+    pub async fn ready(&self, closed: impl Fn() -> bool) -> Option<bool> {
         let mut waited = false;
         while !self.may_act() {
+            if closed() {
+                return None;
+            }
             waited = true;
             tokio::select! {
                 () = self.leadership.changed() => {}
@@ -95,7 +99,7 @@ impl Gate {
                 () = tokio::time::sleep(Duration::from_millis(250)) => {}
             }
         }
-        waited
+        Some(waited)
     }
 }
 
@@ -127,7 +131,12 @@ pub async fn run<K, F, Fut, E>(
         );
         set.spawn(async move {
             loop {
-                if gate.ready().await {
+                let Some(waited) = gate.ready(|| queue.is_shut_down()).await else {
+                    // A follower's workers end with the queue too (shutdown), not only
+                    // the leader's: the supervisor waits for them.
+                    return;
+                };
+                if waited {
                     // Keys piled up while this process could not act (a follower's queue):
                     // the stall clock starts now, not when they arrived.
                     queue.touch();
@@ -419,5 +428,29 @@ mod tests {
 
     fn leadership_set(l: &Leadership, v: bool) {
         l.set(v);
+    }
+
+    /// A follower's workers wait for leadership; at shutdown they end with their queue, as
+    /// the leader's do — before, they waited on leadership for good, and the supervisor
+    /// gave them its whole grace.
+    #[tokio::test(start_paused = true)]
+    async fn a_followers_workers_end_when_their_queue_shuts_down() {
+        let gate = Gate::new(Leadership::follower(), Health::new(Bounds::default()));
+        let queue = Arc::new(Queue::<String>::new(Default::default()));
+        let workers = tokio::spawn(run(
+            "test",
+            queue.clone(),
+            2,
+            gate,
+            |_k: String| async { Ok::<_, E>(Outcome::Done) },
+            Arc::new(|_, _, _| {}),
+        ));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!workers.is_finished(), "a follower's workers wait");
+        queue.shut_down();
+        tokio::time::timeout(Duration::from_secs(1), workers)
+            .await
+            .expect("the follower's workers ended within a second of the shutdown")
+            .unwrap();
     }
 }
