@@ -22,7 +22,7 @@ use address_controller_api::entitlement::namespace_entitlement_changed;
 use address_controller_api::service::may_want_auto_claim;
 use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota};
 use address_controller_runtime::cache::{Change, key_of};
-use address_controller_runtime::controllers::Controllers;
+use address_controller_runtime::controllers::{Controllers, bound};
 use address_controller_runtime::workers::Observe;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Service};
@@ -212,26 +212,26 @@ pub fn controllers(ctx: &Arc<Context>, settings: &Settings) -> Controllers {
     };
     let n = usize::from(settings.concurrency);
     let q = &ctx.queues;
-    let c = ctx.clone();
     let mut controllers = Controllers::new(ctx.gate.clone(), observe)
-        .pool("claim", q.claims.clone(), n, move |k| {
-            reconcile::claim::reconcile(c.clone(), k)
-        })
-        .pool("address", q.addresses.clone(), n, {
-            let c = ctx.clone();
-            move |k| reconcile::address::reconcile(c.clone(), k)
-        });
+        .pool(
+            "claim",
+            q.claims.clone(),
+            n,
+            bound(ctx, reconcile::claim::reconcile),
+        )
+        .pool(
+            "address",
+            q.addresses.clone(),
+            n,
+            bound(ctx, reconcile::address::reconcile),
+        );
     if ctx.world.driver_leases.is_some() {
-        let c = ctx.clone();
-        controllers = controllers.pool("class", q.classes.clone(), 1, move |k| {
-            reconcile::class::reconcile(c.clone(), k)
-        });
+        let pass = bound(ctx, reconcile::class::reconcile);
+        controllers = controllers.pool("class", q.classes.clone(), 1, pass);
     }
     if ctx.auto_claims && ctx.world.services.is_some() {
-        let c = ctx.clone();
-        controllers = controllers.pool("service", q.services.clone(), n, move |k| {
-            reconcile::service::reconcile(c.clone(), k)
-        });
+        let pass = bound(ctx, reconcile::service::reconcile);
+        controllers = controllers.pool("service", q.services.clone(), n, pass);
     }
     let c = ctx.clone();
     controllers.on_lead(move || queue_everything(c.clone()))

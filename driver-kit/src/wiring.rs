@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass};
 use address_controller_runtime::cache::{Change, key_of};
-use address_controller_runtime::controllers::Controllers;
+use address_controller_runtime::controllers::{Controllers, bound};
 use address_controller_runtime::workers::Observe;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
@@ -24,22 +24,25 @@ pub(crate) fn controllers<D: Driver>(
     let q = &ctx.queues;
     let c = ctx.clone();
     Controllers::new(ctx.gate.clone(), observe)
-        .pool("claim", q.claims.clone(), n, {
-            let c = ctx.clone();
-            move |k| runner::claim_pass(c.clone(), k)
-        })
-        .pool("class", q.classes.clone(), 1, {
-            let c = ctx.clone();
-            move |k| runner::class_pass(c.clone(), k)
-        })
-        .pool("address", q.addresses.clone(), n, {
-            let c = ctx.clone();
-            move |k| runner::address_pass(c.clone(), k)
-        })
-        .pool("service", q.services.clone(), n, {
-            let c = ctx.clone();
-            move |k| runner::association::service_pass(c.clone(), k)
-        })
+        .pool("claim", q.claims.clone(), n, bound(ctx, runner::claim_pass))
+        .pool(
+            "class",
+            q.classes.clone(),
+            1,
+            bound(ctx, runner::class_pass),
+        )
+        .pool(
+            "address",
+            q.addresses.clone(),
+            n,
+            bound(ctx, runner::address_pass),
+        )
+        .pool(
+            "service",
+            q.services.clone(),
+            n,
+            bound(ctx, runner::association::service_pass),
+        )
         .on_lead(move || {
             let c = c.clone();
             async move { queue_everything(&c).await }

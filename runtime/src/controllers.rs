@@ -6,7 +6,7 @@
 //!
 //! ```ignore
 //! Controllers::new(gate, observe)
-//!     .pool("claim", queues.claims.clone(), 4, move |k| claim_pass(ctx.clone(), k))
+//!     .pool("claim", queues.claims.clone(), 4, bound(&ctx, claim_pass))
 //!     .on_lead(move || queue_everything(ctx.clone()))
 //!     .spawn(&mut tasks, &shutdown);
 //! ```
@@ -22,6 +22,20 @@ use futures::future::BoxFuture;
 use crate::queue::Queue;
 use crate::supervise::{Shutdown, Tasks};
 use crate::workers::{self, Gate, Observe, Outcome, PassError};
+
+/// `pass` bound to `ctx`: what a pool runs for each key.
+pub fn bound<C, K, Fut>(
+    ctx: &Arc<C>,
+    pass: fn(Arc<C>, K) -> Fut,
+) -> impl Fn(K) -> Fut + Send + Sync + 'static
+where
+    C: Send + Sync + 'static,
+    K: 'static,
+    Fut: 'static,
+{
+    let ctx = ctx.clone();
+    move |k| pass(ctx.clone(), k)
+}
 
 /// One pool: its workers, how its queue is closed and how its health is watched.
 struct Pool {
