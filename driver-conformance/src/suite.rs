@@ -175,20 +175,47 @@ impl Suite<'_> {
             .await?)
     }
 
-    async fn bound(&self, name: &str) -> Result<IPAddressClaim> {
+    /// Waits until claim `name` passes `check`; returns it as it then was.
+    async fn claim_until(
+        &self,
+        name: &str,
+        what: &str,
+        check: impl Fn(&IPAddressClaim) -> bool,
+    ) -> Result<IPAddressClaim> {
         let api = self.claims();
         until(
-            &format!("claim {name} Bound"),
+            &format!("claim {name} {what}"),
             self.opts.timeout,
             || async {
                 let c = api.get(name).await?;
-                Ok(
-                    (c.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Bound))
-                        .then_some(c),
-                )
+                Ok(check(&c).then_some(c))
             },
         )
         .await
+    }
+
+    /// Waits until claim `name` is in `phase`.
+    async fn claim_phase(&self, name: &str, phase: ClaimPhase) -> Result<IPAddressClaim> {
+        self.claim_until(name, phase.as_str(), |c| {
+            c.status.as_ref().and_then(|s| s.phase) == Some(phase)
+        })
+        .await
+    }
+
+    /// Waits until one of claim `name`'s conditions has `reason` (what the core says it
+    /// waits for).
+    async fn claim_reason(&self, name: &str, reason: &str) -> Result<IPAddressClaim> {
+        self.claim_until(name, &format!("saying {reason}"), |c| {
+            c.status
+                .iter()
+                .flat_map(|st| &st.conditions)
+                .any(|c| c.reason == reason)
+        })
+        .await
+    }
+
+    async fn bound(&self, name: &str) -> Result<IPAddressClaim> {
+        self.claim_phase(name, ClaimPhase::Bound).await
     }
 
     /// Addresses whose claimRef names `claim`.
@@ -378,6 +405,41 @@ impl Suite<'_> {
                 .ok_or(format!("phase {:?}", a.phase()))
         })
         .await
+    }
+
+    /// Sets the suite's class's parameters.
+    async fn set_parameters(&self, params: serde_json::Value) -> Result<()> {
+        let body = json!({"spec": {"parameters": params}});
+        self.classes()
+            .patch(
+                &self.class.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(body),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Sets an address's phase, as a driver reports its backend's state.
+    async fn set_phase(&self, address: &str, phase: &str) -> Result<()> {
+        let body = json!({"status": {"phase": phase}});
+        self.addresses()
+            .patch_status(address, &PatchParams::default(), &Patch::Merge(body))
+            .await?;
+        Ok(())
+    }
+
+    /// A Bound claim `claim` and the Service `service` of the suite's namespace naming it,
+    /// once it shows the claim's addresses: (the address names, the IPs, the Service).
+    async fn claim_on_service(
+        &self,
+        claim: &str,
+        service: &str,
+    ) -> Result<(Vec<String>, Vec<String>, Service)> {
+        let (names, ips) = self.bound_claim(claim).await?;
+        self.service(&self.ns, service, Some(claim)).await?;
+        let shown = self.shows(&self.ns, service, &ips).await?;
+        Ok((names, ips, shown))
     }
 
     /// A Bound claim of every family the class serves: (its address names, its IPs).
@@ -697,20 +759,7 @@ async fn pinned(s: &mut Suite<'_>) -> Result<Option<String>> {
     )
     .await?;
     // The core says it waits for that address; the driver must not provision meanwhile.
-    let api = s.claims();
-    until(
-        "the pinned claim waiting for its address",
-        s.opts.timeout,
-        || async {
-            let c = api.get(&name).await?;
-            Ok(c.status
-                .iter()
-                .flat_map(|st| &st.conditions)
-                .any(|c| c.reason == "WaitingForAddress")
-                .then_some(()))
-        },
-    )
-    .await?;
+    s.claim_reason(&name, "WaitingForAddress").await?;
     s.driver_barrier("pinned").await?;
     let made = s.naming(&name).await?;
     if !made.is_empty() {
@@ -738,13 +787,7 @@ async fn lost(s: &mut Suite<'_>) -> Result<Option<String>> {
     match &s.opts.lose_parameters {
         // The backend loses the address (a shrunk range): the driver must say so.
         Some(params) => {
-            s.classes()
-                .patch(
-                    &s.class.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"parameters": params}})),
-                )
-                .await?;
+            s.set_parameters(params.clone()).await?;
             s.phase_is(&a.name_any(), address_controller_api::AddressPhase::Lost)
                 .await?;
             s.event_in("default", &a.name_any(), driver::ADDRESS_LOST)
@@ -752,23 +795,10 @@ async fn lost(s: &mut Suite<'_>) -> Result<Option<String>> {
         }
         // A driver reports Lost when the backend lost the address; here the suite does.
         None => {
-            s.addresses()
-                .patch_status(
-                    &a.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"status": {"phase": "Lost"}})),
-                )
-                .await?;
+            s.set_phase(&a.name_any(), "Lost").await?;
         }
     }
-    let api = s.claims();
-    until("the claim Lost", s.opts.timeout, || async {
-        Ok(
-            (api.get(&name).await?.status.and_then(|st| st.phase) == Some(ClaimPhase::Lost))
-                .then_some(()),
-        )
-    })
-    .await?;
+    s.claim_phase(&name, ClaimPhase::Lost).await?;
     s.driver_barrier("lost").await?;
     let now = s.naming(&name).await?;
     if now.len() != 1 {
@@ -780,22 +810,11 @@ async fn lost(s: &mut Suite<'_>) -> Result<Option<String>> {
     // Recovery: the backend has the address again.
     match &s.opts.lose_parameters {
         Some(_) => {
-            s.classes()
-                .patch(
-                    &s.class.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"parameters": original}})),
-                )
+            s.set_parameters(original.clone().unwrap_or_default())
                 .await?;
         }
         None => {
-            s.addresses()
-                .patch_status(
-                    &a.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"status": {"phase": "Bound"}})),
-                )
-                .await?;
+            s.set_phase(&a.name_any(), "Bound").await?;
         }
     }
     s.bound(&name).await?;
@@ -1008,20 +1027,7 @@ async fn race(s: &mut Suite<'_>) -> Result<Option<String>> {
     )
     .await?;
     // While the driver provisions, a free address of the class appears: the core binds it.
-    let api = s.claims();
-    until(
-        "the claim waiting for its driver",
-        s.opts.timeout,
-        || async {
-            let c = api.get(&name).await?;
-            Ok(c.status
-                .iter()
-                .flat_map(|st| &st.conditions)
-                .any(|c| c.reason == "WaitingForProvisioning")
-                .then_some(()))
-        },
-    )
-    .await?;
+    s.claim_reason(&name, "WaitingForProvisioning").await?;
     let static_name = format!("race-free-{}", s.sfx);
     s.addresses()
         .create(
@@ -1109,10 +1115,8 @@ async fn associate(s: &mut Suite<'_>) -> Result<Option<String>> {
         return Ok(skip);
     }
     let claim = format!("assoc-{}", s.sfx);
-    let (names, ips) = s.bound_claim(&claim).await?;
+    let (names, ips, _) = s.claim_on_service(&claim, "web").await?;
     let ns = s.ns.clone();
-    s.service(&ns, "web", Some(&claim)).await?;
-    s.shows(&ns, "web", &ips).await?;
     s.associated(&names, Some((&ns, "web"))).await?;
     s.event("web", driver::ASSOCIATED).await?;
     // Deleted: the claim keeps its addresses; recreated: the same ones come back.
@@ -1130,10 +1134,8 @@ async fn one_claim_one_service(s: &mut Suite<'_>) -> Result<Option<String>> {
         return Ok(skip);
     }
     let claim = format!("one-{}", s.sfx);
-    let (names, ips) = s.bound_claim(&claim).await?;
+    let (names, ips, _) = s.claim_on_service(&claim, "first").await?;
     let ns = s.ns.clone();
-    s.service(&ns, "first", Some(&claim)).await?;
-    s.shows(&ns, "first", &ips).await?;
     s.service(&ns, "second", Some(&claim)).await?;
     s.event("second", driver::ASSOCIATION_REJECTED).await?;
     let second = s.services_in(&ns).get("second").await?;
@@ -1290,10 +1292,8 @@ async fn withdraw(s: &mut Suite<'_>) -> Result<Option<String>> {
         return Ok(skip);
     }
     let claim = format!("wd-{}", s.sfx);
-    let (names, ips) = s.bound_claim(&claim).await?;
+    let (names, _, _) = s.claim_on_service(&claim, "web").await?;
     let ns = s.ns.clone();
-    s.service(&ns, "web", Some(&claim)).await?;
-    s.shows(&ns, "web", &ips).await?;
     s.services_in(&ns)
         .patch(
             "web",
@@ -1324,10 +1324,8 @@ async fn thief(s: &mut Suite<'_>, prefix: &str, forge: bool) -> Result<Option<St
         return Ok(skip);
     }
     let claim = format!("{prefix}-{}", s.sfx);
-    let (names, ips) = s.bound_claim(&claim).await?;
+    let (names, ips, web) = s.claim_on_service(&claim, "web").await?;
     let ns = s.ns.clone();
-    s.service(&ns, "web", Some(&claim)).await?;
-    let web = s.shows(&ns, "web", &ips).await?;
     // Another load balancer's Service shows the first address.
     let mut records: BTreeMap<String, String> = web
         .annotations()
