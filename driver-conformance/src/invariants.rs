@@ -236,31 +236,21 @@ struct Snapshot {
     at: Timestamp,
 }
 
+/// Every object of a kind, cluster-wide.
+async fn list_all<K>(client: &Client) -> Result<Vec<K>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    Ok(Api::<K>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items)
+}
+
 async fn snapshot(client: &Client) -> Result<Snapshot> {
-    let claims = Api::<IPAddressClaim>::all(client.clone())
-        .list(&ListParams::default())
+    let namespaces = list_all::<Namespace>(client)
         .await?
-        .items;
-    let addresses = Api::<IPAddress>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
-    let classes = Api::<IPAddressClass>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
-    let services = Api::<Service>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
-    let quotas = Api::<IPAddressQuota>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
-    let namespaces = Api::<Namespace>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items
         .into_iter()
         .map(|n| {
             let labels = n.metadata.labels.clone().unwrap_or_default();
@@ -268,11 +258,11 @@ async fn snapshot(client: &Client) -> Result<Snapshot> {
         })
         .collect();
     Ok(Snapshot {
-        claims,
-        addresses,
-        classes,
-        services,
-        quotas,
+        claims: list_all(client).await?,
+        addresses: list_all(client).await?,
+        classes: list_all(client).await?,
+        services: list_all(client).await?,
+        quotas: list_all(client).await?,
         namespaces,
         at: Timestamp::now(),
     })
