@@ -78,10 +78,22 @@ fn claim_json() -> Value {
         "spec": {"className": "pool"}})
 }
 
-/// The object a merge patch would make of `base` (enough for these answers).
+/// The object a JSON merge patch (RFC 7386: null removes) makes of `base`.
 fn patched(mut base: Value, patch: &Value) -> Value {
-    crate::decide::tests::merge(&mut base, patch.clone());
-    base
+    match (&mut base, patch) {
+        (Value::Object(b), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    b.remove(k);
+                } else {
+                    let old = b.remove(k).unwrap_or(Value::Null);
+                    b.insert(k.clone(), patched(old, v));
+                }
+            }
+            base
+        }
+        _ => patch.clone(),
+    }
 }
 
 /// kube-apiserver's answer to the writes of a bind, except the first write to the path
@@ -171,4 +183,70 @@ async fn a_status_answered_422_is_not_retried_and_the_bind_stands() {
         api.writes().iter().map(Call::line).collect::<Vec<_>>(),
         [format!("PATCH {ADDRESS}"), format!("PATCH {CLAIM_STATUS}")]
     );
+}
+
+/// A Bound address whose claim the cache does not show (deleted, or a watch behind).
+fn orphan_core(claim_exists: bool) -> (MockApi, Arc<Context>) {
+    let bound = patched(
+        address_json(),
+        &json!({"spec": {"claimRef": {"namespace": "t", "name": "c", "uid": "claim-uid"}},
+            "status": {"phase": "Bound"}}),
+    );
+    let served = bound.clone();
+    let (api, ctx) = core(
+        move |call| match (call.method.as_str(), call.path.as_str()) {
+            ("GET", ADDRESS) => Answer::Object(served.clone()),
+            ("GET", "/apis/local.sdn.cozystack.io/v1alpha1/namespaces/t/ipaddressclaims/c")
+                if claim_exists =>
+            {
+                Answer::Object(claim_json())
+            }
+            ("PATCH", p) if p.starts_with(ADDRESS) => {
+                Answer::Object(patched(served.clone(), &call.body))
+            }
+            _ => Answer::Status(404, "NotFound"),
+        },
+    );
+    ctx.world.claims.apply("t/c".into(), None);
+    let a: IPAddress = serde_json::from_value(bound).unwrap();
+    ctx.world.addresses.apply(key_of(&a), Some(Arc::new(a)));
+    (api, ctx)
+}
+
+/// SPEC §5.6: nothing destructive rests on the cache's word about another object. The
+/// cache lost the claim; kube-apiserver still has it: the pass reads, and writes nothing.
+#[tokio::test]
+async fn an_address_whose_claim_the_cache_lost_is_kept_when_the_api_server_has_it() {
+    let (api, ctx) = orphan_core(true);
+    crate::reconcile::address::reconcile(ctx, "ipv4-192-0-2-1".into())
+        .await
+        .unwrap();
+    let calls: Vec<String> = api.writes().iter().map(Call::line).collect();
+    assert!(
+        calls.iter().all(|c| c.starts_with("GET ")),
+        "only reads: {calls:?}"
+    );
+    assert!(
+        calls.iter().any(|c| c.ends_with("/ipaddressclaims/c")),
+        "{calls:?}"
+    );
+}
+
+/// The positive control: the claim is gone from kube-apiserver too, and the address is
+/// released — one status patch, guarded by the resourceVersion just read.
+#[tokio::test]
+async fn an_address_whose_claim_is_gone_is_released_on_the_api_servers_word() {
+    let (api, ctx) = orphan_core(false);
+    crate::reconcile::address::reconcile(ctx, "ipv4-192-0-2-1".into())
+        .await
+        .unwrap();
+    let writes: Vec<Call> = api
+        .writes()
+        .into_iter()
+        .filter(|c| c.method != "GET")
+        .collect();
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(writes[0].line(), format!("PATCH {ADDRESS}/status"));
+    assert_eq!(writes[0].body["metadata"]["resourceVersion"], "10");
+    assert_eq!(writes[0].body["status"]["phase"], "Released");
 }
