@@ -499,6 +499,24 @@ impl ControllerProcess {
         Self::spawn("metallb-driver", &[], user, &["system:masters"], extra).await
     }
 
+    /// The MetalLB driver against the test MetalLB (`metallb::NAMESPACE`), holding its pins
+    /// in `holds`, one replica (no election), with `extra` flags.
+    pub async fn metallb_driver_holding(
+        user: &str,
+        holds: &str,
+        extra: &[&str],
+    ) -> Result<ControllerProcess> {
+        let mut args = vec![
+            "--leader-elect=false",
+            "--metallb-namespace",
+            crate::metallb::NAMESPACE,
+            "--hold-namespace",
+            holds,
+        ];
+        args.extend_from_slice(extra);
+        Self::metallb_driver(user, &args).await
+    }
+
     async fn spawn(
         bin: &str,
         pre: &[&str],

@@ -170,15 +170,10 @@ async fn services_are_adopted_without_renumbering_and_undone_exactly() {
     let holds = TestNamespace::create(&e.client, "adopt-holds")
         .await
         .unwrap();
-    let _driver = ControllerProcess::metallb_driver(
+    let _driver = ControllerProcess::metallb_driver_holding(
         &format!("drv-adopt-{}", e.sfx),
-        &[
-            "--leader-elect=false",
-            "--metallb-namespace",
-            NAMESPACE,
-            "--hold-namespace",
-            &holds.name,
-        ],
+        &holds.name,
+        &[],
     )
     .await
     .unwrap();

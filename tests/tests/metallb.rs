@@ -38,17 +38,10 @@ async fn setup(prefix: &str, addresses: Value, class_extra: Value) -> Setup {
         .await
         .unwrap();
     let metrics = format!("127.0.0.1:{}", address_controller_tests::free_port());
-    let driver = ControllerProcess::metallb_driver(
+    let driver = ControllerProcess::metallb_driver_holding(
         &format!("drv-{prefix}-{}", e.sfx),
-        &[
-            "--leader-elect=false",
-            "--metallb-namespace",
-            NAMESPACE,
-            "--hold-namespace",
-            &holds.name,
-            "--metrics-address",
-            &metrics,
-        ],
+        &holds.name,
+        &["--metrics-address", &metrics],
     )
     .await
     .unwrap();
@@ -930,15 +923,10 @@ async fn a_takeover_from_another_driver_reallocates_nothing() {
         .map(|a| a.name_any())
         .collect();
     // This driver starts in its place.
-    let _driver = ControllerProcess::metallb_driver(
+    let _driver = ControllerProcess::metallb_driver_holding(
         &format!("drv-mlbtake-{}", e.sfx),
-        &[
-            "--leader-elect=false",
-            "--metallb-namespace",
-            NAMESPACE,
-            "--hold-namespace",
-            &holds.name,
-        ],
+        &holds.name,
+        &[],
     )
     .await
     .unwrap();

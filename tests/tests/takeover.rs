@@ -496,15 +496,10 @@ async fn the_go_pair_is_taken_over_in_place_without_renumbering() {
         .unwrap();
 
     // 6. This driver in the Go driver's place.
-    let _driver = ControllerProcess::metallb_driver(
+    let _driver = ControllerProcess::metallb_driver_holding(
         &format!("drv-gotake-{}", e.sfx),
-        &[
-            "--leader-elect=false",
-            "--metallb-namespace",
-            NAMESPACE,
-            "--hold-namespace",
-            &holds.name,
-        ],
+        &holds.name,
+        &[],
     )
     .await
     .unwrap();
