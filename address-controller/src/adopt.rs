@@ -414,9 +414,18 @@ impl Adopt<'_> {
             }
         }
         let claims: Api<IPAddressClaim> = Api::namespaced(self.client.clone(), &ns);
+        // One address: the claim is pinned to it. The reservation being made first is not
+        // enough: the core watches claims and addresses on two streams, and when the claim
+        // arrives first it would match a free address of the class (the fresh-clone CI
+        // caught it: `auto` bound to another Service's address). A pinned claim waits for
+        // its address. (A Dual claim cannot be pinned; its adoption keeps that race.)
+        let mut spec = json!({"className": class, "family": family});
+        if let [one] = made.as_slice() {
+            spec["addressName"] = json!(one);
+        }
         let claim: IPAddressClaim = serde_json::from_value(json!({
             "metadata": {"name": name, "annotations": {ADOPTED_FROM: from, ADOPTED_PRIOR: prior.to_string()}},
-            "spec": {"className": class, "family": family}}))?;
+            "spec": spec}))?;
         if let Err(e) = claims.create(&PostParams::default(), &claim).await {
             self.forget(&made, s).await;
             return Err(e.into());

@@ -250,3 +250,85 @@ async fn an_address_whose_claim_is_gone_is_released_on_the_api_servers_word() {
     assert_eq!(writes[0].body["metadata"]["resourceVersion"], "10");
     assert_eq!(writes[0].body["status"]["phase"], "Released");
 }
+
+/// `address-controller adopt` makes the claim's address first, as a reservation (a
+/// claimRef without uid), then the claim: the claim pass completes the reservation and
+/// binds no free address of the class.
+#[tokio::test]
+async fn a_reservation_made_before_its_claim_is_completed_not_passed_over() {
+    let (api, ctx) = core(|call| {
+        if call.method == "PATCH" {
+            return Answer::Object(patched(address_json(), &call.body));
+        }
+        Answer::Status(404, "NotFound")
+    });
+    let reservation: IPAddress = serde_json::from_value(json!({
+        "apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddress",
+        "metadata": {"name": "ipv4-192-0-2-7", "uid": "r-uid", "resourceVersion": "20"},
+        "spec": {"address": "192.0.2.7", "className": "pool", "source": {"fromClass": {}},
+            "claimRef": {"namespace": "t", "name": "c"}}}))
+    .unwrap();
+    ctx.world
+        .addresses
+        .apply(key_of(&reservation), Some(Arc::new(reservation)));
+    let _ = reconcile(ctx, "t/c".into()).await;
+    let lines: Vec<String> = api.writes().iter().map(Call::line).collect();
+    println!("{lines:?}");
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.ends_with("/ipaddresses/ipv4-192-0-2-1")),
+        "the free address was bound: {lines:?}"
+    );
+}
+
+/// What `adopt` now relies on: a claim pinned to its reservation, seen before the
+/// reservation (two watch streams), waits for it and binds no free address; once the
+/// reservation shows, the pass completes it.
+#[tokio::test]
+async fn a_claim_pinned_to_a_reservation_it_has_not_seen_yet_waits_for_it() {
+    let (api, ctx) = core(|call| {
+        if call.method == "PATCH" && call.path.contains("/ipaddressclaims/") {
+            return Answer::Object(patched(claim_json(), &call.body));
+        }
+        if call.method == "PATCH" {
+            return Answer::Object(patched(address_json(), &call.body));
+        }
+        Answer::Status(404, "NotFound")
+    });
+    let pinned: IPAddressClaim = serde_json::from_value(patched(
+        claim_json(),
+        &json!({"spec": {"addressName": "ipv4-192-0-2-7"}}),
+    ))
+    .unwrap();
+    ctx.world
+        .claims
+        .apply(key_of(&pinned), Some(Arc::new(pinned)));
+    let _ = reconcile(ctx.clone(), "t/c".into()).await;
+    let first: Vec<String> = api.writes().iter().map(Call::line).collect();
+    assert!(
+        !first.iter().any(|l| l.contains("/ipaddresses/")),
+        "no address is written before the pinned one shows: {first:?}"
+    );
+    let reservation: IPAddress = serde_json::from_value(json!({
+        "apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddress",
+        "metadata": {"name": "ipv4-192-0-2-7", "uid": "r-uid", "resourceVersion": "20"},
+        "spec": {"address": "192.0.2.7", "className": "pool", "source": {"fromClass": {}},
+            "claimRef": {"namespace": "t", "name": "c"}}}))
+    .unwrap();
+    ctx.world
+        .addresses
+        .apply(key_of(&reservation), Some(Arc::new(reservation)));
+    let _ = reconcile(ctx, "t/c".into()).await;
+    let all: Vec<String> = api.writes().iter().map(Call::line).collect();
+    assert!(
+        all.iter()
+            .any(|l| l.ends_with("/ipaddresses/ipv4-192-0-2-7")),
+        "the reservation is completed: {all:?}"
+    );
+    assert!(
+        !all.iter()
+            .any(|l| l.ends_with("/ipaddresses/ipv4-192-0-2-1")),
+        "the free address is never bound: {all:?}"
+    );
+}
