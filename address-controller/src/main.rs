@@ -14,10 +14,10 @@ use address_controller_runtime::client::ClientArgs;
 use address_controller_runtime::health::LivenessArgs;
 use address_controller_runtime::leader::ElectionArgs;
 use address_controller_runtime::logging::LogArgs;
-use address_controller_runtime::probes::ProbeArgs;
 use address_controller_runtime::process::{Acting, Lease, Process};
 use address_controller_runtime::workers::Gate;
 use address_controller_runtime::world::World;
+use address_controller_serving::probes::ProbeArgs;
 use address_controller_serving::secure::{SecureServing, SecureServingArgs, Serving};
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
@@ -260,12 +260,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // The TLS endpoints (views, secure metrics) share the serving certificate and the
     // delegated authentication and authorization.
     let a = &args.apiserver;
+    // One head budget for the process: its views, its /metrics and its probe port.
+    let budget = a.serving.limits.head_budget();
     let serving = if a.enabled || !a.metrics_address.is_empty() {
         Some(SecureServing::start(
             Serving {
                 reviews: &p.reviews,
                 args: &a.serving,
                 servers: u64::from(a.enabled) + u64::from(!a.metrics_address.is_empty()),
+                budget: budget.clone(),
             },
             &metrics.registry,
             true,
@@ -321,7 +324,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         component: "controller",
         annotations: Default::default(),
     };
-    p.run(&args.probes, lease).await
+    address_controller_serving::probes::spawn(
+        &args.probes,
+        p.health.clone(),
+        budget,
+        &p.shutdown,
+        &mut p.tasks,
+    );
+    p.run(lease).await
 }
 
 fn write_manifests(crds_dir: &Path, role: &Path, openapi_dir: &Path) -> anyhow::Result<()> {

@@ -25,7 +25,7 @@ use crate::store::{HistoryBound, ViewStore};
 use crate::{State, router};
 use serving::authn::{Authenticator, FrontProxy, PeerCerts};
 use serving::authz::Authorizer;
-use serving::limits::{InFlight, Limits, ReviewGate};
+use serving::limits::{InFlight, ReviewGate, ServerLimits};
 
 fn fill<K>(cache: &Cache<K>, objects: Vec<Value>)
 where
@@ -92,14 +92,14 @@ fn app_with(pki: &Pki) -> (axum::Router, World, Arc<ViewStore>) {
 
 /// The app, its caches and its store, keeping `history` changes.
 fn app_keeping(pki: &Pki, history: HistoryBound) -> (axum::Router, World, Arc<ViewStore>) {
-    app_limited(pki, history, Limits::default())
+    app_limited(pki, history, ServerLimits::default())
 }
 
 /// [`app_keeping`] within `limits`.
 fn app_limited(
     pki: &Pki,
     history: HistoryBound,
-    limits: Limits,
+    limits: ServerLimits,
 ) -> (axum::Router, World, Arc<ViewStore>) {
     let world = World::new(false, Health::new(Bounds::default()));
     // The store sees the caches from their first object on, as in the binary.
@@ -609,7 +609,7 @@ async fn the_metrics_endpoint_passes_the_same_front_door() {
     let access = serving::front::Access {
         authn,
         authz: Arc::new(Authorizer::new(client, 100, ReviewGate::unlimited())),
-        inflight: Arc::new(InFlight::new(&Limits::default())),
+        inflight: Arc::new(InFlight::new(&ServerLimits::default())),
     };
     let app = serving::secure::metrics_router(access, Arc::new(|| "up 1\n".to_string()));
     // An allowed principal reads the metrics.
@@ -810,16 +810,21 @@ async fn a_draining_server_returns_once_its_connections_close() {
             .port();
         let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serving::tls::serve(
+        let listen = serving::listener::Listen {
             addr,
-            config.clone(),
+            server: "test",
+            transport: serving::listener::Transport::Tls(config.clone()),
+            limits: ServerLimits::default(),
+            budget: serving::budget::HeadBudget::unlimited(),
+            identify: None,
+            drain,
+        };
+        let server = tokio::spawn(serving::listener::serve(
+            listen,
             axum::Router::new(),
             async move {
                 let _ = stopped.await;
             },
-            drain,
-            "test",
-            serving::limits::Limits::default(),
         ));
         // A connection open (its handshake not even begun) when the signal comes.
         let conn = loop {
@@ -872,9 +877,9 @@ async fn open(
 #[tokio::test]
 async fn hostile_list_options_are_answered_and_watches_are_bounded() {
     let pki = pki();
-    let limits = Limits {
+    let limits = ServerLimits {
         max_watches: 1,
-        ..Limits::default()
+        ..ServerLimits::default()
     };
     let (app, _, _) = app_limited(&pki, HistoryBound::changes(100), limits);
     // A non-ASCII field selector (it panicked inside the selector parser): an answer.

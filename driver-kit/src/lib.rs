@@ -25,11 +25,11 @@ use address_controller_runtime::client::ClientArgs;
 use address_controller_runtime::health::LivenessArgs;
 use address_controller_runtime::leader::ElectionArgs;
 use address_controller_runtime::logging::LogArgs;
-use address_controller_runtime::probes::ProbeArgs;
 use address_controller_runtime::process::{Acting, Lease, Process};
 use address_controller_runtime::rbac::{LEADER_ELECTION_RULES, RUNTIME_RULES, Rule, render};
 use address_controller_runtime::workers::Gate;
 use address_controller_runtime::world::World;
+use address_controller_serving::probes::ProbeArgs;
 use clap::{Args, CommandFactory, FromArgMatches, Parser};
 
 /// RBAC rule type, for [`Info::extra_rules`].
@@ -281,12 +281,15 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
             m.address_changed(old, new);
         });
     }
+    // One head budget for the process: its /metrics and its probe port.
+    let budget = args.metrics.serving.limits.head_budget();
     if !args.metrics.metrics_address.is_empty() {
         let serving = address_controller_serving::secure::SecureServing::start(
             address_controller_serving::secure::Serving {
                 reviews: &p.reviews,
                 args: &args.metrics.serving,
                 servers: 1,
+                budget: budget.clone(),
             },
             &metrics.registry,
             false,
@@ -313,5 +316,12 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
         )]
         .into(),
     };
-    p.run(&args.probes, lease).await
+    address_controller_serving::probes::spawn(
+        &args.probes,
+        p.health.clone(),
+        budget,
+        &p.shutdown,
+        &mut p.tasks,
+    );
+    p.run(lease).await
 }

@@ -2,7 +2,7 @@
 //! there): the Kubernetes client with every call bounded ([`client`]), watched caches with
 //! change handlers and health ([`cache`], [`health`]), a work queue and its workers
 //! ([`queue`], [`workers`]) and one way to run controllers over them ([`controllers`]), leader election ([`leader`]), events ([`events`]), task
-//! supervision and shutdown ([`supervise`]), the probe port ([`probes`]), the frame every
+//! supervision and shutdown ([`supervise`]), the frame every
 //! binary starts and ends in ([`process`]), logging
 //! ([`logging`]) and ClusterRole rendering ([`rbac`]).
 
@@ -16,7 +16,6 @@ pub mod logging;
 pub mod metrics;
 #[cfg(feature = "mock-api")]
 pub mod mock_api;
-pub mod probes;
 pub mod process;
 pub mod queue;
 pub mod rbac;

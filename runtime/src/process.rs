@@ -1,6 +1,6 @@
 //! The frame every binary of the project runs in (kubert's `Runtime` plays this part for
 //! linkerd): the client, the shutdown signal, the supervised tasks, health and leadership
-//! at the start; the probe port, the Lease, the signal handler and supervision at the end.
+//! at the start; the Lease, the signal handler and supervision at the end.
 //! The core and a driver built on the kit differ only in what they put in between.
 
 use std::collections::BTreeMap;
@@ -13,7 +13,6 @@ use kube::Client;
 use crate::client::ClientArgs;
 use crate::health::{Health, LivenessArgs};
 use crate::leader::{self, ElectionArgs, Leadership, LeaseConfig};
-use crate::probes::{self, ProbeArgs};
 use crate::supervise::{Shutdown, Tasks, signal};
 
 /// How long tasks get to finish after a signal.
@@ -62,6 +61,24 @@ pub fn raise_open_files_limit() {
 pub fn open_files_limit() -> u64 {
     nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         .map_or(u64::MAX, |(soft, _)| soft)
+}
+
+/// The memory limit of the process's container, from its cgroup (v2 `memory.max`, else v1
+/// `memory.limit_in_bytes`); `None` when there is none (`max`, or v1's page-rounded
+/// `i64::MAX`) or it cannot be read.
+pub fn memory_limit() -> Option<u64> {
+    let v2 = std::fs::read_to_string("/sys/fs/cgroup/memory.max");
+    let v1 = || std::fs::read_to_string("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+    parse_memory_limit(&v2.or_else(|_| v1()).ok()?)
+}
+
+/// A cgroup memory limit as its file spells it.
+fn parse_memory_limit(text: &str) -> Option<u64> {
+    // Anything from 2^60 up is "no limit" (v1 writes i64::MAX rounded down to a page).
+    text.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|b| *b > 0 && *b < 1 << 60)
 }
 
 /// A running binary's shared parts.
@@ -117,18 +134,10 @@ impl Process {
         })
     }
 
-    /// Serves the probes, takes part in the election of `lease` (when the process
-    /// elects), stops on SIGTERM/SIGINT, and supervises every task: returns an error when a
-    /// critical task stops.
-    pub async fn run(mut self, probes: &ProbeArgs, lease: Lease<'_>) -> anyhow::Result<()> {
-        self.tasks.spawn(
-            "probes",
-            probes::serve(
-                probes.probe_address,
-                self.health.clone(),
-                self.shutdown.wait(),
-            ),
-        );
+    /// Takes part in the election of `lease` (when the process elects), stops on
+    /// SIGTERM/SIGINT, and supervises every task (the probe port's among them, spawned by
+    /// the binary): returns an error when a critical task stops.
+    pub async fn run(mut self, lease: Lease<'_>) -> anyhow::Result<()> {
         if self.acting == Acting::Elected {
             let cfg = lease.config()?;
             let (client, leadership, stop) = (
@@ -179,5 +188,20 @@ impl Lease<'_> {
         )]
         .into();
         Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cgroup_memory_limit_is_read_as_its_file_spells_it() {
+        assert_eq!(parse_memory_limit("536870912\n"), Some(512 << 20));
+        assert_eq!(parse_memory_limit("max\n"), None);
+        // cgroup v1 without a limit.
+        assert_eq!(parse_memory_limit("9223372036854771712\n"), None);
+        assert_eq!(parse_memory_limit("0"), None);
+        assert_eq!(parse_memory_limit("garbage"), None);
     }
 }

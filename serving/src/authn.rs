@@ -14,6 +14,8 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use rustls::pki_types::{CertificateDer, TrustAnchor, UnixTime};
 
+use crate::budget::Peer;
+use crate::connections::Proof;
 use crate::limits::ReviewGate;
 
 /// An authenticated user.
@@ -292,11 +294,24 @@ impl Authenticator {
         }
     }
 
+    /// Whether `peer` is a front-proxy client certificate the request-header CA signed, for
+    /// an allowed name: the aggregator, known at the handshake.
+    pub fn is_front_proxy(&self, peer: &PeerCerts) -> bool {
+        !peer.0.is_empty()
+            && self
+                .front_proxy
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_deref()
+                .is_some_and(|fp| fp.verify(&peer.0) == Ok(true))
+    }
+
+    /// The user of a request, and how its connection proved it (none: anonymous).
     pub async fn authenticate(
         &self,
         peer: &PeerCerts,
         headers: &HeaderMap,
-    ) -> Result<UserInfo, AuthnError> {
+    ) -> Result<(UserInfo, Option<Proof>), AuthnError> {
         let fp = self
             .front_proxy
             .read()
@@ -307,7 +322,7 @@ impl Authenticator {
             match fp.as_deref().map(|fp| fp.verify(&peer.0)) {
                 Some(Ok(true)) => {
                     if let Some(user) = fp.as_deref().and_then(|fp| fp.user(headers)) {
-                        return Ok(user.authenticated());
+                        return Ok((user.authenticated(), Some(Proof::FrontProxy)));
                     }
                 }
                 Some(Err(e)) => cert_error = Some(e),
@@ -325,7 +340,7 @@ impl Authenticator {
             .filter(|t| !t.is_empty());
         if let Some(token) = bearer {
             return match self.review(token).await {
-                Ok(Some(user)) => Ok(user.authenticated()),
+                Ok(Some(user)) => Ok((user.authenticated(), Some(Proof::Token))),
                 Ok(None) => Err(AuthnError::Unauthorized("invalid bearer token".into())),
                 Err(ReviewError::Overloaded) => Err(AuthnError::Overloaded),
                 Err(ReviewError::Failed(e)) => {
@@ -338,7 +353,7 @@ impl Authenticator {
         }
         match cert_error {
             Some(e) => Err(AuthnError::Unauthorized(e)),
-            None => Ok(UserInfo::anonymous()),
+            None => Ok((UserInfo::anonymous(), None)),
         }
     }
 
@@ -347,7 +362,10 @@ impl Authenticator {
     async fn review(&self, token: &str) -> Result<Option<UserInfo>, ReviewError> {
         self.tokens
             .try_get_with(token_digest(token), async {
-                let _permit = self.gate.enter().ok_or(ReviewError::Overloaded)?;
+                let _permit = self
+                    .gate
+                    .enter(Peer::Unauthenticated)
+                    .ok_or(ReviewError::Overloaded)?;
                 self.token_review(token).await.map_err(ReviewError::Failed)
             })
             .await

@@ -12,6 +12,7 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 
 use crate::authn::UserInfo;
+use crate::budget::Peer;
 use crate::limits::ReviewGate;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -111,7 +112,12 @@ impl Authorizer {
     }
 
     async fn review(&self, user: &UserInfo, attrs: &Attributes) -> Result<bool, AuthzError> {
-        let _permit = self.gate.enter().ok_or(AuthzError::Overloaded)?;
+        let peer = if user.groups.iter().any(|g| g == "system:unauthenticated") {
+            Peer::Unauthenticated
+        } else {
+            Peer::Authenticated
+        };
+        let _permit = self.gate.enter(peer).ok_or(AuthzError::Overloaded)?;
         let mut spec = SubjectAccessReviewSpec {
             user: Some(user.name.clone()),
             uid: user.uid.clone(),

@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use crate::authn::{self, Authenticator, PeerCerts, UserInfo};
 use crate::authz::{Attributes, Authorizer, AuthzError};
 use crate::limits::{Holding, InFlight};
+use crate::listener::Connection;
 use crate::negotiate;
 use crate::request::{Query, RequestInfo};
 use crate::status::ApiError;
@@ -114,7 +115,13 @@ pub async fn authenticate(State(access): State<Access>, req: Request, next: Next
         .cloned()
         .unwrap_or_default();
     let user = match access.authn.authenticate(&peer, &parts.headers).await {
-        Ok(u) => u,
+        Ok((user, proof)) => {
+            // The connection proved who it is: it leaves the strangers' places and budget.
+            if let (Some(proof), Some(conn)) = (proof, parts.extensions.get::<Arc<Connection>>()) {
+                conn.prove(proof);
+            }
+            user
+        }
         Err(authn::AuthnError::Unauthorized(why)) => {
             tracing::debug!(path = %parts.uri.path(), why, "unauthorized");
             return ApiError::unauthorized().into_response();

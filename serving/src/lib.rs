@@ -2,7 +2,9 @@
 //! after k8s.io/apiserver's: TLS with certificate rotation ([`tls`]), delegated
 //! authentication ([`authn`]: front-proxy certificates, TokenReview) and authorization
 //! ([`authz`]: SubjectAccessReview), bounded caches and what the network may have
-//! ([`limits`]), what a request asks for ([`request`]), the front door's layers
+//! ([`limits`]; who holds a server's connections, [`connections`]; the memory of request
+//! heads in flight, [`budget`] and [`meter`]), the servers' accept loop ([`listener`]) and
+//! the plain probe port ([`probes`]), what a request asks for ([`request`]), the front door's layers
 //! ([`front`]), `metav1.Status` errors ([`status`]), content negotiation ([`negotiate`]),
 //! the serving flags and the HTTPS `/metrics` endpoint ([`secure`]).
 //!
@@ -12,10 +14,15 @@
 
 pub mod authn;
 pub mod authz;
+pub mod budget;
+pub mod connections;
 pub mod front;
 pub mod limits;
+pub mod listener;
+pub mod meter;
 pub mod metrics;
 pub mod negotiate;
+pub mod probes;
 pub mod request;
 pub mod secure;
 pub mod status;

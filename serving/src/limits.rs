@@ -1,17 +1,20 @@
-//! What a TLS server of this project lets the network have: every limit explicit, every
-//! excess refused quickly, nothing a client sends able to end the server (docs/operations.md,
-//! "Threat model"). The numbers follow kube-apiserver's generic server where it has one:
-//! headers within 32 s, idle connections closed after 90 s, 400 requests in flight, 429 with
+//! What a server of this project lets the network have: every limit explicit, every excess
+//! refused quickly, nothing a client sends able to end the server or take the process past
+//! its memory (docs/operations.md, "Threat model"; docs/design.md, "Before it knows who is
+//! calling"). The numbers follow kube-apiserver's generic server where it has one: headers
+//! within 32 s, idle connections closed after 90 s, 400 requests in flight, 429 with
 //! `Retry-After: 1` past it.
 //!
-//! - [`Limits`]: per server — connections (refused at accept past the cap, the socket closed
-//!   at once), the TLS handshake's deadline, the request head's deadline, the idle deadline;
+//! - [`ServerLimits`]: per server — the connections of strangers and of the proven
+//!   ([`crate::connections`]), the deadlines of each, the request head's size for each;
 //!   requests and watches in flight (429 past them).
+//! - [`crate::budget::HeadBudget`]: per process — the bytes of request heads in flight.
 //! - [`ReviewGate`]: per process — the delegated-auth reviews a stranger's request can cause
 //!   (TokenReview, SubjectAccessReview): bounded in flight and by a token bucket that never
 //!   goes into debt, so a flood is answered 429 at once instead of queueing work on
 //!   kube-apiserver.
-//! - [`ServingMetrics`]: what the limits refused, and what a handler's panic cost.
+//! - [`ServingMetrics`]: connections by state, head bytes in flight, what the limits
+//!   refused, and what a handler's panic cost.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -22,24 +25,41 @@ use clap::Args;
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::budget::{HeadBudget, Peer};
+use crate::connections::ConnectionCaps;
+
 /// A TLS handshake must finish within this (Go's `http.Server` bounds it by its read
-/// deadlines; a client that opens a socket and says nothing holds it no longer).
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// A request's head must arrive within this (kube-apiserver's `ReadHeaderTimeout`).
+/// deadlines); a client that opens a socket and says nothing holds it no longer.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection that has not proven who it is must send a whole request head within this of
+/// its accept or of its last request, or it is closed.
+pub const STRANGER_TIMEOUT: Duration = Duration::from_secs(10);
+/// A proven connection's request head must arrive within this (kube-apiserver's
+/// `ReadHeaderTimeout`).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(32);
-/// A connection with no request in flight is closed after this (kube-apiserver's
-/// `IdleTimeout`); a connection that never sent a request, after [`HEADER_TIMEOUT`].
+/// A proven connection with no request in flight is closed after this (kube-apiserver's
+/// `IdleTimeout`).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// File descriptors kept for everything but the servers' connections (the API client's
 /// connections, the log, the allocator's and the runtime's own).
 pub const RESERVED_FDS: u64 = 128;
+/// The most bytes of a proven connection's request head, as kube-apiserver's
+/// `MaxHeaderBytes` (1 MiB): a 10,500-value selector through the aggregator is about 42 KiB.
+pub const PROVEN_HEADER_BYTES: usize = 1 << 20;
+/// The memory the serving budgets are sized from when the container has no limit and no
+/// flag gives one: the chart's default limit.
+pub const DEFAULT_MEMORY: u64 = 512 << 20;
+/// What a stranger's connection costs besides its head, for sizing the strangers' caps:
+/// TLS state, the connection's buffers and its task (measured: docs/design.md).
+pub const STRANGER_CONNECTION_BYTES: u64 = 32 << 10;
 
-/// The limits of the TLS servers (the aggregated API and `/metrics`) and of the delegated
-/// auth behind them. Shared by the core and every driver.
+/// The limits of the servers (the aggregated API, `/metrics`, the probes) and of the
+/// delegated auth behind them. Shared by the core and every driver.
 #[derive(Args, Clone, Debug)]
 #[command(next_help_heading = "Serving limits")]
 pub struct ServingLimitArgs {
-    /// Most open connections per TLS server; past it a new connection is closed at accept.
+    /// Most connections per TLS server that have proven who they are (the aggregator's
+    /// front-proxy certificate, a reviewed bearer token). Strangers never take these places.
     /// Lowered at start to fit the open-file limit.
     #[arg(
         long,
@@ -47,6 +67,43 @@ pub struct ServingLimitArgs {
         default_value_t = 1000
     )]
     pub max_connections: usize,
+    /// Of --max-connections, places only the aggregator's front-proxy certificate may take.
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_FRONT_PROXY_CONNECTIONS",
+        default_value_t = 32
+    )]
+    pub front_proxy_connections: usize,
+    /// Most connections per TLS server that have not proven who they are; past it the
+    /// oldest of them is closed for the newcomer (never the newcomer refused). Lowered at
+    /// start to fit the open-file limit and the memory limit.
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_MAX_UNAUTHENTICATED_CONNECTIONS",
+        default_value_t = 1000
+    )]
+    pub max_unauthenticated_connections: usize,
+    /// Of those, most from one source address; past it that source's oldest is closed.
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_MAX_CONNECTIONS_PER_SOURCE",
+        default_value_t = 100
+    )]
+    pub max_connections_per_source: usize,
+    /// Most bytes of a request head on a connection that has not proven who it is at its
+    /// handshake (431 past it); the aggregator's connections take kube-apiserver's 1 MiB.
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_MAX_UNAUTHENTICATED_HEADER_BYTES",
+        default_value = "64Ki",
+        value_parser = parse_bytes
+    )]
+    pub max_unauthenticated_header_bytes: u64,
+    /// The memory the serving budgets are sized from, in bytes (or with Ki, Mi, Gi): an
+    /// eighth of it for request heads in flight, half of that for strangers. Default: the
+    /// container's cgroup limit, else 512Mi. The chart passes the pod's limit.
+    #[arg(long, env = "ADDRESS_CONTROLLER_MEMORY_LIMIT", value_parser = parse_bytes)]
+    pub memory_limit: Option<u64>,
     /// Most requests in flight per TLS server, watches aside; past it 429 (kube-apiserver's
     /// --max-requests-inflight).
     #[arg(
@@ -82,10 +139,41 @@ pub struct ServingLimitArgs {
     pub auth_review_burst: u32,
 }
 
+/// A byte count as a flag or the downward API spells it: `536870912`, `512Mi`, `1G`.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a byte count (e.g. 536870912 or 512Mi)"))?;
+    let factor: u64 = match unit {
+        "" => 1,
+        "k" | "K" => 1000,
+        "M" => 1000 * 1000,
+        "G" => 1000 * 1000 * 1000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "{s:?}: unknown unit {unit:?} (Ki, Mi, Gi, K, M, G)"
+            ));
+        }
+    };
+    n.checked_mul(factor)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
 impl Default for ServingLimitArgs {
     fn default() -> Self {
         ServingLimitArgs {
             max_connections: 1000,
+            front_proxy_connections: 32,
+            max_unauthenticated_connections: 1000,
+            max_connections_per_source: 100,
+            max_unauthenticated_header_bytes: 64 << 10,
+            memory_limit: None,
             max_requests_inflight: 400,
             max_watches: 2000,
             auth_reviews_inflight: 32,
@@ -96,28 +184,63 @@ impl Default for ServingLimitArgs {
 }
 
 impl ServingLimitArgs {
-    /// The limits of one server when `servers` servers share `open_files` descriptors: the
-    /// connection cap is lowered so that accept never meets the open-file limit.
-    pub fn limits(&self, open_files: u64, servers: u64) -> Limits {
-        let fit = open_files.saturating_sub(RESERVED_FDS) / servers.max(1);
-        let wanted = self.max_connections.max(1);
-        let max_connections = usize::try_from(fit).map_or(wanted, |fit| wanted.min(fit.max(16)));
-        if max_connections < wanted {
-            tracing::warn!(
-                wanted,
-                max_connections,
+    /// The memory the budgets are sized from: the flag, else the container's limit, else
+    /// [`DEFAULT_MEMORY`].
+    pub fn memory(&self) -> u64 {
+        self.memory_limit
+            .or_else(address_controller_runtime::process::memory_limit)
+            .unwrap_or(DEFAULT_MEMORY)
+    }
+
+    /// The process's head budget, sized from [`Self::memory`].
+    pub fn head_budget(&self) -> Arc<HeadBudget> {
+        let memory = self.memory();
+        tracing::info!(memory, "serving budgets sized from the memory limit");
+        HeadBudget::sized(memory)
+    }
+
+    /// The limits of one TLS server when `servers` servers share `open_files` descriptors:
+    /// the connection caps are lowered so that accept never meets the open-file limit (half
+    /// the room for each kind), and the strangers' so that their connections' fixed cost
+    /// fits a sixteenth of the memory limit across the servers.
+    pub fn limits(&self, open_files: u64, servers: u64) -> ServerLimits {
+        let servers = servers.max(1);
+        let fit = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        let probes = u64::try_from(ServerLimits::probes(open_files).connections.strangers)
+            .unwrap_or(u64::MAX);
+        let room = fit(open_files
+            .saturating_sub(RESERVED_FDS)
+            .saturating_sub(probes)
+            / servers);
+        let by_memory = fit(self.memory() / 16 / STRANGER_CONNECTION_BYTES / servers);
+        let proven = self.max_connections.max(1).min((room / 2).max(8));
+        let strangers = self
+            .max_unauthenticated_connections
+            .max(1)
+            .min((room - room.min(proven)).max(8))
+            .min(by_memory.max(8));
+        if proven < self.max_connections || strangers < self.max_unauthenticated_connections {
+            tracing::info!(
+                proven,
+                strangers,
                 open_files,
-                "--max-connections lowered to fit the open-file limit"
+                memory = self.memory(),
+                "connection caps fitted to the open-file and memory limits"
             );
         }
-        Limits {
-            max_connections,
-            max_requests_inflight: self.max_requests_inflight.max(1),
-            max_watches: self.max_watches.max(1),
-            handshake_timeout: HANDSHAKE_TIMEOUT,
-            header_timeout: HEADER_TIMEOUT,
-            idle_timeout: IDLE_TIMEOUT,
+        ServerLimits {
+            connections: ConnectionCaps {
+                strangers,
+                per_source: self.max_connections_per_source.max(1).min(strangers),
+                proven,
+                front_proxy_reserved: self.front_proxy_connections.min(proven),
+            },
+            stranger_header_bytes: usize::try_from(self.max_unauthenticated_header_bytes)
+                .unwrap_or(usize::MAX)
+                .clamp(MIN_HEADER_BYTES, PROVEN_HEADER_BYTES),
+            ..ServerLimits::default()
         }
+        .with_inflight(self.max_requests_inflight, self.max_watches)
     }
 
     pub fn review_gate(&self) -> Arc<ReviewGate> {
@@ -129,20 +252,81 @@ impl ServingLimitArgs {
     }
 }
 
-/// The limits of one TLS server.
+/// The smallest head limit a server takes (hyper's HTTP/1.1 read buffer cannot be smaller).
+pub const MIN_HEADER_BYTES: usize = 8 << 10;
+
+/// The limits of one server.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    pub max_connections: usize,
+pub struct ServerLimits {
+    pub connections: ConnectionCaps,
     pub max_requests_inflight: usize,
     pub max_watches: usize,
     pub handshake_timeout: Duration,
+    /// A stranger's: its first request head, and its idleness after a request.
+    pub stranger_timeout: Duration,
+    /// A proven connection's request head.
     pub header_timeout: Duration,
+    /// A proven connection's idleness.
     pub idle_timeout: Duration,
+    pub stranger_header_bytes: usize,
+    pub proven_header_bytes: usize,
+    /// HTTP/2 streams open at once on a stranger's connection (the proven: hyper's 200).
+    pub stranger_streams: u32,
+    /// Only HTTP/1.1 (the plain probe port).
+    pub http1_only: bool,
 }
 
-impl Default for Limits {
+impl Default for ServerLimits {
     fn default() -> Self {
-        ServingLimitArgs::default().limits(u64::MAX, 1)
+        ServerLimits {
+            connections: ConnectionCaps {
+                strangers: 1000,
+                per_source: 100,
+                proven: 1000,
+                front_proxy_reserved: 32,
+            },
+            max_requests_inflight: 400,
+            max_watches: 2000,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            stranger_timeout: STRANGER_TIMEOUT,
+            header_timeout: HEADER_TIMEOUT,
+            idle_timeout: IDLE_TIMEOUT,
+            stranger_header_bytes: 64 << 10,
+            proven_header_bytes: PROVEN_HEADER_BYTES,
+            stranger_streams: 16,
+            http1_only: false,
+        }
+    }
+}
+
+impl ServerLimits {
+    fn with_inflight(mut self, requests: usize, watches: usize) -> Self {
+        self.max_requests_inflight = requests.max(1);
+        self.max_watches = watches.max(1);
+        self
+    }
+
+    /// The plain probe port's: everyone is a stranger there (kubelet probes are anonymous),
+    /// so only the strangers' places, per source as everywhere (a flooding pod closes its
+    /// own connections, never the kubelet's), heads of 8 KiB, 5 s to send one.
+    /// Fitted to `open_files` (an eighth of them at most).
+    pub fn probes(open_files: u64) -> ServerLimits {
+        let strangers = usize::try_from(open_files / 8).map_or(256, |n| n.clamp(8, 256));
+        ServerLimits {
+            connections: ConnectionCaps {
+                strangers,
+                per_source: strangers.min(32),
+                proven: 0,
+                front_proxy_reserved: 0,
+            },
+            max_requests_inflight: 64,
+            max_watches: 1,
+            stranger_timeout: Duration::from_secs(5),
+            stranger_header_bytes: MIN_HEADER_BYTES,
+            stranger_streams: 1,
+            http1_only: true,
+            ..ServerLimits::default()
+        }
     }
 }
 
@@ -154,7 +338,7 @@ pub struct InFlight {
 }
 
 impl InFlight {
-    pub fn new(limits: &Limits) -> InFlight {
+    pub fn new(limits: &ServerLimits) -> InFlight {
         InFlight {
             requests: Arc::new(Semaphore::new(limits.max_requests_inflight)),
             watches: Arc::new(Semaphore::new(limits.max_watches)),
@@ -283,9 +467,9 @@ impl ReviewGate {
         Arc::new(ReviewGate::new(Semaphore::MAX_PERMITS, 0.0, 1))
     }
 
-    /// Room for one review now, or `None` (the caller answers 429). Counted in
-    /// `address_controller_apiserver_refused_total{reason="reviews"}`.
-    pub fn enter(&self) -> Option<ReviewPermit> {
+    /// Room for one review of a request of `peer` now, or `None` (the caller answers 429).
+    /// Counted in `address_controller_apiserver_refused_total{reason="reviews"}`.
+    pub fn enter(&self, peer: Peer) -> Option<ReviewPermit> {
         let permit = self.inflight.clone().try_acquire_owned().ok();
         let admitted = permit.filter(|_| {
             self.bucket
@@ -293,21 +477,32 @@ impl ReviewGate {
                 .is_ok_and(|mut b| b.try_take(Instant::now()))
         });
         if admitted.is_none() {
-            ServingMetrics::refused("any", "reviews");
+            ServingMetrics::refused("any", "reviews", peer);
         }
         admitted
     }
 }
 
-/// What the limits refused and what panicked, for every server of the process:
-/// `address_controller_apiserver_connections{server}` (open now),
-/// `address_controller_apiserver_refused_total{server, reason}` (reason `connections`,
-/// `accept` (an accept error, backed off), `handshake` (failed or too slow), `idle` (closed
-/// idle), `requests`, `watches`, `reviews`) and
-/// `address_controller_apiserver_panics_total{server}` (a handler panicked: the request got a
-/// 500, the connection and the server went on).
+/// What the servers hold and what the limits refused, for every server of the process:
+/// - `address_controller_apiserver_connections{server}`: open now;
+/// - `address_controller_serving_connections{server, state, peer}`: open now by state
+///   (`handshaking`, `waiting` — no request completed yet —, `serving`) and peer
+///   (`unauthenticated`, `authenticated`);
+/// - `address_controller_serving_connection_budget{server, peer}`: the places of each;
+/// - `address_controller_serving_head_bytes{peer}` and `…_head_budget_bytes{peer}`: request
+///   head bytes in flight, and the budget (the strangers' share; everyone's total);
+/// - `address_controller_apiserver_refused_total{server, reason, peer}`: reason `evicted`
+///   (a stranger closed for a newcomer), `source` (closed for a newcomer of its own source),
+///   `connections` (the proven's places full), `memory` (the head budget), `accept` (an
+///   accept error, backed off), `handshake` (failed or too slow), `idle`, `reviews`;
+/// - `address_controller_apiserver_panics_total{server}`: a handler panicked (answered 500;
+///   the connection and the server went on).
 pub struct ServingMetrics {
     connections: IntGaugeVec,
+    by_state: IntGaugeVec,
+    caps: IntGaugeVec,
+    head_bytes: IntGaugeVec,
+    head_budget: IntGaugeVec,
     refused: IntCounterVec,
     panics: IntCounterVec,
 }
@@ -317,22 +512,62 @@ fn serving_metrics() -> Option<&'static ServingMetrics> {
     METRICS.get_or_init(|| ServingMetrics::new().ok()).as_ref()
 }
 
+/// A connection's state, as the gauges name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectionState {
+    Handshaking,
+    /// Accepted (and its handshake done), no request completed yet.
+    Waiting,
+    Serving,
+}
+
+impl ConnectionState {
+    fn label(self) -> &'static str {
+        match self {
+            ConnectionState::Handshaking => "handshaking",
+            ConnectionState::Waiting => "waiting",
+            ConnectionState::Serving => "serving",
+        }
+    }
+}
+
 impl ServingMetrics {
     fn new() -> Result<Self, prometheus::Error> {
+        let gauge = |name: &str, help: &str, labels: &[&str]| {
+            IntGaugeVec::new(Opts::new(name, help), labels)
+        };
         Ok(ServingMetrics {
-            connections: IntGaugeVec::new(
-                Opts::new(
-                    "address_controller_apiserver_connections",
-                    "Open connections of a TLS server (views, metrics)",
-                ),
+            connections: gauge(
+                "address_controller_apiserver_connections",
+                "Open connections of a server (views, metrics, probes)",
                 &["server"],
+            )?,
+            by_state: gauge(
+                "address_controller_serving_connections",
+                "Open connections of a server by state (handshaking, waiting, serving) and peer (unauthenticated, authenticated)",
+                &["server", "state", "peer"],
+            )?,
+            caps: gauge(
+                "address_controller_serving_connection_budget",
+                "Connections a server holds at most, by peer (strangers past theirs close their oldest)",
+                &["server", "peer"],
+            )?,
+            head_bytes: gauge(
+                "address_controller_serving_head_bytes",
+                "Bytes of request heads in flight (being received or being served), by peer",
+                &["peer"],
+            )?,
+            head_budget: gauge(
+                "address_controller_serving_head_budget_bytes",
+                "The head bytes a peer class may hold: the strangers' share, everyone's total",
+                &["peer"],
             )?,
             refused: IntCounterVec::new(
                 Opts::new(
                     "address_controller_apiserver_refused_total",
-                    "Connections and requests a serving limit refused or closed, by server and reason",
+                    "Connections and requests a serving limit refused or closed, by server, reason and peer",
                 ),
-                &["server", "reason"],
+                &["server", "reason", "peer"],
             )?,
             panics: IntCounterVec::new(
                 Opts::new(
@@ -350,13 +585,20 @@ impl ServingMetrics {
             prometheus::Error::Msg("the serving metrics could not be created".into())
         })?;
         registry.register(Box::new(m.connections.clone()))?;
+        registry.register(Box::new(m.by_state.clone()))?;
+        registry.register(Box::new(m.caps.clone()))?;
+        registry.register(Box::new(m.head_bytes.clone()))?;
+        registry.register(Box::new(m.head_budget.clone()))?;
         registry.register(Box::new(m.refused.clone()))?;
         registry.register(Box::new(m.panics.clone()))
     }
 
-    pub fn refused(server: &str, reason: &str) {
+    /// One refusal by `server` for `reason` of a `peer`.
+    pub fn refused(server: &str, reason: &str, peer: Peer) {
         if let Some(m) = serving_metrics() {
-            m.refused.with_label_values(&[server, reason]).inc();
+            m.refused
+                .with_label_values(&[server, reason, peer.label()])
+                .inc();
         }
     }
 
@@ -366,22 +608,102 @@ impl ServingMetrics {
         }
     }
 
-    /// One more open connection of `server`, until the guard drops.
+    pub(crate) fn head_bytes(peer: Peer, delta: i64) {
+        if let Some(m) = serving_metrics() {
+            m.head_bytes.with_label_values(&[peer.label()]).add(delta);
+        }
+    }
+
+    pub(crate) fn head_budget(strangers: usize, total: usize) {
+        if let Some(m) = serving_metrics() {
+            let set = |peer: Peer, n: usize| {
+                m.head_budget
+                    .with_label_values(&[peer.label()])
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            };
+            set(Peer::Unauthenticated, strangers);
+            set(Peer::Authenticated, total);
+        }
+    }
+
+    pub(crate) fn connection_caps(server: &str, strangers: usize, proven: usize) {
+        if let Some(m) = serving_metrics() {
+            for (peer, n) in [
+                (Peer::Unauthenticated, strangers),
+                (Peer::Authenticated, proven),
+            ] {
+                m.caps
+                    .with_label_values(&[server, peer.label()])
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+        }
+    }
+
+    /// One more open connection of `server`, handshaking as a stranger, until the guard
+    /// drops; [`OpenConnection::set`] moves it between states.
     pub fn open(server: &'static str) -> OpenConnection {
+        let at = (ConnectionState::Handshaking, Peer::Unauthenticated);
         if let Some(m) = serving_metrics() {
             m.connections.with_label_values(&[server]).inc();
+            m.by_state
+                .with_label_values(&[server, at.0.label(), at.1.label()])
+                .inc();
         }
-        OpenConnection(server)
+        OpenConnection {
+            server,
+            at: Mutex::new(at),
+        }
     }
 }
 
-/// An open connection, counted (see [`ServingMetrics::open`]).
-pub struct OpenConnection(&'static str);
+/// An open connection, counted by state (see [`ServingMetrics::open`]).
+#[derive(Debug)]
+pub struct OpenConnection {
+    server: &'static str,
+    at: Mutex<(ConnectionState, Peer)>,
+}
+
+impl OpenConnection {
+    /// The connection is in `state` as `peer` now.
+    pub fn set(&self, state: ConnectionState, peer: Peer) {
+        let mut at = self
+            .at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *at == (state, peer) {
+            return;
+        }
+        if let Some(m) = serving_metrics() {
+            m.by_state
+                .with_label_values(&[self.server, at.0.label(), at.1.label()])
+                .dec();
+            m.by_state
+                .with_label_values(&[self.server, state.label(), peer.label()])
+                .inc();
+        }
+        *at = (state, peer);
+    }
+
+    /// Its state now.
+    pub fn state(&self) -> ConnectionState {
+        self.at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0
+    }
+}
 
 impl Drop for OpenConnection {
     fn drop(&mut self) {
         if let Some(m) = serving_metrics() {
-            m.connections.with_label_values(&[self.0]).dec();
+            let at = *self
+                .at
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            m.connections.with_label_values(&[self.server]).dec();
+            m.by_state
+                .with_label_values(&[self.server, at.0.label(), at.1.label()])
+                .dec();
         }
     }
 }
@@ -392,33 +714,60 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_connection_cap_fits_the_open_file_limit() {
-        let args = ServingLimitArgs::default();
-        assert_eq!(args.limits(1 << 20, 2).max_connections, 1000);
-        // 1024 descriptors, two servers: (1024 - 128) / 2.
-        assert_eq!(args.limits(1024, 2).max_connections, 448);
-        // Never below 16, never above what was asked.
-        assert_eq!(args.limits(100, 2).max_connections, 16);
-        assert_eq!(args.limits(u64::MAX, 1).max_connections, 1000);
+    fn the_connection_caps_fit_the_open_file_and_memory_limits() {
+        let caps = |args: &ServingLimitArgs, fds, servers| {
+            let c = args.limits(fds, servers).connections;
+            (c.proven, c.strangers)
+        };
+        let big = ServingLimitArgs {
+            memory_limit: Some(4 << 30),
+            ..ServingLimitArgs::default()
+        };
+        assert_eq!(caps(&big, 1 << 20, 2), (1000, 1000));
+        // 1024 descriptors: 128 kept, 128 for the probes, half of each server's 384 for
+        // the proven, the rest for strangers.
+        assert_eq!(caps(&big, 1024, 2), (192, 192));
+        // Never below 8 of each.
+        assert_eq!(caps(&big, 100, 2), (8, 8));
+        // 512Mi: the strangers' connections of two servers cost at most a sixteenth of it.
+        let chart = ServingLimitArgs {
+            memory_limit: Some(512 << 20),
+            ..ServingLimitArgs::default()
+        };
+        assert_eq!(caps(&chart, 1 << 20, 2), (1000, 512));
+        assert_eq!(caps(&chart, 1 << 20, 1), (1000, 1000));
+        // The probes: 256 at most, an eighth of the descriptors.
+        assert_eq!(ServerLimits::probes(1 << 20).connections.strangers, 256);
+        assert_eq!(ServerLimits::probes(256).connections.strangers, 32);
+    }
+
+    #[test]
+    fn byte_counts_parse_as_the_downward_api_and_people_spell_them() {
+        assert_eq!(parse_bytes("536870912"), Ok(512 << 20));
+        assert_eq!(parse_bytes("512Mi"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1G"), Ok(1_000_000_000));
+        assert!(parse_bytes("12Qi").is_err());
+        assert!(parse_bytes("Mi").is_err());
+        assert!(parse_bytes("99999999999999999999Gi").is_err());
     }
 
     #[test]
     fn the_review_gate_refuses_instead_of_queueing() {
         let gate = ReviewGate::new(2, 1000.0, 3);
-        let a = gate.enter().unwrap();
-        let b = gate.enter().unwrap();
+        let a = gate.enter(Peer::Unauthenticated).unwrap();
+        let b = gate.enter(Peer::Unauthenticated).unwrap();
         // Two in flight: the third is refused at once.
-        assert!(gate.enter().is_none());
+        assert!(gate.enter(Peer::Unauthenticated).is_none());
         drop(a);
         // Room again, and one token left of the burst of 3.
-        let c = gate.enter().unwrap();
+        let c = gate.enter(Peer::Unauthenticated).unwrap();
         drop((b, c));
         // The bucket is empty (3 taken) and does not go into debt: refused, not delayed.
         let slow = ReviewGate::new(10, 0.001, 2);
-        assert!(slow.enter().is_some());
-        assert!(slow.enter().is_some());
-        assert!(slow.enter().is_none());
-        assert!(slow.enter().is_none());
+        assert!(slow.enter(Peer::Unauthenticated).is_some());
+        assert!(slow.enter(Peer::Unauthenticated).is_some());
+        assert!(slow.enter(Peer::Unauthenticated).is_none());
+        assert!(slow.enter(Peer::Unauthenticated).is_none());
     }
 
     #[test]

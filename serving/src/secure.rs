@@ -22,8 +22,10 @@ use axum::routing::any;
 
 use crate::authn::Authenticator;
 use crate::authz::Authorizer;
+use crate::budget::HeadBudget;
 use crate::front;
-use crate::limits::{InFlight, Limits, ServingLimitArgs, ServingMetrics};
+use crate::limits::{InFlight, ServerLimits, ServingLimitArgs, ServingMetrics};
+use crate::listener::{self, Listen, Transport};
 use crate::metrics::AuthCaches;
 use crate::status::page_not_found;
 use crate::tls::{self, ServingCert};
@@ -34,7 +36,11 @@ pub struct SecureServing {
     pub authn: Arc<Authenticator>,
     pub authz: Arc<Authorizer>,
     /// The limits of each of its TLS servers.
-    pub limits: Limits,
+    pub limits: ServerLimits,
+    /// The process's head budget (its probe port's too).
+    pub budget: Arc<HeadBudget>,
+    /// Whether the aggregator's front-proxy certificates count (an aggregated API server).
+    front_proxy: bool,
 }
 
 /// The serving flags every binary of the project takes: the certificate, the auth caches'
@@ -77,6 +83,8 @@ pub struct Serving<'a> {
     pub args: &'a SecureServingArgs,
     /// How many TLS servers the process runs (they share the open-file limit).
     pub servers: u64,
+    /// The process's head budget ([`ServingLimitArgs::head_budget`]).
+    pub budget: Arc<HeadBudget>,
 }
 
 impl SecureServing {
@@ -119,6 +127,8 @@ impl SecureServing {
             authn,
             authz,
             limits,
+            budget: serving.budget,
+            front_proxy,
         })
     }
 
@@ -161,15 +171,20 @@ impl SecureServing {
         shutdown: &Shutdown,
         tasks: &mut Tasks,
     ) {
-        let serve = tls::serve(
+        let authn = self.authn.clone();
+        let identify: Option<listener::Identify> = self
+            .front_proxy
+            .then(|| Arc::new(move |peer: &_| authn.is_front_proxy(peer)) as listener::Identify);
+        let listen = Listen {
             addr,
-            self.config.clone(),
-            app,
-            shutdown.wait(),
+            server: server.name,
+            transport: Transport::Tls(self.config.clone()),
+            limits: self.limits,
+            budget: self.budget.clone(),
+            identify,
             drain,
-            server.name,
-            self.limits,
-        );
+        };
+        let serve = listener::serve(listen, app, shutdown.wait());
         let task = server.task;
         tasks.spawn(task, async move { serve.await.context(task) });
     }

@@ -1,19 +1,13 @@
 //! TLS with rustls: a serving certificate reloaded from disk when it changes (rotation
 //! without restart), ALPN h2 + http/1.1, and client certificates requested but not
-//! required — their chain is verified per request against the request-header CA alone
-//! (authn), so a kubelet probe or Prometheus can connect without one — and [`serve`],
-//! the TLS listener that hands each request its peer's certificates, within the
-//! [`crate::limits`] of a server.
+//! required — their chain is verified against the request-header CA alone (authn: at the
+//! handshake, to know the aggregator, and per request), so a kubelet probe or Prometheus can
+//! connect without one. The listener is [`crate::listener`].
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::SystemTime;
 
-use axum::Router;
-use axum::response::IntoResponse;
-use futures::FutureExt;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
@@ -21,11 +15,6 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
-use tower::ServiceExt;
-
-use crate::authn::PeerCerts;
-use crate::limits::{Activity, Holding, Limits, ServingMetrics};
-use crate::status::ApiError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -209,198 +198,4 @@ pub fn server_config(cert: ServingCert) -> Result<Arc<ServerConfig>, TlsError> {
         .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
-}
-
-/// Serves `app` over TLS on `addr` until `shutdown` resolves; then stops accepting and,
-/// with `drain`, returns once the connections it has are closed (the supervisor's grace
-/// bounds the wait): kube-apiserver's connection to the aggregated API keeps being
-/// answered while the endpoint goes, the process exits no later than that.
-///
-/// Nothing a client does ends it ([`crate::limits`]): an accept error (out of file
-/// descriptors, a connection reset before accept) is logged and backed off as Go's
-/// `net/http` does; past `limits.max_connections` a new connection is closed at once; a
-/// handshake, a request head and an idle connection have deadlines; a handler that panics
-/// answers 500 (counted) and the connection goes on. `server` names it in the metrics.
-pub async fn serve(
-    addr: SocketAddr,
-    config: Arc<rustls::ServerConfig>,
-    app: Router,
-    shutdown: impl std::future::Future<Output = ()>,
-    drain: bool,
-    server: &'static str,
-    limits: Limits,
-) -> std::io::Result<()> {
-    let listener = match tokio::net::TcpListener::bind(addr).await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(%addr, error = %e, "cannot listen");
-            return Err(e);
-        }
-    };
-    tracing::info!(%addr, server, max_connections = limits.max_connections, "listening (TLS)");
-    let acceptor = tokio_rustls::TlsAcceptor::from(config);
-    let places = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
-    tokio::pin!(shutdown);
-    // The connections open: each holds a clone while it is served.
-    let (open, mut counted) = tokio::sync::watch::channel(());
-    let mut backoff = Duration::ZERO;
-    loop {
-        // After an accept error, the next accept waits: Go's net/http backs off 5 ms,
-        // doubling, at most 1 s; the listener stays.
-        let accept = async {
-            if !backoff.is_zero() {
-                tokio::time::sleep(backoff).await;
-            }
-            listener.accept().await
-        };
-        let accepted = tokio::select! {
-            r = accept => r,
-            _ = &mut shutdown => break,
-        };
-        let (tcp, remote) = match accepted {
-            Ok(a) => {
-                backoff = Duration::ZERO;
-                a
-            }
-            Err(e) => {
-                backoff = (backoff * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
-                ServingMetrics::refused(server, "accept");
-                tracing::warn!(%addr, server, error = %e, retry_in = ?backoff, "accept failed");
-                continue;
-            }
-        };
-        let Ok(place) = places.clone().try_acquire_owned() else {
-            // Closed at once: the descriptor is free again before the next accept.
-            ServingMetrics::refused(server, "connections");
-            tracing::debug!(%remote, server, "connection refused: --max-connections reached");
-            drop(tcp);
-            continue;
-        };
-        let serving = open.clone();
-        // As Go's net/http does: without it, several small watch events written back to
-        // back on kube-apiserver's one HTTP/2 connection wait for a delayed ACK (~40 ms).
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(%remote, error = %e, "TCP_NODELAY");
-        }
-        let acceptor = acceptor.clone();
-        let app = app.clone();
-        tokio::spawn(async move {
-            let _place = place;
-            let _counted = ServingMetrics::open(server);
-            let tls =
-                match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
-                    Ok(Ok(t)) => t,
-                    Ok(Err(e)) => {
-                        ServingMetrics::refused(server, "handshake");
-                        tracing::debug!(%remote, error = %e, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        ServingMetrics::refused(server, "handshake");
-                        tracing::debug!(%remote, "TLS handshake timed out");
-                        return;
-                    }
-                };
-            serve_connection(tls, remote, app, server, &limits).await;
-            drop(serving);
-        });
-    }
-    // Refused from now on, not queued by the kernel for nobody.
-    drop(listener);
-    drop(open);
-    if drain {
-        tracing::info!(%addr, "draining the open connections");
-        let _ = counted.changed().await;
-    }
-    Ok(())
-}
-
-/// The most bytes of a request's head, as kube-apiserver's `MaxHeaderBytes` (1 MiB): a
-/// 10,500-value selector is about 42 KiB.
-const MAX_HEADER_BYTES: usize = 1 << 20;
-
-/// One TLS connection: HTTP/1.1 or HTTP/2, each request with its peer's certificates, a
-/// panic in a handler answered 500, the connection closed once idle past its deadline.
-async fn serve_connection(
-    tls: tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
-    remote: SocketAddr,
-    app: Router,
-    server: &'static str,
-    limits: &Limits,
-) {
-    let peer = PeerCerts(
-        tls.get_ref()
-            .1
-            .peer_certificates()
-            .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
-            .unwrap_or_default(),
-    );
-    let activity = Arc::new(Activity::default());
-    let requests = activity.clone();
-    let service = hyper::service::service_fn(
-        move |mut req: hyper::Request<hyper::body::Incoming>| {
-            req.extensions_mut().insert(peer.clone());
-            let busy = requests.begin();
-            let call = app.clone().oneshot(req.map(axum::body::Body::new));
-            async move {
-                let response = match std::panic::AssertUnwindSafe(call).catch_unwind().await {
-                    Ok(Ok(r)) => r,
-                    Ok(Err(never)) => match never {},
-                    Err(_) => {
-                        ServingMetrics::panicked(server);
-                        tracing::error!(%remote, server, "a request handler panicked; answered 500");
-                        ApiError::internal("an internal error occurred").into_response()
-                    }
-                };
-                Ok::<_, std::convert::Infallible>(response.map(|body| Holding::body(body, busy)))
-            }
-        },
-    );
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout)
-        .max_buf_size(MAX_HEADER_BYTES + 4096);
-    // hyper's HTTP/2 default is 16 KiB: kube-apiserver's requests for a long selector were
-    // reset (the aggregator answered 503) where a CRD answers them.
-    builder
-        .http2()
-        .max_header_list_size(MAX_HEADER_BYTES as u32);
-    let conn = builder.serve_connection(TokioIo::new(tls), service);
-    tokio::pin!(conn);
-    let mut closing = false;
-    loop {
-        let due = if closing {
-            None
-        } else {
-            activity.due(limits.header_timeout, limits.idle_timeout)
-        };
-        // Busy connections are looked at again every idle period (a request may end
-        // without waking this task).
-        let wake = due.unwrap_or_else(|| Instant::now() + limits.idle_timeout);
-        tokio::select! {
-            r = conn.as_mut() => {
-                if let Err(e) = r {
-                    tracing::debug!(%remote, error = %e, "connection ended");
-                }
-                return;
-            }
-            () = tokio::time::sleep_until(wake.into()), if !closing => {
-                if activity
-                    .due(limits.header_timeout, limits.idle_timeout)
-                    .is_some_and(|d| d <= Instant::now())
-                {
-                    ServingMetrics::refused(server, "idle");
-                    tracing::debug!(%remote, server, "closing an idle connection");
-                    conn.as_mut().graceful_shutdown();
-                    closing = true;
-                }
-            }
-            () = tokio::time::sleep(limits.handshake_timeout), if closing => {
-                // A peer that does not let go after the graceful close: dropped.
-                return;
-            }
-        }
-    }
 }
