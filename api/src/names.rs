@@ -196,8 +196,13 @@ pub mod driver {
     pub const CLAIM_NOT_FOUND: &str = "ClaimNotFound";
     /// The Service names a claim that is not Bound (Pending or Lost).
     pub const CLAIM_NOT_BOUND: &str = "ClaimNotBound";
-    /// The Service names a claim that already serves another Service.
+    /// The Service names a claim that already serves another Service, or a claim of another
+    /// namespace that does not exist or does not share with the Service's namespace (one
+    /// answer for both: a reference never tells whether another namespace's claim exists).
     pub const ASSOCIATION_REJECTED: &str = "AssociationRejected";
+    /// Event on a claim: a Service of another namespace names it and was refused (the
+    /// namespace named, never the Service).
+    pub const SERVICE_REFUSED: &str = "ServiceRefused";
     /// The claim's addresses were taken off the Service.
     pub const DISASSOCIATED: &str = "Disassociated";
     /// An address of the claim is of a family the Service does not have; it is not pinned.

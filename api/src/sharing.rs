@@ -38,7 +38,9 @@ pub mod reason {
     pub const CLAIM_NOT_BOUND: &str = "ClaimNotBound";
     /// The claim does not share and another Service holds it.
     pub const ATTACHED_ELSEWHERE: &str = "AttachedElsewhere";
-    /// The claim's sharing does not include the Service's namespace.
+    /// A claim of another namespace that does not exist or whose sharing does not include
+    /// the Service's namespace: one reason and one message for both
+    /// ([`super::not_shared_message`]).
     pub const NOT_SHARED: &str = "NotShared";
     /// The Service uses a (protocol, port) an earlier holder uses on the same family.
     pub const PORT_CONFLICT: &str = "PortConflict";
@@ -167,9 +169,7 @@ impl Refusal {
     /// The condition message, for a Service naming `claim` (`namespace/name`).
     pub fn message(&self, claim: &str) -> String {
         match self {
-            Refusal::NotShared => format!(
-                "IPAddressClaim {claim} does not share its address with this namespace (its spec.sharing must list it)"
-            ),
+            Refusal::NotShared => not_shared_message(claim),
             Refusal::AttachedElsewhere(h) => format!(
                 "IPAddressClaim {claim} already serves Service {h} and does not share (its spec.sharing.policy is None)"
             ),
@@ -181,6 +181,15 @@ impl Refusal {
             ),
         }
     }
+}
+
+/// What a Service naming another namespace's claim `claim` (`namespace/name`) reads when
+/// that claim does not exist or does not share with its namespace — the same words for
+/// both, so that a reference is no oracle of another namespace's claim names.
+pub fn not_shared_message(claim: &str) -> String {
+    format!(
+        "IPAddressClaim {claim} does not exist or does not share its address with this namespace (its owner's spec.sharing must list it)"
+    )
 }
 
 /// One Service that names a claim, as [`admit`] judges it.

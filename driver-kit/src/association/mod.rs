@@ -211,6 +211,9 @@ pub struct ServicePlan {
     pub events: Vec<PlannedEvent>,
     /// Why the Service gets nothing, once per episode (`None`: nothing wrong).
     pub problem: Option<PlannedEvent>,
+    /// For the owner of another namespace's claim the Service was refused: an event on the
+    /// claim, in the owner's namespace.
+    pub owner_notice: Option<PlannedEvent>,
 }
 
 fn refused(plan: &mut ServicePlan, event: &'static str, condition: &'static str, why: String) {
@@ -259,7 +262,27 @@ fn judge(s: &ServiceSnapshot<'_>, plan: &mut ServicePlan) -> (Vec<Arc<IPAddress>
         ),
         (Some(Ok((ns, claim_name))), Some(svc)) => {
             let claim_ref = format!("{ns}/{claim_name}");
+            let own = s.key.split_once('/').map_or("", |(n, _)| n);
+            let theirs = ns != own;
             match s.claim {
+                // Not ours to know: another namespace's claim that is missing and one that
+                // does not share read alike; its owner hears of the refusal on the claim.
+                _ if theirs && !s.claim.is_some_and(|c| c.admits_namespace(own)) => {
+                    refused(
+                        plan,
+                        reason::ASSOCIATION_REJECTED,
+                        sharing::reason::NOT_SHARED,
+                        sharing::not_shared_message(&claim_ref),
+                    );
+                    if s.claim.is_some() {
+                        plan.owner_notice = Some(PlannedEvent::warning(
+                            reason::SERVICE_REFUSED,
+                            format!(
+                                "a Service of namespace {own} names this claim and was refused: the claim does not share its address with that namespace"
+                            ),
+                        ));
+                    }
+                }
                 None => refused(
                     plan,
                     reason::CLAIM_NOT_FOUND,
@@ -854,6 +877,58 @@ mod tests {
             json!({"status": {"phase": "Conflict"}}),
         )];
         assert_eq!(names(&c.plan().associate), ["x"]);
+    }
+
+    #[test]
+    fn another_namespaces_claim_missing_or_not_shared_reads_alike() {
+        // A Service of namespace `o` naming `t/c`: the claim missing, or there and not
+        // sharing, Pending or Bound — one reason, one message, one event; nothing pinned.
+        let mut theirs = Vec::new();
+        let mut notices = Vec::new();
+        for claim in [
+            None,
+            Some(claim("Bound", &[("x", "192.0.2.1")])),
+            Some(claim("Pending", &[])),
+        ] {
+            let mut c = Case::new();
+            c.key = "o/web";
+            c.service = Some(svc(
+                "web",
+                json!({"metadata": {"namespace": "o",
+                    "annotations": {SERVICE_CLAIM_ANNOTATION: "t/c"}}}),
+            ));
+            c.rivals = c.service.iter().cloned().collect();
+            c.claim = claim;
+            let p = c.plan();
+            assert!(p.associate.is_empty());
+            assert_eq!(p.pin, Some((vec![], vec![])));
+            let problem = p.problem.unwrap();
+            theirs.push((p.condition, problem.reason, problem.note));
+            notices.push(p.owner_notice.map(|n| n.reason));
+        }
+        assert_eq!(theirs[0], theirs[1]);
+        assert_eq!(theirs[0], theirs[2]);
+        let (condition, event, _) = &theirs[0];
+        assert_eq!(
+            condition
+                .as_ref()
+                .map(|(on, why, m)| (*on, *why, m.as_str())),
+            Some((
+                false,
+                sharing::reason::NOT_SHARED,
+                "IPAddressClaim t/c does not exist or does not share its address with this namespace (its owner's spec.sharing must list it)"
+            ))
+        );
+        assert_eq!(*event, reason::ASSOCIATION_REJECTED);
+        // The owner hears of it on its claim when there is one.
+        assert_eq!(
+            notices,
+            [
+                None,
+                Some(reason::SERVICE_REFUSED),
+                Some(reason::SERVICE_REFUSED)
+            ]
+        );
     }
 
     #[test]

@@ -177,13 +177,14 @@ pub(crate) async fn service_pass<D: Driver>(
         shown_elsewhere: &shown_elsewhere,
         unservable: &unservable,
     });
-    apply_service(&ctx, &key, svc, plan).await
+    apply_service(&ctx, &key, svc, claim, plan).await
 }
 
 async fn apply_service<D: Driver>(
     ctx: &Ctx<D>,
     key: &str,
     svc: Option<Arc<Service>>,
+    claim: Option<Arc<IPAddressClaim>>,
     plan: ServicePlan,
 ) -> Result<Outcome, Error> {
     // Ledger first.
@@ -255,6 +256,9 @@ async fn apply_service<D: Driver>(
         ctx.events.publish(&svc, ev).await;
     }
     ctx.events.publish_once(&svc, plan.problem.as_ref()).await;
+    if let (Some(notice), Some(claim)) = (&plan.owner_notice, &claim) {
+        ctx.events.publish_once(claim.as_ref(), Some(notice)).await;
+    }
     Ok(Outcome::Done)
 }
 
