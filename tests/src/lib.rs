@@ -976,6 +976,7 @@ pub mod bench;
 pub mod chaos;
 pub mod chart;
 pub mod env;
+pub mod flood;
 pub mod image;
 pub mod metallb;
 pub mod node;
