@@ -104,6 +104,11 @@ tolerations:
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
+# The serving budgets are sized from the container's memory limit (in bytes).
+- name: ADDRESS_CONTROLLER_MEMORY_LIMIT
+  valueFrom:
+    resourceFieldRef:
+      resource: limits.memory
 {{- with .Values.logLevel }}
 - name: ADDRESS_CONTROLLER_LOG_LEVEL
   value: {{ . | quote }}
