@@ -43,9 +43,9 @@ pub struct HeadBudget {
 }
 
 /// The budget's share of the process's memory limit: an eighth for heads in flight, half of
-/// that for strangers. What a stranger's connection costs besides its head (TLS state, the
-/// connection's buffers and task, about 32 KiB) is bounded by the connection caps, sized
-/// from the same limit (`ServingLimitArgs::sizing`).
+/// that for strangers. What a stranger's connection costs besides (TLS state, the
+/// connection's buffers and task) is bounded by the connection caps, sized from another
+/// eighth (`ServingLimitArgs::limits`).
 pub const HEAD_SHARE: u64 = 8;
 
 impl HeadBudget {

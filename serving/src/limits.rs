@@ -49,9 +49,11 @@ pub const PROVEN_HEADER_BYTES: usize = 1 << 20;
 /// The memory the serving budgets are sized from when the container has no limit and no
 /// flag gives one: the chart's default limit.
 pub const DEFAULT_MEMORY: u64 = 512 << 20;
-/// What a stranger's connection costs besides its head, for sizing the strangers' caps:
-/// TLS state, the connection's buffers and its task (measured: docs/design.md).
-pub const STRANGER_CONNECTION_BYTES: u64 = 32 << 10;
+/// What a stranger's connection may cost, for sizing the strangers' caps: TLS state, the
+/// connection's buffers and task, its own head allowance. Measured (docs/design.md): 11 KiB
+/// an idle socket, 32 KiB after a TLS handshake and a small head, 75 KiB an HTTP/2
+/// connection holding a 15 KB header block.
+pub const STRANGER_CONNECTION_BYTES: u64 = 64 << 10;
 
 /// The limits of the servers (the aggregated API, `/metrics`, the probes) and of the
 /// delegated auth behind them. Shared by the core and every driver.
@@ -201,8 +203,8 @@ impl ServingLimitArgs {
 
     /// The limits of one TLS server when `servers` servers share `open_files` descriptors:
     /// the connection caps are lowered so that accept never meets the open-file limit (half
-    /// the room for each kind), and the strangers' so that their connections' fixed cost
-    /// fits a sixteenth of the memory limit across the servers.
+    /// the room for each kind), and the strangers' so that their connections fit an eighth
+    /// of the memory limit across the servers.
     pub fn limits(&self, open_files: u64, servers: u64) -> ServerLimits {
         let servers = servers.max(1);
         let fit = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
@@ -212,7 +214,7 @@ impl ServingLimitArgs {
             .saturating_sub(RESERVED_FDS)
             .saturating_sub(probes)
             / servers);
-        let by_memory = fit(self.memory() / 16 / STRANGER_CONNECTION_BYTES / servers);
+        let by_memory = fit(self.memory() / 8 / STRANGER_CONNECTION_BYTES / servers);
         let proven = self.max_connections.max(1).min((room / 2).max(8));
         let strangers = self
             .max_unauthenticated_connections
@@ -729,7 +731,7 @@ mod tests {
         assert_eq!(caps(&big, 1024, 2), (192, 192));
         // Never below 8 of each.
         assert_eq!(caps(&big, 100, 2), (8, 8));
-        // 512Mi: the strangers' connections of two servers cost at most a sixteenth of it.
+        // 512Mi: the strangers' connections of two servers cost at most an eighth of it.
         let chart = ServingLimitArgs {
             memory_limit: Some(512 << 20),
             ..ServingLimitArgs::default()
