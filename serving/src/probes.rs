@@ -73,6 +73,6 @@ pub fn spawn(
     tasks.spawn("probes", async move {
         serve
             .await
-            .map_err(|e| anyhow::anyhow!("serving the probes on {addr}: {e}"))
+            .map_err(|e| anyhow::anyhow!("binding the probe address {addr}: {e}"))
     });
 }
