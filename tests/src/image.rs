@@ -341,9 +341,19 @@ impl Container<'_> {
             let value = if let Some(v) = e["value"].as_str() {
                 v.to_string()
             } else {
-                match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
-                    Some("metadata.name") => self.pod.to_string(),
-                    Some("metadata.namespace") => self.namespace.to_string(),
+                match (
+                    e["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+                    e["valueFrom"]["resourceFieldRef"]["resource"].as_str(),
+                ) {
+                    (Some("metadata.name"), _) => self.pod.to_string(),
+                    (Some("metadata.namespace"), _) => self.namespace.to_string(),
+                    // The downward API gives the container's limit in bytes (divisor 1).
+                    (_, Some("limits.memory")) => {
+                        let limit = c["resources"]["limits"]["memory"].as_str().unwrap_or_default();
+                        quantity_bytes(limit)
+                            .ok_or_else(|| anyhow!("env {name}: the container's memory limit {limit:?} is not a quantity emulated here"))?
+                            .to_string()
+                    }
                     _ => bail!("env {name}: {} is not emulated here", e["valueFrom"]),
                 }
             };
@@ -531,4 +541,22 @@ pub fn container_pid(unshare: u32) -> Option<u32> {
             .collect()
     };
     children(unshare).into_iter().next()
+}
+
+/// A memory quantity as the downward API turns it into bytes (`512Mi`, `1Gi`, `100M`, bytes).
+fn quantity_bytes(q: &str) -> Option<u64> {
+    let split = q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len());
+    let (n, unit) = q.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let f: u64 = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "k" => 1000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        _ => return None,
+    };
+    n.checked_mul(f)
 }
