@@ -13,7 +13,7 @@ use crate::group::{GROUP, VERSION};
 use crate::openapi;
 use crate::resources::View;
 use crate::state::State;
-use serving::status::page_not_found;
+use address_controller_serving::status::page_not_found;
 
 /// `GET /apis/<group>/<version>`: the legacy `APIResourceList`.
 pub fn api_resource_list(views: &[Arc<dyn View>]) -> Value {

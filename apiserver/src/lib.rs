@@ -14,17 +14,17 @@
 //! [`group`], [`state`]. This file only assembles the router and spawns the server.
 
 pub mod discovery;
-pub mod front;
 pub mod group;
-pub mod metrics;
+pub mod list_options;
+pub mod metering;
 pub mod openapi;
 pub mod render;
-pub mod request;
 pub mod resources;
 pub mod selector;
 pub mod serve;
 pub mod state;
 pub mod store;
+pub mod view_metrics;
 pub mod watch;
 
 use std::net::SocketAddr;
@@ -32,11 +32,11 @@ use std::sync::Arc;
 
 use address_controller_runtime::supervise::{Shutdown, Tasks};
 use address_controller_runtime::world::World;
+use address_controller_serving::front as door;
+use address_controller_serving::secure;
 use axum::Router;
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::any;
-use serving::front as door;
-use serving::secure;
 use tower::ServiceExt;
 
 pub use crate::group::{API_VERSION, GROUP, VERSION};
@@ -60,12 +60,12 @@ pub fn router(state: Arc<State>, access: door::Access) -> Router {
         .layer(from_fn_with_state(access.clone(), door::authenticate))
         .layer(from_fn_with_state(access, door::admit))
         .layer(from_fn(door::yaml_errors))
-        .layer(from_fn_with_state(state.clone(), front::metered))
+        .layer(from_fn_with_state(state.clone(), metering::metered))
         .layer(from_fn(door::describe));
     let app = Router::new()
         .route("/healthz", any(door::alive))
         .route("/livez", any(door::alive))
-        .route("/readyz", any(front::ready))
+        .route("/readyz", any(metering::ready))
         .merge(api)
         .with_state(state);
     Router::new().fallback_service(app.map_request(door::without_trailing_slash))
@@ -95,7 +95,7 @@ pub fn spawn(
 ) -> anyhow::Result<()> {
     let store = store::ViewStore::new(world.clone(), resources::all(), views.history);
     store.register();
-    registry.register(Box::new(metrics::ViewSizes::new(store.clone())?))?;
+    registry.register(Box::new(view_metrics::ViewSizes::new(store.clone())?))?;
     tasks.spawn_forever("view store", store.clone().run());
     let built = store.clone();
     world.health.check("views", move || {
@@ -104,7 +104,7 @@ pub fn spawn(
     let state = Arc::new(State {
         store,
         authn: serving.authn.clone(),
-        metrics: metrics::ApiMetrics::new(registry)?,
+        metrics: view_metrics::ApiMetrics::new(registry)?,
         openapi: openapi::Served::new(views.openapi_v2),
     });
     let server = secure::Server {

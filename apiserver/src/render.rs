@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use crate::group::API_VERSION;
 use crate::resources::ResourceInfo;
 use crate::store::Entry;
-use serving::negotiate::Format;
-use serving::status::ApiError;
+use address_controller_serving::negotiate::Format;
+use address_controller_serving::status::ApiError;
 
 /// `PartialObjectMetadata` of an object.
 pub fn partial(e: &Entry, version: &str) -> Value {

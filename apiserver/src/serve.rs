@@ -15,15 +15,15 @@ use axum::http::{HeaderMap, Method, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::group::{GROUP, VERSION};
+use crate::list_options::{ContinueToken, ListOptions, RvMatch};
 use crate::render::{self, IncludeObject, ListMeta};
-use crate::request::{ContinueToken, ListOptions, RvMatch};
 use crate::state::State;
 use crate::store::Entry;
-use serving::front::Described;
-use serving::negotiate::{Format, negotiate};
-use serving::request::Query;
-use serving::request::verb_of;
-use serving::status::{ApiError, page_not_found};
+use address_controller_serving::front::Described;
+use address_controller_serving::negotiate::{Format, negotiate};
+use address_controller_serving::request::Query;
+use address_controller_serving::request::verb_of;
+use address_controller_serving::status::{ApiError, page_not_found};
 
 /// How long a request for a resourceVersion newer than this replica's waits for it.
 const WAIT_FOR_REVISION: Duration = Duration::from_secs(3);

@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use crate::metrics::ApiMetrics;
 use crate::openapi;
 use crate::store::ViewStore;
-use serving::authn::Authenticator;
+use crate::view_metrics::ApiMetrics;
+use address_controller_serving::authn::Authenticator;
 
 /// Shared state of the server.
 pub struct State {

@@ -23,7 +23,7 @@ use axum::body::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, watch};
 
-use crate::request::ListOptions;
+use crate::list_options::ListOptions;
 use crate::resources::{Computed, View};
 
 /// One object of a view as served.

@@ -20,12 +20,12 @@ use rustls::pki_types::CertificateDer;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use crate::metrics::ApiMetrics;
 use crate::store::{HistoryBound, ViewStore};
+use crate::view_metrics::ApiMetrics;
 use crate::{State, router};
-use serving::authn::{Authenticator, FrontProxy, PeerCerts};
-use serving::authz::Authorizer;
-use serving::limits::{InFlight, ReviewGate, ServerLimits};
+use address_controller_serving::authn::{Authenticator, FrontProxy, PeerCerts};
+use address_controller_serving::authz::Authorizer;
+use address_controller_serving::limits::{InFlight, ReviewGate, ServerLimits};
 
 fn fill<K>(cache: &Cache<K>, objects: Vec<Value>)
 where
@@ -137,7 +137,7 @@ fn app_limited(
         "requestheader-extra-headers-prefix": "[\"X-Remote-Extra-\"]"}}))
     .unwrap();
     authn.set_front_proxy(Some(FrontProxy::from_config_map(&cm).unwrap()));
-    let access = serving::front::Access {
+    let access = address_controller_serving::front::Access {
         authn: authn.clone(),
         authz: Arc::new(Authorizer::new(client, 100, ReviewGate::unlimited())),
         inflight: Arc::new(InFlight::new(&limits)),
@@ -606,12 +606,15 @@ async fn the_metrics_endpoint_passes_the_same_front_door() {
         "requestheader-username-headers": "[\"X-Remote-User\"]", "requestheader-group-headers": "[\"X-Remote-Group\"]"}}))
     .unwrap();
     authn.set_front_proxy(Some(FrontProxy::from_config_map(&cm).unwrap()));
-    let access = serving::front::Access {
+    let access = address_controller_serving::front::Access {
         authn,
         authz: Arc::new(Authorizer::new(client, 100, ReviewGate::unlimited())),
         inflight: Arc::new(InFlight::new(&ServerLimits::default())),
     };
-    let app = serving::secure::metrics_router(access, Arc::new(|| "up 1\n".to_string()));
+    let app = address_controller_serving::secure::metrics_router(
+        access,
+        Arc::new(|| "up 1\n".to_string()),
+    );
     // An allowed principal reads the metrics.
     let (code, _, body) = call(&app, &pki.proxy, "GET", "/metrics", &ADMIN).await;
     assert_eq!(
@@ -798,9 +801,9 @@ async fn the_store_sizes_follow_its_objects_and_its_history() {
 #[tokio::test]
 async fn a_draining_server_returns_once_its_connections_close() {
     use std::time::Duration;
-    let config = serving::tls::server_config(serving::tls::ServingCert::SelfSigned(vec![
-        "localhost".into(),
-    ]))
+    let config = address_controller_serving::tls::server_config(
+        address_controller_serving::tls::ServingCert::SelfSigned(vec!["localhost".into()]),
+    )
     .unwrap();
     for drain in [true, false] {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -810,16 +813,16 @@ async fn a_draining_server_returns_once_its_connections_close() {
             .port();
         let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let listen = serving::listener::Listen {
+        let listen = address_controller_serving::listener::Listen {
             addr,
             server: "test",
-            transport: serving::listener::Transport::Tls(config.clone()),
+            transport: address_controller_serving::listener::Transport::Tls(config.clone()),
             limits: ServerLimits::default(),
-            budget: serving::budget::HeadBudget::unlimited(),
+            budget: address_controller_serving::budget::HeadBudget::unlimited(),
             identify: None,
             drain,
         };
-        let server = tokio::spawn(serving::listener::serve(
+        let server = tokio::spawn(address_controller_serving::listener::serve(
             listen,
             axum::Router::new(),
             async move {

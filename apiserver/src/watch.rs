@@ -21,12 +21,12 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::group::API_VERSION;
+use crate::list_options::ListOptions;
 use crate::render::{self, IncludeObject};
-use crate::request::ListOptions;
 use crate::state::State;
 use crate::store::{Entry, Resume};
-use serving::negotiate::Format;
-use serving::status::ApiError;
+use address_controller_serving::negotiate::Format;
+use address_controller_serving::status::ApiError;
 
 const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
 const WAIT_FOR_REVISION: Duration = Duration::from_secs(3);

@@ -349,7 +349,9 @@ impl Container<'_> {
                     (Some("metadata.namespace"), _) => self.namespace.to_string(),
                     // The downward API gives the container's limit in bytes (divisor 1).
                     (_, Some("limits.memory")) => {
-                        let limit = c["resources"]["limits"]["memory"].as_str().unwrap_or_default();
+                        let limit = c["resources"]["limits"]["memory"]
+                            .as_str()
+                            .unwrap_or_default();
                         quantity_bytes(limit)
                             .ok_or_else(|| anyhow!("env {name}: the container's memory limit {limit:?} is not a quantity emulated here"))?
                             .to_string()

@@ -16,10 +16,10 @@ use address_controller_runtime::world::World;
 use k8s_openapi::api::core::v1::Namespace;
 use serde_json::{Value, json};
 
-use serving::request::Query;
+use address_controller_serving::request::Query;
 
-use crate::request::ComputedField;
-use serving::status::ApiError;
+use crate::list_options::ComputedField;
+use address_controller_serving::status::ApiError;
 
 /// A subresource of a resource.
 pub struct Subresource {

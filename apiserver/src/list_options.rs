@@ -7,8 +7,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-use serving::request::{Query, parse_bool};
-use serving::status::ApiError;
+use address_controller_serving::request::{Query, parse_bool};
+use address_controller_serving::status::ApiError;
 
 use crate::selector::{FieldSelector, LabelSelector};
 

@@ -1,16 +1,16 @@
-//! The views' own layers on the [`serving::front`] door: request metrics by view
+//! The views' own layers on the [`address_controller_serving::front`] door: request metrics by view
 //! ([`metered`]) and readiness ([`ready`]).
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use address_controller_serving::authn::UserInfo;
+use address_controller_serving::front::{Described, plain, read_verb};
+use address_controller_serving::request::RequestInfo;
 use axum::extract::{Request, State as AxumState};
 use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
-use serving::authn::UserInfo;
-use serving::front::{Described, plain, read_verb};
-use serving::request::RequestInfo;
 
 use crate::state::State;
 

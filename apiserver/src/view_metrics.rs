@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use address_controller_serving::metrics::gauges;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
-use serving::metrics::gauges;
 
 pub struct ApiMetrics {
     requests: IntCounterVec,
