@@ -136,7 +136,7 @@ pub fn holder(
 /// reason `released` gives (ignored for any other phase) and the binding released — with
 /// its history brought along at `now` (`record`: the history follows the claimRef; an
 /// invalid address's does not); `None` when it has it all.
-fn status_write(
+pub(crate) fn status_write(
     a: &IPAddress,
     phase_to: AddressPhase,
     released: Option<(Time, Option<String>)>,

@@ -97,6 +97,24 @@ pub async fn reconcile(ctx: Arc<Context>, name: String) -> Result<Outcome> {
     apply(&ctx, &address, claim.as_deref(), plan).await
 }
 
+/// The status patch of an address's status write (the address pass's, and the claim's
+/// reclaim's): phase, release and, when it changes, the history.
+pub(crate) fn status_body(
+    status: &crate::decide::address::AddressStatusWrite,
+) -> serde_json::Value {
+    let mut fields = json!({"phase": status.phase, "releasedAt": status.released_at,
+        "releasedFrom": status.released_from, "reason": status.reason});
+    if let Some((history, dropped)) = &status.history {
+        fields["history"] = json!(history);
+        fields["historyDropped"] = if *dropped == 0 {
+            json!(null)
+        } else {
+            json!(dropped)
+        };
+    }
+    json!({ "status": fields })
+}
+
 async fn apply(
     ctx: &Context,
     address: &Arc<IPAddress>,
@@ -121,19 +139,9 @@ async fn apply(
         current = updated;
     }
     if let Some(status) = &plan.status {
-        let mut fields = json!({"phase": status.phase, "releasedAt": status.released_at,
-            "releasedFrom": status.released_from, "reason": status.reason});
-        if let Some((history, dropped)) = &status.history {
-            fields["history"] = json!(history);
-            fields["historyDropped"] = if *dropped == 0 {
-                json!(null)
-            } else {
-                json!(dropped)
-            };
-        }
         let body = guarded(
             current.metadata.resource_version.as_deref(),
-            json!({ "status": fields }),
+            status_body(status),
         );
         let updated = api
             .patch_status(&name, &params, &Patch::Merge(body))

@@ -254,14 +254,12 @@ async fn write_address(ctx: &Context, w: &AddressWrite) -> Result<()> {
         }
         AddressWrite::Release {
             resource_version,
-            released_from,
-            reason,
+            status,
             ..
         } => {
             let body = guarded(
                 resource_version.as_deref(),
-                json!({"status": {"phase": "Released", "releasedAt": Time(Timestamp::now()),
-                    "releasedFrom": released_from, "reason": reason}}),
+                crate::reconcile::address::status_body(status),
             );
             Some(
                 address_api

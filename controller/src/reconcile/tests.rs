@@ -332,3 +332,62 @@ async fn a_claim_pinned_to_a_reservation_it_has_not_seen_yet_waits_for_it() {
         "the free address is never bound: {all:?}"
     );
 }
+
+/// #57's race, held open: a Retain address is released by its claim's reclaim (the claim
+/// deleted) and read before the address pass ever runs again — the fresh clone's history
+/// test read it then. The one write that releases it closes its open holding at its own
+/// `releasedAt`; before, the write carried no history and the holding stayed open until a
+/// second write of the address pass (here it never comes: the release write is all there
+/// is — without the fix this test fails every time).
+#[tokio::test]
+async fn the_reclaims_release_closes_the_holding_in_the_same_write() {
+    let (api, ctx) = core(|call| match (call.method.as_str(), call.path.as_str()) {
+        ("PATCH", p) if p == format!("{ADDRESS}/status") => {
+            Answer::Object(patched(address_json(), &call.body))
+        }
+        ("PATCH", "/apis/local.sdn.cozystack.io/v1alpha1/namespaces/t/ipaddressclaims/c") => {
+            Answer::Object(patched(claim_json(), &call.body))
+        }
+        _ => Answer::Status(404, "NotFound"),
+    });
+    // The address Bound to the claim, its holding open; the claim being deleted.
+    let bound: IPAddress = serde_json::from_value(json!({
+        "apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddress",
+        "metadata": {"name": "ipv4-192-0-2-1", "uid": "address-uid", "resourceVersion": "11",
+            "finalizers": [address_controller_api::names::ADDRESS_FINALIZER]},
+        "spec": {"address": "192.0.2.1", "className": "pool", "source": {"fromClass": {}},
+            "claimRef": {"namespace": "t", "name": "c", "uid": "claim-uid"}},
+        "status": {"phase": "Bound", "history": [{"namespace": "t", "name": "c",
+            "uid": "claim-uid", "state": "Bound", "from": "2026-12-01T00:00:00Z"}]}}))
+    .unwrap();
+    ctx.world
+        .addresses
+        .apply(key_of(&bound), Some(Arc::new(bound)));
+    let mut claim = claim_json();
+    claim["metadata"]["deletionTimestamp"] = json!("2026-12-06T00:00:00Z");
+    claim["status"] = json!({"phase": "Bound", "addresses": [{"name": "ipv4-192-0-2-1", "address": "192.0.2.1"}]});
+    let claim: IPAddressClaim = serde_json::from_value(claim).unwrap();
+    ctx.world
+        .claims
+        .apply(key_of(&claim), Some(Arc::new(claim)));
+    reconcile(ctx.clone(), "t/c".into()).await.unwrap();
+    let writes = api.writes();
+    let release = writes
+        .iter()
+        .find(|w| w.path.ends_with("/status") && w.path.contains("ipaddresses"))
+        .unwrap_or_else(|| {
+            panic!(
+                "no release: {:?}",
+                writes.iter().map(Call::line).collect::<Vec<_>>()
+            )
+        });
+    let status = &release.body["status"];
+    assert_eq!(status["phase"], "Released", "{status}");
+    assert_eq!(release.body["metadata"]["resourceVersion"], "11");
+    let history = status["history"]
+        .as_array()
+        .expect("the history rides on the release");
+    assert_eq!(history.len(), 1, "{status}");
+    assert_eq!(history[0]["until"], status["releasedAt"], "{status}");
+    assert_eq!(history[0]["ended"], "Released", "{status}");
+}

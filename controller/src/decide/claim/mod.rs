@@ -80,13 +80,13 @@ pub enum AddressWrite {
         claim_ref: ClaimRef,
     },
     /// Retain on reclaim: phase `Released` with `releasedAt`, recording the binding
-    /// released (`releasedFrom`, the claimRef the plan saw) (SPEC §6).
+    /// released (`releasedFrom`, the claimRef the plan saw) and closing its holding in the
+    /// history at the same instant — the address pass's own status write, so the two never
+    /// disagree (SPEC §6).
     Release {
         name: String,
         resource_version: Option<String>,
-        released_from: Option<ClaimRef>,
-        /// `status.reason` (`names::released`).
-        reason: &'static str,
+        status: crate::decide::address::AddressStatusWrite,
     },
     /// Delete on reclaim (SPEC §6); the uid precondition never deletes a newer object.
     Delete { name: String, uid: Option<String> },
@@ -157,7 +157,7 @@ pub fn plan_claim(s: &ClaimSnapshot<'_>) -> ClaimPlan {
 
     // §4.1 / §6
     if claim.is_deleting() {
-        return reclaim::reclaim(claim, &holdings);
+        return reclaim::reclaim(claim, &holdings, &s.now);
     }
     let mut plan = ClaimPlan::default();
     // §4.2: the finalizer (the stamp joins this patch when it is due too).

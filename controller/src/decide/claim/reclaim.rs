@@ -4,7 +4,8 @@
 //! finalizer goes last, after those writes succeeded.
 
 use address_controller_api::names::{CLAIM_FINALIZER, event, released};
-use address_controller_api::{IPAddressClaim, ReclaimPolicy};
+use address_controller_api::{AddressPhase, IPAddressClaim, ReclaimPolicy};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
 use super::{AddressWrite, ClaimPlan};
@@ -12,7 +13,7 @@ use crate::decide::holdings::Holdings;
 use crate::decide::{PlannedEvent, without_finalizer};
 
 /// Plans the reclaim of a claim being deleted.
-pub fn reclaim(claim: &IPAddressClaim, holdings: &Holdings<'_>) -> ClaimPlan {
+pub fn reclaim(claim: &IPAddressClaim, holdings: &Holdings<'_>, now: &Time) -> ClaimPlan {
     let mut plan = ClaimPlan::default();
     let Some(remaining) = without_finalizer(claim.finalizers(), CLAIM_FINALIZER) else {
         return plan;
@@ -46,16 +47,29 @@ pub fn reclaim(claim: &IPAddressClaim, holdings: &Holdings<'_>) -> ClaimPlan {
                 event::ADDRESS_DELETED,
                 format!("deleting IPAddress {name} ({}): {why}", a.spec.address),
             ));
-        } else if !a.is_released() {
+        } else if !a.is_released()
+            && let Some(status) = crate::decide::address::status_write(
+                a,
+                AddressPhase::Released,
+                Some((
+                    now.clone(),
+                    Some(
+                        if holdings.is_surplus(a) {
+                            released::SURPLUS
+                        } else {
+                            released::RECLAIMED
+                        }
+                        .to_string(),
+                    ),
+                )),
+                true,
+                now,
+            )
+        {
             plan.address_writes.push(AddressWrite::Release {
                 name: name.clone(),
                 resource_version: a.metadata.resource_version.clone(),
-                released_from: a.spec.claim_ref.clone(),
-                reason: if holdings.is_surplus(a) {
-                    released::SURPLUS
-                } else {
-                    released::RECLAIMED
-                },
+                status,
             });
             plan.events.push(PlannedEvent::normal(
                 event::ADDRESS_RELEASED,
