@@ -384,14 +384,8 @@ impl Adopt<'_> {
             // moment the claim binds, the address is shown by a Service its ledger does not
             // list — Conflict, until the driver's next pass associates it.
             // Its history says so too: a span found under way (it held the address before).
-            let attachment = address_controller_api::Attachment {
-                kind: "Service".into(),
-                namespace: Some(ns.clone()),
-                name: name.clone(),
-                ports: address_controller_api::sharing::ports_of(s)
-                    .into_iter()
-                    .collect(),
-            };
+            let attachment =
+                address_controller_api::sharing::attachment(&format!("{ns}/{name}"), Some(s));
             let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 k8s_openapi::jiff::Timestamp::now(),
             );

@@ -101,7 +101,14 @@ pub async fn holders(args: &HoldersArgs) -> anyhow::Result<bool> {
                 at.as_ref()
                     .is_none_or(|t| history::attached_at(std::slice::from_ref(s), t).len() == 1)
             })
-            .map(|s| format!("{}/{}", s.namespace.as_deref().unwrap_or(""), s.name))
+            .map(|s| {
+                format!(
+                    "{}/{}{}",
+                    s.namespace.as_deref().unwrap_or(""),
+                    s.name,
+                    if s.egress { " (egress)" } else { "" }
+                )
+            })
             .collect();
         rows.push(vec![
             h.namespace.clone(),
@@ -178,6 +185,7 @@ pub async fn usage(args: &UsageArgs) -> anyhow::Result<()> {
             acc.addresses += u.addresses;
             acc.held_seconds += u.held_seconds;
             acc.attached_seconds += u.attached_seconds;
+            acc.egress_seconds += u.egress_seconds;
             acc.partial |= u.partial;
         }
     }
@@ -194,6 +202,7 @@ pub async fn usage(args: &UsageArgs) -> anyhow::Result<()> {
                 u.addresses.to_string(),
                 u.held_seconds.to_string(),
                 u.attached_seconds.to_string(),
+                u.egress_seconds.to_string(),
                 if u.partial { "partial" } else { "complete" }.into(),
             ]
         })
@@ -204,6 +213,7 @@ pub async fn usage(args: &UsageArgs) -> anyhow::Result<()> {
         "ADDRESSES",
         "HELD_SECONDS",
         "ATTACHED_SECONDS",
+        "EGRESS_SECONDS",
         "HISTORY",
     ];
     match args.output {

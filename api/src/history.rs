@@ -92,11 +92,19 @@ pub struct AttachmentSpan {
     /// it was found.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub found: bool,
+    /// The holder was served by cozy-proxy: its pod's outbound traffic left from the
+    /// address (an egress span — what an abuse report about traffic *from* the address
+    /// asks). A holder that stops or starts being one ends its span and begins another.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub egress: bool,
 }
 
 impl AttachmentSpan {
     fn same_holder(&self, a: &Attachment) -> bool {
-        self.kind == a.kind && self.namespace == a.namespace && self.name == a.name
+        self.kind == a.kind
+            && self.namespace == a.namespace
+            && self.name == a.name
+            && self.egress == a.method.is_some()
     }
 }
 
@@ -184,6 +192,9 @@ pub struct Usage {
     pub addresses: i64,
     pub held_seconds: i64,
     pub attached_seconds: i64,
+    /// Of those, the seconds a holder served by cozy-proxy sent its pod's outbound traffic
+    /// from the address (egress spans).
+    pub egress_seconds: i64,
     /// The history cannot answer for all of the period: entries that may have covered it
     /// were dropped past the bound, or a binding was found under way (an upgrade).
     pub partial: bool,
@@ -213,24 +224,29 @@ pub fn usage_of(a: &IPAddress, lo: i64, hi: i64) -> Vec<(String, Usage)> {
         let Some((s, e)) = overlap(h.from.as_ref(), h.until.as_ref(), lo, hi) else {
             continue;
         };
-        let mut on: Vec<(i64, i64)> = spans
-            .iter()
-            .filter_map(|sp| overlap(Some(&sp.from), sp.until.as_ref(), s, e))
-            .collect();
-        on.sort_unstable();
-        let mut attached = 0;
-        let mut reach = s;
-        for (a0, a1) in on {
-            let a0 = a0.max(reach);
-            if a1 > a0 {
-                attached += a1 - a0;
-                reach = a1;
+        let covered = |egress_only: bool| {
+            let mut on: Vec<(i64, i64)> = spans
+                .iter()
+                .filter(|sp| !egress_only || sp.egress)
+                .filter_map(|sp| overlap(Some(&sp.from), sp.until.as_ref(), s, e))
+                .collect();
+            on.sort_unstable();
+            let mut seconds = 0;
+            let mut reach = s;
+            for (a0, a1) in on {
+                let a0 = a0.max(reach);
+                if a1 > a0 {
+                    seconds += a1 - a0;
+                    reach = a1;
+                }
             }
-        }
+            seconds
+        };
         let u = Usage {
             addresses: 1,
             held_seconds: e - s,
-            attached_seconds: attached,
+            attached_seconds: covered(false),
+            egress_seconds: covered(true),
             // A binding found under way: its start is not known.
             partial: partial_holdings || partial_spans || h.from.is_none(),
         };
@@ -239,6 +255,7 @@ pub fn usage_of(a: &IPAddress, lo: i64, hi: i64) -> Vec<(String, Usage)> {
             Some((_, acc)) => {
                 acc.held_seconds += u.held_seconds;
                 acc.attached_seconds += u.attached_seconds;
+                acc.egress_seconds += u.egress_seconds;
                 acc.partial |= u.partial;
             }
             None => out.push((h.namespace.clone(), u)),
@@ -370,6 +387,7 @@ pub fn spans_after(
                 found: before
                     .iter()
                     .any(|b| b == a || b.association() == a.association()),
+                egress: a.method.is_some(),
             });
             changed = true;
         }
@@ -398,6 +416,21 @@ fn bounded<T>(
 /// What is wrong with a history, for the invariant checker: entries out of order or
 /// overlapping, an open entry that is not the last, or a last open entry that does not
 /// match the address's claimRef and phase. Empty when it is sound.
+/// The one state the history is never in, not even between two writes: `Released` with
+/// its holding still open — the write that releases an address closes its holding (the
+/// core's address pass and its claims' reclaim alike). `Some`: what is wrong.
+pub fn released_yet_open(a: &IPAddress) -> Option<String> {
+    let released = a.status.as_ref().and_then(|s| s.phase) == Some(crate::AddressPhase::Released);
+    let (list, _) = holdings(a);
+    let open = list.last().filter(|h| h.until.is_none())?;
+    released.then(|| {
+        format!(
+            "Released with its holding of {}/{} still open",
+            open.namespace, open.name
+        )
+    })
+}
+
 pub fn problems(a: &IPAddress) -> Vec<String> {
     let (list, _) = holdings(a);
     let mut out = Vec::new();
@@ -456,6 +489,8 @@ mod tests {
             namespace: Some("a".into()),
             name: name.into(),
             ports: vec!["TCP/80".into()],
+            method: None,
+            allow_icmp: false,
         }
     }
 
@@ -555,6 +590,7 @@ mod tests {
             from: t(from),
             until: until.map(t),
             found: false,
+            egress: false,
         };
         st.attachment_history = vec![
             span("x", 10, Some(60)),
@@ -586,6 +622,16 @@ mod tests {
         assert_eq!(u.len(), 1);
         assert_eq!((u[0].1.held_seconds, u[0].1.attached_seconds), (50, 30));
         assert!(!u[0].1.partial);
+        assert_eq!(
+            u[0].1.egress_seconds, 0,
+            "no holder was served by cozy-proxy"
+        );
+        // The span 30..80 was a cozy-proxy holder's: 30 s of egress in 50..120.
+        a.status.as_mut().unwrap().attachment_history[1].egress = true;
+        let u = usage_of(&a, base + 50, base + 120);
+        assert_eq!((u[0].1.attached_seconds, u[0].1.egress_seconds), (30, 30));
+        let u = usage_of(&a, base, base + 200);
+        assert_eq!(u[0].1.egress_seconds, 50);
         // Dropped entries older than everything kept: a period before them is partial.
         a.status.as_mut().unwrap().history_dropped = 3;
         assert!(usage_of(&a, base - 10, base + 5)[0].1.partial);
@@ -609,5 +655,24 @@ mod tests {
         // A holder from before the history: found.
         let (s, _) = spans_after(&[], 0, &[svc("old")], &[svc("old")], &t(5)).unwrap();
         assert!(s[0].found);
+    }
+
+    #[test]
+    fn a_holder_cozy_proxy_serves_is_an_egress_span_of_its_own() {
+        let mut vm = svc("vm");
+        vm.method = Some(crate::AttachmentMethod::WholeIP);
+        let (s, d) = spans_after(&[], 0, &[], &[vm.clone()], &t(1)).unwrap();
+        assert!(s[0].egress);
+        // Switched between WholeIP and PortList: still egress, the same span.
+        let mut listed = vm.clone();
+        listed.method = Some(crate::AttachmentMethod::PortList);
+        assert_eq!(
+            spans_after(&s, d, &[vm.clone()], &[listed.clone()], &t(2)),
+            None
+        );
+        // Handed back to kube-proxy (the label removed): the egress span ends, another begins.
+        let (s, _) = spans_after(&s, d, &[listed], &[svc("vm")], &t(3)).unwrap();
+        assert_eq!((s[0].egress, s[0].until.clone()), (true, Some(t(3))));
+        assert_eq!((s[1].egress, s[1].until.clone()), (false, None));
     }
 }

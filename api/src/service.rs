@@ -6,10 +6,51 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 
-use crate::Family;
 use crate::family::parse_address;
 use crate::names::SERVICE_CLAIM_ANNOTATION;
 use crate::validation::{is_dns1123_label, is_dns1123_subdomain};
+use crate::{AttachmentMethod, Family};
+
+/// The label that hands a Service to a proxy other than kube-proxy (kube-proxy skips a
+/// Service that carries it), and the value of the platform's own data plane.
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+pub const COZY_PROXY: &str = "cozy-proxy";
+/// cozy-proxy's annotations: `"true"` forwards every port (absent or anything else: the
+/// listed ports only), and with the listed ports, `"true"` lets ICMP through.
+pub const WHOLE_IP_ANNOTATION: &str = "networking.cozystack.io/wholeIP";
+pub const ALLOW_ICMP_ANNOTATION: &str = "networking.cozystack.io/allowICMP";
+
+/// How cozy-proxy serves a Service (see [`cozy_proxy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Proxied {
+    pub method: AttachmentMethod,
+    /// ICMP reaches the pod (always with `WholeIP`).
+    pub allow_icmp: bool,
+}
+
+/// How the platform's data plane serves `s`, when its label hands it to cozy-proxy — the
+/// label is cozy-proxy's only selector; its annotations choose the method as cozy-proxy
+/// reads them (`wholeIP` exactly `"true"`, `allowICMP` exactly `"true"`). cozy-proxy maps the
+/// Service's address to its first endpoint whole — DNAT in, SNAT out (its `svc_pod` and
+/// `pod_svc` maps are keyed by address alone) — so such a Service holds its address alone,
+/// and its pod's outbound traffic leaves from it.
+pub fn cozy_proxy(s: &Service) -> Option<Proxied> {
+    if s.labels().get(SERVICE_PROXY_NAME_LABEL).map(String::as_str) != Some(COZY_PROXY) {
+        return None;
+    }
+    let yes = |k: &str| s.annotations().get(k).map(String::as_str) == Some("true");
+    Some(if yes(WHOLE_IP_ANNOTATION) {
+        Proxied {
+            method: AttachmentMethod::WholeIP,
+            allow_icmp: true,
+        }
+    } else {
+        Proxied {
+            method: AttachmentMethod::PortList,
+            allow_icmp: yes(ALLOW_ICMP_ANNOTATION),
+        }
+    })
+}
 
 /// `spec.type: LoadBalancer`.
 pub fn is_load_balancer_type(s: &Service) -> bool {

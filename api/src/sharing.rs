@@ -22,8 +22,8 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
-use crate::service::service_families;
-use crate::{ClaimServices, Family, IPAddressClaim, SharingPolicy};
+use crate::service::{cozy_proxy, service_families};
+use crate::{Attachment, AttachmentMethod, ClaimServices, Family, IPAddressClaim, SharingPolicy};
 
 /// The Service condition the driver kit writes on every Service naming a claim.
 pub const CONDITION: &str = "local.sdn.cozystack.io/AddressAttached";
@@ -51,6 +51,23 @@ pub mod reason {
     /// The backend cannot put the claim's address on a Service (e.g. an admin's static
     /// address outside the class's MetalLB pool).
     pub const ADDRESS_NOT_SERVED: &str = "AddressNotServed";
+    /// A Service handed to cozy-proxy holds the address whole, or the Service is one and
+    /// another holds the address: such a holder is the address's only one.
+    pub const EXCLUSIVE_HOLDER: &str = "ExclusiveHolder";
+    /// A Service handed to cozy-proxy names another namespace's claim: its pods' outbound
+    /// traffic would leave from someone else's address.
+    pub const EGRESS_NOT_OWN: &str = "EgressNotOwn";
+    /// A Service handed to cozy-proxy selects more than one ready pod: cozy-proxy forwards
+    /// the address to one.
+    pub const MULTIPLE_ENDPOINTS: &str = "MultipleEndpoints";
+    /// A Service handed to cozy-proxy whose EndpointSlices are not known yet: how many pods
+    /// it selects is not known, so nothing is put on it (a new Service's slices follow it
+    /// within moments).
+    pub const WAITING_FOR_ENDPOINTS: &str = "WaitingForEndpoints";
+    /// Pinned, and the load balancer does not show the address on the Service (yet).
+    pub const WAITING_FOR_LOAD_BALANCER: &str = "WaitingForLoadBalancer";
+    /// The load balancer refused the Service (its words in the message).
+    pub const LOAD_BALANCER_REFUSED: &str = "LoadBalancerRefused";
 }
 
 impl IPAddressClaim {
@@ -119,13 +136,35 @@ impl ClaimServices {
     }
 }
 
-/// A (protocol, port) a Service serves, as `TCP/443` (protocol absent = TCP).
+/// A (protocol, port) a Service serves, as `TCP/443` (protocol absent = TCP) — none for a
+/// Service cozy-proxy serves whole: the port it lists is a placeholder (the platform
+/// renders `65535` for a VM that lists none), never a port of the sharing book.
 pub fn ports_of(s: &Service) -> BTreeSet<String> {
+    if cozy_proxy(s).is_some_and(|p| p.method == AttachmentMethod::WholeIP) {
+        return BTreeSet::new();
+    }
     s.spec
         .iter()
         .flat_map(|sp| sp.ports.iter().flatten())
         .map(|p| format!("{}/{}", p.protocol.as_deref().unwrap_or("TCP"), p.port))
         .collect()
+}
+
+/// The ledger's record of Service `key` (`namespace/name`) as a holder: what it serves and
+/// how — the one spelling of an attachment, for the kit and the admin commands.
+pub fn attachment(key: &str, service: Option<&Service>) -> Attachment {
+    let (ns, name) = key.split_once('/').unwrap_or(("", key));
+    let proxied = service.and_then(cozy_proxy);
+    Attachment {
+        kind: "Service".into(),
+        namespace: Some(ns.to_string()),
+        name: name.to_string(),
+        ports: service
+            .map(|s| ports_of(s).into_iter().collect())
+            .unwrap_or_default(),
+        method: proxied.map(|p| p.method),
+        allow_icmp: proxied.is_some_and(|p| p.allow_icmp && p.method == AttachmentMethod::PortList),
+    }
 }
 
 /// What must be equal between holders of one address: empty for `Cluster`, the selector
@@ -153,6 +192,13 @@ pub enum Refusal {
     PortConflict { with: String, port: String },
     /// The holder `with` has another traffic policy or selector.
     BackendMismatch(String),
+    /// `holder` is handed to cozy-proxy and holds the address whole.
+    HeldWhole(String),
+    /// This Service is handed to cozy-proxy, which takes the address whole, and `holder`
+    /// already holds it.
+    WantsWhole(String),
+    /// This Service is handed to cozy-proxy and names another namespace's claim.
+    EgressNotOwn,
 }
 
 impl Refusal {
@@ -163,6 +209,8 @@ impl Refusal {
             Refusal::AttachedElsewhere(_) => reason::ATTACHED_ELSEWHERE,
             Refusal::PortConflict { .. } => reason::PORT_CONFLICT,
             Refusal::BackendMismatch(_) => reason::BACKEND_MISMATCH,
+            Refusal::HeldWhole(_) | Refusal::WantsWhole(_) => reason::EXCLUSIVE_HOLDER,
+            Refusal::EgressNotOwn => reason::EGRESS_NOT_OWN,
         }
     }
 
@@ -178,6 +226,15 @@ impl Refusal {
             ),
             Refusal::BackendMismatch(h) => format!(
                 "Service {h} holds the address of IPAddressClaim {claim} with another externalTrafficPolicy or (Local) selector; Services sharing an address must have one backend"
+            ),
+            Refusal::HeldWhole(h) => format!(
+                "Service {h} holds the address of IPAddressClaim {claim} whole (cozy-proxy forwards all of it to its pod, and sends the pod's outbound traffic from it); no other Service may hold it, whatever the claim's sharing"
+            ),
+            Refusal::WantsWhole(h) => format!(
+                "cozy-proxy takes the whole address (every port forwarded to one pod, its outbound traffic sent from it) and Service {h} already holds the address of IPAddressClaim {claim}"
+            ),
+            Refusal::EgressNotOwn => format!(
+                "a Service handed to cozy-proxy sends its pods' outbound traffic from the address: it may name only a claim of its own namespace, not IPAddressClaim {claim}"
             ),
         }
     }
@@ -208,6 +265,7 @@ pub fn admit(claim: &IPAddressClaim, candidates: &[Candidate<'_>]) -> Vec<Result
         families: Vec<Family>,
         ports: BTreeSet<String>,
         backend: Option<String>,
+        whole: bool,
     }
     let mut held: Vec<Held<'_>> = Vec::new();
     candidates
@@ -216,16 +274,28 @@ pub fn admit(claim: &IPAddressClaim, candidates: &[Candidate<'_>]) -> Vec<Result
             if !claim.admits_namespace(c.namespace) {
                 return Err(Refusal::NotShared);
             }
+            let whole = cozy_proxy(c.service).is_some();
+            // Egress from the address is its owner's alone.
+            if whole && claim.metadata.namespace.as_deref() != Some(c.namespace) {
+                return Err(Refusal::EgressNotOwn);
+            }
             let me = Held {
                 key: c.key,
                 families: service_families(c.service),
                 ports: ports_of(c.service),
                 backend: backend_key(c.service),
+                whole,
             };
-            if let Some(first) = held.first()
-                && !claim.is_shared()
-            {
-                return Err(Refusal::AttachedElsewhere(first.key.to_string()));
+            if let Some(first) = held.first() {
+                if first.whole {
+                    return Err(Refusal::HeldWhole(first.key.to_string()));
+                }
+                if whole {
+                    return Err(Refusal::WantsWhole(first.key.to_string()));
+                }
+                if !claim.is_shared() {
+                    return Err(Refusal::AttachedElsewhere(first.key.to_string()));
+                }
             }
             for h in &held {
                 if h.backend != me.backend {
@@ -292,9 +362,11 @@ mod tests {
             .collect();
         let mut v =
             json!({"metadata": {"name": "s"}, "spec": {"type": "LoadBalancer", "ports": ports}});
-        if let Some(spec) = extra.get("spec").and_then(Value::as_object) {
-            for (k, x) in spec {
-                v["spec"][k] = x.clone();
+        for part in ["spec", "metadata"] {
+            if let Some(fields) = extra.get(part).and_then(Value::as_object) {
+                for (k, x) in fields {
+                    v[part][k] = x.clone();
+                }
             }
         }
         serde_json::from_value(v).unwrap()
@@ -343,6 +415,98 @@ mod tests {
             ClaimServices::count([&unjudged]),
             Some(ClaimServices::default())
         );
+    }
+
+    /// The platform's VM Service: cozy-proxy's label, its annotations, the placeholder port.
+    fn vm(whole: &str, icmp: Option<&str>, ports: &[(&str, i32)]) -> Service {
+        let mut ann = json!({"networking.cozystack.io/wholeIP": whole});
+        if let Some(i) = icmp {
+            ann["networking.cozystack.io/allowICMP"] = json!(i);
+        }
+        svc(
+            ports,
+            json!({"metadata": {"labels": {"service.kubernetes.io/service-proxy-name": "cozy-proxy"},
+                "annotations": ann},
+                "spec": {"externalTrafficPolicy": "Local", "selector": {"vm": "v"}}}),
+        )
+    }
+
+    #[test]
+    fn cozy_proxy_reads_the_method_from_the_label_and_annotations() {
+        let whole = vm("true", None, &[("TCP", 65535)]);
+        assert_eq!(
+            cozy_proxy(&whole),
+            Some(crate::service::Proxied {
+                method: AttachmentMethod::WholeIP,
+                allow_icmp: true
+            })
+        );
+        // The placeholder is never a port.
+        assert!(ports_of(&whole).is_empty());
+        let listed = vm("false", Some("true"), &[("TCP", 22), ("UDP", 53)]);
+        let a = attachment("t/vm", Some(&listed));
+        assert_eq!(a.method, Some(AttachmentMethod::PortList));
+        assert!(a.allow_icmp);
+        assert_eq!(a.ports, ["TCP/22", "UDP/53"]);
+        // Anything but "true" is the listed ports, ICMP dropped, as cozy-proxy reads it.
+        assert_eq!(
+            cozy_proxy(&vm("True", Some("yes"), &[("TCP", 22)])),
+            Some(crate::service::Proxied {
+                method: AttachmentMethod::PortList,
+                allow_icmp: false
+            })
+        );
+        // The label is the only selector: the annotations alone are nothing.
+        let mut unlabelled = vm("true", None, &[("TCP", 65535)]);
+        unlabelled.metadata.labels = None;
+        assert_eq!(cozy_proxy(&unlabelled), None);
+        assert_eq!(ports_of(&unlabelled).len(), 1);
+        assert_eq!(attachment("t/x", Some(&unlabelled)).method, None);
+    }
+
+    #[test]
+    fn a_holder_cozy_proxy_serves_is_the_addresses_only_one_whatever_the_sharing() {
+        let c = claim(json!({"policy": "SameNamespace"}));
+        let whole = vm("true", None, &[("TCP", 65535)]);
+        let listed = vm("false", None, &[("TCP", 22)]);
+        let web = svc(
+            &[("TCP", 80)],
+            json!({"spec": {"externalTrafficPolicy": "Local", "selector": {"vm": "v"}}}),
+        );
+        // Held whole first: a second Service is refused, even on another port.
+        assert_eq!(
+            judge(&c, &[("t/vm", &whole), ("t/web", &web)]),
+            [Ok(()), Err(reason::EXCLUSIVE_HOLDER)]
+        );
+        // A port holder first: the whole-address Service is refused.
+        assert_eq!(
+            judge(&c, &[("t/web", &web), ("t/vm", &whole)]),
+            [Ok(()), Err(reason::EXCLUSIVE_HOLDER)]
+        );
+        // PortList is exclusive too (cozy-proxy maps the address, not a port).
+        assert_eq!(
+            judge(&c, &[("t/vm", &listed), ("t/web", &web)]),
+            [Ok(()), Err(reason::EXCLUSIVE_HOLDER)]
+        );
+        // Two of them: the first keeps it.
+        assert_eq!(
+            judge(&c, &[("t/vm", &whole), ("t/vm2", &whole)]),
+            [Ok(()), Err(reason::EXCLUSIVE_HOLDER)]
+        );
+    }
+
+    #[test]
+    fn another_namespace_never_sends_its_traffic_from_the_address() {
+        let c = claim(json!({"policy": "Namespaces", "namespaces": ["o"]}));
+        let whole = vm("true", None, &[("TCP", 65535)]);
+        let web = svc(&[("TCP", 80)], json!({}));
+        // Granted to namespace o: an ordinary Service may attach, one cozy-proxy serves not.
+        assert_eq!(judge(&c, &[("o/web", &web)]), [Ok(())]);
+        assert_eq!(
+            judge(&c, &[("o/vm", &whole)]),
+            [Err(reason::EGRESS_NOT_OWN)]
+        );
+        assert_eq!(judge(&c, &[("t/vm", &whole)]), [Ok(())]);
     }
 
     #[test]

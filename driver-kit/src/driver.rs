@@ -195,10 +195,29 @@ pub trait Driver: Send + Sync + 'static {
     }
 
     /// The addresses the backend shows on the Service: until an unpinned address is gone
-    /// from here, the kit keeps its ledger entry (`associatedTo`). The default reads
+    /// from here, the kit keeps its ledger entry (`associatedTo`), and until a pinned one is
+    /// here, the Service's `AddressAttached` condition is not `True`. The default reads
     /// `status.loadBalancer.ingress`, where a load balancer reports what it serves.
     fn shown(&self, service: &Service) -> Vec<IpAddr> {
         ingress(service)
+    }
+
+    /// Whether what [`Driver::pin`] pins is shown once it returns (the backend is the load
+    /// balancer and writes the ingress itself): the condition is `True` in the same pass.
+    /// The default, `false`: another load balancer shows it, and the condition waits for it.
+    fn pin_shows(&self) -> bool {
+        false
+    }
+
+    /// Why the load balancer does not show what was pinned on `service`, in its own words,
+    /// when it said so (e.g. MetalLB's `AllocationFailed` event); asked only while the
+    /// Service waits. The default: nothing said.
+    fn refusal(
+        &self,
+        _client: &Client,
+        _service: &Service,
+    ) -> impl Future<Output = Option<String>> + Send {
+        async { None }
     }
 
     /// Whether the backend can put an address of a class of this driver on a Service

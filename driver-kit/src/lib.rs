@@ -152,6 +152,12 @@ pub const KIT_RULES: &[Rule] = &[
         why: "association: the Services naming claims; the kit's record of its pins (an annotation)",
     },
     Rule {
+        group: "discovery.k8s.io",
+        resources: &["endpointslices"],
+        verbs: &["list", "watch"],
+        why: "the ready pods of a Service cozy-proxy serves (its label selects the slices): cozy-proxy forwards the address to one",
+    },
+    Rule {
         group: "",
         resources: &["services/status"],
         verbs: &["patch"],
@@ -242,7 +248,7 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
     .await?;
     let (client, health, leadership) = (p.client.clone(), p.health.clone(), p.leadership.clone());
     // Services: association (SPEC §8) is part of every driver.
-    let world = World::new(true, health.clone());
+    let world = World::new(true, health.clone()).with_proxied_endpoints();
     let gate = Gate::new(leadership.clone(), health.clone());
     let mut ctx = runner::Ctx::new(
         driver,

@@ -63,6 +63,17 @@ pub(crate) fn register<D: Driver>(ctx: &Arc<runner::Ctx<D>>) {
     }
     let c = ctx.clone();
     ctx.world.classes.on_change(move |ch| class_changed(&c, ch));
+    // A Service cozy-proxy serves is judged again when its ready pods change.
+    if let Some(slices) = &ctx.world.proxied_endpoints {
+        let c = ctx.clone();
+        slices.cache.on_change(move |ch| {
+            for slice in [&ch.old, &ch.new].into_iter().flatten() {
+                if let Some(svc) = address_controller_runtime::endpoints::service_of(slice) {
+                    c.queues.services.add(svc);
+                }
+            }
+        });
+    }
 }
 
 fn address_changed<D: Driver>(c: &runner::Ctx<D>, ch: &Change<IPAddress>) {

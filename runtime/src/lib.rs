@@ -9,6 +9,7 @@
 pub mod cache;
 pub mod client;
 pub mod controllers;
+pub mod endpoints;
 pub mod events;
 pub mod health;
 pub mod leader;

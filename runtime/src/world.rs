@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::{Api, Client};
 
 use crate::cache::{Cache, WatchConfig};
+use crate::endpoints::ProxiedEndpoints;
 use crate::health::Health;
 use crate::supervise::Tasks;
 
@@ -36,6 +37,10 @@ pub struct World {
     /// Only in the core's process (the binder and the views): what entitlements are decided
     /// from (SPEC §13) — the namespaces (their labels) and the IPAddressQuotas.
     pub entitlements: Option<Entitlements>,
+    /// Only in the drivers: the EndpointSlices of the Services cozy-proxy serves (selected by
+    /// its label, which the EndpointSlice controller copies from the Service) — how many
+    /// ready pods such a Service has (cozy-proxy forwards the address to one).
+    pub proxied_endpoints: Option<Arc<ProxiedEndpoints>>,
     /// The highest resourceVersion any of the watches has seen.
     pub revision: Arc<AtomicU64>,
     pub health: Arc<Health>,
@@ -52,6 +57,7 @@ impl World {
             services: with_services.then(|| Cache::new("Service", revision.clone())),
             driver_leases: None,
             entitlements: None,
+            proxied_endpoints: None,
             revision,
             health,
         };
@@ -84,6 +90,16 @@ impl World {
         self.health.watch(e.namespaces.health.clone());
         self.health.watch(e.quotas.health.clone());
         self.entitlements = Some(e);
+        self
+    }
+
+    /// Adds the cache of the EndpointSlices of the Services cozy-proxy serves (the drivers').
+    /// Their changes move [`World::revision`].
+    #[must_use]
+    pub fn with_proxied_endpoints(mut self) -> World {
+        let slices = ProxiedEndpoints::new(self.revision.clone());
+        self.health.watch(slices.cache.health.clone());
+        self.proxied_endpoints = Some(slices);
         self
     }
 
@@ -129,6 +145,20 @@ impl World {
             tasks.spawn_forever(
                 "watch IPAddressQuotas",
                 e.quotas.clone().run(Api::all(client.clone()), cfg.clone()),
+            );
+        }
+        if let Some(e) = &self.proxied_endpoints {
+            let cfg = WatchConfig {
+                labels: Some(format!(
+                    "{}={}",
+                    address_controller_api::service::SERVICE_PROXY_NAME_LABEL,
+                    address_controller_api::service::COZY_PROXY
+                )),
+                ..cfg.clone()
+            };
+            tasks.spawn_forever(
+                "watch EndpointSlices (cozy-proxy)",
+                e.cache.clone().run(Api::all(client.clone()), cfg),
             );
         }
         if let Some(l) = &self.driver_leases {

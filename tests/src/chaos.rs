@@ -122,10 +122,17 @@ pub struct Stats {
     /// A reserved address found bound to another claim, or a reservation's claim that did
     /// not get its address: each one fails the run.
     pub reservation_failures: std::sync::Mutex<Vec<String>>,
+    /// Addresses seen — at any instant of the run, by a watch — in a state the history is
+    /// never in, not even between two writes (`history::released_yet_open`): the
+    /// `history-unsound` rule, held live (#57: the end-of-run check judges a settled
+    /// ledger, where a second write had long closed the holding).
+    pub history_live: std::sync::Mutex<Vec<String>>,
     pub services_created: AtomicUsize,
     /// Services created naming a claim (of all Services created), re-annotated ones, and
     /// thieves (a Service of another load balancer showing a claimed address).
     pub named_services_created: AtomicUsize,
+    /// Of those, the platform's VM shape (#55: cozy-proxy's label, whole, port 65535).
+    pub vm_services_created: AtomicUsize,
     pub reannotated: AtomicUsize,
     pub thieves: AtomicUsize,
     /// Sharing (#42): claims whose `spec.sharing` changed (granted, widened to another
@@ -181,6 +188,7 @@ impl Outcome {
         self.report.ok()
             && self.unexpected_exits().is_empty()
             && self.reservation_failures().is_empty()
+            && self.history_live().is_empty()
             && self.hostile_wins().is_empty()
             && self.lost_claims.is_empty()
     }
@@ -188,6 +196,14 @@ impl Outcome {
     pub fn hostile_wins(&self) -> Vec<String> {
         self.stats
             .hostile_wins
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn history_live(&self) -> Vec<String> {
+        self.stats
+            .history_live
             .lock()
             .map(|v| v.clone())
             .unwrap_or_default()
@@ -254,8 +270,9 @@ impl Outcome {
         }
         let s = &self.stats;
         out.push_str(&format!(
-            "association: Services naming a claim {}, re-annotated {}, thieves {}; events {:?}\n",
+            "association: Services naming a claim {} (the VM shape {}), re-annotated {}, thieves {}; events {:?}\n",
             n(&s.named_services_created),
+            n(&s.vm_services_created),
             n(&s.reannotated),
             n(&s.thieves),
             self.association_events
@@ -280,6 +297,9 @@ impl Outcome {
         for e in self.reservation_failures() {
             out.push_str(&format!("RESERVATION NOT KEPT: {e}\n"));
         }
+        for e in self.history_live() {
+            out.push_str(&format!("HISTORY UNSOUND (seen live): {e}\n"));
+        }
         out.push_str(&format!(
             "hostile tenant: thieves with a forged record {}, pins of other namespaces' addresses {}, claims owned by the tenant's own objects {}\n",
             n(&s.forged_thieves),
@@ -291,6 +311,33 @@ impl Outcome {
         }
         out.push_str(&self.report.table());
         out
+    }
+}
+
+/// Watches every IPAddress until `stop_at`, recording each one seen in a state the history
+/// is never in (`history::released_yet_open`). A broken watch (kube-apiserver restarts under
+/// the churn) is watched again.
+async fn watch_history(client: &Client, stats: &Stats, stop_at: Instant) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let api: Api<IPAddress> = Api::all(client.clone());
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    loop {
+        let next = tokio::time::timeout_at(stop_at.into(), stream.next()).await;
+        let Ok(Some(ev)) = next else { return };
+        let Ok(a) = ev else { continue };
+        if let Some(why) = address_controller_api::history::released_yet_open(&a)
+            && let Ok(mut v) = stats.history_live.lock()
+        {
+            v.push(format!(
+                "IPAddress {} at resourceVersion {}: {why}",
+                a.name_any(),
+                a.resource_version().unwrap_or_default()
+            ));
+        }
     }
 }
 
@@ -450,7 +497,8 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
         stop_at,
         &mut cleanup,
     );
-    let (w, failovers) = tokio::join!(workload, chaos);
+    let live = watch_history(&client, &stats, stop_at);
+    let (w, failovers, ()) = tokio::join!(workload, chaos, live);
     w?;
     let failovers = failovers?;
 
@@ -844,11 +892,26 @@ async fn workload(
                 };
                 let port = [json!({"port": 80}), json!({"port": 443}), json!({"port": 53, "protocol": "UDP"})][rng.below(3)].clone();
                 let api: Api<Service> = Api::namespaced(client.clone(), &sns);
-                let body = json!({"metadata": {"name": name, "annotations": {SERVICE_CLAIM_ANNOTATION: reference}},
-                    "spec": {"type": "LoadBalancer", "ports": [port]}});
+                // One in five is the platform's VM shape (#55): handed to cozy-proxy, whole,
+                // the placeholder port 65535, Local — exclusive, its owner's namespace only.
+                let vm = rng.below(5) == 0;
+                let body = if vm {
+                    json!({"metadata": {"name": name,
+                            "labels": {"service.kubernetes.io/service-proxy-name": "cozy-proxy"},
+                            "annotations": {SERVICE_CLAIM_ANNOTATION: reference, "networking.cozystack.io/wholeIP": "true"}},
+                        "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+                            "allocateLoadBalancerNodePorts": false, "selector": {"vm": name.clone()},
+                            "ports": [{"port": 65535, "protocol": "TCP"}]}})
+                } else {
+                    json!({"metadata": {"name": name, "annotations": {SERVICE_CLAIM_ANNOTATION: reference}},
+                        "spec": {"type": "LoadBalancer", "ports": [port]}})
+                };
                 api.create(&PostParams::default(), &serde_json::from_value(body).unwrap()).await.map(|_| {
                     stats.services_created.fetch_add(1, Ordering::Relaxed);
                     stats.named_services_created.fetch_add(1, Ordering::Relaxed);
+                    if vm {
+                        stats.vm_services_created.fetch_add(1, Ordering::Relaxed);
+                    }
                     if sns != cns {
                         stats.cross_namespace_services.fetch_add(1, Ordering::Relaxed);
                     }

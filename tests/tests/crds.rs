@@ -761,6 +761,7 @@ async fn kubectl_prints_the_printer_columns() {
             "AGE",
             "RELEASED",
             "HOLDERS",
+            "METHOD",
             "REASON"
         ]
     );
@@ -773,9 +774,10 @@ async fn kubectl_prints_the_printer_columns() {
             bound["CLAIM"].as_str(),
             bound["RECLAIMPOLICY"].as_str(),
             bound["RELEASED"].as_str(),
-            bound["REASON"].as_str()
+            bound["REASON"].as_str(),
+            bound["METHOD"].as_str()
         ),
-        ("192.0.2.77", ns.name.as_str(), "web", "Retain", "", "")
+        ("192.0.2.77", ns.name.as_str(), "web", "Retain", "", "", "")
     );
     assert_eq!(released["PHASE"], "Released");
     assert_eq!(released["REASON"], "Surplus");

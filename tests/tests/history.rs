@@ -359,12 +359,14 @@ async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
     let web_row = row(&ns);
     let want_web = secs(h[0].from.as_ref().unwrap(), h[0].until.as_ref());
     let want_site = secs(&spans[0].from, spans[0].until.as_ref());
+    // No Service of theirs was served by cozy-proxy: no egress seconds.
     assert_eq!(
-        web_row[4..8],
+        web_row[4..9],
         [
             "1".to_string(),
             want_web.to_string(),
             want_site.to_string(),
+            "0".to_string(),
             "complete".to_string()
         ],
         "{csv}"
@@ -372,10 +374,11 @@ async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
     let db_row = row(&other.name);
     let want_db = secs(h[1].from.as_ref().unwrap(), None);
     assert_eq!(
-        db_row[4..8],
+        db_row[4..9],
         [
             "1".to_string(),
             want_db.to_string(),
+            "0".to_string(),
             "0".to_string(),
             "complete".to_string()
         ],

@@ -26,6 +26,7 @@ use super::{ReclaimPolicy, conditions_schema};
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"Released","type":"date","priority":1,"description":"Since when the address has been Released (it is kept for its class's releaseDelay).","jsonPath":".status.releasedAt"}"#,
     printcolumn = r#"{"name":"Holders","type":"integer","priority":1,"description":"How many Services hold the address (more than one when its claim shares it).","jsonPath":".status.holderCount"}"#,
+    printcolumn = r#"{"name":"Method","type":"string","priority":1,"description":"How the platform's data plane (cozy-proxy) serves the holder: WholeIP or PortList; empty: a load balancer's listed ports.","jsonPath":".status.attachments[0].method"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","priority":1,"description":"Why the address is Released: Surplus (its claim already held another address of the family) or Reclaimed.","jsonPath":".status.reason"}"#,
     category = "addresses",
     selectable = ".spec.address",
@@ -212,9 +213,42 @@ pub struct Attachment {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     pub name: String,
-    /// What the holder serves on the address, as `<protocol>/<port>` (`TCP/443`).
+    /// What the holder serves on the address, as `<protocol>/<port>` (`TCP/443`); none for a
+    /// whole-address holder (its listed port is a placeholder, not a port).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<String>,
+    /// How the platform's data plane (cozy-proxy) serves it, for a Service handed to it by
+    /// its `service.kubernetes.io/service-proxy-name: cozy-proxy` label: `WholeIP` or
+    /// `PortList`. Either way the holder is the address's only one and its pod's outbound
+    /// traffic leaves from the address. Absent: a load balancer's listed ports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<AttachmentMethod>,
+    /// `PortList`: ICMP reaches the pod too (`networking.cozystack.io/allowICMP`).
+    #[serde(
+        default,
+        rename = "allowICMP",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub allow_icmp: bool,
+}
+
+/// How cozy-proxy serves an address's holder (see [`Attachment::method`]).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttachmentMethod {
+    /// Every TCP and UDP port and ICMP go to the Service's pod.
+    WholeIP,
+    /// The Service's listed ports go to its pod; the rest, and ICMP unless allowed, are
+    /// dropped.
+    PortList,
+}
+
+impl AttachmentMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttachmentMethod::WholeIP => "WholeIP",
+            AttachmentMethod::PortList => "PortList",
+        }
+    }
 }
 
 impl Association {

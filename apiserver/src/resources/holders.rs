@@ -24,7 +24,7 @@ use serde_json::json;
 
 use super::{Column, Computed, ResourceInfo, View, meta};
 use crate::group::API_VERSION;
-use crate::request::ComputedField;
+use crate::list_options::ComputedField;
 
 /// The field selector that answers "who held it at this instant": an RFC 3339 time,
 /// matching the holdings that cover it (from inclusive, until exclusive).
@@ -58,6 +58,9 @@ pub struct HoldingService {
     /// When it stopped; absent while it holds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub until: Option<Time>,
+    /// cozy-proxy served it: its pod's outbound traffic left from the address meanwhile.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub egress: bool,
 }
 
 /// One holding of an address by a claim of the namespace.
@@ -165,6 +168,7 @@ pub fn holding(a: &IPAddress, h: &Holding, ordinal: i64) -> AddressHolding {
                 name: own.then(|| s.name.clone()),
                 from: s.from.clone(),
                 until: s.until.clone(),
+                egress: s.egress,
             }
         })
         .collect();

@@ -22,8 +22,8 @@ use serde_json::{Value, json};
 
 use super::{Column, Computed, ResourceInfo, Subresource, View, meta};
 use crate::group::{API_VERSION, GROUP};
-use serving::request::Query;
-use serving::status::ApiError;
+use address_controller_serving::request::Query;
+use address_controller_serving::status::ApiError;
 
 /// Counts of claims by phase.
 #[derive(Serialize, JsonSchema, Default, Debug, Clone, PartialEq)]

@@ -35,7 +35,9 @@ use std::sync::Arc;
 use address_controller_api::family::{family_of_ip, parse_address};
 use address_controller_api::names::driver as reason;
 use address_controller_api::sharing::{self, Candidate, Refusal};
-use address_controller_api::{AddressPhase, Attachment, ClaimPhase, IPAddress, IPAddressClaim};
+use address_controller_api::{
+    AddressPhase, Attachment, AttachmentMethod, ClaimPhase, IPAddress, IPAddressClaim,
+};
 use address_controller_runtime::events::PlannedEvent;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
@@ -47,17 +49,6 @@ pub use address_controller_api::service::service_families;
 /// `namespace/name` of a Service.
 pub fn service_key(s: &Service) -> String {
     address_controller_runtime::cache::key_of(s)
-}
-
-/// The attachment naming Service `key` with `ports`.
-pub fn attachment_of(key: &str, ports: Vec<String>) -> Attachment {
-    let (ns, name) = key.split_once('/').unwrap_or(("", key));
-    Attachment {
-        kind: "Service".into(),
-        namespace: Some(ns.to_string()),
-        name: name.to_string(),
-        ports,
-    }
 }
 
 /// The claim a Service names, if any (the raw annotation value).
@@ -185,6 +176,12 @@ pub struct ServiceSnapshot<'a> {
     pub shown_elsewhere: &'a dyn Fn(IpAddr) -> Vec<String>,
     /// Why the backend cannot put an address on a Service ([`crate::Driver::servable`]).
     pub unservable: &'a dyn Fn(&IPAddress) -> Option<String>,
+    /// For a Service cozy-proxy serves: how many ready pods it selects (its EndpointSlices;
+    /// `None`: not known yet — such a Service waits — or not such a Service).
+    pub ready_endpoints: Option<usize>,
+    /// The backend shows what it pins at once (it is the load balancer: the range driver);
+    /// otherwise the condition waits until the Service shows the address.
+    pub pin_shows: bool,
 }
 
 /// The `AddressAttached` condition a Service should carry: `(status, reason, message)`.
@@ -196,8 +193,9 @@ pub struct ServicePlan {
     /// Add this Service (with its ports) to these addresses' holders, or bring its ports up
     /// to date (ledger first).
     pub associate: Vec<Arc<IPAddress>>,
-    /// The ports the Service serves, as the ledger records them.
-    pub ports: Vec<String>,
+    /// The Service as the ledger records a holder: its ports and how cozy-proxy serves it
+    /// ([`sharing::attachment`]).
+    pub attachment: Option<Attachment>,
 
     /// The kit's record of its pins, when it changes (written before the backend).
     pub marker: Option<Vec<IpAddr>>,
@@ -208,6 +206,12 @@ pub struct ServicePlan {
     /// The condition the Service should carry (`None`: none of ours — it names no claim or
     /// the backend does not serve it).
     pub condition: Option<ServiceCondition>,
+    /// Not this driver's Service — it does not serve it and has neither pinned it nor
+    /// recorded it as a holder: its `AddressAttached` condition is the serving driver's,
+    /// left as it is. (Removing it here fought the serving driver: on the node tier the
+    /// MetalLB driver deleted what the range driver wrote, about 90 Service writes a second
+    /// for as long as a range Service held its address.)
+    pub not_ours: bool,
     pub events: Vec<PlannedEvent>,
     /// Why the Service gets nothing, once per episode (`None`: nothing wrong).
     pub problem: Option<PlannedEvent>,
@@ -225,17 +229,41 @@ fn refused(plan: &mut ServicePlan, event: &'static str, condition: &'static str,
 pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
     let mut plan = ServicePlan::default();
     let (wanted, co_holders) = judge(s, &mut plan);
-    plan.ports = s
-        .service
-        .map(|svc| sharing::ports_of(svc).into_iter().collect())
-        .unwrap_or_default();
+    plan.attachment = s.service.map(|svc| sharing::attachment(s.key, Some(svc)));
     let pinnable = ledger_first(s, &mut plan, &wanted, &co_holders);
     say_associated(s, &mut plan, &wanted, &pinnable);
     if s.service.is_some() {
         record_and_pin(s, &mut plan, &pinnable);
     }
     withdraw(s, &mut plan, &wanted, &pinnable);
+    until_shown(s, &mut plan, &pinnable);
+    plan.not_ours = !s.served && s.marked.is_empty() && s.associated_here.is_empty();
     plan
+}
+
+/// The condition tells the truth: `True` only once the load balancer shows every address
+/// pinned on the Service; until then it waits (and the runner asks the backend why, when
+/// it refused).
+fn until_shown(s: &ServiceSnapshot<'_>, plan: &mut ServicePlan, pinnable: &[IpAddr]) {
+    if s.pin_shows || !matches!(plan.condition, Some((true, ..))) {
+        return;
+    }
+    let missing: Vec<String> = pinnable
+        .iter()
+        .filter(|ip| !s.shown.contains(ip))
+        .map(ToString::to_string)
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    plan.condition = Some((
+        false,
+        sharing::reason::WAITING_FOR_LOAD_BALANCER,
+        format!(
+            "{} pinned on the Service; the load balancer does not show it yet",
+            missing.join(", ")
+        ),
+    ));
 }
 
 /// The Service's name (its key without the namespace).
@@ -348,8 +376,12 @@ fn ledger_first(
                     .iter()
                     .find(|h| h.association().service_key().as_deref() == Some(s.key))
             })
-            .map(|h| &h.ports);
-        if recorded == Some(&plan.ports) {
+            .map(|h| (&h.ports, h.method, h.allow_icmp));
+        let want = plan
+            .attachment
+            .as_ref()
+            .map(|h| (&h.ports, h.method, h.allow_icmp));
+        if recorded.is_some() && recorded == want {
             pinnable.push(ip);
             continue;
         }
@@ -466,7 +498,9 @@ fn withdraw(
     }
 }
 
-/// A Service the claim's sharing admits: the addresses of its families it should hold.
+/// A Service the claim's sharing admits: the addresses of its families it should hold —
+/// for a Service cozy-proxy serves, its IPv4 address only (cozy-proxy is IPv4 only), and
+/// only while it selects one ready pod (cozy-proxy forwards the address to one).
 fn admitted(
     plan: &mut ServicePlan,
     s: &ServiceSnapshot<'_>,
@@ -475,7 +509,36 @@ fn admitted(
     claim_ref: &str,
     wanted: &mut Vec<Arc<IPAddress>>,
 ) {
-    let families = service_families(svc);
+    let proxied = address_controller_api::service::cozy_proxy(svc);
+    if proxied.is_some() && s.ready_endpoints.is_none() {
+        // Pinned before the pods are counted, the address could be forwarded to the first
+        // of two pods for as long as the count takes (seen on the node tier): it waits.
+        plan.condition = Some((
+            false,
+            sharing::reason::WAITING_FOR_ENDPOINTS,
+            format!(
+                "cozy-proxy forwards the address of IPAddressClaim {claim_ref} to one pod; how many this Service selects is not known yet, nothing is put on it until it is"
+            ),
+        ));
+        return;
+    }
+    if proxied.is_some()
+        && let Some(n) = s.ready_endpoints.filter(|n| *n > 1)
+    {
+        refused(
+            plan,
+            reason::ASSOCIATION_REJECTED,
+            sharing::reason::MULTIPLE_ENDPOINTS,
+            format!(
+                "cozy-proxy forwards the address of IPAddressClaim {claim_ref} to one pod and sends that pod's traffic from it; {n} ready pods are behind this Service, nothing is put on it until one is"
+            ),
+        );
+        return;
+    }
+    let mut families = service_families(svc);
+    if proxied.is_some() {
+        families.retain(|f| *f == Family::IPv4);
+    }
     let mut mismatched = Vec::new();
     let mut not_served = Vec::new();
     for a in s.addresses.iter().filter(|a| holdable(a, c)) {
@@ -492,32 +555,44 @@ fn admitted(
         }
     }
     let list: Vec<&str> = wanted.iter().map(|a| a.spec.address.as_str()).collect();
+    let how = match proxied {
+        Some(p) if p.method == AttachmentMethod::WholeIP => {
+            "(whole, by cozy-proxy: every port and ICMP to the Service's pod, its outbound traffic from the address)".to_string()
+        }
+        Some(p) => format!(
+            "(by cozy-proxy, the listed ports only, ICMP {}; the pod's outbound traffic from the address)",
+            if p.allow_icmp { "allowed" } else { "dropped" }
+        ),
+        None if c.is_shared() => "(shared by port)".to_string(),
+        None => "(not shared)".to_string(),
+    };
     plan.condition = Some((
         true,
         sharing::reason::ATTACHED,
-        format!(
-            "{} of IPAddressClaim {claim_ref} {}",
-            list.join(", "),
-            if c.is_shared() {
-                "(shared by port)"
-            } else {
-                "(not shared)"
-            }
-        ),
+        format!("{} of IPAddressClaim {claim_ref} {how}", list.join(", ")),
     ));
     if !mismatched.is_empty() {
-        let why = format!(
-            "the Service's families are {}; {} of IPAddressClaim {claim_ref} not put on it",
-            families
-                .iter()
-                .map(|f| f.as_str())
-                .collect::<Vec<_>>()
-                .join(","),
-            mismatched.join(", ")
-        );
+        let why = if proxied.is_some() {
+            format!(
+                "cozy-proxy serves IPv4 only; {} of IPAddressClaim {claim_ref} not put on the Service",
+                mismatched.join(", ")
+            )
+        } else {
+            format!(
+                "the Service's families are {}; {} of IPAddressClaim {claim_ref} not put on it",
+                families
+                    .iter()
+                    .map(|f| f.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                mismatched.join(", ")
+            )
+        };
         plan.problem = Some(PlannedEvent::warning(reason::FAMILY_MISMATCH, why.clone()));
         if wanted.is_empty() {
             plan.condition = Some((false, sharing::reason::FAMILY_MISMATCH, why));
+        } else if let Some((true, _, message)) = plan.condition.as_mut() {
+            message.push_str(&format!("; {why}"));
         }
     }
     if !not_served.is_empty() {
@@ -746,6 +821,10 @@ mod tests {
         elsewhere: Vec<(&'static str, IpAddr)>,
         /// Addresses the backend cannot serve.
         unservable: Vec<&'static str>,
+        ready_endpoints: Option<usize>,
+        pin_shows: bool,
+        /// The backend serves the Service (false: another driver's).
+        serves: bool,
     }
 
     impl Case {
@@ -763,6 +842,9 @@ mod tests {
                 shown: vec![],
                 elsewhere: vec![],
                 unservable: vec![],
+                ready_endpoints: None,
+                pin_shows: true,
+                serves: true,
             }
         }
         fn plan(&self) -> ServicePlan {
@@ -776,7 +858,7 @@ mod tests {
             plan_service(&ServiceSnapshot {
                 key: self.key,
                 service: self.service.as_deref(),
-                served: self.service.as_ref().is_some_and(|s| is_load_balancer(s)),
+                served: self.serves && self.service.as_ref().is_some_and(|s| is_load_balancer(s)),
                 claim: self.claim.as_ref(),
                 addresses: &self.addresses,
                 foreign: 0,
@@ -790,6 +872,8 @@ mod tests {
                         .contains(&a.spec.address.as_str())
                         .then(|| format!("{} is outside the pool", a.spec.address))
                 },
+                ready_endpoints: self.ready_endpoints,
+                pin_shows: self.pin_shows,
             })
         }
     }
@@ -877,6 +961,113 @@ mod tests {
             json!({"status": {"phase": "Conflict"}}),
         )];
         assert_eq!(names(&c.plan().associate), ["x"]);
+    }
+
+    fn vm(name: &str, whole: &str) -> Arc<Service> {
+        svc(
+            name,
+            json!({"metadata": {"labels": {"service.kubernetes.io/service-proxy-name": "cozy-proxy"},
+                "annotations": {"networking.cozystack.io/wholeIP": whole}},
+                "spec": {"externalTrafficPolicy": "Local", "selector": {"vm": "v"},
+                    "ports": [{"port": 65535, "protocol": "TCP"}]}}),
+        )
+    }
+
+    #[test]
+    fn a_service_cozy_proxy_serves_is_attached_whole_with_one_pod_ipv4_only() {
+        // The claim is Dual (x v4, y v6): the VM Service gets the IPv4 address only, and
+        // says so; its ledger record has no port and the method.
+        let mut c = Case::new();
+        let s = vm("web", "true");
+        c.service = Some(s.clone());
+        c.rivals = vec![s];
+        c.claim = Some(claim("Bound", &[("x", "192.0.2.1"), ("y", "2001:db8::1")]));
+        c.addresses = vec![
+            addr("x", "192.0.2.1", json!({})),
+            addr("y", "2001:db8::1", json!({})),
+        ];
+        c.ready_endpoints = Some(1);
+        let p = c.plan();
+        assert_eq!(names(&p.associate), ["x"]);
+        let record = p.attachment.clone().unwrap();
+        assert!(record.ports.is_empty(), "the placeholder is no port");
+        assert_eq!(record.method, Some(AttachmentMethod::WholeIP));
+        let (on, why, message) = p.condition.unwrap();
+        assert!(on, "{message}");
+        assert_eq!(why, sharing::reason::ATTACHED);
+        assert!(message.contains("whole, by cozy-proxy"), "{message}");
+        assert!(message.contains("cozy-proxy serves IPv4 only"), "{message}");
+        // Two ready pods: nothing is put on it; one again: attached.
+        c.ready_endpoints = Some(2);
+        let p = c.plan();
+        assert!(p.associate.is_empty());
+        assert_eq!(p.pin, Some((vec![], vec![])));
+        let (on, why, _) = p.condition.unwrap();
+        assert_eq!((on, why), (false, sharing::reason::MULTIPLE_ENDPOINTS));
+        // Its slices not known yet: nothing is put on it, and no event — it waits.
+        c.ready_endpoints = None;
+        let p = c.plan();
+        assert!(p.associate.is_empty() && p.problem.is_none(), "{p:?}");
+        assert_eq!(p.pin, Some((vec![], vec![])));
+        let (on, why, _) = p.condition.unwrap();
+        assert_eq!((on, why), (false, sharing::reason::WAITING_FOR_ENDPOINTS));
+        // An IPv6 claim: refused readably.
+        c.ready_endpoints = Some(1);
+        c.claim = Some(claim("Bound", &[("y", "2001:db8::1")]));
+        c.addresses = vec![addr("y", "2001:db8::1", json!({}))];
+        let (on, why, message) = c.plan().condition.unwrap();
+        assert_eq!((on, why), (false, sharing::reason::FAMILY_MISMATCH));
+        assert!(message.contains("IPv4 only"), "{message}");
+    }
+
+    #[test]
+    fn another_drivers_service_keeps_its_condition() {
+        // Served by another driver (say the range driver's class): this driver plans no
+        // pin, no ledger change, and leaves the condition alone.
+        let mut c = Case::new();
+        let mut s = (*svc("web", json!({}))).clone();
+        s.status = serde_json::from_value(json!({"conditions": [{"type": sharing::CONDITION,
+            "status": "True", "reason": "Attached", "message": "theirs",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}]}))
+        .unwrap();
+        c.service = Some(Arc::new(s));
+        c.serves = false;
+        let p = c.plan();
+        assert!(
+            p.not_ours && p.associate.is_empty() && p.pin.is_none(),
+            "{p:?}"
+        );
+        // Once this driver pinned it (its marker), or the ledger records it here, it is
+        // this driver's to clean up — and its condition with it.
+        c.marked = vec![ip("192.0.2.1")];
+        assert!(!c.plan().not_ours);
+        c.marked = vec![];
+        c.associated_here = c.addresses.clone();
+        assert!(!c.plan().not_ours);
+        // Served here: ours.
+        c.associated_here = vec![];
+        c.serves = true;
+        assert!(!c.plan().not_ours);
+    }
+
+    #[test]
+    fn attached_is_true_only_once_the_load_balancer_shows_it() {
+        let mut c = Case::new();
+        c.pin_shows = false;
+        let p = c.plan();
+        assert_eq!(p.pin, Some((vec![ip("192.0.2.1")], vec![ip("192.0.2.1")])));
+        let (on, why, _) = p.condition.unwrap();
+        assert_eq!(
+            (on, why),
+            (false, sharing::reason::WAITING_FOR_LOAD_BALANCER)
+        );
+        // Shown: True.
+        c.addresses = vec![addr("x", "192.0.2.1", at("web"))];
+        c.associated_here = c.addresses.clone();
+        c.marked = vec![ip("192.0.2.1")];
+        c.shown = vec![ip("192.0.2.1")];
+        let (on, why, _) = c.plan().condition.unwrap();
+        assert_eq!((on, why), (true, sharing::reason::ATTACHED));
     }
 
     #[test]
@@ -1016,7 +1207,7 @@ mod tests {
         c.elsewhere = vec![("t/web", ip("192.0.2.1"))];
         let p = c.plan();
         assert_eq!(names(&p.associate), ["x"]);
-        assert_eq!(p.ports, ["TCP/443"]);
+        assert_eq!(p.attachment.unwrap().ports, ["TCP/443"]);
         assert_eq!(p.pin.unwrap().1, [ip("192.0.2.1")]);
         assert_eq!(p.condition.unwrap().1, sharing::reason::ATTACHED);
         // clash collides with tls on TCP/443: refused, with the reason a controller reads.

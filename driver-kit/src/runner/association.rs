@@ -3,6 +3,7 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use address_controller_api::conditions::set_condition;
 use address_controller_api::history;
@@ -17,8 +18,8 @@ use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::association::{
-    AddressPlan, AddressSnapshot, ServiceCondition, ServicePlan, ServiceSnapshot, attachment_of,
-    ip_of, is_load_balancer, parse_marker, plan_address, plan_service, render_marker,
+    AddressPlan, AddressSnapshot, ServiceCondition, ServicePlan, ServiceSnapshot, ip_of,
+    is_load_balancer, parse_marker, plan_address, plan_service, render_marker,
 };
 use crate::driver::{Driver, Presence};
 use crate::runner::{Ctx, Error};
@@ -82,7 +83,7 @@ fn attachments(a: &IPAddress) -> Vec<Attachment> {
         _ => a
             .holder_services()
             .iter()
-            .map(|k| attachment_of(k, Vec::new()))
+            .map(|k| address_controller_api::sharing::attachment(k, None))
             .collect(),
     }
 }
@@ -176,6 +177,12 @@ pub(crate) async fn service_pass<D: Driver>(
         shown: &shown,
         shown_elsewhere: &shown_elsewhere,
         unservable: &unservable,
+        ready_endpoints: svc
+            .as_deref()
+            .and_then(address_controller_api::service::cozy_proxy)
+            .and_then(|_| ctx.world.proxied_endpoints.as_ref())
+            .and_then(|e| e.ready(&key)),
+        pin_shows: ctx.driver.pin_shows(),
     });
     apply_service(&ctx, &key, svc, claim, plan).await
 }
@@ -190,7 +197,10 @@ async fn apply_service<D: Driver>(
     // Ledger first.
     for a in &plan.associate {
         let mut list = attachments(a);
-        let me = attachment_of(key, plan.ports.clone());
+        let me = plan
+            .attachment
+            .clone()
+            .unwrap_or_else(|| address_controller_api::sharing::attachment(key, None));
         match list
             .iter_mut()
             .find(|h| attachment_key(h).as_deref() == Some(key))
@@ -250,7 +260,10 @@ async fn apply_service<D: Driver>(
     // The condition last, once the backend has been asked: written before the pin, it put
     // one more Service update in front of the load balancer's reaction (the node tier's
     // MetalLB speaker, which reprocesses on every Service event, fell a minute behind).
-    write_condition(ctx, &svc, plan.condition.as_ref()).await?;
+    let (condition, outcome) = while_waiting(ctx, &svc, plan.condition.clone()).await;
+    if !plan.not_ours {
+        write_condition(ctx, &svc, condition.as_ref()).await?;
+    }
     for ev in &plan.events {
         tracing::info!(service = %key, reason = ev.reason, "{}", ev.note);
         ctx.events.publish(&svc, ev).await;
@@ -259,7 +272,42 @@ async fn apply_service<D: Driver>(
     if let (Some(notice), Some(claim)) = (&plan.owner_notice, &claim) {
         ctx.events.publish_once(claim.as_ref(), Some(notice)).await;
     }
-    Ok(Outcome::Done)
+    Ok(outcome)
+}
+
+/// How often a Service pinned and not yet shown is looked at again (until the load balancer
+/// shows it — which wakes the pass by itself — or says why not).
+const WAITING_RECHECK: Duration = Duration::from_secs(5);
+
+/// While the load balancer does not show what was pinned: its refusal, in its words, when it
+/// gave one (`False`, `LoadBalancerRefused`); else the pass looks again shortly, and a
+/// Service that has no condition yet gets none (nothing judged is not a refusal — and the
+/// usual association writes its condition once, `True`).
+async fn while_waiting<D: Driver>(
+    ctx: &Ctx<D>,
+    svc: &Service,
+    condition: Option<ServiceCondition>,
+) -> (Option<ServiceCondition>, Outcome) {
+    let waiting = matches!(&condition, Some((false, why, _)) if *why == address_controller_api::sharing::reason::WAITING_FOR_LOAD_BALANCER);
+    if !waiting {
+        return (condition, Outcome::Done);
+    }
+    if let Some(words) = ctx.driver.refusal(&ctx.client, svc).await {
+        let message = format!("the load balancer refused the Service: {words}");
+        return (
+            Some((
+                false,
+                address_controller_api::sharing::reason::LOAD_BALANCER_REFUSED,
+                message,
+            )),
+            Outcome::Done,
+        );
+    }
+    let keep = address_controller_api::sharing::condition(svc).is_some();
+    (
+        condition.filter(|_| keep),
+        Outcome::RequeueAfter(WAITING_RECHECK),
+    )
 }
 
 /// Takes the Services `keys` off an address's holders.

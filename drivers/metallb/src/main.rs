@@ -15,12 +15,20 @@ const INFO: Info = Info {
     name: "metallb-driver",
     cluster_role: "address-controller-metallb-driver",
     source: "drivers/metallb/src/main.rs (the driver kit's rules and MetalLB's)",
-    extra_rules: &[Rule {
-        group: "metallb.io",
-        resources: &["ipaddresspools", "l2advertisements", "bgpadvertisements"],
-        verbs: &["get", "list", "watch", "create", "patch", "delete"],
-        why: "one pool and one advertisement per class, owned by the class (the pool kept by a finalizer while addresses of the class are left)",
-    }],
+    extra_rules: &[
+        Rule {
+            group: "metallb.io",
+            resources: &["ipaddresspools", "l2advertisements", "bgpadvertisements"],
+            verbs: &["get", "list", "watch", "create", "patch", "delete"],
+            why: "one pool and one advertisement per class, owned by the class (the pool kept by a finalizer while addresses of the class are left)",
+        },
+        Rule {
+            group: "",
+            resources: &["events"],
+            verbs: &["list"],
+            why: "why MetalLB refused a pinned Service (its AllocationFailed event), said in the Service's AddressAttached condition",
+        },
+    ],
     own_namespace_rules: &[Rule {
         group: "",
         resources: &["services"],

@@ -26,6 +26,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use address_controller_api::family::{family_of_ip, parse_address};
+use address_controller_api::service::SERVICE_PROXY_NAME_LABEL;
 use address_controller_api::{Family, FromClass, IPAddress, IPAddressClass};
 use address_controller_driver_kit::ranges::{self, Cidr, ParamError};
 use address_controller_driver_kit::{
@@ -64,8 +65,90 @@ const HOLDS: &str = "metallb.drivers.local.sdn.cozystack.io/address";
 /// On a hold: the Service (`name@resourceVersion`) for which the driver last asked MetalLB
 /// to try the hold again.
 const RETRIED_FOR: &str = "metallb.drivers.local.sdn.cozystack.io/retried-for";
-/// The port of a hold (a tenant sharing the address must not use it).
-pub const HOLD_PORT: i32 = 65535;
+/// The `service.kubernetes.io/service-proxy-name` of a hold: no proxy serves it — kube-proxy
+/// skips a Service that names another proxy, and cozy-proxy serves only its own name.
+pub const HOLD_PROXY_NAME: &str = "address-controller-hold";
+/// The port a new hold takes: TCP/65534 — not 65535, the placeholder the platform's VM
+/// Services list (cozy-proxy's own example and the platform's chart render `port: 65535`
+/// for a VM that lists none). MetalLB shares an address only between Services whose
+/// (protocol, port)s are disjoint, so a hold never keeps a port a Service holding its
+/// address lists: it moves to the highest free one below before that Service is pinned
+/// ([`hold_port`]).
+pub const HOLD_PORT: i32 = 65534;
+
+/// The (protocol, port)s the Services holding `a` list, as MetalLB counts them: `like`'s
+/// (the Service being pinned) as its spec lists them, the ledger's holders' as recorded.
+fn ports_in_use(
+    a: &IPAddress,
+    like: Option<&Service>,
+) -> std::collections::BTreeSet<(String, i32)> {
+    let mut used: std::collections::BTreeSet<(String, i32)> = like
+        .and_then(|s| s.spec.as_ref())
+        .and_then(|s| s.ports.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|p| (p.protocol.clone().unwrap_or_else(|| "TCP".into()), p.port))
+        .collect();
+    for h in a.status.iter().flat_map(|st| &st.attachments) {
+        for p in &h.ports {
+            if let Some((proto, port)) = p.split_once('/')
+                && let Ok(port) = port.parse()
+            {
+                used.insert((proto.to_string(), port));
+            }
+        }
+    }
+    used
+}
+
+/// The port of `a`'s hold: `current` while no holder lists it, else the highest TCP port
+/// from [`HOLD_PORT`] down that none lists.
+pub fn hold_port(a: &IPAddress, like: Option<&Service>, current: Option<i32>) -> i32 {
+    let used = ports_in_use(a, like);
+    let free = |p: i32| !used.contains(&("TCP".to_string(), p));
+    match current {
+        Some(p) if free(p) => p,
+        _ => (1..=HOLD_PORT)
+            .rev()
+            .find(|p| free(*p))
+            .unwrap_or(HOLD_PORT),
+    }
+}
+
+/// The Service whose backend key (MetalLB's: `externalTrafficPolicy: Local` and the
+/// selector, or none) `a`'s hold takes. MetalLB shares an address only between Services of
+/// one backend key, and never takes an address from a Service that has it for one that asks
+/// for it: a hold that changes its backend key under the Service holding the address loses
+/// the address, and then nothing refuses that Service when it is detached — it keeps the
+/// address (observed with v0.16.1: a VM's `Local` Service kept its address after its claim
+/// annotation was removed while the hold was pending). So the hold follows `like` (the
+/// Service being pinned) only when that cannot happen: `like` has the address, or nobody
+/// else holds it in the ledger; otherwise — and when no Service is being pinned — it keeps
+/// its own (`have`; a new hold without `like`: none, `Cluster`).
+fn backend_source<'s>(
+    a: &IPAddress,
+    ip: IpAddr,
+    have: Option<&'s Service>,
+    like: Option<&'s Service>,
+) -> Option<&'s Service> {
+    let Some(like) = like else { return have };
+    let (ns, name) = (like.namespace().unwrap_or_default(), like.name_any());
+    let others = a.status.iter().flat_map(|st| &st.attachments).any(|h| {
+        !(h.kind == "Service" && h.namespace.as_deref() == Some(ns.as_str()) && h.name == name)
+    });
+    let hold_has = have.is_some_and(|h| ingress(h).contains(&ip));
+    let like_has = ingress(like).contains(&ip);
+    let follow = if hold_has {
+        !others
+    } else {
+        like_has || !others
+    };
+    if follow || have.is_none() {
+        Some(like)
+    } else {
+        have
+    }
+}
 
 /// How a class's addresses are announced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,24 +319,26 @@ impl MetalLb {
         Api::namespaced(client.clone(), &self.hold_namespace)
     }
 
-    /// The hold of `a` as it should be; `like` is a Service it shares with whose backend key
-    /// it must match (MetalLB shares an address only between Services of one
-    /// externalTrafficPolicy, and with `Local` of one selector).
-    fn hold_body(&self, a: &IPAddress, ip: IpAddr, like: Option<&Service>) -> Value {
+    /// The hold of `a` as it should be; `backend` is the Service whose backend key it must
+    /// match ([`backend_source`]: MetalLB shares an address only between Services of one
+    /// externalTrafficPolicy, and with `Local` of one selector). kube-proxy skips it (its
+    /// service-proxy-name): a hold that copies a tenant's selector never opens its port on
+    /// the tenant's pods.
+    fn hold_body(&self, a: &IPAddress, ip: IpAddr, backend: Option<&Service>, port: i32) -> Value {
         let family = match family_of_ip(ip) {
             Family::IPv4 => "IPv4",
             Family::IPv6 => "IPv6",
         };
-        let local = like
+        let local = backend
             .and_then(|s| s.spec.as_ref())
             .and_then(|s| s.external_traffic_policy.as_deref())
             == Some("Local");
         let mut spec = json!({"type": "LoadBalancer", "allocateLoadBalancerNodePorts": false,
-            "ports": [{"name": "hold", "port": HOLD_PORT, "protocol": "TCP"}],
+            "ports": [{"name": "hold", "port": port, "protocol": "TCP"}],
             "ipFamilies": [family], "ipFamilyPolicy": "SingleStack",
             "externalTrafficPolicy": if local { "Local" } else { "Cluster" }});
         if local
-            && let Some(sel) = like
+            && let Some(sel) = backend
                 .and_then(|s| s.spec.as_ref())
                 .and_then(|s| s.selector.clone())
         {
@@ -264,7 +349,8 @@ impl MetalLb {
         }
         json!({"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": hold_name(&a.name_any()), "namespace": self.hold_namespace,
-                "labels": {MANAGED_BY: MANAGER, COMPONENT: "hold"},
+                "labels": {MANAGED_BY: MANAGER, COMPONENT: "hold",
+                    SERVICE_PROXY_NAME_LABEL: HOLD_PROXY_NAME},
                 "annotations": {LOAD_BALANCER_IPS: ip.to_string(), ALLOW_SHARED_IP: sharing_key(a),
                     HOLDS: a.name_any()},
                 "ownerReferences": [owner(a)]},
@@ -280,9 +366,17 @@ impl MetalLb {
     ) -> Result<(), String> {
         let Some(ip) = ip_of(a) else { return Ok(()) };
         let api = self.holds(client);
-        let body = self.hold_body(a, ip, like);
         let name = hold_name(&a.name_any());
-        match api.get_opt(&name).await.map_err(|e| e.to_string())? {
+        let have = api.get_opt(&name).await.map_err(|e| e.to_string())?;
+        let current = have
+            .as_ref()
+            .and_then(|h| h.spec.as_ref())
+            .and_then(|s| s.ports.as_ref())
+            .and_then(|p| p.first())
+            .map(|p| p.port);
+        let port = hold_port(a, like, current);
+        let body = self.hold_body(a, ip, backend_source(a, ip, have.as_ref(), like), port);
+        match have {
             None => {
                 let svc: Service = serde_json::from_value(body).map_err(|e| e.to_string())?;
                 match api.create(&PostParams::default(), &svc).await {
@@ -305,7 +399,13 @@ impl MetalLb {
                         == body["spec"]["externalTrafficPolicy"].as_str()
                     && (body["spec"]["externalTrafficPolicy"] != "Local"
                         || spec.and_then(|s| s.selector.clone()).map(|s| json!(s))
-                            == body["spec"].get("selector").cloned());
+                            == body["spec"].get("selector").cloned())
+                    && current == Some(port)
+                    && have
+                        .labels()
+                        .get(SERVICE_PROXY_NAME_LABEL)
+                        .map(String::as_str)
+                        == Some(HOLD_PROXY_NAME);
                 // MetalLB refused the hold while the Service held the address under another
                 // key (the Service MetalLB gave it to before it was claimed: an adoption, a
                 // takeover); the Service has the claim's key now, but MetalLB retries a
@@ -338,10 +438,14 @@ impl MetalLb {
                     want_ann[RETRIED_FOR] = json!(r);
                     tracing::info!(address = %a.name_any(), hold = %name, service = %r, "MetalLB refused the hold while the Service held the address under another key: asking again");
                 }
+                if current != Some(port) {
+                    tracing::info!(address = %a.name_any(), hold = %name, from = ?current, to = port, "the hold moves off a port a Service of the address lists");
+                }
                 let patch = json!({"metadata": {"resourceVersion": have.metadata.resource_version,
-                    "annotations": want_ann},
+                    "annotations": want_ann, "labels": body["metadata"]["labels"]},
                     "spec": {"externalTrafficPolicy": body["spec"]["externalTrafficPolicy"],
-                        "selector": body["spec"].get("selector").cloned().unwrap_or(Value::Null)}});
+                        "selector": body["spec"].get("selector").cloned().unwrap_or(Value::Null),
+                        "ports": body["spec"]["ports"]}});
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
                     .await
                     .map(|_| ())
@@ -610,6 +714,26 @@ impl Driver for MetalLb {
             .map_err(|e| format!("pinning through MetalLB's annotations: {e}"))
     }
 
+    /// MetalLB says why it did not assign a Service in an event (`AllocationFailed`), never
+    /// in the Service: its latest such event's words.
+    async fn refusal(&self, client: &Client, service: &Service) -> Option<String> {
+        let uid = service.uid()?;
+        let ns = service.namespace().unwrap_or_default();
+        let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), &ns);
+        let lp = ListParams::default()
+            .fields(&format!("involvedObject.uid={uid},reason=AllocationFailed"));
+        let list = events.list(&lp).await.ok()?;
+        list.items
+            .into_iter()
+            .max_by_key(|e| {
+                e.last_timestamp
+                    .as_ref()
+                    .map(|t| t.0)
+                    .or(e.event_time.as_ref().map(|t| t.0))
+            })
+            .and_then(|e| e.message)
+    }
+
     /// In the class's current addresses (its rendered pool), or gone from it.
     /// MetalLB assigns a pinned address only from a pool: an admin's static address of the
     /// class outside its `addresses` would be refused ("is not allowed in config") while the
@@ -718,7 +842,7 @@ mod tests {
         assert_ne!(hold_name(&long), hold_name(&format!("{long}y")));
         assert_eq!(sharing_key(&a), "ac-cu");
         let d = driver();
-        let body = d.hold_body(&a, "192.0.2.1".parse().unwrap(), None);
+        let body = d.hold_body(&a, "192.0.2.1".parse().unwrap(), None, HOLD_PORT);
         assert_eq!(
             body["metadata"]["annotations"][LOAD_BALANCER_IPS],
             "192.0.2.1"
@@ -732,9 +856,108 @@ mod tests {
         let tenant: Service = serde_json::from_value(json!({"metadata": {"name": "t", "namespace": "t"},
             "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local", "selector": {"app": "web"}}}))
         .unwrap();
-        let body = d.hold_body(&a, "192.0.2.1".parse().unwrap(), Some(&tenant));
+        let body = d.hold_body(&a, "192.0.2.1".parse().unwrap(), Some(&tenant), HOLD_PORT);
         assert_eq!(body["spec"]["externalTrafficPolicy"], "Local");
         assert_eq!(body["spec"]["selector"], json!({"app": "web"}));
         assert!(d.serves(&tenant));
+    }
+
+    #[test]
+    fn a_hold_never_changes_its_backend_key_under_the_service_that_has_the_address() {
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        let mut a: IPAddress =
+            serde_json::from_value(json!({"metadata": {"name": "ipv4-192-0-2-1"},
+            "spec": {"address": "192.0.2.1", "className": "a", "source": {"fromClass": {}}}}))
+            .unwrap();
+        let svc = |name: &str, local: Option<&str>, shows: bool| -> Service {
+            let mut s = json!({"metadata": {"name": name, "namespace": "t"},
+                "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Cluster"}});
+            if let Some(app) = local {
+                s["spec"]["externalTrafficPolicy"] = json!("Local");
+                s["spec"]["selector"] = json!({"app": app});
+            }
+            if shows {
+                s["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}]}});
+            }
+            serde_json::from_value(s).unwrap()
+        };
+        let name = |s: Option<&Service>| s.map(|s| s.name_any());
+        let hold = svc("hold", None, true);
+        let vm = svc("vm", Some("vm"), false);
+        // The address's first holder: the hold takes its backend key, new or existing.
+        assert_eq!(
+            name(backend_source(&a, ip, None, Some(&vm))),
+            Some("vm".into())
+        );
+        assert_eq!(
+            name(backend_source(&a, ip, Some(&hold), Some(&vm))),
+            Some("vm".into())
+        );
+        // No Service being pinned (the address's own pass): the hold keeps its own — never
+        // back to Cluster under a Local holder.
+        assert_eq!(
+            name(backend_source(&a, ip, Some(&hold), None)),
+            Some("hold".into())
+        );
+        assert_eq!(name(backend_source(&a, ip, None, None)), None);
+        // Another holder in the ledger while the hold has the address: kept.
+        a.status = serde_json::from_value(json!({"attachments": [
+            {"kind": "Service", "namespace": "t", "name": "vm"}]}))
+        .unwrap();
+        let web = svc("web", None, false);
+        assert_eq!(
+            name(backend_source(&a, ip, Some(&hold), Some(&web))),
+            Some("hold".into())
+        );
+        // ...and the ledger's own holder is not "another".
+        assert_eq!(
+            name(backend_source(&a, ip, Some(&hold), Some(&vm))),
+            Some("vm".into())
+        );
+        // The hold lost the address to a Service that has it: it follows that Service.
+        let pending = svc("hold", None, false);
+        let vm_has = svc("vm", Some("vm"), true);
+        assert_eq!(
+            name(backend_source(&a, ip, Some(&pending), Some(&vm_has))),
+            Some("vm".into())
+        );
+        assert_eq!(
+            name(backend_source(&a, ip, Some(&pending), Some(&web))),
+            Some("hold".into())
+        );
+        // Never served by a proxy.
+        let body = driver().hold_body(&a, ip, Some(&vm), HOLD_PORT);
+        assert_eq!(
+            body["metadata"]["labels"][SERVICE_PROXY_NAME_LABEL],
+            HOLD_PROXY_NAME
+        );
+    }
+
+    #[test]
+    fn a_hold_never_keeps_a_port_a_service_of_its_address_lists() {
+        let mut a: IPAddress =
+            serde_json::from_value(json!({"metadata": {"name": "ipv4-192-0-2-1"},
+            "spec": {"address": "192.0.2.1", "className": "a", "source": {"fromClass": {}}}}))
+            .unwrap();
+        // A new hold: 65534, never the platform's VM placeholder 65535.
+        assert_eq!(hold_port(&a, None, None), 65534);
+        // The VM Service lists 65535 (a placeholder): an old hold there moves below it.
+        let vm: Service =
+            serde_json::from_value(json!({"metadata": {"name": "vm", "namespace": "t"},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 65535, "protocol": "TCP"}]}}))
+            .unwrap();
+        assert_eq!(hold_port(&a, Some(&vm), Some(65535)), 65534);
+        // Kept while nobody lists it.
+        assert_eq!(hold_port(&a, Some(&vm), Some(65534)), 65534);
+        assert_eq!(hold_port(&a, None, Some(65535)), 65535);
+        // A tenant on 65534 and a ledger holder on 65533: the next free is 65532; a UDP
+        // port of the same number does not count.
+        let tenant: Service = serde_json::from_value(json!({"metadata": {"name": "x", "namespace": "t"},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 65534}, {"port": 65532, "protocol": "UDP"}]}}))
+        .unwrap();
+        a.status = serde_json::from_value(json!({"attachments": [
+            {"kind": "Service", "namespace": "t", "name": "y", "ports": ["TCP/65533"]}]}))
+        .unwrap();
+        assert_eq!(hold_port(&a, Some(&tenant), Some(65534)), 65532);
     }
 }

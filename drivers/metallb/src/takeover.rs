@@ -41,7 +41,7 @@ pub const GO_ADDRESS_LABEL: &str = "metallb.drivers.local.sdn.cozystack.io/ip-ad
 /// The port a Go placeholder moves to while it shares the address with the hold (the hold's
 /// is [`crate::metallb::HOLD_PORT`]; MetalLB shares an address only between Services of
 /// distinct ports).
-pub const MOVED_PLACEHOLDER_PORT: i32 = 65534;
+pub const MOVED_PLACEHOLDER_PORT: i32 = 65533;
 
 #[derive(clap::Parser, Debug)]
 #[command(

@@ -126,6 +126,11 @@ impl Driver for Range {
             == self.lb_class.as_ref()
     }
 
+    /// The range driver is the load balancer: its pin writes the ingress.
+    fn pin_shows(&self) -> bool {
+        true
+    }
+
     async fn pin(
         &self,
         client: &Client,
