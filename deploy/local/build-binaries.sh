@@ -122,6 +122,26 @@ build_metallb() {
   rm -rf "$out" && mv "$out.tmp" "$out" && touch "$out/.complete"
 }
 
+# cozy-proxy, the platform's own data plane for whole-address Services (the node tier's
+# cozy-proxy tests): no registry serves it, so it is built from its upstream source beside
+# this repository ($COZY_PROXY_SRC, default ../shared/third_party/cozy-proxy; never copied
+# in), cached by a hash of that source. Without the source it is not built, and the tests
+# that need it report themselves skipped.
+build_cozy() {
+  if [ ! -f "$COZY_PROXY_SRC/go.mod" ]; then
+    log "cozy-proxy: no source at $COZY_PROXY_SRC; not built (its node tests are skipped)"
+    return
+  fi
+  local out
+  out="$(cozy_proxy_bin)"
+  if cached "$out"; then log "cozy-proxy: cached in $out"; return; fi
+  log "cozy-proxy: building from $COZY_PROXY_SRC"
+  mkdir -p "$out.tmp"
+  (cd "$COZY_PROXY_SRC" && CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "-s -w" \
+     -o "$out.tmp/cozy-proxy" .)
+  rm -rf "$out" && mv "$out.tmp" "$out" && touch "$out/.complete"
+}
+
 command -v go >/dev/null || { log "go is required (https://go.dev); none on PATH"; exit 1; }
 start=$(date +%s)
 print_env=
@@ -129,12 +149,12 @@ components=()
 for arg in "$@"; do
   case "$arg" in
     --print-env) print_env=1 ;;
-    etcd|helm|kube|prometheus|metallb|node|wire) components+=("$arg") ;;
-    *) log "unknown argument: $arg (expected --print-env, etcd, helm, kube, prometheus, metallb, node or wire)"; exit 2 ;;
+    etcd|helm|kube|prometheus|metallb|node|wire|cozy) components+=("$arg") ;;
+    *) log "unknown argument: $arg (expected --print-env, etcd, helm, kube, prometheus, metallb, node, wire or cozy)"; exit 2 ;;
   esac
 done
 # Small ones first so a failure in the module graph shows up quickly.
-[ ${#components[@]} -gt 0 ] || components=(etcd helm metallb prometheus kube node wire)
+[ ${#components[@]} -gt 0 ] || components=(etcd helm metallb prometheus kube node wire cozy)
 for c in "${components[@]}"; do "build_$c"; done
 log "done in $(( $(date +%s) - start ))s"
 if [ -n "$print_env" ]; then

@@ -21,6 +21,11 @@
 #                                             half of MetalLB) against the cluster: its CRDs, namespace
 #                                             metallb-system and the Pod object it reads; stopped by `down`.
 #                                             With --node, also MetalLB's speaker on the node (L2 mode)
+#   cluster.sh cozy-proxy DIR                 (--node) run cozy-proxy — the platform's data plane for
+#                                             whole-address Services, built from its upstream source
+#                                             (build-binaries.sh cozy) — on the node, as its DaemonSet
+#                                             runs it (host network); stopped by `down`. Exits 3 when
+#                                             its source is not there (the tests say skipped)
 #   cluster.sh client DIR CMD...              (--node) CMD on the client host, the far end of the wire
 #                                             (e.g. client DIR curl http://192.0.2.1/)
 #   cluster.sh route DIR CIDR on-link|via-node|none
@@ -28,7 +33,7 @@
 #                                             (MetalLB L2 answers ARP/NDP) or via the node (routed)
 #
 # A component restarted by `restart` (etcd, kube-apiserver, and with --node kube-proxy,
-# metallb-speaker, metallb-controller) runs the same command again and is waited for.
+# metallb-speaker, metallb-controller, cozy-proxy) runs the same command again and is waited for.
 #
 # SERVICE_CIDR (IPv4, default 10.0.0.0/24) sizes the Services' ClusterIP range (the latency
 # bench keeps hundreds of LoadBalancer Services alive at once); AC_ETCD_QUOTA_BYTES
@@ -185,9 +190,9 @@ restart() {
   local name="$1"
   case "$name" in
     etcd|kube-apiserver) ;;
-    kube-proxy|metallb-speaker|metallb-controller)
+    kube-proxy|metallb-speaker|metallb-controller|cozy-proxy)
       [ -f "$dir/pids/$name" ] || die "$name does not run in $dir"; restart_with_health "$name"; return ;;
-    *) die "restart: etcd, kube-apiserver, kube-proxy, metallb-speaker or metallb-controller, not '$name'" ;;
+    *) die "restart: etcd, kube-apiserver, kube-proxy, metallb-speaker, metallb-controller or cozy-proxy, not '$name'" ;;
   esac
   [ -f "$dir/cmds/$name" ] || die "no recorded command for $name in $dir"
   # shellcheck disable=SC1091
@@ -229,7 +234,7 @@ stop_all() {
   # Reverse start order: controller-manager, apiserver, etcd; watcher last.
   local name
   node_down
-  for name in metallb-speaker metallb-controller kube-controller-manager kube-apiserver etcd watcher; do
+  for name in cozy-proxy metallb-speaker metallb-controller kube-controller-manager kube-apiserver etcd watcher; do
     stop_one "$name"
   done
 }
@@ -478,8 +483,34 @@ metallb_speaker() {
   log "metallb-speaker $METALLB_VERSION ready on node $NODE_NAME (L2; announces on $WIRE_NODE_IF)"
 }
 
+# cozy-proxy on the node, as its DaemonSet runs it: in the node's network namespace (its
+# host network, where it writes the nftables table `ip cozy_proxy`), watching every Service
+# and keeping those labelled service.kubernetes.io/service-proxy-name=cozy-proxy — its only
+# selector. Health on loopback, metrics off. It watches Services and Endpoints cluster-wide
+# and writes nothing to the API, like the speaker it runs on the cluster's admin credentials.
+cozy_proxy() {
+  load_env || die "no cluster in $dir; run: cluster.sh up $dir"
+  [ -n "$node" ] || die "$dir has no node (cluster.sh up DIR --node)"
+  if [ -f "$dir/pids/cozy-proxy" ] && kill -0 "$(cat "$dir/pids/cozy-proxy")" 2>/dev/null; then
+    log "cozy-proxy already running"; return
+  fi
+  [ -f "$COZY_PROXY_SRC/go.mod" ] || { log "no cozy-proxy source at $COZY_PROXY_SRC"; exit 3; }
+  local bin
+  bin="$(cozy_proxy_bin)"
+  [ -f "$bin/.complete" ] || "$here/build-binaries.sh" cozy
+  local health
+  health="$(free_ports 1)"
+  start cozy-proxy nsenter --net="/run/netns/$NODE_NETNS" -- "$bin/cozy-proxy" \
+    --kubeconfig="$dir/admin.kubeconfig" --health-probe-bind-address="127.0.0.1:$health" \
+    --metrics-bind-address=0 --zap-devel=false
+  echo "http://127.0.0.1:$health/healthz" > "$dir/pids/cozy-proxy.health"
+  wait_health cozy-proxy 30
+  log "cozy-proxy ready on node $NODE_NAME (table ip cozy_proxy)"
+}
+
 case "$cmd" in
   up) up ;;
+  cozy-proxy) cozy_proxy ;;
   import) load_env || die "no cluster in $dir"; [ -n "$node" ] || die "$dir has no node (cluster.sh up DIR --node)"
     node_import "$component" ;;
   exec) load_env || die "no cluster in $dir"; [ ${#rest[@]} -gt 0 ] || die "exec DIR CMD..."

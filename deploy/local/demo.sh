@@ -169,7 +169,7 @@ YAML
   echo; echo "\$ kubectl get ipaddressclasses"; kubectl get ipaddressclasses
   echo; echo "\$ kubectl get namespaceaddresses -A"; kubectl get namespaceaddresses -A
   echo; echo "\$ kubectl get poolavailabilities"; kubectl get poolavailabilities
-  if [ -n "$node" ]; then wire; fi
+  if [ -n "$node" ]; then wire; vm; fi
   if [ -n "$node" ]; then
     cat <<MSG
 
@@ -225,6 +225,9 @@ local_install() {
     --set replicaCount=1 --set rangeDriver.enabled="$([ -z "$metallb" ] && echo true || echo false)" \
     --set metallbDriver.enabled="$([ -n "$metallb" ] && echo true || echo false)" \
     >"$dir/logs/helm.log" 2>&1 || fail "helm upgrade --install" "$dir/logs/helm.log"
+  # The chart's admission policies are in place now: wait until a create of each kind is
+  # admitted (a reused cluster dir's kube-apiserver may just have started).
+  "$here/wait-admitted.sh" || fail "kube-apiserver admits creates of each kind" "$dir/logs/kube-apiserver.log"
   local sa="$dir/address-controller-sa" ns=address-controller-system
   mkdir -p "$sa"
   for key in tls.crt tls.key; do
@@ -277,6 +280,8 @@ node_install() {
     --set rangeDriver.enabled="$([ -z "$metallb" ] && echo true || echo false)" \
     --set metallbDriver.enabled="$([ -n "$metallb" ] && echo true || echo false)" \
     >"$dir/logs/helm.log" 2>&1 || fail "helm upgrade --install" "$dir/logs/helm.log"
+  nsenter --net=/run/netns/address-controller-node -- "$here/wait-admitted.sh" \
+    || fail "kube-apiserver admits creates of each kind" "$dir/logs/kube-apiserver.log"
   kubectl rollout status -n "$ns" deployment/address-controller --timeout=180s || fail "rollout" "$dir/logs/kubelet.log"
   kubectl rollout status -n "$ns" "deployment/address-controller-$driver" --timeout=180s || fail "rollout of the $driver" "$dir/logs/kubelet.log"
   kubectl wait apiservice/v1alpha1.view.local.sdn.cozystack.io --for=condition=Available --timeout=60s >/dev/null \
@@ -341,6 +346,83 @@ YAML
   kubectl delete svc -n tenant-a web --wait=true >/dev/null || fail "delete Service tenant-a/web"
   apply_demo
   client_curl "$ip" 80 || fail "the recreated Service answers at $ip" "$dir/logs/"
+}
+
+# NODE=1: a virtual machine's whole address, both ways, through the platform's own data plane
+# (cozy-proxy, built from its upstream source beside this repository; skipped, and said so,
+# without it). A claim, a pod standing in for the VM (it listens on ports nobody lists), and
+# the Service the platform renders for a VM with a public address: cozy-proxy's label,
+# wholeIP, the placeholder port 65535, externalTrafficPolicy Local. The client host reaches
+# a port the Service never listed; the VM's own outbound connection reaches the client host
+# from the claimed address.
+vm() {
+  if ! "$here/cluster.sh" cozy-proxy "$dir" >/dev/null 2>&1; then
+    step "a VM's whole address: skipped — no cozy-proxy source at $COZY_PROXY_SRC"
+    return 0
+  fi
+  step "a VM's whole address through cozy-proxy: every port in, its traffic out from the address"
+  kubectl apply -f - >/dev/null <<YAML || fail "the VM's claim, pod and Service"
+apiVersion: local.sdn.cozystack.io/v1alpha1
+kind: IPAddressClaim
+metadata: {name: vm, namespace: tenant-a}
+spec: {className: public}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: vm, namespace: tenant-a}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: vm}}
+  template:
+    metadata: {labels: {app: vm}}
+    spec:
+      automountServiceAccountToken: false
+      securityContext: {runAsNonRoot: true, runAsUser: 65535, seccompProfile: {type: RuntimeDefault}}
+      containers:
+      - name: hello
+        image: localhost/address-controller/hello:1
+        imagePullPolicy: Never
+        command: [/hello]
+        args: ["8080", "2222", "u:5353"]
+        ports: [{containerPort: 8080, name: http}]
+        # asked inside the pod: cozy-proxy sends everything the pod sends from the address,
+        # its answers to a probe from the node too (docs/operations.md)
+        readinessProbe: {exec: {command: [/hello, probe, "8080"]}, periodSeconds: 1}
+        securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: vm
+  namespace: tenant-a
+  labels: {service.kubernetes.io/service-proxy-name: cozy-proxy}
+  annotations: {local.sdn.cozystack.io/ip-address-claim: vm, networking.cozystack.io/wholeIP: "true"}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: Local
+  allocateLoadBalancerNodePorts: false
+  selector: {app: vm}
+  ports: [{name: placeholder, port: 65535, protocol: TCP}]
+YAML
+  kubectl rollout status -n tenant-a deployment/vm --timeout=120s >/dev/null || fail "the VM's pod" "$dir/logs/kubelet.log"
+  kubectl wait -n tenant-a service/vm --for=jsonpath='{.status.loadBalancer.ingress[0].ip}' --timeout=60s >/dev/null \
+    || fail "the VM's Service has its address" "$dir/logs/"
+  ip="$(kubectl get svc -n tenant-a vm -o jsonpath='{.status.loadBalancer.ingress[0].ip}')"
+  echo "\$ kubectl get svc -n tenant-a vm; kubectl get ipa -o wide | grep vm"
+  kubectl get svc -n tenant-a vm
+  kubectl get ipaddresses.local.sdn.cozystack.io -o wide | grep -E "NAME|tenant-a +vm " || true
+  echo "# port 2222 is listed nowhere: cozy-proxy forwards the whole address to the VM's pod"
+  client_curl "$ip" 2222 || fail "curl http://$ip:2222/ (an unlisted port) from the client host" "$dir/logs/cozy-proxy.log"
+  echo "# the VM connects out to the client host (a listener there on :9000): which address does the client see?"
+  "$here/cluster.sh" client "$dir" "$dir/node/hello" 9000 >/dev/null 2>&1 &
+  local listener=$! out
+  for _ in $(seq 1 50); do "$here/cluster.sh" client "$dir" curl -s --max-time 1 http://10.255.1.2:9000/ >/dev/null 2>&1 && break; sleep 0.1; done
+  echo "\$ curl http://$ip:8080/dial/10.255.1.2/9000   # on the client host: the VM dials back"
+  out="$("$here/cluster.sh" client "$dir" curl -s --max-time 5 "http://$ip:8080/dial/10.255.1.2/9000")"
+  kill "$listener" 2>/dev/null; pkill -f "$dir/node/hello 9000" 2>/dev/null || true
+  echo "$out"
+  [ "${out##* }" = "$ip" ] || fail "the VM's outbound connection was seen from ${out##* }, not $ip" "$dir/logs/cozy-proxy.log"
+  echo "the VM's outbound traffic left from its claimed address: $ip"
 }
 
 # client_curl IP PORT: curl from the client host until a pod answers (bounded: 60 s).

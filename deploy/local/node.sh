@@ -252,7 +252,7 @@ TOML
   "cniVersion": "1.0.0",
   "name": "address-controller-node",
   "plugins": [
-    {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+    {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
      "ipam": {"type": "host-local", "dataDir": "$nd/cni/ipam",
               "ranges": [[{"subnet": "$NODE_POD_CIDR"}], [{"subnet": "$NODE_POD_CIDR6"}]],
               "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]}},

@@ -24,3 +24,11 @@ NODE_BIN="$AC_CACHE/bin/kubernetes-node-$KUBE_VERSION"
 KUBE_PROXY_BIN="$AC_CACHE/bin/kube-proxy-$KUBE_VERSION"
 # MetalLB's speaker of the same MetalLB version: the node tier's L2 announcements.
 METALLB_SPEAKER_BIN="$AC_CACHE/bin/metallb-speaker-$METALLB_VERSION"
+# cozy-proxy's upstream source (not in this repository; see build-binaries.sh) and its
+# cache directory, keyed by a hash of that source.
+COZY_PROXY_SRC="${COZY_PROXY_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)/shared/third_party/cozy-proxy}"
+cozy_proxy_bin() {
+  local h
+  h="$(cd "$COZY_PROXY_SRC" 2>/dev/null && find . -name '*.go' -o -name go.mod -o -name go.sum | LC_ALL=C sort | xargs cat 2>/dev/null | sha256sum | cut -c1-12)"
+  echo "$AC_CACHE/bin/cozy-proxy-$h"
+}

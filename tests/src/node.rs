@@ -69,33 +69,66 @@ pub fn enter_netns() -> Result<()> {
 
 /// The `main` of a node-tier test file (`harness = false`): runs TESTS with libtest's
 /// arguments and output; without root every one is reported *ignored*, with the reason
-/// printed first — never passed.
-pub fn main(tests: Vec<(&'static str, fn())>) {
+/// printed first — never passed. COZY are tests that also need cozy-proxy's source (beside
+/// this repository, [`cozy_proxy_missing`]): ignored, with the reason, where it is not.
+pub fn main(tests: Vec<(&'static str, fn())>, cozy: Vec<(&'static str, fn())>) {
     let args = libtest_mimic::Arguments::from_args();
     let skip = skip_reason();
     if let Some(why) = &skip {
         println!("node tier skipped (its tests are reported ignored): {why}");
     }
+    let no_cozy = cozy_proxy_missing();
+    if let (None, Some(why), false) = (&skip, &no_cozy, cozy.is_empty()) {
+        println!("cozy-proxy tests skipped (reported ignored): {why}");
+    }
+    let trial = |(name, test): (&'static str, fn()), ignored: bool| {
+        libtest_mimic::Trial::test(name, move || {
+            test();
+            Ok(())
+        })
+        .with_ignored_flag(ignored)
+    };
     let trials = tests
         .into_iter()
-        .map(|(name, test)| {
-            libtest_mimic::Trial::test(name, move || {
-                test();
-                Ok(())
-            })
-            .with_ignored_flag(skip.is_some())
-        })
+        .map(|t| trial(t, skip.is_some()))
+        .chain(
+            cozy.into_iter()
+                .map(|t| trial(t, skip.is_some() || no_cozy.is_some())),
+        )
         .collect();
     libtest_mimic::run(&args, trials).exit();
 }
 
+/// Why cozy-proxy cannot be built here, if it cannot: its upstream source is not beside
+/// this repository (`COZY_PROXY_SRC`, default `../shared/third_party/cozy-proxy`).
+pub fn cozy_proxy_missing() -> Option<String> {
+    let src = std::env::var_os("COZY_PROXY_SRC")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("../shared/third_party/cozy-proxy"));
+    (!src.join("go.mod").exists()).then(|| {
+        format!(
+            "no cozy-proxy source at {} (set COZY_PROXY_SRC to its checkout)",
+            src.display()
+        )
+    })
+}
+
 /// The `main` of a node-tier test file: `node_main![test_a, test_b]` runs those functions
-/// by their names through [`main`].
+/// by their names through [`main`]; `node_main![a, b; cozy_proxy: c]` also `c`, which needs
+/// cozy-proxy.
 #[macro_export]
 macro_rules! node_main {
     ($($test:ident),* $(,)?) => {
         fn main() {
-            $crate::node::main(vec![$((stringify!($test), $test as fn())),*]);
+            $crate::node::main(vec![$((stringify!($test), $test as fn())),*], vec![]);
+        }
+    };
+    ($($test:ident),* ; cozy_proxy: $($cozy:ident),* $(,)?) => {
+        fn main() {
+            $crate::node::main(
+                vec![$((stringify!($test), $test as fn())),*],
+                vec![$((stringify!($cozy), $cozy as fn())),*],
+            );
         }
     };
 }

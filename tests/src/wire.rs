@@ -189,6 +189,25 @@ pub fn node_mac() -> String {
 /// A Deployment of the hello workload in NS, labelled `app: NAME`, under the restricted
 /// Pod Security Standard; waits until every replica is ready. Its pods' names.
 pub fn workload(node: &Node, ns: &str, name: &str, replicas: u32) -> Result<Vec<String>> {
+    workload_with(node, ns, name, replicas, json!({}))
+}
+
+/// [`workload`] whose container also has the fields of `container` (a `lifecycle`, say).
+pub fn workload_with(
+    node: &Node,
+    ns: &str,
+    name: &str,
+    replicas: u32,
+    container: Value,
+) -> Result<Vec<String>> {
+    let mut hello = json!({"name": "hello", "image": HELLO_IMAGE, "imagePullPolicy": "Never",
+        "ports": [{"containerPort": 8080, "name": "http"}],
+        "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
+        "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+                            "capabilities": {"drop": ["ALL"]}}});
+    if let (Some(h), Some(extra)) = (hello.as_object_mut(), container.as_object()) {
+        h.extend(extra.clone());
+    }
     let d = json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "namespace": ns},
@@ -197,38 +216,10 @@ pub fn workload(node: &Node, ns: &str, name: &str, replicas: u32) -> Result<Vec<
             "automountServiceAccountToken": false,
             "securityContext": {"runAsNonRoot": true, "runAsUser": 65535,
                                 "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{"name": "hello", "image": HELLO_IMAGE, "imagePullPolicy": "Never",
-              "ports": [{"containerPort": 8080, "name": "http"}],
-              "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
-              "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
-                                  "capabilities": {"drop": ["ALL"]}}}]}}}
+            "containers": [hello]}}}
     });
     apply(node, &d)?;
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let pods = node.json(&["get", "pods", "-n", ns, "-l", &format!("app={name}")])?;
-        let ready: Vec<String> = pods["items"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .iter()
-            .filter(|p| {
-                p["metadata"]["deletionTimestamp"].is_null()
-                    && p["status"]["conditions"].as_array().is_some_and(|cs| {
-                        cs.iter()
-                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                    })
-            })
-            .map(crate::node::pod_name)
-            .collect();
-        if ready.len() == replicas as usize {
-            return Ok(ready);
-        }
-        if Instant::now() > deadline {
-            bail!("workload {ns}/{name}: {} of {replicas} ready", ready.len());
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_ready_pods(node, ns, name, replicas)
 }
 
 /// A LoadBalancer Service of port 80 to the `app: APP` pods' `http` port, with ANNOTATIONS
@@ -311,4 +302,329 @@ pub fn percentile(durations: &[Duration], p: usize) -> f64 {
     }
     let i = ((v.len() - 1) * p).div_ceil(100);
     v[i.min(v.len() - 1)]
+}
+
+// ---- whole addresses through cozy-proxy (#55) ---------------------------------------------
+
+/// The client host's address on the segment (the listener the pods dial lives there).
+pub const CLIENT_IP: &str = "10.255.1.2";
+/// The node's address on the segment: what a pod's outbound traffic is seen from when it is
+/// not a pod cozy-proxy serves (the node masquerades pods, as a cluster's CNI does).
+pub const NODE_WIRE_IP: &str = "10.255.1.1";
+
+static COZY: OnceLock<std::result::Result<bool, String>> = OnceLock::new();
+
+/// Once per process: cozy-proxy running on the node (`cluster.sh cozy-proxy`). `false`: its
+/// source is not beside this repository (../shared/third_party/cozy-proxy) — the caller says
+/// *skipped*, never passed.
+pub fn cozy_proxy(node: &Node) -> bool {
+    let r = COZY.get_or_init(|| {
+        let out = Command::new(repo_root().join("deploy/local/cluster.sh"))
+            .arg("cozy-proxy")
+            .arg(&node.cluster.dir)
+            .output()
+            .map_err(|e| e.to_string())?;
+        match out.status.code() {
+            Some(0) => Ok(true),
+            Some(3) => Ok(false),
+            _ => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+        }
+    });
+    match r {
+        Ok(up) => *up,
+        Err(e) => panic!("cozy-proxy did not start: {e}"),
+    }
+}
+
+/// A Deployment of the hello workload as a VM stands in for: `args` are its ports (`N` TCP,
+/// `u:N` UDP; the first is its HTTP port), REPLICAS pods, labelled `app: NAME`; waits until
+/// every replica is ready. Its pods' names.
+pub fn vm_workload(
+    node: &Node,
+    ns: &str,
+    name: &str,
+    replicas: u32,
+    args: &[&str],
+) -> Result<Vec<String>> {
+    let first: i32 = args.first().and_then(|a| a.parse().ok()).unwrap_or(8080);
+    let d = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+          "template": {"metadata": {"labels": {"app": name}}, "spec": {
+            "automountServiceAccountToken": false,
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65535,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "hello", "image": HELLO_IMAGE, "imagePullPolicy": "Never",
+              "command": ["/hello"], "args": args,
+              "ports": [{"containerPort": first, "name": "http"}],
+              // Asked from inside the pod: cozy-proxy rewrites the source of everything a
+              // whole-address pod sends, its answers to a probe from the node included.
+              "readinessProbe": {"exec": {"command": ["/hello", "probe", first.to_string()]},
+                                 "periodSeconds": 1},
+              "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+                                  "capabilities": {"drop": ["ALL"]}}}]}}}
+    });
+    apply(node, &d)?;
+    wait_ready_pods(node, ns, name, replicas)
+}
+
+/// Waits until REPLICAS pods of `app: NAME` in NS are ready; their names.
+pub fn wait_ready_pods(node: &Node, ns: &str, name: &str, replicas: u32) -> Result<Vec<String>> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let pods = node.json(&["get", "pods", "-n", ns, "-l", &format!("app={name}")])?;
+        let ready: Vec<String> = pods["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter(|p| {
+                p["metadata"]["deletionTimestamp"].is_null()
+                    && p["status"]["conditions"].as_array().is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                    })
+            })
+            .map(crate::node::pod_name)
+            .collect();
+        if ready.len() == replicas as usize {
+            return Ok(ready);
+        }
+        if Instant::now() > deadline {
+            bail!("workload {ns}/{name}: {} of {replicas} ready", ready.len());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The IP of a ready pod of `app: NAME` in NS.
+pub fn pod_ip_of(node: &Node, ns: &str, name: &str) -> Result<String> {
+    let pods = node.json(&["get", "pods", "-n", ns, "-l", &format!("app={name}")])?;
+    pods["items"]
+        .as_array()
+        .and_then(|a| a.first())
+        .map(crate::node::pod_ip)
+        .filter(|ip| !ip.is_empty())
+        .ok_or_else(|| anyhow::anyhow!("no pod of {ns}/{name} has an IP"))
+}
+
+/// How cozy-proxy is to serve a VM's Service.
+#[derive(Debug, Clone, Copy)]
+pub enum Method {
+    /// `wholeIP: "true"`, the platform's placeholder port 65535.
+    WholeIp,
+    /// `wholeIP: "false"` with these TCP ports, and `allowICMP` as given.
+    PortList { ports: &'static [i32], icmp: bool },
+}
+
+/// The Service the platform renders for a VM with a public address, exactly: type
+/// LoadBalancer, `externalTrafficPolicy: Local`, no node ports, cozy-proxy's label, its
+/// annotations, the placeholder `port: 65535` when it lists none — naming CLAIM, with SPEC's
+/// fields on top (e.g. a load-balancer class).
+pub fn vm_service(
+    node: &Node,
+    ns: &str,
+    name: &str,
+    app: &str,
+    claim: &str,
+    method: Method,
+    spec: Value,
+) -> Result<()> {
+    let (whole, icmp, ports): (&str, Option<bool>, Vec<Value>) = match method {
+        Method::WholeIp => (
+            "true",
+            None,
+            vec![json!({"name": "placeholder", "port": 65535, "protocol": "TCP"})],
+        ),
+        Method::PortList { ports, icmp } => (
+            "false",
+            Some(icmp),
+            ports
+                .iter()
+                .map(|p| json!({"name": format!("tcp-{p}"), "port": p, "protocol": "TCP"}))
+                .collect(),
+        ),
+    };
+    let mut annotations = claim_annotation(claim);
+    annotations["networking.cozystack.io/wholeIP"] = json!(whole);
+    if let Some(i) = icmp {
+        annotations["networking.cozystack.io/allowICMP"] = json!(i.to_string());
+    }
+    let mut s = json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+                       "allocateLoadBalancerNodePorts": false,
+                       "selector": {"app": app}, "ports": ports});
+    if let (Some(s), Some(extra)) = (s.as_object_mut(), spec.as_object()) {
+        s.extend(extra.clone());
+    }
+    apply(
+        node,
+        &json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": ns,
+                "labels": {"service.kubernetes.io/service-proxy-name": "cozy-proxy"},
+                "annotations": annotations},
+            "spec": s
+        }),
+    )
+}
+
+/// One HTTP request from the client host to `ip:port/path`: the body, or why there is none.
+pub fn curl_path(ip: &str, port: u16, path: &str) -> std::result::Result<String, String> {
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{CLIENT_NETNS}"))
+        .args(["--", "curl", "-sS", "--max-time", "2"])
+        .arg(format!("http://{ip}:{port}{path}"))
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// Python in the client host's namespace (UDP and ICMP probes: nothing to install).
+fn client_python(code: &str, args: &[&str]) -> std::result::Result<String, String> {
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{CLIENT_NETNS}"))
+        .args(["--", "python3", "-c", code])
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// One UDP datagram from the client host to `ip:port`: the answer (the pod's name), or why
+/// there is none (1 s).
+pub fn udp(ip: &str, port: u16) -> std::result::Result<String, String> {
+    client_python(
+        "import socket,sys\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.settimeout(1)\n\
+         s.sendto(b'hello',(sys.argv[1],int(sys.argv[2])))\nprint(s.recvfrom(512)[0].decode())",
+        &[ip, &port.to_string()],
+    )
+}
+
+/// One ICMP echo from the client host to `ip`: whether `ip` answered within 1 s.
+pub fn ping(ip: &str) -> bool {
+    client_python(
+        "import socket,struct,sys,time\n\
+         def cs(b):\n s=sum((b[i]<<8)+b[i+1] for i in range(0,len(b)-1,2))\n s=(s>>16)+(s&0xffff)\n return (~(s+(s>>16)))&0xffff\n\
+         s=socket.socket(socket.AF_INET,socket.SOCK_RAW,socket.IPPROTO_ICMP)\ns.settimeout(1)\n\
+         h=struct.pack('!BBHHH',8,0,0,0x4143,1)+b'address-controller'\n\
+         p=struct.pack('!BBHHH',8,0,cs(h),0x4143,1)+b'address-controller'\n\
+         s.sendto(p,(sys.argv[1],0))\nend=time.time()+1\n\
+         while time.time()<end:\n d,a=s.recvfrom(1500)\n if a[0]==sys.argv[1] and d[20]==0:\n  print('pong');break\n\
+         else:\n sys.exit(1)",
+        &[ip],
+    )
+    .is_ok_and(|o| o == "pong")
+}
+
+/// A listener on the client host — the hello workload's binary, run there — that answers
+/// `GET /whoami` with the address a connection came from. Stopped when dropped.
+pub struct ClientListener {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl ClientListener {
+    pub fn start(node: &Node, port: u16) -> Result<ClientListener> {
+        let hello = node.cluster.dir.join("node/hello");
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{CLIENT_NETNS}"))
+            .arg("--")
+            .arg(&hello)
+            .arg(port.to_string())
+            .stdout(std::process::Stdio::null())
+            .spawn()?;
+        let l = ClientListener { child, port };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while curl_path(CLIENT_IP, port, "/").is_err() {
+            if Instant::now() > deadline {
+                bail!("the client host's listener on :{port} did not come up");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(l)
+    }
+}
+
+impl Drop for ClientListener {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Who asks a pod to dial out: a pod cozy-proxy serves sends **everything** from the claimed
+/// address — its answers to the node included — so it is asked by the client host through
+/// that address; any other pod by the node at its own IP.
+#[derive(Clone, Copy, Debug)]
+pub enum Ask<'a> {
+    /// The client host, through the claimed address (port 8080 must reach the pod).
+    ThroughAddress(&'a str),
+    /// The node, at the pod's IP.
+    FromNode(&'a str),
+}
+
+/// From the pod ASK reaches (its HTTP port 8080): a connection to the client host's
+/// listener; the address the client saw it come from.
+pub fn egress_source(
+    ask: Ask<'_>,
+    listener: &ClientListener,
+) -> std::result::Result<String, String> {
+    let (host, netns) = match ask {
+        Ask::ThroughAddress(ip) => (ip, Some(CLIENT_NETNS)),
+        Ask::FromNode(ip) => (ip, None),
+    };
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net=/run/netns/{ns}")).args(["--", "curl"]);
+            c
+        }
+        None => Command::new("curl"),
+    };
+    let out = cmd
+        .args(["-sS", "--max-time", "5"])
+        .arg(format!(
+            "http://{host}:8080/dial/{CLIENT_IP}/{}",
+            listener.port
+        ))
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    let body = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    body.split_whitespace()
+        .nth(1)
+        .map(str::to_string)
+        .ok_or_else(|| format!("the pod's dial said {body:?}"))
+}
+
+/// How many times Service NS/NAME was written during `window`: the events of a watch after
+/// its first (the object as it is). A quiet Service's count is 0; two controllers fighting
+/// over it write it many times a second (the drivers did, over its condition — #55).
+pub fn writes_over(node: &Node, ns: &str, name: &str, window: Duration) -> Result<usize> {
+    let mut watch = node
+        .cluster
+        .kubectl()
+        .args(["get", "service", name, "-n", ns, "-w", "-o", "name"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    // The window is the measurement itself, not a wait for something to happen.
+    std::thread::sleep(window);
+    let _ = watch.kill();
+    let out = watch.wait_with_output()?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .count()
+        .saturating_sub(1))
 }

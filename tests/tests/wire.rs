@@ -13,8 +13,10 @@ use address_controller_api::IPAddressClaim;
 use address_controller_tests::invariants::{Scope, assert_invariants};
 use address_controller_tests::node::{self, Node, figure, replicas};
 use address_controller_tests::wire::{
-    self, apply, claim_annotation, client_flush_neighbours, client_neighbour, curl, node_mac,
-    percentile, route, service, until_answered, until_silent, workload,
+    self, Ask, ClientListener, Method, NODE_WIRE_IP, apply, claim_annotation,
+    client_flush_neighbours, client_neighbour, curl, egress_source, node_mac, percentile, ping,
+    pod_ip_of, route, service, udp, until_answered, until_silent, vm_service, vm_workload,
+    workload,
 };
 use address_controller_tests::{Cleanup, TestNamespace, random_suffix, wait_for};
 use kube::Client;
@@ -603,6 +605,635 @@ async fn shared(node: &'static Node) {
     }
 }
 
+// ---- whole addresses through cozy-proxy (#55) ---------------------------------------------
+
+/// The AddressAttached condition of a Service: (status, reason, message).
+fn attached_condition(node: &Node, ns: &str, name: &str) -> Option<(String, String, String)> {
+    let s = node.json(&["get", "service", "-n", ns, name]).ok()?;
+    s["status"]["conditions"].as_array()?.iter().find_map(|c| {
+        (c["type"] == "local.sdn.cozystack.io/AddressAttached").then(|| {
+            (
+                c["status"].as_str().unwrap_or_default().to_string(),
+                c["reason"].as_str().unwrap_or_default().to_string(),
+                c["message"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+    })
+}
+
+/// Waits until the Service's condition has STATUS and REASON; its message.
+async fn until_condition(node: &Node, ns: &str, name: &str, status: &str, reason: &str) -> String {
+    wait_for(
+        &format!("Service {ns}/{name} AddressAttached={status} {reason}"),
+        WAIT,
+        || async {
+            Ok(attached_condition(node, ns, name)
+                .filter(|(s, r, _)| s == status && r == reason)
+                .map(|(_, _, m)| m))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; last {:?}", attached_condition(node, ns, name)))
+}
+
+/// Polls a probe from the client host until it fails (the time it took), failing after
+/// TIMEOUT while it still succeeds.
+fn until_refused(what: &str, timeout: Duration, probe: impl Fn() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while probe() {
+        assert!(
+            t0.elapsed() < timeout,
+            "{what} still answered after {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    t0.elapsed()
+}
+
+/// A VM with a public address, as the platform renders it (cozy-proxy's label, `wholeIP`,
+/// the placeholder port 65535, `externalTrafficPolicy: Local`): every port and ICMP reach
+/// its pod at the claimed address, its outbound traffic leaves from it and no other pod's
+/// does, the history says so, a second Service never gets the address, and detached the
+/// address falls silent on every port.
+async fn whole_ip(node: &'static Node, driver: Driver, cidr: &str, label: &str) {
+    assert!(
+        wire::cozy_proxy(node),
+        "cozy-proxy runs (the harness skips this test without its source)"
+    );
+    let w = World::new(node, driver, &[cidr]).await;
+    let t = &w.tenant.name;
+    let s = &w.stranger.name;
+    // The VM: a pod listening on TCP 8080, 2222, 7000 and UDP 5353, 6000 — none listed.
+    let pods = vm_workload(
+        node,
+        t,
+        "vm",
+        1,
+        &["8080", "2222", "7000", "u:5353", "u:6000"],
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    w.create_claim("vm1", json!({})).await;
+    vm_service(node, t, "vm", "vm", "vm1", Method::WholeIp, driver.spec()).unwrap();
+    let ip = w.bound("vm1").await;
+    until_answered(&ip, 2222, &pods, WAIT);
+    figure(&format!(
+        "whole IP ({label}): claim and the platform's VM Service created → first answer at an unlisted port of {ip}: {:.2}s",
+        t0.elapsed().as_secs_f64()
+    ));
+    // Three ports it never listed (TCP and UDP), and ICMP echo.
+    for port in [8080, 7000] {
+        assert_eq!(curl(&ip, port).as_deref(), Ok(pods[0].as_str()), ":{port}");
+    }
+    for port in [5353, 6000] {
+        assert_eq!(
+            udp(&ip, port).as_deref(),
+            Ok(pods[0].as_str()),
+            "udp :{port}"
+        );
+    }
+    assert!(ping(&ip), "ICMP echo at {ip}");
+    let m = until_condition(node, t, "vm", "True", "Attached").await;
+    assert!(m.contains("whole, by cozy-proxy"), "{m}");
+    // Attached and quiet: no controller writes the Service any more (the other driver, which
+    // does not serve it, leaves its condition alone).
+    let writes = wire::writes_over(node, t, "vm", Duration::from_secs(3)).unwrap();
+    figure(&format!(
+        "whole IP ({label}): writes to the attached VM Service over 3 s: {writes}"
+    ));
+    assert!(writes <= 1, "{writes} writes to a quiet Service in 3 s");
+    // The ledger: the method, and no port — the placeholder 65535 is never a port.
+    let a = address_object(node, &ip).unwrap();
+    let holder = &a["status"]["attachments"][0];
+    assert_eq!(holder["method"], "WholeIP", "{a}");
+    assert!(holder["ports"].as_array().is_none_or(Vec::is_empty), "{a}");
+    let wide = node
+        .cluster
+        .kubectl_ok(&[
+            "get",
+            "ipa",
+            a["metadata"]["name"].as_str().unwrap(),
+            "-o",
+            "wide",
+        ])
+        .unwrap();
+    println!("{wide}");
+    assert!(wide.contains("WholeIP"), "{wide}");
+    if let Driver::MetalLb = driver {
+        // MetalLB's books: the driver's hold never sits on the VM's placeholder.
+        let hold = node
+            .json(&[
+                "get",
+                "service",
+                "-n",
+                address_controller_tests::node::NAMESPACE,
+                &format!("hold-{}", a["metadata"]["name"].as_str().unwrap()),
+            ])
+            .unwrap();
+        let port = hold["spec"]["ports"][0]["port"].as_i64().unwrap();
+        assert_ne!(port, 65535, "the hold took the VM's placeholder port");
+    }
+
+    // Egress: the VM's connections reach the client host from the claimed address; a pod of
+    // another workload in the same namespace, and one of another namespace, from the node's.
+    let listener = ClientListener::start(node, 9000).unwrap();
+    let n = 20;
+    let mut seen = Vec::new();
+    let at = k8s_openapi::jiff::Timestamp::now();
+    for _ in 0..n {
+        seen.push(egress_source(Ask::ThroughAddress(&ip), &listener));
+    }
+    let from_claimed = seen
+        .iter()
+        .filter(|s| s.as_deref() == Ok(ip.as_str()))
+        .count();
+    figure(&format!(
+        "whole IP ({label}): the VM's outbound connections seen from the claimed address: {from_claimed} of {n}"
+    ));
+    assert_eq!(from_claimed, n, "{seen:?}");
+    workload(node, t, "plain", 1).unwrap();
+    workload(node, s, "other", 1).unwrap();
+    for (ns, app) in [(t, "plain"), (s, "other")] {
+        let pod = pod_ip_of(node, ns, app).unwrap();
+        assert_eq!(
+            egress_source(Ask::FromNode(&pod), &listener).as_deref(),
+            Ok(NODE_WIRE_IP),
+            "{ns}/{app} leaves with the node's address, never the claim's"
+        );
+    }
+    // Who sent traffic from the address at that instant: the claim, through its Service.
+    let holders =
+        std::process::Command::new(address_controller_tests::binary("address-controller"))
+            .env("KUBECONFIG", &node.cluster.kubeconfig)
+            .args(["holders", &ip, "--at", &at.to_string()])
+            .output()
+            .unwrap();
+    let said = String::from_utf8_lossy(&holders.stdout);
+    println!("{said}");
+    assert!(holders.status.success(), "{said}");
+    assert!(
+        said.contains("vm1") && said.contains("/vm (egress)"),
+        "{said}"
+    );
+
+    // A second Service naming the claim — port 80, the same pods — is refused, whatever the
+    // claim's sharing, and never shows the address.
+    let mut spec = driver.spec();
+    spec["externalTrafficPolicy"] = json!("Local");
+    service(node, t, "web", "vm", claim_annotation("vm1"), spec).unwrap();
+    let m = until_condition(node, t, "web", "False", "ExclusiveHolder").await;
+    assert!(m.contains("whole"), "{m}");
+    kubectl(
+        node,
+        &[
+            "patch",
+            "ipaddressclaim",
+            "-n",
+            t,
+            "vm1",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"sharing":{"policy":"SameNamespace"}}}"#,
+        ],
+    );
+    until_condition(node, t, "web", "False", "ExclusiveHolder").await;
+    let web = node.json(&["get", "service", "-n", t, "web"]).unwrap();
+    assert!(
+        web["status"]["loadBalancer"]["ingress"]
+            .as_array()
+            .is_none_or(Vec::is_empty),
+        "{web}"
+    );
+
+    // Detached: silent on every port.
+    kubectl(
+        node,
+        &[
+            "annotate",
+            "service",
+            "-n",
+            t,
+            "vm",
+            "local.sdn.cozystack.io/ip-address-claim-",
+        ],
+    );
+    let gap = until_silent(&ip, 2222, &pods, SETTLE);
+    figure(&format!(
+        "whole IP ({label}): detached → silent: {:.2}s",
+        gap.as_secs_f64()
+    ));
+    assert!(curl(&ip, 7000).is_err(), ":7000 after the detach");
+    until_refused("udp :5353", SETTLE, || udp(&ip, 5353).is_ok());
+    drop(listener);
+    w.check(node).await;
+}
+
+async fn metallb_whole_ip(node: &'static Node) {
+    whole_ip(node, Driver::MetalLb, "192.0.2.192/28", "metallb l2").await;
+}
+
+async fn range_whole_ip(node: &'static Node) {
+    whole_ip(node, Driver::Range, "198.51.100.192/28", "range routed").await;
+}
+
+/// A port list through cozy-proxy, over MetalLB: the listed ports answer, the others are
+/// dropped, ICMP as `allowICMP` says; the pod's outbound traffic leaves from the address.
+async fn port_list(node: &'static Node) {
+    assert!(
+        wire::cozy_proxy(node),
+        "cozy-proxy runs (the harness skips this test without its source)"
+    );
+    let w = World::new(node, Driver::MetalLb, &["192.0.2.208/28"]).await;
+    let t = &w.tenant.name;
+    let pods = vm_workload(node, t, "vm", 1, &["8080", "2222", "7000"]).unwrap();
+    w.create_claim("vm2", json!({})).await;
+    vm_service(
+        node,
+        t,
+        "vm",
+        "vm",
+        "vm2",
+        Method::PortList {
+            ports: &[8080, 2222],
+            icmp: false,
+        },
+        json!({}),
+    )
+    .unwrap();
+    let ip = w.bound("vm2").await;
+    until_answered(&ip, 2222, &pods, WAIT);
+    assert_eq!(curl(&ip, 8080).as_deref(), Ok(pods[0].as_str()));
+    assert!(curl(&ip, 7000).is_err(), "an unlisted port is dropped");
+    assert!(!ping(&ip), "ICMP dropped without allowICMP");
+    let m = until_condition(node, t, "vm", "True", "Attached").await;
+    assert!(m.contains("ICMP dropped"), "{m}");
+    let a = address_object(node, &ip).unwrap();
+    let holder = &a["status"]["attachments"][0];
+    assert_eq!(holder["method"], "PortList", "{a}");
+    assert_eq!(holder["ports"], json!(["TCP/2222", "TCP/8080"]), "{a}");
+    // allowICMP: the echo answers.
+    kubectl(
+        node,
+        &[
+            "annotate",
+            "--overwrite",
+            "service",
+            "-n",
+            t,
+            "vm",
+            "networking.cozystack.io/allowICMP=true",
+        ],
+    );
+    let t0 = Instant::now();
+    while !ping(&ip) {
+        assert!(t0.elapsed() < SETTLE, "ICMP still dropped with allowICMP");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    until_condition(node, t, "vm", "True", "Attached").await;
+    let listener = ClientListener::start(node, 9001).unwrap();
+    assert_eq!(
+        egress_source(Ask::ThroughAddress(&ip), &listener).as_deref(),
+        Ok(ip.as_str())
+    );
+    drop(listener);
+    w.check(node).await;
+}
+
+/// What cozy-proxy cannot serve is refused readably, never half-served: two ready pods
+/// behind the Service (it forwards to one); a claim with no IPv4 address (it is IPv4 only);
+/// a Dual claim gives its IPv4 address only, and says so.
+async fn cozy_refusals(node: &'static Node) {
+    assert!(
+        wire::cozy_proxy(node),
+        "cozy-proxy runs (the harness skips this test without its source)"
+    );
+    let w = World::new(
+        node,
+        Driver::Range,
+        &["198.51.100.208/28", "2001:db8:200:20::/124"],
+    )
+    .await;
+    let t = &w.tenant.name;
+    vm_workload(node, t, "two", 2, &["8080", "2222"]).unwrap();
+    w.create_claim("two", json!({})).await;
+    vm_service(
+        node,
+        t,
+        "two",
+        "two",
+        "two",
+        Method::WholeIp,
+        Driver::Range.spec(),
+    )
+    .unwrap();
+    let ip = w.bound("two").await;
+    let m = until_condition(node, t, "two", "False", "MultipleEndpoints").await;
+    assert!(m.contains("2 ready pods"), "{m}");
+    assert!(curl(&ip, 2222).is_err(), "nothing half-served");
+    // One pod again: attached.
+    kubectl(
+        node,
+        &["scale", "deployment", "-n", t, "two", "--replicas=1"],
+    );
+    let pods = wire::wait_ready_pods(node, t, "two", 1).unwrap();
+    until_condition(node, t, "two", "True", "Attached").await;
+    until_answered(&ip, 2222, &pods, WAIT);
+    // A Dual claim: the IPv4 address only, said in the condition.
+    let dual = vm_workload(node, t, "dual", 1, &["8080", "2222"]).unwrap();
+    w.create_claim("dual", json!({"family": "Dual"})).await;
+    vm_service(
+        node,
+        t,
+        "dual",
+        "dual",
+        "dual",
+        Method::WholeIp,
+        Driver::Range.spec(),
+    )
+    .unwrap();
+    let ips = w.bound_all("dual").await;
+    let v4 = ips.iter().find(|i| !i.contains(':')).unwrap();
+    until_answered(v4, 2222, &dual, WAIT);
+    let m = until_condition(node, t, "dual", "True", "Attached").await;
+    assert!(m.contains("IPv4 only"), "{m}");
+    w.check(node).await;
+}
+
+fn a_vms_whole_address_over_metallb_every_port_and_its_egress() {
+    node::run(metallb_whole_ip);
+}
+fn a_vms_whole_address_over_the_range_driver_every_port_and_its_egress() {
+    node::run(range_whole_ip);
+}
+fn a_port_list_through_cozy_proxy_drops_what_it_does_not_list() {
+    node::run(port_list);
+}
+fn what_cozy_proxy_cannot_serve_is_refused_readably() {
+    node::run(cozy_refusals);
+}
+
+// ---- the wire under churn (#56) ------------------------------------------------------------
+
+/// One probe of the wire: which address, when, and who answered (`None`: nobody).
+struct Probe {
+    at: Instant,
+    ip: String,
+    who: Option<String>,
+}
+
+/// Probes every address of `targets` — `(ip, port, workload)` — from the client host, one
+/// after the other, until `stop`: an answer from anyone but a pod of the address's own
+/// workload (a Deployment's pods are named `<workload>-…`, old and rolled alike) is recorded
+/// in `wrong`.
+fn probe_loop(
+    targets: &[(String, u16, String)],
+    stop: &std::sync::atomic::AtomicBool,
+    out: &std::sync::Mutex<Vec<Probe>>,
+    wrong: &std::sync::Mutex<Vec<String>>,
+) {
+    use std::sync::atomic::Ordering;
+    while !stop.load(Ordering::Relaxed) {
+        for (ip, port, workload) in targets {
+            let at = Instant::now();
+            let who = curl(ip, *port).ok();
+            if let Some(w) = &who
+                && !w.starts_with(&format!("{workload}-"))
+            {
+                wrong
+                    .lock()
+                    .unwrap()
+                    .push(format!("{ip}:{port} answered from {w}"));
+            }
+            out.lock().unwrap().push(Probe {
+                at,
+                ip: ip.clone(),
+                who,
+            });
+        }
+    }
+}
+
+/// The addresses of N tenants' Services are probed continuously from the client host while
+/// the platform does its day-two work, one event at a time: the core's leader killed, the
+/// driver's leader killed, kube-apiserver restarted, the speaker restarted, kube-proxy
+/// restarted, the chart upgraded with a changed value, the tenants' pods rolled. Per event:
+/// probes sent and failed, the longest outage; every answer from the rightful pods; the
+/// invariants at the end. `AC_WIRE_CHURN_ROUNDS` repeats the sequence (`make chaos-wire`).
+async fn wire_churn(node: &'static Node) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let rounds: usize = std::env::var("AC_WIRE_CHURN_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(1);
+    let w = World::new(node, Driver::MetalLb, &["192.0.2.224/28"]).await;
+    let t = &w.tenant.name;
+    let mut targets = Vec::new();
+    for k in 0..3 {
+        let name = format!("churn{k}");
+        // A well-behaved workload: it keeps answering for a moment after it is told to stop,
+        // until kube-proxy has forgotten it (without it, a roll cost 3 probes timing out, up
+        // to 2.3 s: the old pod gone while kube-proxy still sent to it — not the address).
+        let pods = wire::workload_with(
+            node,
+            t,
+            &name,
+            2,
+            json!({"lifecycle": {"preStop": {"sleep": {"seconds": 3}}}}),
+        )
+        .unwrap();
+        w.create_claim(&name, json!({})).await;
+        service(node, t, &name, &name, claim_annotation(&name), json!({})).unwrap();
+        let ip = w.bound(&name).await;
+        until_answered(&ip, 80, &pods, WAIT);
+        targets.push((ip, 80u16, pods, name));
+    }
+    let (stop, probes, wrong) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(Mutex::new(Vec::<Probe>::new())),
+        Arc::new(Mutex::new(Vec::<String>::new())),
+    );
+    // The rolled pods have new names, each its workload's: the prober knows the workloads.
+    let rightful: Vec<(String, u16, String)> = targets
+        .iter()
+        .map(|(ip, port, _, name)| (ip.clone(), *port, name.clone()))
+        .collect();
+    let prober = {
+        let (stop, probes, wrong) = (stop.clone(), probes.clone(), wrong.clone());
+        std::thread::spawn(move || {
+            node::enter_netns().unwrap();
+            probe_loop(&rightful, &stop, &probes, &wrong);
+        })
+    };
+    let mut rows: Vec<(String, Instant, Instant)> = Vec::new();
+    let settle = |what: &str| {
+        // After the event: every address answers again (bounded), then a quiet 5 s measured.
+        for (ip, port, _, name) in &targets {
+            let pods = wire::wait_ready_pods(node, t, name, 2).unwrap();
+            until_answered(ip, *port, &pods, WAIT);
+        }
+        let _ = what;
+    };
+    for round in 0..rounds {
+        type Event<'a> = (&'static str, Box<dyn Fn() + 'a>);
+        let events: Vec<Event<'_>> = vec![
+            (
+                "core leader killed",
+                Box::new(|| {
+                    let leader = node.lease_holder("address-controller").unwrap();
+                    kubectl(
+                        node,
+                        &[
+                            "delete",
+                            "pod",
+                            "-n",
+                            address_controller_tests::node::NAMESPACE,
+                            &leader,
+                            "--wait=false",
+                        ],
+                    );
+                    node.wait_rollout(
+                        address_controller_tests::node::CONTROLLER,
+                        Duration::from_secs(120),
+                    )
+                    .unwrap();
+                }),
+            ),
+            (
+                "MetalLB driver leader killed",
+                Box::new(|| {
+                    let leader = node.lease_holder(wire::METALLB_DRIVER).unwrap();
+                    kubectl(
+                        node,
+                        &[
+                            "delete",
+                            "pod",
+                            "-n",
+                            address_controller_tests::node::NAMESPACE,
+                            &leader,
+                            "--wait=false",
+                        ],
+                    );
+                    node.wait_rollout(wire::METALLB_DRIVER, Duration::from_secs(120))
+                        .unwrap();
+                }),
+            ),
+            (
+                "kube-apiserver restarted",
+                Box::new(|| wire::restart(node, "kube-apiserver")),
+            ),
+            (
+                "MetalLB speaker restarted",
+                Box::new(|| wire::restart(node, "metallb-speaker")),
+            ),
+            (
+                "kube-proxy restarted",
+                Box::new(|| wire::restart(node, "kube-proxy")),
+            ),
+            (
+                "chart upgraded (a changed value)",
+                Box::new(move || {
+                    let mut v = wire::wire_values();
+                    v["logLevel"] = json!(if round % 2 == 0 { "debug" } else { "info" });
+                    node.helm_upgrade(&v, &[]).unwrap();
+                    for d in [
+                        address_controller_tests::node::CONTROLLER,
+                        wire::METALLB_DRIVER,
+                        address_controller_tests::node::DRIVER,
+                    ] {
+                        node.wait_rollout(d, Duration::from_secs(180)).unwrap();
+                    }
+                }),
+            ),
+            (
+                "tenants' pods rolled",
+                Box::new(|| {
+                    for (_, _, _, name) in &targets {
+                        kubectl(node, &["rollout", "restart", "deployment", "-n", t, name]);
+                    }
+                    for (_, _, _, name) in &targets {
+                        kubectl(
+                            node,
+                            &[
+                                "rollout",
+                                "status",
+                                "deployment",
+                                "-n",
+                                t,
+                                name,
+                                "--timeout=120s",
+                            ],
+                        );
+                    }
+                }),
+            ),
+        ];
+        for (what, event) in events {
+            let t0 = Instant::now();
+            event();
+            settle(what);
+            // A quiet spell after each event, measured too.
+            std::thread::sleep(Duration::from_secs(3));
+            rows.push((what.to_string(), t0, Instant::now()));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    prober.join().unwrap();
+    let probes = std::mem::take(&mut *probes.lock().unwrap());
+    let rate = probes.len() as f64
+        / probes
+            .last()
+            .zip(probes.first())
+            .map_or(1.0, |(l, f)| (l.at - f.at).as_secs_f64().max(1.0));
+    figure(&format!(
+        "wire under churn (metallb l2, {} addresses, {rounds} round(s)): {} probes at {rate:.1}/s",
+        targets.len(),
+        probes.len()
+    ));
+    let mut table =
+        String::from("  event                             probes  failed  longest outage\n");
+    for (what, from, to) in &rows {
+        let during: Vec<&Probe> = probes
+            .iter()
+            .filter(|p| p.at >= *from && p.at < *to)
+            .collect();
+        let failed = during.iter().filter(|p| p.who.is_none()).count();
+        // The longest run of failures of one address, in time.
+        let mut longest = Duration::ZERO;
+        for (ip, ..) in &targets {
+            let mut start: Option<Instant> = None;
+            for p in during.iter().filter(|p| &p.ip == ip) {
+                match (p.who.is_none(), start) {
+                    (true, None) => start = Some(p.at),
+                    (false, Some(s)) => {
+                        longest = longest.max(p.at - s);
+                        start = None;
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(s) = start {
+                longest = longest.max(*to - s);
+            }
+        }
+        table.push_str(&format!(
+            "  {what:<33} {:>6}  {failed:>6}  {:.2}s\n",
+            during.len(),
+            longest.as_secs_f64()
+        ));
+    }
+    for line in table.lines() {
+        figure(line);
+    }
+    let wrong = std::mem::take(&mut *wrong.lock().unwrap());
+    assert!(wrong.is_empty(), "answers from the wrong pods: {wrong:?}");
+    w.check(node).await;
+}
+
+fn the_wire_under_day_two_churn() {
+    node::run(wire_churn);
+}
+
 fn metallb_l2_a_claimed_address_answers_from_its_services_pods_and_nobody_else() {
     node::run(metallb_journey);
 }
@@ -629,4 +1260,10 @@ address_controller_tests::node_main![
     a_dual_claim_answers_on_both_families,
     claim_to_first_answer_against_plain_metallb,
     two_services_sharing_an_address_each_answer_on_their_own_port,
+    the_wire_under_day_two_churn;
+    cozy_proxy:
+    a_vms_whole_address_over_metallb_every_port_and_its_egress,
+    a_vms_whole_address_over_the_range_driver_every_port_and_its_egress,
+    a_port_list_through_cozy_proxy_drops_what_it_does_not_list,
+    what_cozy_proxy_cannot_serve_is_refused_readably,
 ];
