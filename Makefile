@@ -45,16 +45,13 @@ cluster-down: ## Stop the development control plane
 	@deploy/local/cluster.sh down $(CLUSTER_DIR)
 
 .PHONY: install-crds
-install-crds: ## Apply the current CRDs to the cluster in $KUBECONFIG (and wait until kube-apiserver serves them)
+install-crds: ## Apply the current CRDs to the cluster in $KUBECONFIG (and wait until kube-apiserver admits a create of each kind)
 	kubectl apply --server-side --field-manager=address-controller-install -f chart/address-controller/crds/
 	kubectl wait --for=condition=Established --timeout=60s -f chart/address-controller/crds/
-	@# Established is not yet served: a create right after it can answer 503 "Resource kind
-	@# ... not found". Wait (60 s at most) until a list of each kind answers.
-	@for r in ipaddressclaims ipaddresses ipaddressclasses ipaddressquotas; do \
-	  n=0; until kubectl get "$$r.local.sdn.cozystack.io" -A --chunk-size=1 -o name >/dev/null 2>&1; do \
-	    n=$$((n+1)); if [ $$n -ge 120 ]; then kubectl get "$$r.local.sdn.cozystack.io" -A --chunk-size=1 -o name; exit 1; fi; sleep 0.5; \
-	  done; \
-	done
+	@# Established is not yet served, and served is not yet admitted: a create right after it
+	@# can answer 503 "Resource kind ... not found". Wait (60 s at most) until a server-side
+	@# dry-run create of each kind is admitted.
+	@deploy/local/wait-admitted.sh
 
 .PHONY: helm-package
 helm-package: ## helm lint the chart and package it into dist/ (helm is built and cached like the control plane)
@@ -75,6 +72,12 @@ chaos: ## The chaos suite on a fresh local control plane: churn, leader kills, k
 	@deploy/local/build-binaries.sh
 	$(CARGO) build --bins --quiet
 	$(CARGO) run --quiet -p address-controller-tests --bin chaos -- --duration $(or $(CHAOS_DURATION),10m) --driver $(or $(CHAOS_DRIVER),range)
+
+.PHONY: chaos-wire
+chaos-wire: ## The wire under day-two churn on the node tier (root): addresses probed from the client host while leaders die, kube-apiserver, the speaker and kube-proxy restart, the chart upgrades and pods roll — a table of failed probes per event (AC_WIRE_CHURN_ROUNDS, default 5)
+	@deploy/local/build-binaries.sh
+	$(CARGO) build --bins --quiet
+	AC_WIRE_CHURN_ROUNDS=$(or $(AC_WIRE_CHURN_ROUNDS),5) $(CARGO) test -q -p address-controller-tests --test wire -- --exact the_wire_under_day_two_churn --nocapture
 
 .PHONY: invariants
 invariants: ## Check the ledger's invariants on the cluster in $KUBECONFIG (prints the table)

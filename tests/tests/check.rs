@@ -77,6 +77,19 @@ async fn check_fails_on_what_is_broken_and_passes_on_a_working_installation() {
     ]);
     let (_, rows) = check(&kc, &skip);
     assert!(find(&rows, "crd/").iter().all(|r| r.1), "{rows:?}");
+    // The migration guide's first step, before this project's binaries run: the only thing
+    // missing is the core's own Lease — expected, and the check passes (#56); without the
+    // flag the same cluster fails on that row.
+    let (code, rows) = check(&kc, &["--skip", "apiservice,classes", "--before-install"]);
+    assert_eq!(code, 0, "{rows:?}");
+    assert!(
+        find(&rows, "lease (controller)")
+            .iter()
+            .all(|r| r.1 && r.2.contains("as expected before")),
+        "{rows:?}"
+    );
+    let (code, rows) = check(&kc, &["--skip", "apiservice,classes"]);
+    assert_eq!(code, 1, "{rows:?}");
     // CRDs of another chart version (a schema that differs): named.
     kubectl_ok(&[
         "patch",
