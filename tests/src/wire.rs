@@ -136,22 +136,7 @@ pub fn kill(node: &Node, component: &str) {
 
 /// One HTTP request from the client host: the body's first line, or why there is none.
 pub fn curl(ip: &str, port: u16) -> std::result::Result<String, String> {
-    let host = if ip.contains(':') {
-        format!("[{ip}]")
-    } else {
-        ip.to_string()
-    };
-    let out = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{CLIENT_NETNS}"))
-        .args(["--", "curl", "-sS", "--max-time", "2"])
-        .arg(format!("http://{host}:{port}/"))
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
-    }
+    curl_path(ip, port, "/")
 }
 
 /// The client host's neighbour entry for IP: its link-layer address, if it has one.
@@ -471,10 +456,15 @@ pub fn vm_service(
 
 /// One HTTP request from the client host to `ip:port/path`: the body, or why there is none.
 pub fn curl_path(ip: &str, port: u16, path: &str) -> std::result::Result<String, String> {
+    let host = if ip.contains(':') {
+        format!("[{ip}]")
+    } else {
+        ip.to_string()
+    };
     let out = Command::new("nsenter")
         .arg(format!("--net=/run/netns/{CLIENT_NETNS}"))
         .args(["--", "curl", "-sS", "--max-time", "2"])
-        .arg(format!("http://{ip}:{port}{path}"))
+        .arg(format!("http://{host}:{port}{path}"))
         .output()
         .map_err(|e| e.to_string())?;
     if out.status.success() {
