@@ -14,9 +14,9 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use rustls::pki_types::{CertificateDer, TrustAnchor, UnixTime};
 
-use crate::budget::Peer;
 use crate::connections::Proof;
 use crate::limits::ReviewGate;
+use crate::serving_metrics::Peer;
 
 /// An authenticated user.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -12,8 +12,8 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 
 use crate::authn::UserInfo;
-use crate::budget::Peer;
 use crate::limits::ReviewGate;
+use crate::serving_metrics::Peer;
 
 const TTL: Duration = Duration::from_secs(10);
 

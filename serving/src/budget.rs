@@ -13,24 +13,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::limits::ServingMetrics;
-
-/// Who is spending: a connection that has not proven who it is, or one that has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Peer {
-    Unauthenticated,
-    Authenticated,
-}
-
-impl Peer {
-    /// The metric label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Peer::Unauthenticated => "unauthenticated",
-            Peer::Authenticated => "authenticated",
-        }
-    }
-}
+use crate::serving_metrics::{Peer, ServingMetrics};
 
 /// The head bytes in flight of a process: at most `total`, of which strangers at most
 /// `strangers` (half, so that the other half is always the authenticated peers').

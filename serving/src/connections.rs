@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::Notify;
 
-use crate::budget::Peer;
-use crate::limits::ServingMetrics;
+use crate::serving_metrics::Peer;
+use crate::serving_metrics::ServingMetrics;
 
 /// How many connections of each kind a server holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

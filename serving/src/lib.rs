@@ -3,7 +3,8 @@
 //! authentication ([`authn`]: front-proxy certificates, TokenReview) and authorization
 //! ([`authz`]: SubjectAccessReview), bounded caches and what the network may have
 //! ([`limits`]; who holds a server's connections, [`connections`]; the memory of request
-//! heads in flight, [`budget`] and [`meter`]), the servers' accept loop ([`listener`]) and
+//! heads in flight, [`budget`] and [`meter`]; what they hold and refused, as metrics,
+//! [`serving_metrics`]), the servers' accept loop ([`listener`]) and
 //! the plain probe port ([`probes`]), what a request asks for ([`request`]), the front door's layers
 //! ([`front`]), `metav1.Status` errors ([`status`]), content negotiation ([`negotiate`]),
 //! the serving flags and the HTTPS `/metrics` endpoint ([`secure`]).
@@ -25,5 +26,6 @@ pub mod negotiate;
 pub mod probes;
 pub mod request;
 pub mod secure;
+pub mod serving_metrics;
 pub mod status;
 pub mod tls;

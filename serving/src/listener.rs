@@ -30,12 +30,11 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tower::ServiceExt;
 
 use crate::authn::PeerCerts;
-use crate::budget::{Floor, HeadBudget, Held, Peer, STRANGER_FLOOR};
+use crate::budget::{Floor, HeadBudget, Held, STRANGER_FLOOR};
 use crate::connections::{Door, Place, Proof};
-use crate::limits::{
-    Activity, ConnectionState, Holding, OpenConnection, ServerLimits, ServingMetrics,
-};
+use crate::limits::{Activity, Holding, ServerLimits};
 use crate::meter::{Account, Framing, Metered};
+use crate::serving_metrics::{ConnectionState, OpenConnection, Peer, ServingMetrics};
 use crate::status::ApiError;
 
 /// What a server speaks.

@@ -24,9 +24,10 @@ use crate::authn::Authenticator;
 use crate::authz::Authorizer;
 use crate::budget::HeadBudget;
 use crate::front;
-use crate::limits::{InFlight, ServerLimits, ServingLimitArgs, ServingMetrics};
+use crate::limits::{InFlight, ServerLimits, ServingLimitArgs};
 use crate::listener::{self, Listen, Transport};
 use crate::metrics::AuthCaches;
+use crate::serving_metrics::ServingMetrics;
 use crate::status::page_not_found;
 use crate::tls::{self, ServingCert};
 
