@@ -84,6 +84,17 @@ ignored=$(grep -Eo '[0-9]+ ignored;' "$out/cargo-test.log" | awk '{s+=$1} END {p
 if [ -s "$root/target/node-figures.txt" ]; then
   printf '\nthe node tier'"'"'s figures:\n'; sed 's/^/  /' "$root/target/node-figures.txt"
 fi
+# What each failed test said, last, where a reader of only the end of the log sees it: the
+# test's name, its panic's place and message (a backtrace and the captured output are above).
+if grep -q '^---- .* stdout ----$' "$out/cargo-test.log"; then
+  printf '\nwhy the failed tests failed (the first lines of each panic; the whole output is above):\n'
+  awk '/^---- .* stdout ----$/ { name=$2; n=0; last=""; next }
+       name != "" && /panicked at/ { if (last != "") printf "  %s: (last printed) %s\n", name, substr(last, 1, 200)
+                                     printf "  %s: %s\n", name, $0; n=1; next }
+       name != "" && n == 0 && NF > 0 { last=$0; next }
+       n > 0 && n <= 4 && NF > 0 && !/^(Stack backtrace|note:|   *[0-9]+:)/ { printf "  %s:   %s\n", name, substr($0, 1, 400); n++; next }
+       n > 4 || /^(Stack backtrace|note:)/ { name=""; n=0 }' "$out/cargo-test.log"
+fi
 printf '\nmake test finished in %ss\n' "$(( $(date +%s) - t0 ))"
 printf '%s passed, %s failed, %s skipped\n' "$passed" "$failed" "$ignored"
 if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then

@@ -349,16 +349,41 @@ pub fn api_error_message(err: &kube::Error) -> Option<(u16, String)> {
 
 // ---- the address-controller binary under test -------------------------------------------
 
-/// A free TCP port on 127.0.0.1.
-/// A loopback port free now and never handed out before by this process: the kernel may
-/// give a port it just released again, and two flags of one controller once got the same
-/// one (`Address already in use` at start-up, seen in CI).
+/// A loopback port free now, never handed out before by this process, and outside the
+/// kernel's ephemeral range (`net.ipv4.ip_local_port_range`): a port from that range can be
+/// taken as the source port of any outgoing connection between this call and the server's
+/// bind (a MetalLB controller that never listened, seen in CI), and the kernel may give a
+/// port it just released again (two flags of one controller once got the same one). Below
+/// the range nothing is assigned but by an explicit bind.
 pub fn free_port() -> u16 {
     static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
         std::sync::Mutex::new(std::collections::BTreeSet::new());
     let mut given = GIVEN
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    // From 10000 up to the range: a start that differs between processes, then in order.
+    const FLOOR: u16 = 10_000;
+    if low > FLOOR + 1000 {
+        let span = u32::from(low - FLOOR);
+        let seed = std::process::id().wrapping_mul(2_654_435_761).wrapping_add(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos()),
+        );
+        let start = seed % span;
+        for k in 0..span {
+            let port = FLOOR + ((start + k) % span) as u16;
+            if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                given.insert(port);
+                return port;
+            }
+        }
+    }
+    // No room below the range: the kernel's choice.
     for _ in 0..1000 {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())

@@ -141,25 +141,43 @@ impl MetalLb {
         if let Some(c) = lb_class {
             args.push(format!("--lb-class={c}"));
         }
+        let out = std::fs::File::create(&log)?;
         let child = Command::new(bin_dir()?.join("metallb-controller"))
             .args(&args)
-            .stdout(std::fs::File::create(&log)?)
-            .stderr(Stdio::null())
+            .stderr(out.try_clone()?)
+            .stdout(out)
             .spawn()
             .context("starting metallb-controller")?;
-        let m = MetalLb {
+        let mut m = MetalLb {
             child,
             health: health.clone(),
             log,
             _dir: dir,
             _one: one,
         };
-        wait_for("MetalLB ready", Duration::from_secs(30), || async {
-            let (code, _) = http_get(&format!("http://{health}/readyz")).await?;
-            Ok((code == 200).then_some(()))
-        })
-        .await?;
-        Ok(m)
+        // Readiness waits for its informers; on two busy cores that has taken more than 30 s.
+        // A controller that exited is a failure at once, with its log.
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        let url = format!("http://{health}/readyz");
+        let failure = loop {
+            if let Some(status) = m.child.try_wait()? {
+                break format!("metallb-controller exited: {status}");
+            }
+            match http_get(&url).await {
+                Ok((200, _)) => return Ok(m),
+                Ok((code, _)) if std::time::Instant::now() > deadline => {
+                    break format!("not ready after 120 s: {url} answers {code}");
+                }
+                Err(e) if std::time::Instant::now() > deadline => {
+                    break format!("not ready after 120 s: {url}: {e:#}");
+                }
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        let text = std::fs::read_to_string(&m.log).unwrap_or_default();
+        let mut tail: Vec<&str> = text.lines().rev().take(20).collect();
+        tail.reverse();
+        bail!("{failure}; the controller's log ends:\n{}", tail.join("\n"))
     }
 
     pub fn log_contains(&self, needle: &str) -> bool {

@@ -245,16 +245,46 @@ pub fn apply(node: &Node, obj: &Value) -> Result<()> {
 /// Polls `curl ip:port` until the answer is one of PODS (the time it took), failing at
 /// once on an answer from anyone else and after TIMEOUT without one.
 pub fn until_answered(ip: &str, port: u16, pods: &[String], timeout: Duration) -> Duration {
+    until_answered_by(
+        ip,
+        port,
+        &format!("{pods:?}"),
+        |who| pods.iter().any(|p| p == who),
+        timeout,
+    )
+}
+
+/// Polls `curl ip:port` until a pod of the workload NAME answers (any of them: one that is
+/// terminating may still be sent a connection until kube-proxy has caught up, and a
+/// well-behaved one answers it), failing at once on an answer from another workload.
+pub fn until_workload_answers(ip: &str, port: u16, name: &str, timeout: Duration) -> Duration {
+    let prefix = format!("{name}-");
+    until_answered_by(
+        ip,
+        port,
+        &format!("the pods of {name}"),
+        |who| who.starts_with(&prefix),
+        timeout,
+    )
+}
+
+fn until_answered_by(
+    ip: &str,
+    port: u16,
+    rightful: &str,
+    is_rightful: impl Fn(&str) -> bool,
+    timeout: Duration,
+) -> Duration {
     let t0 = Instant::now();
     loop {
         let last = match curl(ip, port) {
-            Ok(who) if pods.contains(&who) => return t0.elapsed(),
-            Ok(who) => panic!("{ip}:{port} answered from {who:?}, not from {pods:?}"),
+            Ok(who) if is_rightful(&who) => return t0.elapsed(),
+            Ok(who) => panic!("{ip}:{port} answered from {who:?}, not from {rightful}"),
             Err(e) => e,
         };
         assert!(
             t0.elapsed() < timeout,
-            "{ip}:{port} not answering from {pods:?} after {timeout:?}: {last}"
+            "{ip}:{port} not answering from {rightful} after {timeout:?}: {last}"
         );
         std::thread::sleep(Duration::from_millis(50));
     }

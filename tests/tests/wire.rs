@@ -1068,11 +1068,14 @@ async fn wire_churn(node: &'static Node) {
     let mut rows: Vec<(String, Instant, Instant)> = Vec::new();
     let settle = |what: &str| {
         // After the event: every address answers again (bounded), then a quiet 5 s measured.
+        // A rolled workload's old pods may still answer (kube-proxy catching up; their
+        // preStop keeps them serving): any pod of the workload is rightful, as for the prober.
         for (ip, port, _, name) in &targets {
-            let pods = wire::wait_ready_pods(node, t, name, 2).unwrap();
-            until_answered(ip, *port, &pods, WAIT);
+            if let Err(e) = wire::wait_ready_pods(node, t, name, 2) {
+                panic!("after {what}: {e:#}");
+            }
+            wire::until_workload_answers(ip, *port, name, WAIT);
         }
-        let _ = what;
     };
     for round in 0..rounds {
         type Event<'a> = (&'static str, Box<dyn Fn() + 'a>);
@@ -1169,6 +1172,8 @@ async fn wire_churn(node: &'static Node) {
             ),
         ];
         for (what, event) in events {
+            // Printed, so that a failure names the event it happened in.
+            println!("churn round {round}: {what}");
             let t0 = Instant::now();
             event();
             settle(what);
