@@ -18,7 +18,9 @@ use address_controller_runtime::process::{Acting, Lease, Process};
 use address_controller_runtime::workers::Gate;
 use address_controller_runtime::world::World;
 use address_controller_serving::probes::ProbeArgs;
-use address_controller_serving::secure::{SecureServing, SecureServingArgs, Serving};
+use address_controller_serving::secure::{
+    Callers, OptionalAddress, SecureServing, SecureServingArgs, Serving,
+};
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
@@ -124,7 +126,7 @@ struct ApiServerArgs {
         env = "ADDRESS_CONTROLLER_METRICS_ADDRESS",
         default_value = "0.0.0.0:8443"
     )]
-    metrics_address: String,
+    metrics_address: OptionalAddress,
     /// Changes of the views kept for watches to resume from; a watch further behind lists
     /// again (410 Expired).
     #[arg(
@@ -262,16 +264,17 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let a = &args.apiserver;
     // One head budget for the process: its views, its /metrics and its probe port.
     let budget = a.serving.limits.head_budget();
-    let serving = if a.enabled || !a.metrics_address.is_empty() {
+    let metrics_address = a.metrics_address.0;
+    let serving = if a.enabled || metrics_address.is_some() {
         Some(SecureServing::start(
             Serving {
                 reviews: &p.reviews,
                 args: &a.serving,
-                servers: u64::from(a.enabled) + u64::from(!a.metrics_address.is_empty()),
+                servers: u64::from(a.enabled) + u64::from(metrics_address.is_some()),
                 budget: budget.clone(),
+                callers: Callers::AggregatorAndTokens,
             },
             &metrics.registry,
-            true,
             &mut p.tasks,
         )?)
     } else {
@@ -303,14 +306,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         )?;
     }
     world.watch(&p.client, args.liveness.watch_config(), &mut p.tasks);
-    if let Some(serving) = serving.as_ref().filter(|_| !a.metrics_address.is_empty()) {
+    if let (Some(serving), Some(address)) = (serving.as_ref(), metrics_address) {
         let m = metrics.clone();
         serving.spawn_metrics(
-            &a.metrics_address,
+            address,
             Arc::new(move || m.render()),
             &p.shutdown,
             &mut p.tasks,
-        )?;
+        );
     }
     if controller {
         let settings = run::Settings {

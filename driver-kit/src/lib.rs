@@ -30,7 +30,8 @@ use address_controller_runtime::rbac::{LEADER_ELECTION_RULES, RUNTIME_RULES, Rul
 use address_controller_runtime::workers::Gate;
 use address_controller_runtime::world::World;
 use address_controller_serving::probes::ProbeArgs;
-use clap::{Args, CommandFactory, FromArgMatches, Parser};
+use address_controller_serving::secure::{Callers, OptionalAddress, SecureServing, Serving};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// RBAC rule type, for [`Info::extra_rules`].
 pub use address_controller_runtime::rbac as runtime_rbac;
@@ -96,13 +97,17 @@ pub struct MetricsArgs {
         env = "ADDRESS_CONTROLLER_DRIVER_METRICS_ADDRESS",
         default_value = ""
     )]
-    pub metrics_address: String,
+    pub metrics_address: OptionalAddress,
     #[command(flatten)]
     pub serving: address_controller_serving::secure::SecureServingArgs,
 }
 
 #[derive(Parser)]
-struct Cli<A: Args> {
+#[command(args_conflicts_with_subcommands = true)]
+struct Cli<A: Args, C: Subcommand> {
+    /// A one-shot subcommand of the driver's own; without one, the driver runs.
+    #[command(subcommand)]
+    command: Option<C>,
     #[command(flatten)]
     args: DriverArgs,
     #[command(flatten)]
@@ -112,6 +117,10 @@ struct Cli<A: Args> {
 /// A driver without flags of its own.
 #[derive(Args, Clone, Debug)]
 pub struct NoArgs {}
+
+/// A driver without one-shot subcommands.
+#[derive(Subcommand, Clone, Debug)]
+pub enum NoCommands {}
 
 /// The kit's own rules: what the runner reads and writes.
 pub const KIT_RULES: &[Rule] = &[
@@ -212,18 +221,36 @@ pub fn main<D: Driver>(driver: D, info: Info) -> anyhow::Result<()> {
 /// [`main`] for a driver with flags of its own (`A`, flattened next to the kit's): the
 /// driver is made from them.
 pub fn main_with<A: Args, D: Driver>(info: Info, make: impl FnOnce(&A) -> D) -> anyhow::Result<()> {
+    main_with_commands(info, make, |c: NoCommands| match c {}).map(|_| ())
+}
+
+/// [`main_with`] for a driver with one-shot subcommands of its own (C, a clap `Subcommand`):
+/// `driver <command> …` runs `command` instead of the driver, and its exit code is the
+/// process's; without a subcommand the driver runs as [`main_with`] does.
+pub fn main_with_commands<A: Args, C: Subcommand, D: Driver>(
+    info: Info,
+    make: impl FnOnce(&A) -> D,
+    command: impl FnOnce(C) -> std::process::ExitCode,
+) -> anyhow::Result<std::process::ExitCode> {
     // The driver's own name and the project's version line in --help and --version.
-    let matches = Cli::<A>::command()
+    let matches = Cli::<A, C>::command()
         .name(info.name)
         .bin_name(info.name)
+        .about(format!(
+            "{}: an IPAddress driver built on address-controller's driver kit (docs/drivers.md)",
+            info.name
+        ))
         .version(address_controller_runtime::metrics::VERSION)
         .get_matches();
-    let cli = Cli::<A>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let cli = Cli::<A, C>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Some(c) = cli.command {
+        return Ok(command(c));
+    }
     let args = cli.args;
     let driver = make(&cli.own);
     if args.print_cluster_role {
         print!("{}", cluster_role_yaml(&info)?);
-        return Ok(());
+        return Ok(std::process::ExitCode::SUCCESS);
     }
     args.log.init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -234,7 +261,7 @@ pub fn main_with<A: Args, D: Driver>(info: Info, make: impl FnOnce(&A) -> D) -> 
         eprintln!("{}: {e:#}", info.name);
         std::process::exit(1);
     }
-    Ok(())
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 /// Runs the driver until SIGTERM (Ok) or until a critical task stops (Err).
@@ -289,25 +316,25 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
     }
     // One head budget for the process: its /metrics and its probe port.
     let budget = args.metrics.serving.limits.head_budget();
-    if !args.metrics.metrics_address.is_empty() {
-        let serving = address_controller_serving::secure::SecureServing::start(
-            address_controller_serving::secure::Serving {
+    if let OptionalAddress(Some(address)) = args.metrics.metrics_address {
+        let serving = SecureServing::start(
+            Serving {
                 reviews: &p.reviews,
                 args: &args.metrics.serving,
                 servers: 1,
                 budget: budget.clone(),
+                callers: Callers::Tokens,
             },
             &metrics.registry,
-            false,
             &mut p.tasks,
         )?;
         let m = metrics.clone();
         serving.spawn_metrics(
-            &args.metrics.metrics_address,
+            address,
             Arc::new(move || m.render()),
             &p.shutdown,
             &mut p.tasks,
-        )?;
+        );
     }
     world.watch(&client, args.liveness.watch_config(), &mut p.tasks);
     wiring::controllers(&ctx, usize::from(args.concurrency), metrics.observe())

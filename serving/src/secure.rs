@@ -40,8 +40,35 @@ pub struct SecureServing {
     pub limits: ServerLimits,
     /// The process's head budget (its probe port's too).
     pub budget: Arc<HeadBudget>,
-    /// Whether the aggregator's front-proxy certificates count (an aggregated API server).
-    front_proxy: bool,
+    /// Who its servers authenticate.
+    callers: Callers,
+}
+
+/// Who a process's TLS servers authenticate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Callers {
+    /// Bearer tokens (TokenReview) only: a process that serves `/metrics` alone.
+    Tokens,
+    /// The aggregator's front-proxy client certificates too: an aggregated API server (it
+    /// watches kube-system/extension-apiserver-authentication for the front proxy's CA).
+    AggregatorAndTokens,
+}
+
+/// A listening address that may be off: a flag whose empty value turns its server off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OptionalAddress(pub Option<SocketAddr>);
+
+impl std::str::FromStr for OptionalAddress {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.is_empty() {
+            return Ok(OptionalAddress(None));
+        }
+        s.parse()
+            .map(|a| OptionalAddress(Some(a)))
+            .map_err(|_| format!("{s:?} is not an address like 0.0.0.0:8443 (empty: off)"))
+    }
 }
 
 /// The serving flags every binary of the project takes: the certificate, the auth caches'
@@ -86,18 +113,19 @@ pub struct Serving<'a> {
     pub servers: u64,
     /// The process's head budget ([`ServingLimitArgs::head_budget`]).
     pub budget: Arc<HeadBudget>,
+    /// Who its servers authenticate.
+    pub callers: Callers,
 }
 
 impl SecureServing {
     /// The serving certificate (`cert`, or a self-signed one for localhost), the auth caches
     /// (at most `cache_size` entries each, exported on `registry`) and their upkeep task;
-    /// with `front_proxy`, also the watch of kube-system/extension-apiserver-authentication
-    /// that makes front-proxy client certificates count (an aggregated API server needs it;
-    /// `/metrics` alone takes bearer tokens).
+    /// for [`Callers::AggregatorAndTokens`], also the watch of
+    /// kube-system/extension-apiserver-authentication that makes front-proxy client
+    /// certificates count.
     pub fn start(
         serving: Serving<'_>,
         registry: &Registry,
-        front_proxy: bool,
         tasks: &mut Tasks,
     ) -> anyhow::Result<SecureServing> {
         let args = serving.args;
@@ -116,7 +144,7 @@ impl SecureServing {
         registry.register(Box::new(AuthCaches::new(authn.clone(), authz.clone())?))?;
         ServingMetrics::register(registry)?;
         let limits = args.limits.limits(open_files_limit(), serving.servers);
-        if front_proxy {
+        if serving.callers == Callers::AggregatorAndTokens {
             tasks.spawn_forever("front-proxy settings watch", authn.clone().watch_config());
         }
         tasks.spawn_forever(
@@ -129,7 +157,7 @@ impl SecureServing {
             authz,
             limits,
             budget: serving.budget,
-            front_proxy,
+            callers: serving.callers,
         })
     }
 
@@ -147,18 +175,14 @@ impl SecureServing {
     /// to `get` the non-resource path `/metrics`, as a supervised task.
     pub fn spawn_metrics(
         &self,
-        addr: &str,
+        addr: SocketAddr,
         render: Arc<dyn Fn() -> String + Send + Sync>,
         shutdown: &Shutdown,
         tasks: &mut Tasks,
-    ) -> anyhow::Result<()> {
-        let addr: SocketAddr = addr
-            .parse()
-            .with_context(|| format!("metrics address {addr:?}"))?;
+    ) {
         let app = metrics_router(self.access(), render);
         // Nothing to drain: a scrape that fails is retried at the next interval.
         self.spawn_server(Server::METRICS, addr, app, false, shutdown, tasks);
-        Ok(())
     }
 
     /// Serves `app` over TLS on `addr` with this process's certificate and limits, as the
@@ -174,7 +198,8 @@ impl SecureServing {
     ) {
         let authn = self.authn.clone();
         let identify: Option<listener::Identify> = self
-            .front_proxy
+            .callers
+            .eq(&Callers::AggregatorAndTokens)
             .then(|| Arc::new(move |peer: &_| authn.is_front_proxy(peer)) as listener::Identify);
         let listen = Listen {
             addr,
@@ -242,4 +267,26 @@ pub fn metrics_router(
         .route_layer(from_fn_with_state(access, front::admit))
         .route_layer(from_fn(front::describe))
         .fallback(|| async { page_not_found() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OptionalAddress;
+
+    #[test]
+    fn an_empty_address_is_off_and_a_bad_one_is_refused_at_the_flag() {
+        assert_eq!("".parse::<OptionalAddress>(), Ok(OptionalAddress(None)));
+        assert_eq!(
+            "127.0.0.1:8443".parse::<OptionalAddress>(),
+            Ok(OptionalAddress(Some(([127, 0, 0, 1], 8443).into())))
+        );
+        assert_eq!(
+            "[::]:8443".parse::<OptionalAddress>(),
+            Ok(OptionalAddress(Some("[::]:8443".parse().unwrap())))
+        );
+        for bad in ["localhost:8443", "8443", " ", "0.0.0.0"] {
+            let e = bad.parse::<OptionalAddress>().unwrap_err();
+            assert!(e.contains("empty: off"), "{bad}: {e}");
+        }
+    }
 }

@@ -37,57 +37,28 @@ const INFO: Info = Info {
     }],
 };
 
-/// The MetalLB driver's own flags.
-#[derive(clap::Args, Clone, Debug)]
-struct MetalLbArgs {
-    /// MetalLB's namespace (its `--namespace`): where the pools and advertisements go.
-    #[arg(
-        long,
-        env = "ADDRESS_CONTROLLER_METALLB_DRIVER_METALLB_NAMESPACE",
-        default_value = "metallb-system"
-    )]
-    metallb_namespace: String,
-    /// Where the holds (placeholder Services) live: the driver's own namespace.
-    #[arg(
-        long,
-        env = "ADDRESS_CONTROLLER_METALLB_DRIVER_HOLD_NAMESPACE",
-        default_value = "address-controller-system"
-    )]
-    hold_namespace: String,
-    /// The `spec.loadBalancerClass` MetalLB serves (its `--lb-class`); default: Services
-    /// without one.
-    #[arg(long, env = "ADDRESS_CONTROLLER_METALLB_DRIVER_LB_CLASS")]
-    lb_class: Option<String>,
-}
-
 /// jemalloc, as in the core: the same allocator for every binary of the project
 /// (docs/design.md, "jemalloc").
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-fn main() -> anyhow::Result<()> {
-    // `metallb-driver takeover …`: the one-shot move from the Go driver (takeover.rs).
-    if std::env::args().nth(1).as_deref() == Some("takeover") {
-        use clap::Parser;
-        let args = takeover::TakeoverArgs::parse_from(std::env::args().skip(1));
-        args.log.init();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()?;
-        match runtime.block_on(takeover::run(&args, INFO.name)) {
-            Ok(true) => return Ok(()),
-            Ok(false) => std::process::exit(1),
-            Err(e) => {
-                eprintln!("metallb-driver takeover: {e:#}");
-                std::process::exit(1);
-            }
-        }
-    }
-    address_controller_driver_kit::main_with(INFO, |a: &MetalLbArgs| metallb::MetalLb {
-        metallb_namespace: a.metallb_namespace.clone(),
-        hold_namespace: a.hold_namespace.clone(),
-        lb_class: a.lb_class.clone(),
-    })
+/// The driver's one-shot subcommands.
+#[derive(clap::Subcommand, Clone, Debug)]
+enum Command {
+    /// Take over from the Go MetalLB driver (metallb-iad) in place: its finalizers, pins and
+    /// placeholders become this driver's, no address unheld at any moment. A dry run unless
+    /// --yes.
+    Takeover(takeover::TakeoverArgs),
+}
+
+fn main() -> anyhow::Result<std::process::ExitCode> {
+    address_controller_driver_kit::main_with_commands(
+        INFO,
+        metallb::MetalLbArgs::driver,
+        |command: Command| match command {
+            Command::Takeover(args) => takeover::main(&args, INFO.name),
+        },
+    )
 }
 
 #[cfg(test)]

@@ -173,6 +173,40 @@ pub struct MetalLb {
     pub lb_class: Option<String>,
 }
 
+/// The MetalLB driver's own flags (the driver's and `takeover`'s: one spelling).
+#[derive(clap::Args, Clone, Debug)]
+pub struct MetalLbArgs {
+    /// MetalLB's namespace (its `--namespace`): where the pools and advertisements go.
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_METALLB_DRIVER_METALLB_NAMESPACE",
+        default_value = "metallb-system"
+    )]
+    pub metallb_namespace: String,
+    /// Where the holds (placeholder Services) live: the driver's own namespace.
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_METALLB_DRIVER_HOLD_NAMESPACE",
+        default_value = "address-controller-system"
+    )]
+    pub hold_namespace: String,
+    /// The `spec.loadBalancerClass` MetalLB serves (its `--lb-class`); default: Services
+    /// without one.
+    #[arg(long, env = "ADDRESS_CONTROLLER_METALLB_DRIVER_LB_CLASS")]
+    pub lb_class: Option<String>,
+}
+
+impl MetalLbArgs {
+    /// The driver these flags describe.
+    pub fn driver(&self) -> MetalLb {
+        MetalLb {
+            metallb_namespace: self.metallb_namespace.clone(),
+            hold_namespace: self.hold_namespace.clone(),
+            lb_class: self.lb_class.clone(),
+        }
+    }
+}
+
 fn parse(parameters: Option<&Value>) -> Result<Params, String> {
     let blocks =
         ranges::parse_metallb_addresses(parameters).map_err(|e: ParamError| e.to_string())?;

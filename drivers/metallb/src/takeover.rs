@@ -13,7 +13,7 @@
 //!   and another port, this driver's hold is created beside it and seen holding the address
 //!   in MetalLB's books (its ingress), and only then is the placeholder deleted;
 //! * its `iad-<class>` pool and advertisement: left for the driver, which adopts them in
-//!   place ([`MetalLb::pool_of`]); its Go-named `IPAddress` objects stay as they are.
+//!   place ([`crate::metallb::MetalLb::pool_of`]); its Go-named `IPAddress` objects stay as they are.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -29,7 +29,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-use crate::metallb::{ALLOW_SHARED_IP, FINALIZER, LOAD_BALANCER_IPS, MetalLb, PROVISIONER};
+use crate::metallb::{ALLOW_SHARED_IP, FINALIZER, LOAD_BALANCER_IPS, MetalLbArgs, PROVISIONER};
 
 /// The Go driver's finalizer on each IPAddress.
 pub const GO_FINALIZER: &str = "metallb.drivers.local.sdn.cozystack.io/teardown";
@@ -43,34 +43,58 @@ pub const GO_ADDRESS_LABEL: &str = "metallb.drivers.local.sdn.cozystack.io/ip-ad
 /// distinct ports).
 pub const MOVED_PLACEHOLDER_PORT: i32 = 65533;
 
-#[derive(clap::Parser, Debug)]
-#[command(
-    name = "metallb-driver takeover",
-    about = "Take over from the Go MetalLB driver (metallb-iad) in place: its finalizers, pins and placeholders become this driver's, no address unheld at any moment. A dry run unless --yes."
-)]
+/// `metallb-driver takeover`'s flags: the driver's MetalLB flags (their `env` too), and its
+/// own.
+#[derive(clap::Args, Clone, Debug)]
 pub struct TakeoverArgs {
     #[command(flatten)]
     pub client: ClientArgs,
     #[command(flatten)]
     pub log: address_controller_runtime::logging::LogArgs,
-    /// Act; without it, print what would be done.
+    #[command(flatten)]
+    pub metallb: MetalLbArgs,
+    /// Act; without it, print what would be done (never from the environment).
     #[arg(long)]
     pub yes: bool,
-    /// MetalLB's namespace (as the driver's flag).
-    #[arg(long, default_value = "metallb-system")]
-    pub metallb_namespace: String,
-    /// Where this driver's holds go (as the driver's flag: the chart's release namespace).
-    #[arg(long, default_value = "address-controller-system")]
-    pub hold_namespace: String,
     /// The Go driver's `--placeholder-namespace`.
-    #[arg(long, default_value = "metallb-iad-system")]
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_METALLB_DRIVER_GO_PLACEHOLDER_NAMESPACE",
+        default_value = "metallb-iad-system"
+    )]
     pub go_placeholder_namespace: String,
-    /// The `spec.loadBalancerClass` MetalLB serves (as the driver's flag).
-    #[arg(long)]
-    pub lb_class: Option<String>,
     /// How long to wait for MetalLB to show each hold holding its address.
-    #[arg(long, default_value = "60s", value_parser = address_controller_api::duration::parse)]
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_METALLB_DRIVER_TAKEOVER_WAIT",
+        default_value = "60s",
+        value_parser = address_controller_api::duration::parse
+    )]
     pub wait: Duration,
+}
+
+/// `metallb-driver takeover …`: its logging, a runtime, [`run`]; exit 1 when something was
+/// left undone or failed.
+pub fn main(args: &TakeoverArgs, controller: &str) -> std::process::ExitCode {
+    args.log.init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("metallb-driver takeover: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args, controller)) {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("metallb-driver takeover: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 /// One line of the report.
@@ -140,11 +164,7 @@ pub fn go_pins(s: &Service) -> Vec<IpAddr> {
 pub async fn run(args: &TakeoverArgs, controller: &str) -> anyhow::Result<bool> {
     let client = args.client.client().await?;
     address_controller_runtime::leader::refuse_while_go_pair_leads(&client).await?;
-    let driver = MetalLb {
-        metallb_namespace: args.metallb_namespace.clone(),
-        hold_namespace: args.hold_namespace.clone(),
-        lb_class: args.lb_class.clone(),
-    };
+    let driver = args.metallb.driver();
     let marker = address_controller_api::names::driver::pinned_annotation(controller);
     let classes: BTreeSet<String> = Api::<IPAddressClass>::all(client.clone())
         .list(&ListParams::default())
@@ -259,7 +279,7 @@ pub async fn run(args: &TakeoverArgs, controller: &str) -> anyhow::Result<bool> 
 struct Takeover<'a> {
     args: &'a TakeoverArgs,
     client: &'a Client,
-    driver: &'a MetalLb,
+    driver: &'a crate::metallb::MetalLb,
     rows: Vec<Row>,
 }
 
@@ -393,8 +413,9 @@ impl Takeover<'_> {
 
     async fn hold(&mut self, a: &IPAddress, like: Option<&Service>) {
         let name = crate::metallb::hold_name(&a.name_any());
-        let object = format!("service/{}/{name}", self.args.hold_namespace);
-        let api = Api::<Service>::namespaced(self.client.clone(), &self.args.hold_namespace);
+        let object = format!("service/{}/{name}", self.args.metallb.hold_namespace);
+        let api =
+            Api::<Service>::namespaced(self.client.clone(), &self.args.metallb.hold_namespace);
         let exists = match api.get_opt(&name).await {
             Ok(h) => h.is_some(),
             Err(e) => {
@@ -426,7 +447,8 @@ impl Takeover<'_> {
     /// Waits (`--wait` at most) until MetalLB shows every hold holding its address: the
     /// names of the addresses held.
     async fn wait_held(&mut self, addresses: &[IPAddress]) -> BTreeSet<String> {
-        let api = Api::<Service>::namespaced(self.client.clone(), &self.args.hold_namespace);
+        let api =
+            Api::<Service>::namespaced(self.client.clone(), &self.args.metallb.hold_namespace);
         let deadline = tokio::time::Instant::now() + self.args.wait;
         loop {
             let mut held = BTreeSet::new();
@@ -441,7 +463,7 @@ impl Takeover<'_> {
             if held.len() == addresses.len() || tokio::time::Instant::now() >= deadline {
                 for a in addresses.iter().filter(|a| !held.contains(&a.name_any())) {
                     self.rows.push(row(
-                        format!("service/{}/{}", self.args.hold_namespace, crate::metallb::hold_name(&a.name_any())),
+                        format!("service/{}/{}", self.args.metallb.hold_namespace, crate::metallb::hold_name(&a.name_any())),
                         format!("MetalLB did not show {} on the hold within {:?} (its events say why): what held it is left in place", a.spec.address, self.args.wait),
                         false,
                     ));
