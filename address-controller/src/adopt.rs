@@ -21,12 +21,13 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use address_controller_api::entitlement::{Limits, Usage};
-use address_controller_api::family::{family_of_ip, object_name, parse_address};
+use address_controller_api::family::{family_of_ip, object_name, parse_address, sort_ipv4_first};
 use address_controller_api::names::{ADOPTED_FROM, ADOPTED_PRIOR, SERVICE_CLAIM_ANNOTATION};
 use address_controller_api::ranges::{Cidr, shipped_class_blocks};
 use address_controller_api::service::{ingress_ips, is_load_balancer_type};
 use address_controller_api::{
-    ClaimFamily, ClaimPhase, Family, IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota,
+    ClaimFamily, ClaimPhase, ClaimRef, Family, IPAddress, IPAddressClaim, IPAddressClaimSpec,
+    IPAddressClass, IPAddressQuota, IPAddressSpec,
 };
 use address_controller_runtime::client::ClientArgs;
 use address_controller_runtime::report::table;
@@ -107,8 +108,7 @@ pub fn judge(s: &Service, f: &Facts<'_>) -> Option<Verdict> {
     if ips.is_empty() {
         return None;
     }
-    ips.sort_by_key(|ip| (family_of_ip(*ip) != Family::IPv4, *ip));
-    ips.dedup();
+    sort_ipv4_first(&mut ips);
     let shown = list(&ips);
     let leave = |why: String| Some(Verdict::Leave(format!("shows {shown}: {why}")));
     let outside: Vec<IpAddr> = ips
@@ -245,11 +245,7 @@ impl Adopt<'_> {
             .items;
         let ledger: BTreeMap<IpAddr, String> = addresses
             .iter()
-            .filter_map(|a| {
-                parse_address(&a.spec.address)
-                    .ok()
-                    .map(|ip| (ip, a.name_any()))
-            })
+            .filter_map(|a| a.ip().map(|ip| (ip, a.name_any())))
             .collect();
         let mut used: BTreeMap<String, Usage> = BTreeMap::new();
         for a in addresses.iter().filter(|a| a.spec.class_name == class) {
@@ -367,12 +363,21 @@ impl Adopt<'_> {
         let addresses: Api<IPAddress> = Api::all(self.client.clone());
         let mut made: Vec<String> = Vec::new();
         for ip in ips {
-            let a: IPAddress = serde_json::from_value(json!({
-                "metadata": {"name": object_name(*ip), "annotations": {ADOPTED_FROM: from}},
-                "spec": {"address": ip.to_string(), "className": class,
-                    "reclaimPolicy": self.class.spec.reclaim_policy,
-                    "source": {"fromClass": {}},
-                    "claimRef": {"namespace": ns, "name": name}}}))?;
+            let mut a = IPAddress::new(
+                &object_name(*ip),
+                IPAddressSpec {
+                    address: ip.to_string(),
+                    class_name: class.clone(),
+                    reclaim_policy: self.class.spec.reclaim_policy,
+                    claim_ref: Some(ClaimRef {
+                        namespace: ns.clone(),
+                        name: name.clone(),
+                        uid: None,
+                    }),
+                    source: address_controller_api::AddressSource::from_class(),
+                },
+            );
+            a.metadata.annotations = Some([(ADOPTED_FROM.to_string(), from.clone())].into());
             match addresses.create(&PostParams::default(), &a).await {
                 Ok(a) => made.push(a.name_any()),
                 Err(e) => {
@@ -390,11 +395,7 @@ impl Adopt<'_> {
                 k8s_openapi::jiff::Timestamp::now(),
             );
             let one = std::slice::from_ref(&attachment);
-            let spans = address_controller_api::history::spans_after(&[], 0, one, one, &now)
-                .map(|(spans, _)| spans)
-                .unwrap_or_default();
-            let ledger = json!({"status": {"associatedTo": attachment.association(),
-                "attachments": [attachment], "holderCount": 1, "attachmentHistory": spans}});
+            let ledger = json!({"status": a.ledger_status(one, one, &now)});
             if let Err(e) = addresses
                 .patch_status(
                     &object_name(*ip),
@@ -413,13 +414,25 @@ impl Adopt<'_> {
         // arrives first it would match a free address of the class (the fresh-clone CI
         // caught it: `auto` bound to another Service's address). A pinned claim waits for
         // its address. (A Dual claim cannot be pinned; its adoption keeps that race.)
-        let mut spec = json!({"className": class, "family": family});
-        if let [one] = made.as_slice() {
-            spec["addressName"] = json!(one);
-        }
-        let claim: IPAddressClaim = serde_json::from_value(json!({
-            "metadata": {"name": name, "annotations": {ADOPTED_FROM: from, ADOPTED_PRIOR: prior.to_string()}},
-            "spec": spec}))?;
+        let mut claim = IPAddressClaim::new(
+            &name,
+            IPAddressClaimSpec {
+                class_name: Some(class.clone()),
+                family,
+                address_name: match made.as_slice() {
+                    [one] => Some(one.clone()),
+                    _ => None,
+                },
+                sharing: None,
+            },
+        );
+        claim.metadata.annotations = Some(
+            [
+                (ADOPTED_FROM.to_string(), from.clone()),
+                (ADOPTED_PRIOR.to_string(), prior.to_string()),
+            ]
+            .into(),
+        );
         if let Err(e) = claims.create(&PostParams::default(), &claim).await {
             self.forget(&made, s).await;
             return Err(e.into());

@@ -36,20 +36,11 @@ pub struct CheckArgs {
     before_install: bool,
 }
 
-/// One row of the table.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Row {
-    pub check: String,
-    pub ok: bool,
-    pub detail: String,
-}
+/// One row of the table: the check, ok or FAIL, what was found.
+pub use address_controller_runtime::report::Row;
 
 fn row(check: impl Into<String>, ok: bool, detail: impl Into<String>) -> Row {
-    Row {
-        check: check.into(),
-        ok,
-        detail: detail.into(),
-    }
+    Row::new(check, ok, detail)
 }
 
 /// Runs the checks, prints the table; whether every row passed.
@@ -101,17 +92,7 @@ pub async fn run(args: &CheckArgs) -> anyhow::Result<bool> {
 
 /// The rows as kubectl prints a table: aligned columns, CHECK STATUS DETAIL.
 pub fn table(rows: &[Row]) -> String {
-    let cells: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            vec![
-                r.check.clone(),
-                if r.ok { "ok" } else { "FAIL" }.to_string(),
-                r.detail.clone(),
-            ]
-        })
-        .collect();
-    address_controller_runtime::report::table(&["CHECK", "STATUS", "DETAIL"], &cells)
+    address_controller_runtime::report::status_table("CHECK", "DETAIL", rows)
 }
 
 async fn crds(client: &Client) -> Vec<Row> {
@@ -474,7 +455,7 @@ mod tests {
         let failed: Vec<(String, String)> = lease_rows(&leases, now, false)
             .into_iter()
             .filter(|r| !r.ok)
-            .map(|r| (r.check, r.detail))
+            .map(|r| (r.subject, r.detail))
             .collect();
         assert_eq!(failed.len(), 1, "{failed:?}");
         assert_eq!(failed[0].0, "lease/ns/a4cfeeab.sdn.cozystack.io (Go pair)");
@@ -503,7 +484,7 @@ mod tests {
             &leases,
             now,
         );
-        let ok: Vec<(&str, bool)> = rows.iter().map(|r| (r.check.as_str(), r.ok)).collect();
+        let ok: Vec<(&str, bool)> = rows.iter().map(|r| (r.subject.as_str(), r.ok)).collect();
         assert_eq!(
             ok,
             [("class/a", true), ("class/b", false), ("class/c", false)]
@@ -514,7 +495,7 @@ mod tests {
         let rows = lease_rows(&leases[..2], now, false);
         assert!(
             rows.iter()
-                .any(|r| r.check == "lease (controller)" && !r.ok)
+                .any(|r| r.subject == "lease (controller)" && !r.ok)
         );
     }
 
@@ -531,7 +512,7 @@ mod tests {
         // ...unless the Go pair still runs.
         let rows = lease_rows(std::slice::from_ref(&go), now, true);
         assert!(
-            rows.iter().any(|r| !r.ok && r.check.contains("Go pair")),
+            rows.iter().any(|r| !r.ok && r.subject.contains("Go pair")),
             "{rows:?}"
         );
         // Without the flag, the missing core Lease is a FAIL (a crashed controller).

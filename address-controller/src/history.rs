@@ -76,10 +76,7 @@ pub async fn holders(args: &HoldersArgs) -> anyhow::Result<bool> {
     let ip = address_controller_api::family::parse_address(&args.address)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let all = addresses(&args.kube).await?;
-    let found: Vec<&IPAddress> = all
-        .iter()
-        .filter(|a| address_controller_api::family::parse_address(&a.spec.address).ok() == Some(ip))
-        .collect();
+    let found: Vec<&IPAddress> = all.iter().filter(|a| a.ip() == Some(ip)).collect();
     let Some(a) = found.first() else {
         println!(
             "no IPAddress for {ip}: it is not in the ledger (or was deleted, and its history with it)"

@@ -59,6 +59,18 @@ pub fn family_of_ip(ip: IpAddr) -> Family {
     }
 }
 
+/// The order in which this project lists addresses wherever it lists more than one (a
+/// Service's pins, a claim's, a report): IPv4 first, then by address.
+pub fn ipv4_first(ip: IpAddr) -> (bool, IpAddr) {
+    (family_of_ip(ip) != Family::IPv4, ip)
+}
+
+/// Sorts IPS in the [`ipv4_first`] order and drops duplicates.
+pub fn sort_ipv4_first(ips: &mut Vec<IpAddr>) {
+    ips.sort_by_key(|ip| ipv4_first(*ip));
+    ips.dedup();
+}
+
 /// Parses `s` and returns the family it counts as.
 pub fn family_of(s: &str) -> Result<Family, AddressError> {
     parse_address(s).map(family_of_ip)
@@ -82,6 +94,30 @@ pub fn object_name(ip: std::net::IpAddr) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn addresses_are_listed_ipv4_first_then_by_address_once_each() {
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let mut ips = vec![
+            ip("2001:db8::1"),
+            ip("192.0.2.9"),
+            ip("::ffff:192.0.2.1"),
+            ip("192.0.2.9"),
+            ip("10.0.0.1"),
+        ];
+        sort_ipv4_first(&mut ips);
+        // IPv4-mapped IPv6 counts as IPv4 (as family_of_ip says), ordered after the plain
+        // IPv4 addresses by IpAddr's own order.
+        assert_eq!(
+            ips,
+            [
+                ip("10.0.0.1"),
+                ip("192.0.2.9"),
+                ip("::ffff:192.0.2.1"),
+                ip("2001:db8::1")
+            ]
+        );
+    }
 
     #[test]
     fn families() {

@@ -49,6 +49,11 @@ impl IPAddress {
         family_of(&self.spec.address).ok()
     }
 
+    /// The address itself, or `None` for an invalid one (never trusted).
+    pub fn ip(&self) -> Option<std::net::IpAddr> {
+        crate::family::parse_address(&self.spec.address).ok()
+    }
+
     pub fn is_deleting(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()
     }

@@ -23,7 +23,9 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use crate::service::{cozy_proxy, service_families};
-use crate::{Attachment, AttachmentMethod, ClaimServices, Family, IPAddressClaim, SharingPolicy};
+use crate::{
+    Attachment, AttachmentMethod, ClaimServices, Family, IPAddress, IPAddressClaim, SharingPolicy,
+};
 
 /// The Service condition the driver kit writes on every Service naming a claim.
 pub const CONDITION: &str = "local.sdn.cozystack.io/AddressAttached";
@@ -164,6 +166,38 @@ pub fn attachment(key: &str, service: Option<&Service>) -> Attachment {
             .unwrap_or_default(),
         method: proxied.map(|p| p.method),
         allow_icmp: proxied.is_some_and(|p| p.allow_icmp && p.method == AttachmentMethod::PortList),
+    }
+}
+
+impl IPAddress {
+    /// The ledger's part of the address's status when its holders change from BEFORE to
+    /// AFTER at NOW — the one spelling of the ledger write (the driver kit's, and `adopt`'s,
+    /// whose BEFORE is the Service found holding the address): `attachments`,
+    /// `associatedTo` (the first), `holderCount` (absent when none), and the Service spans
+    /// following them in the same write ([`crate::history::spans_after`]; `found` for a
+    /// holder of BEFORE without an open span).
+    pub fn ledger_status(
+        &self,
+        before: &[Attachment],
+        after: &[Attachment],
+        now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+    ) -> serde_json::Value {
+        use serde_json::{Value, json};
+        let first = after.first().map(Attachment::association);
+        let count = (!after.is_empty()).then_some(after.len());
+        let mut out = json!({"attachments": after, "associatedTo": first, "holderCount": count});
+        let (spans, dropped) = crate::history::spans(self);
+        if let Some((spans, dropped)) =
+            crate::history::spans_after(spans, dropped, before, after, now)
+        {
+            out["attachmentHistory"] = json!(spans);
+            out["attachmentHistoryDropped"] = if dropped == 0 {
+                Value::Null
+            } else {
+                json!(dropped)
+            };
+        }
+        out
     }
 }
 

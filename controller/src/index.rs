@@ -18,7 +18,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use address_controller_api::family::{Family, family_of};
+use address_controller_api::family::Family;
 use address_controller_api::service::claim_key;
 use address_controller_api::sharing::attached;
 use address_controller_api::{ClaimPhase, ClaimRef, IPAddress, IPAddressClaim};
@@ -100,17 +100,9 @@ fn waiting_pools(c: &IPAddressClaim) -> Vec<Pool> {
         // usage to change (the quota book wakes it), not for free addresses.
         return Vec::new();
     }
-    let have: Vec<Family> = status
-        .addresses
-        .iter()
-        .filter_map(|a| family_of(&a.address).ok())
-        .collect();
-    c.spec
-        .family
-        .families()
-        .iter()
-        .filter(|f| !have.contains(f))
-        .map(|f| (class.to_string(), *f))
+    c.unlisted_families()
+        .into_iter()
+        .map(|f| (class.to_string(), f))
         .collect()
 }
 

@@ -298,7 +298,7 @@ impl<'a> Ctx<'a> {
             if let Some(r) = &a.spec.claim_ref {
                 naming.entry(r.key()).or_default().push(a);
             }
-            if let Ok(ip) = address_controller_api::family::parse_address(&a.spec.address) {
+            if let Some(ip) = a.ip() {
                 by_ip.entry(ip).or_default().push(a);
             }
         }
@@ -736,7 +736,7 @@ fn stuck_deleting(x: &Ctx<'_>, found: &mut Found) {
 fn duplicate_ip(x: &Ctx<'_>, found: &mut Found) {
     let mut per_ip: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for a in x.addresses_in_scope() {
-        if let Ok(ip) = address_controller_api::family::parse_address(&a.spec.address) {
+        if let Some(ip) = a.ip() {
             per_ip.entry(ip.to_string()).or_default().push(a.name_any());
         }
     }

@@ -245,6 +245,23 @@ pub enum Presence {
     Unknown,
 }
 
+impl Presence {
+    /// The rule of a driver whose backend is the class's own blocks: an address in one of
+    /// BLOCKS is present; one outside them (an admin shrank the class) is missing, said with
+    /// what the blocks are (`pool`: "the class's ranges", "the class's MetalLB pool"); an
+    /// invalid address (never trusted) is unknown.
+    pub fn within_blocks(blocks: &[crate::ranges::Cidr], pool: &str, address: &IPAddress) -> Self {
+        let Some(ip) = address.ip() else {
+            return Presence::Unknown;
+        };
+        if blocks.iter().any(|b| b.contains(ip)) {
+            return Presence::Present;
+        }
+        let list: Vec<String> = blocks.iter().map(ToString::to_string).collect();
+        Presence::Missing(format!("{ip} is outside {pool} ({})", list.join(", ")))
+    }
+}
+
 /// The addresses in a Service's `status.loadBalancer.ingress`.
 pub use address_controller_api::service::ingress_addresses as ingress;
 

@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use address_controller_api::family::parse_address;
 use address_controller_api::{Family, IPAddress};
 use address_controller_runtime::setmap::SetMap;
 use kube::ResourceExt;
@@ -37,7 +36,7 @@ fn claim_key(a: &IPAddress) -> Option<String> {
 }
 
 fn ip_and_family(a: &IPAddress) -> Option<(IpAddr, Family)> {
-    let ip = parse_address(&a.spec.address).ok()?;
+    let ip = a.ip()?;
     Some((ip, address_controller_api::family::family_of_ip(ip)))
 }
 

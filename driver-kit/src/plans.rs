@@ -148,7 +148,7 @@ pub fn plan_address(
     let ours = finalizer.filter(|f| a.finalizers().iter().any(|x| x == f));
     match ours {
         Some(f) if a.is_deleting() => {
-            if let Some(ip) = crate::association::ip_of(a)
+            if let Some(ip) = a.ip()
                 && let Some(service) = shown_by(ip).into_iter().next()
             {
                 return AddressPlan::WaitForWithdrawal { service, ip };

@@ -103,7 +103,7 @@ fn address_changed<D: Driver>(c: &runner::Ctx<D>, ch: &Change<IPAddress>) {
         if let Some(r) = &x.spec.claim_ref {
             c.queues.services.add_all(c.services.naming(&r.key()));
         }
-        if let Some(ip) = association::ip_of(x) {
+        if let Some(ip) = x.ip() {
             c.queues.services.add_all(c.services.mentioning(ip));
         }
         c.queues.services.add_all(x.holder_services());

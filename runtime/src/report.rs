@@ -34,6 +34,41 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// One line of a report that passes or fails (`check`'s checks, `takeover`'s objects): what
+/// it is about, whether it is ok, and what was found or done.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub subject: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+impl Row {
+    pub fn new(subject: impl Into<String>, ok: bool, detail: impl Into<String>) -> Row {
+        Row {
+            subject: subject.into(),
+            ok,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// ROWS as a [`table`]: SUBJECT, STATUS (`ok` or `FAIL`), DETAIL — the first and last
+/// headers named by the report.
+pub fn status_table(subject: &str, detail: &str, rows: &[Row]) -> String {
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.subject.clone(),
+                if r.ok { "ok" } else { "FAIL" }.to_string(),
+                r.detail.clone(),
+            ]
+        })
+        .collect();
+    table(&[subject, "STATUS", detail], &cells)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -90,6 +90,16 @@ pub struct AddressSource {
     pub provider_ref: Option<ProviderRef>,
 }
 
+impl AddressSource {
+    /// Allocated from the class's own range (what the shipped drivers and `adopt` write).
+    pub fn from_class() -> AddressSource {
+        AddressSource {
+            from_class: Some(FromClass {}),
+            provider_ref: None,
+        }
+    }
+}
+
 /// Marker: the address comes from the class's range.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct FromClass {}
@@ -310,6 +320,19 @@ impl IPAddress {
             st.associated_to.iter().cloned().collect()
         } else {
             st.attachments.iter().map(Attachment::association).collect()
+        }
+    }
+
+    /// Its holders as attachments: `status.attachments`, or — written before sharing
+    /// existed — the one `status.associatedTo` names, as an attachment without ports.
+    pub fn attachments(&self) -> Vec<Attachment> {
+        match self.status.as_ref() {
+            Some(st) if !st.attachments.is_empty() => st.attachments.clone(),
+            _ => self
+                .holder_services()
+                .iter()
+                .map(|k| crate::sharing::attachment(k, None))
+                .collect(),
         }
     }
 

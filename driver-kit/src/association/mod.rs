@@ -32,7 +32,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use address_controller_api::family::{family_of_ip, parse_address};
+use address_controller_api::family::parse_address;
 use address_controller_api::names::driver as reason;
 use address_controller_api::sharing::{self, Candidate, Refusal};
 use address_controller_api::{
@@ -60,11 +60,6 @@ pub fn is_load_balancer(s: &Service) -> bool {
         && address_controller_api::service::is_load_balancer_type(s)
 }
 
-/// An address's IP.
-pub fn ip_of(a: &IPAddress) -> Option<IpAddr> {
-    parse_address(&a.spec.address).ok()
-}
-
 /// The kit's record of its pins on a Service (its annotation).
 pub fn parse_marker(value: Option<&str>) -> Vec<IpAddr> {
     value
@@ -85,8 +80,7 @@ pub fn render_marker(ips: &[IpAddr]) -> Option<String> {
 
 /// IPv4 first, then by address; no duplicates.
 fn sorted(mut ips: Vec<IpAddr>) -> Vec<IpAddr> {
-    ips.sort_by_key(|ip| (family_of_ip(*ip) != Family::IPv4, *ip));
-    ips.dedup();
+    address_controller_api::family::sort_ipv4_first(&mut ips);
     ips
 }
 
@@ -367,7 +361,7 @@ fn ledger_first(
 ) -> Vec<IpAddr> {
     let mut pinnable: Vec<IpAddr> = Vec::new();
     for a in wanted {
-        let Some(ip) = ip_of(a) else { continue };
+        let Some(ip) = a.ip() else { continue };
         let recorded = a
             .status
             .as_ref()
@@ -479,7 +473,7 @@ fn withdraw(
     pinnable: &[IpAddr],
 ) {
     for a in s.associated_here {
-        let Some(ip) = ip_of(a) else { continue };
+        let Some(ip) = a.ip() else { continue };
         let gone = s.service.is_none() || !s.shown.contains(&ip);
         if !pinnable.contains(&ip) && gone && !wanted.iter().any(|w| w.name_any() == a.name_any()) {
             plan.disassociate.push(a.clone());

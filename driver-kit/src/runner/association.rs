@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use address_controller_api::conditions::set_condition;
-use address_controller_api::history;
 use address_controller_api::{IPAddress, IPAddressClaim};
 use address_controller_runtime::events::reference;
 use address_controller_runtime::workers::Outcome;
@@ -18,13 +17,13 @@ use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::association::{
-    AddressPlan, AddressSnapshot, ServiceCondition, ServicePlan, ServiceSnapshot, ip_of,
-    is_load_balancer, parse_marker, plan_address, plan_service, render_marker,
+    AddressPlan, AddressSnapshot, ServiceCondition, ServicePlan, ServiceSnapshot, is_load_balancer,
+    parse_marker, plan_address, plan_service, render_marker,
 };
 use crate::driver::{Driver, Presence};
 use crate::runner::{Ctx, Error};
+use address_controller_api::Attachment;
 use address_controller_api::sharing::CONDITION;
-use address_controller_api::{Attachment, IPAddressStatus};
 
 fn kube_error(action: &'static str, object: String) -> impl FnOnce(kube::Error) -> Error {
     move |source| Error::Kube {
@@ -49,43 +48,9 @@ async fn patch_address_status(
     Ok(())
 }
 
-/// The ledger's part of the status of `a` with `attachments` as its holders:
-/// `associatedTo` names the first, `holderCount` counts them, and `attachmentHistory`
-/// follows them in the same write ([`history::spans_after`]).
+/// The ledger's part of the status of `a` with `attachments` as its holders, now.
 fn ledger(a: &IPAddress, attachments: Vec<Attachment>) -> Value {
-    let first = attachments.first().map(Attachment::association);
-    let count = (!attachments.is_empty()).then_some(attachments.len());
-    let mut out = json!({"attachments": attachments, "associatedTo": first, "holderCount": count});
-    let (spans, dropped) = history::spans(a);
-    if let Some((spans, dropped)) = history::spans_after(
-        spans,
-        dropped,
-        &self::attachments(a),
-        &attachments,
-        &Time(Timestamp::now()),
-    ) {
-        out["attachmentHistory"] = json!(spans);
-        out["attachmentHistoryDropped"] = if dropped == 0 {
-            Value::Null
-        } else {
-            json!(dropped)
-        };
-    }
-    out
-}
-
-/// An address's holders as attachments (an older `associatedTo` alone counts as one).
-fn attachments(a: &IPAddress) -> Vec<Attachment> {
-    match a.status.as_ref() {
-        Some(IPAddressStatus {
-            attachments: list, ..
-        }) if !list.is_empty() => list.clone(),
-        _ => a
-            .holder_services()
-            .iter()
-            .map(|k| address_controller_api::sharing::attachment(k, None))
-            .collect(),
-    }
+    a.ledger_status(&a.attachments(), &attachments, &Time(Timestamp::now()))
 }
 
 fn attachment_key(h: &Attachment) -> Option<String> {
@@ -196,7 +161,7 @@ async fn apply_service<D: Driver>(
 ) -> Result<Outcome, Error> {
     // Ledger first.
     for a in &plan.associate {
-        let mut list = attachments(a);
+        let mut list = a.attachments();
         let me = plan
             .attachment
             .clone()
@@ -312,7 +277,8 @@ async fn while_waiting<D: Driver>(
 
 /// Takes the Services `keys` off an address's holders.
 async fn detach(ctx: &Ctx<impl Driver>, a: &IPAddress, keys: &[String]) -> Result<(), Error> {
-    let list: Vec<Attachment> = attachments(a)
+    let list: Vec<Attachment> = a
+        .attachments()
         .into_iter()
         .filter(|h| attachment_key(h).is_none_or(|k| !keys.contains(&k)))
         .collect();
@@ -390,7 +356,7 @@ pub(crate) async fn health_pass<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Resul
         Some(Ok(p)) if provisioned => ctx.driver.presence(&p, a),
         _ => Presence::Unknown,
     };
-    let shown_by = ip_of(a).map(|ip| shown_by(ctx, ip)).unwrap_or_default();
+    let shown_by = a.ip().map(|ip| shown_by(ctx, ip)).unwrap_or_default();
     let gone_holders: Vec<String> = match ctx.world.services.as_ref() {
         Some(c) => a
             .holder_services()
@@ -429,7 +395,8 @@ async fn apply_address<D: Driver>(
         status.insert("conditions".into(), json!(conditions));
     }
     if !plan.clear_holders.is_empty() {
-        let list: Vec<Attachment> = attachments(a)
+        let list: Vec<Attachment> = a
+            .attachments()
             .into_iter()
             .filter(|h| attachment_key(h).is_none_or(|k| !plan.clear_holders.contains(&k)))
             .collect();

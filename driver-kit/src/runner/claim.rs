@@ -4,7 +4,6 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use address_controller_api::family::family_of;
 use address_controller_api::{Family, IPAddress, IPAddressClaim, IPAddressClass, IPAddressSpec};
 use address_controller_runtime::events::PlannedEvent;
 use address_controller_runtime::workers::Outcome;
@@ -43,16 +42,12 @@ pub(crate) fn wanted<D: Driver>(
         .filter(|(u, _)| *u == uid)
         .map(|(_, f)| *f)
         .collect();
-    let mut have: Vec<Family> = status
-        .addresses
-        .iter()
-        .filter_map(|a| family_of(&a.address).ok())
-        .collect();
+    let mut have: Vec<Family> = claim.listed_families();
     for name in ctx.inventory.addresses_naming(key) {
         if let Some(a) = ctx.world.addresses.get(&name)
             && !a.is_deleting()
             && a.belongs_to(claim)
-            && let Ok(f) = family_of(&a.spec.address)
+            && let Some(f) = a.family()
         {
             have.push(f);
         }

@@ -211,7 +211,7 @@ impl<D: Driver> Ctx<D> {
 
     /// The cache shows `a`: what this process created for it is no longer in flight.
     pub fn landed(&self, a: &IPAddress) {
-        if let Ok(ip) = address_controller_api::family::parse_address(&a.spec.address) {
+        if let Some(ip) = a.ip() {
             fresh(&self.in_flight_ips).remove(&ip);
             let family = address_controller_api::family::family_of_ip(ip);
             if let Some(uid) = a.spec.claim_ref.as_ref().and_then(|r| r.uid.clone()) {

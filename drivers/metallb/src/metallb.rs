@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use address_controller_api::family::{family_of_ip, parse_address};
 use address_controller_api::service::SERVICE_PROXY_NAME_LABEL;
-use address_controller_api::{Family, FromClass, IPAddress, IPAddressClass};
+use address_controller_api::{Family, IPAddress, IPAddressClass};
 use address_controller_driver_kit::ranges::{self, Cidr, ParamError};
 use address_controller_driver_kit::{
     AllocateError, Allocation, Capacity, ClassesInUse, Driver, Presence, Request, ingress,
@@ -265,10 +265,6 @@ pub fn sharing_key(a: &IPAddress) -> String {
     }
 }
 
-fn ip_of(a: &IPAddress) -> Option<IpAddr> {
-    parse_address(&a.spec.address).ok()
-}
-
 fn annotations(s: &Service) -> &BTreeMap<String, String> {
     static EMPTY: BTreeMap<String, String> = BTreeMap::new();
     s.metadata.annotations.as_ref().unwrap_or(&EMPTY)
@@ -398,7 +394,7 @@ impl MetalLb {
         a: &IPAddress,
         like: Option<&Service>,
     ) -> Result<(), String> {
-        let Some(ip) = ip_of(a) else { return Ok(()) };
+        let Some(ip) = a.ip() else { return Ok(()) };
         let api = self.holds(client);
         let name = hold_name(&a.name_any());
         let have = api.get_opt(&name).await.map_err(|e| e.to_string())?;
@@ -542,10 +538,7 @@ impl Driver for MetalLb {
             .ok_or(AllocateError::Exhausted)?;
         Ok(Allocation {
             address,
-            source: address_controller_api::AddressSource {
-                from_class: Some(FromClass {}),
-                provider_ref: None,
-            },
+            source: address_controller_api::AddressSource::from_class(),
             name: None,
         })
     }
@@ -709,8 +702,8 @@ impl Driver for MetalLb {
                     .collect()
             })
             .unwrap_or_default();
-        let mut ips: Vec<IpAddr> = want.iter().filter_map(|a| ip_of(a)).collect();
-        ips.sort_by_key(|ip| (family_of_ip(*ip) != Family::IPv4, *ip));
+        let mut ips: Vec<IpAddr> = want.iter().filter_map(|a| a.ip()).collect();
+        address_controller_api::family::sort_ipv4_first(&mut ips);
         let (lb_ips, key): (Option<String>, Option<String>) = if ips.is_empty() {
             // Withdraw only what the kit pinned.
             if pinned.is_empty() || !pinned.iter().all(|ip| ours.contains(ip)) {
@@ -773,7 +766,7 @@ impl Driver for MetalLb {
     /// class outside its `addresses` would be refused ("is not allowed in config") while the
     /// ledger said it held.
     fn servable(&self, p: &Params, address: &IPAddress) -> Result<(), String> {
-        match ip_of(address) {
+        match address.ip() {
             Some(ip) if !p.blocks.iter().any(|b| b.contains(ip)) => {
                 let list: Vec<String> = p.blocks.iter().map(ToString::to_string).collect();
                 Err(format!(
@@ -786,18 +779,7 @@ impl Driver for MetalLb {
     }
 
     fn presence(&self, p: &Params, address: &IPAddress) -> Presence {
-        let Some(ip) = ip_of(address) else {
-            return Presence::Unknown;
-        };
-        if p.blocks.iter().any(|b| b.contains(ip)) {
-            Presence::Present
-        } else {
-            let list: Vec<String> = p.blocks.iter().map(ToString::to_string).collect();
-            Presence::Missing(format!(
-                "{ip} is no longer in the class's MetalLB pool ({})",
-                list.join(", ")
-            ))
-        }
+        Presence::within_blocks(&p.blocks, "the class's MetalLB pool", address)
     }
 }
 

@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
-use address_controller_api::family::{family_of_ip, parse_address};
-use address_controller_api::{Family, IPAddress, IPAddressClass};
+use address_controller_api::family::{ipv4_first, parse_address, sort_ipv4_first};
+use address_controller_api::{IPAddress, IPAddressClass};
 use address_controller_driver_kit::association::render_marker;
 use address_controller_driver_kit::ingress;
 use address_controller_runtime::client::ClientArgs;
@@ -97,35 +97,16 @@ pub fn main(args: &TakeoverArgs, controller: &str) -> std::process::ExitCode {
     }
 }
 
-/// One line of the report.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Row {
-    pub object: String,
-    pub action: String,
-    pub ok: bool,
-}
+/// One line of the report: the object, ok or FAIL, what was (or would be) done.
+pub use address_controller_runtime::report::Row;
 
 fn row(object: impl Into<String>, action: impl Into<String>, ok: bool) -> Row {
-    Row {
-        object: object.into(),
-        action: action.into(),
-        ok,
-    }
+    Row::new(object, ok, action)
 }
 
 /// The report as kubectl prints a table.
 pub fn table(rows: &[Row]) -> String {
-    let cells: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            vec![
-                r.object.clone(),
-                if r.ok { "ok" } else { "FAIL" }.to_string(),
-                r.action.clone(),
-            ]
-        })
-        .collect();
-    address_controller_runtime::report::table(&["OBJECT", "STATUS", "ACTION"], &cells)
+    address_controller_runtime::report::status_table("OBJECT", "ACTION", rows)
 }
 
 /// The finalizers of an address with the Go driver's swapped for this driver's (`None`:
@@ -183,7 +164,7 @@ pub async fn run(args: &TakeoverArgs, controller: &str) -> anyhow::Result<bool> 
         .collect();
     let by_ip: BTreeMap<IpAddr, &IPAddress> = addresses
         .iter()
-        .filter_map(|a| parse_address(&a.spec.address).ok().map(|ip| (ip, a)))
+        .filter_map(|a| a.ip().map(|ip| (ip, a)))
         .collect();
     let services = Api::<Service>::all(client.clone())
         .list(&ListParams::default())
@@ -333,21 +314,18 @@ impl Takeover<'_> {
             return;
         }
         let mut ips: Vec<IpAddr> = pins.to_vec();
-        ips.sort_by_key(|ip| (family_of_ip(*ip) != Family::IPv4, *ip));
+        sort_ipv4_first(&mut ips);
+        // Invalid addresses (never trusted) last.
         let mut first: Vec<&IPAddress> = mine.to_vec();
         first.sort_by_key(|a| {
-            parse_address(&a.spec.address).map_or((true, None), |ip| {
-                (family_of_ip(ip) != Family::IPv4, Some(ip))
-            })
+            a.ip()
+                .map_or((true, None), |ip| (ipv4_first(ip).0, Some(ip)))
         });
         let key = first.first().map(|a| crate::metallb::sharing_key(a));
         let recorded: Vec<IpAddr> = ips
             .iter()
             .copied()
-            .filter(|ip| {
-                mine.iter()
-                    .any(|a| parse_address(&a.spec.address).ok() == Some(*ip))
-            })
+            .filter(|ip| mine.iter().any(|a| a.ip() == Some(*ip)))
             .collect();
         let what = format!(
             "{} the Go pin of {} as this driver's (sharing key {})",
@@ -455,7 +433,7 @@ impl Takeover<'_> {
             for a in addresses {
                 let name = crate::metallb::hold_name(&a.name_any());
                 if let Ok(Some(h)) = api.get_opt(&name).await
-                    && parse_address(&a.spec.address).is_ok_and(|ip| ingress(&h).contains(&ip))
+                    && a.ip().is_some_and(|ip| ingress(&h).contains(&ip))
                 {
                     held.insert(a.name_any());
                 }

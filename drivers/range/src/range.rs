@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use address_controller_api::family::family_of_ip;
-use address_controller_api::{AddressSource, Family, FromClass, IPAddress, IPAddressClass};
+use address_controller_api::{Family, IPAddress, IPAddressClass};
 use address_controller_driver_kit::{
     AllocateError, Allocation, Capacity, Driver, Presence, Request, ingress,
 };
@@ -138,10 +138,7 @@ impl Driver for Range {
         ours: &[IpAddr],
         want: &[Arc<IPAddress>],
     ) -> Result<(), String> {
-        let want: Vec<IpAddr> = want
-            .iter()
-            .filter_map(|a| address_controller_api::family::parse_address(&a.spec.address).ok())
-            .collect();
+        let want: Vec<IpAddr> = want.iter().filter_map(|a| a.ip()).collect();
         let Some(ingress) = ingress_after(service, ours, &want) else {
             return Ok(());
         };
@@ -162,18 +159,7 @@ impl Driver for Range {
     /// An address of the class's ranges is present; one an admin's shrink left outside is
     /// missing — the driver can no longer hand it out, nor serve it.
     fn presence(&self, cidrs: &Vec<Cidr>, address: &IPAddress) -> Presence {
-        let Ok(ip) = address_controller_api::family::parse_address(&address.spec.address) else {
-            return Presence::Unknown;
-        };
-        if cidrs.iter().any(|c| c.contains(ip)) {
-            Presence::Present
-        } else {
-            let list: Vec<String> = cidrs.iter().map(ToString::to_string).collect();
-            Presence::Missing(format!(
-                "{ip} is outside the class's ranges ({})",
-                list.join(", ")
-            ))
-        }
+        Presence::within_blocks(cidrs, "the class's ranges", address)
     }
 
     async fn allocate(&self, req: Request<'_, Vec<Cidr>>) -> Result<Allocation, AllocateError> {
@@ -181,10 +167,7 @@ impl Driver for Range {
             .ok_or(AllocateError::Exhausted)?;
         Ok(Allocation {
             address,
-            source: AddressSource {
-                from_class: Some(FromClass {}),
-                provider_ref: None,
-            },
+            source: address_controller_api::AddressSource::from_class(),
             name: None,
         })
     }
