@@ -250,7 +250,11 @@ impl Presence {
     /// BLOCKS is present; one outside them (an admin shrank the class) is missing, said with
     /// what the blocks are (`pool`: "the class's ranges", "the class's MetalLB pool"); an
     /// invalid address (never trusted) is unknown.
-    pub fn within_blocks(blocks: &[crate::ranges::Cidr], pool: &str, address: &IPAddress) -> Self {
+    pub fn within_blocks(
+        blocks: &[address_controller_api::ranges::Cidr],
+        pool: &str,
+        address: &IPAddress,
+    ) -> Self {
         let Some(ip) = address.ip() else {
             return Presence::Unknown;
         };

@@ -6,11 +6,10 @@
 //! finalizer, probes. It never touches what the core owns. `docs/drivers.md` has the
 //! contract; `tests/` has a conformance suite any driver can run.
 
-pub mod association;
+pub mod decide;
 pub mod driver;
 mod inventory;
 pub mod metrics;
-pub mod plans;
 pub mod runner;
 /// Address ranges (CIDRs and `a-b` ranges): the api crate's, where `address-controller adopt`
 /// reads them too.

@@ -9,7 +9,7 @@ use address_controller_runtime::setmap::SetMap;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 
-use crate::association::parse_marker;
+use crate::decide::service::parse_marker;
 
 #[derive(Default)]
 struct Inner {

@@ -10,8 +10,9 @@ use address_controller_runtime::workers::Observe;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 
+use crate::decide::service;
 use crate::driver::Driver;
-use crate::{association, runner, services};
+use crate::{runner, services};
 
 /// The kit's controllers: a pool per queue (one worker for the classes: capacity and
 /// the backend's classes are judged across classes); a new leader queues everything of
@@ -152,7 +153,7 @@ fn service_changed<D: Driver>(c: &runner::Ctx<D>, ch: &Change<Service>) {
         || [&ch.old, &ch.new]
             .into_iter()
             .flatten()
-            .any(|s| association::claim_annotation(s).is_some())
+            .any(|s| service::claim_annotation(s).is_some())
         || !associated.is_empty();
     if relevant {
         c.queues.services.add(key);
@@ -242,8 +243,7 @@ async fn queue_everything<D: Driver>(c: &runner::Ctx<D>) {
             .all()
             .iter()
             .filter(|s| {
-                association::claim_annotation(s).is_some()
-                    || s.annotations().contains_key(&c.marker)
+                service::claim_annotation(s).is_some() || s.annotations().contains_key(&c.marker)
             })
             .map(|s| key_of(s.as_ref()))
             .collect();

@@ -9,8 +9,8 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
+use crate::decide::address::{AddressPlan, plan_address};
 use crate::driver::Driver;
-use crate::plans::{AddressPlan, plan_address};
 
 use super::{Ctx, Error};
 

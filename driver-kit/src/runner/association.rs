@@ -16,9 +16,10 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::association::{
-    AddressPlan, AddressSnapshot, ServiceCondition, ServicePlan, ServiceSnapshot, is_load_balancer,
-    parse_marker, plan_address, plan_service, render_marker,
+use crate::decide::health::{HealthPlan, HealthSnapshot, plan_health};
+use crate::decide::service::{
+    ServiceCondition, ServicePlan, ServiceSnapshot, is_load_balancer, parse_marker, plan_service,
+    render_marker,
 };
 use crate::driver::{Driver, Presence};
 use crate::runner::{Ctx, Error};
@@ -317,7 +318,7 @@ async fn write_condition(
                 "lastTransitionTime": since}]}})
         }
     };
-    let key = crate::association::service_key(svc);
+    let key = crate::decide::service::service_key(svc);
     Api::<Service>::namespaced(ctx.client.clone(), &svc.namespace().unwrap_or_default())
         .patch_status(
             &svc.name_any(),
@@ -365,7 +366,7 @@ pub(crate) async fn health_pass<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Resul
             .collect(),
         None => Vec::new(),
     };
-    let plan = plan_address(&AddressSnapshot {
+    let plan = plan_health(&HealthSnapshot {
         address: a,
         presence,
         shown_by: &shown_by,
@@ -377,7 +378,7 @@ pub(crate) async fn health_pass<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Resul
 async fn apply_address<D: Driver>(
     ctx: &Ctx<D>,
     a: &IPAddress,
-    plan: AddressPlan,
+    plan: HealthPlan,
 ) -> Result<(), Error> {
     let mut status = serde_json::Map::new();
     if let Some((phase, condition, on, message)) = &plan.phase {

@@ -11,8 +11,8 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
+use crate::decide::class::{Parsed, plan_class};
 use crate::driver::Driver;
-use crate::plans::{Parsed, plan_class};
 
 use super::{Ctx, Error};
 

@@ -1,0 +1,20 @@
+//! The kit's passes as pure decisions, as the core's `decide/`: what a pass reads comes in as
+//! a snapshot, what it should write comes out as a plan, and [`crate::runner`] reads the
+//! snapshot and applies the plan — nothing here reads a cache or writes to the API.
+//!
+//! * [`class`]: a class's capacity and conditions.
+//! * [`address`]: the driver's finalizer and the teardown of an address; else its
+//!   [`health`]: `Lost` by the backend's word, `Conflict` by a Service without the ledger's
+//!   word, ledger entries of gone Services.
+//! * [`service`]: association (SPEC §8) — which Services hold a claim's addresses, the
+//!   ledger, the kit's record and the pins, the Service's condition.
+//!
+//! (The claim pass's decision — which families to provision — reads the allocation, which
+//! is the driver's and async: it stays in `runner::claim`.)
+
+pub mod address;
+pub mod class;
+#[cfg(test)]
+pub(crate) mod fixtures;
+pub mod health;
+pub mod service;
