@@ -42,13 +42,13 @@ pub struct AdoptArgs {
     kube: ClientArgs,
     /// The class to adopt into: a Service is adopted when every address it shows lies in
     /// the class's addresses (classes of the range and MetalLB drivers).
-    #[arg(long)]
+    #[arg(long, env = "ADDRESS_CONTROLLER_ADOPT_CLASS")]
     class: String,
     /// Only Services of this namespace.
-    #[arg(long, short = 'n')]
+    #[arg(long, short = 'n', env = "ADDRESS_CONTROLLER_ADOPT_NAMESPACE")]
     namespace: Option<String>,
     /// Only Services matching this label selector.
-    #[arg(long, short = 'l')]
+    #[arg(long, short = 'l', env = "ADDRESS_CONTROLLER_ADOPT_SELECTOR")]
     selector: Option<String>,
     /// Act; without it, print what would be done.
     #[arg(long)]
@@ -61,7 +61,12 @@ pub struct AdoptArgs {
     #[arg(long)]
     undo: bool,
     /// How long to wait for each claim to bind and each Service to be attached.
-    #[arg(long, default_value = "60s", value_parser = address_controller_api::duration::parse)]
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_ADOPT_WAIT",
+        default_value = "60s",
+        value_parser = address_controller_api::duration::parse
+    )]
     wait: Duration,
 }
 

@@ -22,7 +22,7 @@ pub struct HoldersArgs {
     /// The IP address (as written in the abuse report: 203.0.113.7, 2001:db8::7).
     address: String,
     /// Only the holding at this instant (RFC 3339, e.g. 2026-03-03T14:02:00Z).
-    #[arg(long)]
+    #[arg(long, env = "ADDRESS_CONTROLLER_HISTORY_AT")]
     at: Option<Timestamp>,
 }
 
@@ -37,15 +37,22 @@ pub struct UsageArgs {
     #[command(flatten)]
     kube: ClientArgs,
     /// Start of the period (RFC 3339, inclusive).
-    #[arg(long)]
+    #[arg(long, env = "ADDRESS_CONTROLLER_HISTORY_FROM")]
     from: Timestamp,
     /// End of the period (RFC 3339, exclusive; default and at most: now).
-    #[arg(long)]
+    #[arg(long, env = "ADDRESS_CONTROLLER_HISTORY_TO")]
     to: Option<Timestamp>,
     /// Only this namespace's claims.
-    #[arg(long, short = 'n')]
+    #[arg(long, short = 'n', env = "ADDRESS_CONTROLLER_HISTORY_NAMESPACE")]
     namespace: Option<String>,
-    #[arg(long, short = 'o', value_enum, default_value = "table")]
+    /// Output format.
+    #[arg(
+        long,
+        short = 'o',
+        value_enum,
+        env = "ADDRESS_CONTROLLER_HISTORY_OUTPUT",
+        default_value = "table"
+    )]
     output: Format,
 }
 

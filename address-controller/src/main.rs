@@ -71,13 +71,25 @@ enum Command {
     #[command(hide = true)]
     Manifests {
         /// Directory the CRD YAML files are written to.
-        #[arg(long, default_value = "chart/address-controller/crds")]
+        #[arg(
+            long,
+            env = "ADDRESS_CONTROLLER_MANIFESTS_CRDS_DIR",
+            default_value = "chart/address-controller/crds"
+        )]
         crds_dir: PathBuf,
         /// File the ClusterRole is written to.
-        #[arg(long, default_value = "chart/address-controller/templates/role.yaml")]
+        #[arg(
+            long,
+            env = "ADDRESS_CONTROLLER_MANIFESTS_ROLE",
+            default_value = "chart/address-controller/templates/role.yaml"
+        )]
         role: PathBuf,
         /// Directory the OpenAPI documents of the views are written to.
-        #[arg(long, default_value = "openapi")]
+        #[arg(
+            long,
+            env = "ADDRESS_CONTROLLER_MANIFESTS_OPENAPI_DIR",
+            default_value = "openapi"
+        )]
         openapi_dir: PathBuf,
     },
 }
@@ -373,4 +385,14 @@ fn write_manifests(crds_dir: &Path, role: &Path, openapi_dir: &Path) -> anyhow::
         println!("wrote {}", path.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_flag_of_every_subcommand_has_an_env() {
+        let cmd = <super::Cli as clap::CommandFactory>::command();
+        let missing = address_controller_runtime::flags::without_env(&cmd);
+        assert!(missing.is_empty(), "flags without env: {missing:?}");
+    }
 }

@@ -56,7 +56,7 @@ pub struct TeardownArgs {
     objects: Option<usize>,
     /// Where the YAML backup of the ledger is written before anything changes [default:
     /// ./address-controller-ledger-<time>.yaml].
-    #[arg(long)]
+    #[arg(long, env = "ADDRESS_CONTROLLER_TEARDOWN_BACKUP_FILE")]
     backup_file: Option<PathBuf>,
 }
 

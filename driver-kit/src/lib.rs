@@ -121,6 +121,21 @@ pub struct NoArgs {}
 #[derive(Subcommand, Clone, Debug)]
 pub enum NoCommands {}
 
+/// The command line of a driver with flags A and subcommands C: the kit's flags, the
+/// driver's, its subcommands; its own name and the project's version line in --help and
+/// --version. (A driver's test walks it: every flag has an `env`,
+/// [`address_controller_runtime::flags::without_env`].)
+pub fn command_line<A: Args, C: Subcommand>(info: &Info) -> clap::Command {
+    Cli::<A, C>::command()
+        .name(info.name)
+        .bin_name(info.name)
+        .about(format!(
+            "{}: an IPAddress driver built on address-controller's driver kit (docs/drivers.md)",
+            info.name
+        ))
+        .version(address_controller_runtime::metrics::VERSION)
+}
+
 /// The kit's own rules: what the runner reads and writes.
 pub const KIT_RULES: &[Rule] = &[
     Rule {
@@ -231,16 +246,7 @@ pub fn main_with_commands<A: Args, C: Subcommand, D: Driver>(
     make: impl FnOnce(&A) -> D,
     command: impl FnOnce(C) -> std::process::ExitCode,
 ) -> anyhow::Result<std::process::ExitCode> {
-    // The driver's own name and the project's version line in --help and --version.
-    let matches = Cli::<A, C>::command()
-        .name(info.name)
-        .bin_name(info.name)
-        .about(format!(
-            "{}: an IPAddress driver built on address-controller's driver kit (docs/drivers.md)",
-            info.name
-        ))
-        .version(address_controller_runtime::metrics::VERSION)
-        .get_matches();
+    let matches = command_line::<A, C>(&info).get_matches();
     let cli = Cli::<A, C>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Some(c) = cli.command {
         return Ok(command(c));
@@ -356,4 +362,25 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
         &mut p.tasks,
     );
     p.run(lease).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_flag_of_the_kit_has_an_env() {
+        let info = Info {
+            name: "a-driver",
+            cluster_role: "a-driver",
+            source: "here",
+            extra_rules: &[],
+            own_namespace_rules: &[],
+        };
+        let missing = address_controller_runtime::flags::without_env(&command_line::<
+            NoArgs,
+            NoCommands,
+        >(&info));
+        assert!(missing.is_empty(), "flags without env: {missing:?}");
+    }
 }

@@ -11,6 +11,7 @@ pub mod client;
 pub mod controllers;
 pub mod endpoints;
 pub mod events;
+pub mod flags;
 pub mod health;
 pub mod leader;
 pub mod logging;

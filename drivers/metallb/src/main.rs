@@ -64,6 +64,16 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn every_flag_has_an_env_the_takeover_too() {
+        let cmd = address_controller_driver_kit::command_line::<
+            super::metallb::MetalLbArgs,
+            super::Command,
+        >(&super::INFO);
+        let missing = address_controller_runtime::flags::without_env(&cmd);
+        assert!(missing.is_empty(), "flags without env: {missing:?}");
+    }
+
+    #[test]
     fn committed_cluster_role_is_up_to_date() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../chart/address-controller/files/metallb-driver-role.yaml");

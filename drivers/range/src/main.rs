@@ -41,6 +41,16 @@ fn main() -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn every_flag_has_an_env() {
+        let cmd = address_controller_driver_kit::command_line::<
+            super::RangeArgs,
+            address_controller_driver_kit::NoCommands,
+        >(&super::INFO);
+        let missing = address_controller_runtime::flags::without_env(&cmd);
+        assert!(missing.is_empty(), "flags without env: {missing:?}");
+    }
+
+    #[test]
     fn committed_cluster_role_is_up_to_date() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../chart/address-controller/files/range-driver-role.yaml");
