@@ -30,7 +30,7 @@ use address_controller_api::{
     IPAddressClass, IPAddressQuota, IPAddressSpec,
 };
 use address_controller_runtime::client::ClientArgs;
-use address_controller_runtime::report::table;
+use address_controller_runtime::report::{Row, status_table};
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -198,21 +198,32 @@ pub async fn run(args: &AdoptArgs) -> anyhow::Result<bool> {
         a.adopt(&blocks).await?;
     }
     if a.rows.is_empty() {
-        a.rows
-            .push(vec!["-".into(), "ok".into(), "nothing to do".into()]);
+        a.rows.push(Row::new("-", true, "nothing to do"));
     }
-    print!("{}", table(&["OBJECT", "STATUS", "ACTION"], &a.rows));
+    print!("{}", status_table("OBJECT", "ACTION", &a.rows));
     if !args.yes {
         println!("(dry run: nothing written; --yes to act)");
     }
-    Ok(a.rows.iter().all(|r| r[1] == "ok"))
+    Ok(a.rows.iter().all(|r| r.ok))
+}
+
+/// What adopt reads before it judges ([`Adopt::read`]).
+struct World {
+    /// In scope, by namespace and name.
+    services: Vec<Service>,
+    ledger: BTreeMap<IpAddr, String>,
+    /// The class's addresses per namespace.
+    used: BTreeMap<String, Usage>,
+    claims: BTreeSet<(String, String)>,
+    namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    quotas: Vec<IPAddressQuota>,
 }
 
 struct Adopt<'a> {
     args: &'a AdoptArgs,
     client: &'a Client,
     class: &'a IPAddressClass,
-    rows: Vec<Vec<String>>,
+    rows: Vec<Row>,
 }
 
 fn service_object(ns: &str, name: &str) -> String {
@@ -221,21 +232,22 @@ fn service_object(ns: &str, name: &str) -> String {
 
 impl Adopt<'_> {
     fn row(&mut self, object: String, ok: bool, action: String) {
-        self.rows
-            .push(vec![object, if ok { "ok" } else { "FAIL" }.into(), action]);
+        self.rows.push(Row::new(object, ok, action));
     }
 
     fn services(&self, ns: &str) -> Api<Service> {
         Api::namespaced(self.client.clone(), ns)
     }
 
-    async fn adopt(&mut self, blocks: &[Cidr]) -> anyhow::Result<()> {
+    /// What adopt judges by: the Services in scope, who holds which IP, the class's usage
+    /// per namespace, the claims' names, the namespaces' labels, the quotas.
+    async fn read(&self) -> anyhow::Result<World> {
         let class = self.class.name_any();
         let mut lp = ListParams::default();
         if let Some(sel) = &self.args.selector {
             lp = lp.labels(sel);
         }
-        let services = match &self.args.namespace {
+        let mut services = match &self.args.namespace {
             Some(ns) => self.services(ns).list(&lp).await?.items,
             None => {
                 Api::<Service>::all(self.client.clone())
@@ -244,6 +256,7 @@ impl Adopt<'_> {
                     .items
             }
         };
+        services.sort_by_key(|s| (s.namespace(), s.name_any()));
         let addresses = Api::<IPAddress>::all(self.client.clone())
             .list(&ListParams::default())
             .await?
@@ -277,9 +290,27 @@ impl Adopt<'_> {
             .list(&ListParams::default())
             .await?
             .items;
-        let mut sorted: Vec<&Service> = services.iter().collect();
-        sorted.sort_by_key(|s| (s.namespace(), s.name_any()));
-        for s in sorted {
+        Ok(World {
+            services,
+            ledger,
+            used,
+            claims,
+            namespaces,
+            quotas,
+        })
+    }
+
+    async fn adopt(&mut self, blocks: &[Cidr]) -> anyhow::Result<()> {
+        let class = self.class.name_any();
+        let World {
+            services,
+            ledger,
+            mut used,
+            claims,
+            namespaces,
+            quotas,
+        } = self.read().await?;
+        for s in &services {
             let ns = s.namespace().unwrap_or_default();
             let limits = Limits::of_class(
                 quotas
@@ -335,7 +366,8 @@ impl Adopt<'_> {
         Ok(())
     }
 
-    /// Claim, pre-bound addresses, then the Service's annotation.
+    /// The Service's annotation, the addresses reserved for its claim with the Service in
+    /// their ledger, then the claim, which binds them; then wait for Bound and attached.
     async fn adopt_one(
         &self,
         s: &Service,
@@ -343,101 +375,21 @@ impl Adopt<'_> {
         family: ClaimFamily,
     ) -> anyhow::Result<String> {
         let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
-        let class = self.class.name_any();
-        let from = format!("Service/{ns}/{name}");
         let prior = json!({"annotations": s.annotations(),
             "loadBalancerIP": s.spec.as_ref().and_then(|sp| sp.load_balancer_ip.clone())});
-        // The Service names the claim before there is one: once the claim binds, the
-        // driver finds its Service waiting and never sees the address shown by a Service
-        // that does not name its claim (Conflict).
-        let services = self.services(&ns);
-        let mut body = json!({"metadata": {"annotations": {SERVICE_CLAIM_ANNOTATION: name}}});
-        if s.spec
-            .as_ref()
-            .and_then(|sp| sp.load_balancer_ip.as_ref())
-            .is_some()
-        {
-            body["spec"] = json!({"loadBalancerIP": null});
-        }
-        services
-            .patch(&name, &PatchParams::default(), &Patch::Merge(body))
-            .await?;
+        self.name_the_claim(s).await?;
         // The addresses first, as reservations for the claim (a claimRef without uid: no
         // other claim can match them), then the claim, which binds them — created the other
         // way round, the core could bind the new claim to any free address of the class.
-        let addresses: Api<IPAddress> = Api::all(self.client.clone());
         let mut made: Vec<String> = Vec::new();
         for ip in ips {
-            let mut a = IPAddress::new(
-                &object_name(*ip),
-                IPAddressSpec {
-                    address: ip.to_string(),
-                    class_name: class.clone(),
-                    reclaim_policy: self.class.spec.reclaim_policy,
-                    claim_ref: Some(ClaimRef {
-                        namespace: ns.clone(),
-                        name: name.clone(),
-                        uid: None,
-                    }),
-                    source: address_controller_api::AddressSource::from_class(),
-                },
-            );
-            a.metadata.annotations = Some([(ADOPTED_FROM.to_string(), from.clone())].into());
-            match addresses.create(&PostParams::default(), &a).await {
-                Ok(a) => made.push(a.name_any()),
-                Err(e) => {
-                    self.forget(&made, s).await;
-                    return Err(e.into());
-                }
-            }
-            // The ledger says what is so: the Service holds the address. Without it, the
-            // moment the claim binds, the address is shown by a Service its ledger does not
-            // list — Conflict, until the driver's next pass associates it.
-            // Its history says so too: a span found under way (it held the address before).
-            let attachment =
-                address_controller_api::sharing::attachment(&format!("{ns}/{name}"), Some(s));
-            let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                k8s_openapi::jiff::Timestamp::now(),
-            );
-            let one = std::slice::from_ref(&attachment);
-            let ledger = json!({"status": a.ledger_status(one, one, &now)});
-            if let Err(e) = addresses
-                .patch_status(
-                    &object_name(*ip),
-                    &PatchParams::default(),
-                    &Patch::Merge(ledger),
-                )
-                .await
-            {
+            if let Err(e) = self.reserve(s, *ip, &mut made).await {
                 self.forget(&made, s).await;
-                return Err(e.into());
+                return Err(e);
             }
         }
+        let claim = self.claim_for(s, family, &made, &prior);
         let claims: Api<IPAddressClaim> = Api::namespaced(self.client.clone(), &ns);
-        // One address: the claim is pinned to it. The reservation being made first is not
-        // enough: the core watches claims and addresses on two streams, and when the claim
-        // arrives first it would match a free address of the class (the fresh-clone CI
-        // caught it: `auto` bound to another Service's address). A pinned claim waits for
-        // its address. (A Dual claim cannot be pinned; its adoption keeps that race.)
-        let mut claim = IPAddressClaim::new(
-            &name,
-            IPAddressClaimSpec {
-                class_name: Some(class.clone()),
-                family,
-                address_name: match made.as_slice() {
-                    [one] => Some(one.clone()),
-                    _ => None,
-                },
-                sharing: None,
-            },
-        );
-        claim.metadata.annotations = Some(
-            [
-                (ADOPTED_FROM.to_string(), from.clone()),
-                (ADOPTED_PRIOR.to_string(), prior.to_string()),
-            ]
-            .into(),
-        );
         if let Err(e) = claims.create(&PostParams::default(), &claim).await {
             self.forget(&made, s).await;
             return Err(e.into());
@@ -467,6 +419,104 @@ impl Adopt<'_> {
                 " — not attached by a driver yet (is one running?)"
             }
         ))
+    }
+
+    /// The Service names the claim before there is one (and drops `spec.loadBalancerIP`):
+    /// once the claim binds, the driver finds its Service waiting and never sees the address
+    /// shown by a Service that does not name its claim (Conflict).
+    async fn name_the_claim(&self, s: &Service) -> anyhow::Result<()> {
+        let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
+        let mut body = json!({"metadata": {"annotations": {SERVICE_CLAIM_ANNOTATION: name}}});
+        if s.spec
+            .as_ref()
+            .and_then(|sp| sp.load_balancer_ip.as_ref())
+            .is_some()
+        {
+            body["spec"] = json!({"loadBalancerIP": null});
+        }
+        self.services(&ns)
+            .patch(&name, &PatchParams::default(), &Patch::Merge(body))
+            .await?;
+        Ok(())
+    }
+
+    /// IP reserved for the Service's claim (its name pushed on MADE once created), with the
+    /// Service in its ledger: without it, the moment the claim binds, the address is shown
+    /// by a Service its ledger does not list — Conflict, until the driver's next pass
+    /// associates it. Its history says so too: a span found under way (it held the address
+    /// before).
+    async fn reserve(&self, s: &Service, ip: IpAddr, made: &mut Vec<String>) -> anyhow::Result<()> {
+        let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
+        let mut a = IPAddress::new(
+            &object_name(ip),
+            IPAddressSpec {
+                address: ip.to_string(),
+                class_name: self.class.name_any(),
+                reclaim_policy: self.class.spec.reclaim_policy,
+                claim_ref: Some(ClaimRef {
+                    namespace: ns.clone(),
+                    name: name.clone(),
+                    uid: None,
+                }),
+                source: address_controller_api::AddressSource::from_class(),
+            },
+        );
+        a.metadata.annotations =
+            Some([(ADOPTED_FROM.to_string(), format!("Service/{ns}/{name}"))].into());
+        let addresses: Api<IPAddress> = Api::all(self.client.clone());
+        let created = addresses.create(&PostParams::default(), &a).await?;
+        made.push(created.name_any());
+        let attachment =
+            address_controller_api::sharing::attachment(&format!("{ns}/{name}"), Some(s));
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        let one = std::slice::from_ref(&attachment);
+        let ledger = json!({"status": a.ledger_status(one, one, &now)});
+        addresses
+            .patch_status(
+                &object_name(ip),
+                &PatchParams::default(),
+                &Patch::Merge(ledger),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The Service's claim, with what the Service was (`prior`) to undo it. One address: the
+    /// claim is pinned to it. The reservation being made first is not enough: the core
+    /// watches claims and addresses on two streams, and when the claim arrives first it
+    /// would match a free address of the class (the fresh-clone CI caught it: `auto` bound
+    /// to another Service's address). A pinned claim waits for its address. (A Dual claim
+    /// cannot be pinned; its adoption keeps that race.)
+    fn claim_for(
+        &self,
+        s: &Service,
+        family: ClaimFamily,
+        made: &[String],
+        prior: &serde_json::Value,
+    ) -> IPAddressClaim {
+        let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
+        let mut claim = IPAddressClaim::new(
+            &name,
+            IPAddressClaimSpec {
+                class_name: Some(self.class.name_any()),
+                family,
+                address_name: match made {
+                    [one] => Some(one.clone()),
+                    _ => None,
+                },
+                sharing: None,
+            },
+        );
+        claim.metadata.annotations = Some(
+            [
+                (ADOPTED_FROM.to_string(), format!("Service/{ns}/{name}")),
+                (ADOPTED_PRIOR.to_string(), prior.to_string()),
+            ]
+            .into(),
+        );
+        claim
     }
 
     /// Undoes a half-made adoption: the reservations made for a claim that could not be
@@ -554,8 +604,7 @@ impl Adopt<'_> {
                 .unwrap_or("{}"),
         )?;
         let services = self.services(&ns);
-        let now = services.get_opt(svc).await?;
-        if let Some(now) = &now {
+        if let Some(now) = services.get_opt(svc).await? {
             let mut drop: serde_json::Map<String, Value> = serde_json::Map::new();
             drop.insert(SERVICE_CLAIM_ANNOTATION.into(), Value::Null);
             for k in now.annotations().keys() {
@@ -571,53 +620,7 @@ impl Adopt<'_> {
                 )
                 .await?;
         }
-        let claims: Api<IPAddressClaim> = Api::namespaced(self.client.clone(), &ns);
-        let addresses: Api<IPAddress> = Api::all(self.client.clone());
-        let uid = c.uid();
-        let mine: Vec<IPAddress> = addresses
-            .list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .filter(|a| {
-                a.annotations().contains_key(ADOPTED_FROM)
-                    && a.spec.claim_ref.as_ref().is_some_and(|r| {
-                        r.namespace == ns
-                            && r.name == c.name_any()
-                            && (r.uid.is_none() || r.uid == uid)
-                    })
-            })
-            .collect();
-        match claims.delete(&c.name_any(), &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e.into()),
-        }
-        let owned: BTreeSet<String> = mine.iter().filter_map(|a| a.uid()).collect();
-        // Deleted first, then the finalizers taken off: an object being deleted takes no
-        // new finalizer, so no controller can put its own back in between.
-        for a in &mine {
-            match addresses
-                .delete(&a.name_any(), &DeleteParams::default())
-                .await
-            {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => continue,
-                Err(e) => return Err(e.into()),
-            }
-            match addresses
-                .patch(
-                    &a.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-                )
-                .await
-            {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
+        let owned = self.delete_claim_and_addresses(c).await?;
         // The holds (owned by the addresses) go with them: wait for the garbage collector.
         let all: Api<Service> = Api::all(self.client.clone());
         let gone = wait(self.args.wait, || async {
@@ -659,6 +662,63 @@ impl Adopt<'_> {
                 .await?;
         }
         Ok(())
+    }
+
+    /// Deletes the adopted claim C and the addresses adopt made for it (their finalizers
+    /// taken off: the Service still shows the address, which is the point); the uids of
+    /// those addresses, whose owned objects (the holds) the garbage collector removes.
+    async fn delete_claim_and_addresses(
+        &self,
+        c: &IPAddressClaim,
+    ) -> anyhow::Result<BTreeSet<String>> {
+        let ns = c.namespace().unwrap_or_default();
+        let claims: Api<IPAddressClaim> = Api::namespaced(self.client.clone(), &ns);
+        let addresses: Api<IPAddress> = Api::all(self.client.clone());
+        let uid = c.uid();
+        let mine: Vec<IPAddress> = addresses
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|a| {
+                a.annotations().contains_key(ADOPTED_FROM)
+                    && a.spec.claim_ref.as_ref().is_some_and(|r| {
+                        r.namespace == ns
+                            && r.name == c.name_any()
+                            && (r.uid.is_none() || r.uid == uid)
+                    })
+            })
+            .collect();
+        match claims.delete(&c.name_any(), &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+        // Deleted first, then the finalizers taken off: an object being deleted takes no
+        // new finalizer, so no controller can put its own back in between.
+        for a in &mine {
+            match addresses
+                .delete(&a.name_any(), &DeleteParams::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => continue,
+                Err(e) => return Err(e.into()),
+            }
+            match addresses
+                .patch(
+                    &a.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                )
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(mine.iter().filter_map(|a| a.uid()).collect())
     }
 }
 
