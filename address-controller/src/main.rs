@@ -294,28 +294,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     if let Some(serving) = serving.as_ref().filter(|_| a.enabled) {
         // Before the watches: the views' store keeps its indexes from the caches' changes.
-        let openapi_v2 = match &a.testing_openapi_v2 {
-            Some(path) => Some(serde_json::from_slice(
-                &std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
-            )?),
-            None => None,
-        };
-        let views = Views {
-            address: a.apiserver_address,
-            history: address_controller_apiserver::store::HistoryBound {
-                changes: a.view_history,
-                bytes: a.view_history_bytes,
-            },
-            openapi_v2,
-        };
-        address_controller_apiserver::spawn(
-            views,
-            &world,
-            serving,
-            &metrics.registry,
-            &p.shutdown,
-            &mut p.tasks,
-        )?;
+        spawn_views(a, serving, &world, &metrics, &mut p)?;
     }
     world.watch(&p.client, args.liveness.watch_config(), &mut p.tasks);
     if let (Some(serving), Some(address)) = (serving.as_ref(), metrics_address) {
@@ -347,6 +326,38 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         &mut p.tasks,
     );
     p.run(lease).await
+}
+
+/// The aggregated API server's views, served with SERVING from WORLD's caches.
+fn spawn_views(
+    a: &ApiServerArgs,
+    serving: &SecureServing,
+    world: &World,
+    metrics: &Metrics,
+    p: &mut Process,
+) -> anyhow::Result<()> {
+    let openapi_v2 = match &a.testing_openapi_v2 {
+        Some(path) => Some(serde_json::from_slice(
+            &std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+        )?),
+        None => None,
+    };
+    let views = Views {
+        address: a.apiserver_address,
+        history: address_controller_apiserver::store::HistoryBound {
+            changes: a.view_history,
+            bytes: a.view_history_bytes,
+        },
+        openapi_v2,
+    };
+    address_controller_apiserver::spawn(
+        views,
+        world,
+        serving,
+        &metrics.registry,
+        &p.shutdown,
+        &mut p.tasks,
+    )
 }
 
 fn write_manifests(crds_dir: &Path, role: &Path, openapi_dir: &Path) -> anyhow::Result<()> {

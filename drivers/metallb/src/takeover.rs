@@ -162,10 +162,6 @@ pub async fn run(args: &TakeoverArgs, controller: &str) -> anyhow::Result<bool> 
         .into_iter()
         .filter(|a| classes.contains(&a.spec.class_name))
         .collect();
-    let by_ip: BTreeMap<IpAddr, &IPAddress> = addresses
-        .iter()
-        .filter_map(|a| a.ip().map(|ip| (ip, a)))
-        .collect();
     let services = Api::<Service>::all(client.clone())
         .list(&ListParams::default())
         .await?
@@ -189,42 +185,11 @@ pub async fn run(args: &TakeoverArgs, controller: &str) -> anyhow::Result<bool> 
     }
     // 2. The Go driver's pins on tenants' Services: the claim's key and this driver's record,
     //    then the hold beside each (like the Service, for MetalLB's backend key).
-    let mut like: BTreeMap<String, &Service> = BTreeMap::new();
-    for s in &services {
-        let pins = go_pins(s);
-        if pins.is_empty() || placeholders.iter().any(|p| p.uid() == s.uid()) {
-            continue;
-        }
-        let mine: Vec<&IPAddress> = pins
-            .iter()
-            .filter_map(|ip| by_ip.get(ip).copied())
-            .collect();
-        t.convert_pin(s, &pins, &mine, &marker).await;
-        for a in mine {
-            like.insert(a.name_any(), s);
-        }
-    }
+    let like = t
+        .convert_pins(&services, &placeholders, &addresses, &marker)
+        .await;
     // 3. The Go placeholders: the claim's key and another port, so the hold can share.
-    let mut to_delete: Vec<(&Service, &IPAddress)> = Vec::new();
-    for p in &placeholders {
-        let name = p
-            .labels()
-            .get(GO_ADDRESS_LABEL)
-            .cloned()
-            .unwrap_or_default();
-        match addresses.iter().find(|a| a.name_any() == name) {
-            Some(a) => {
-                if t.prepare_placeholder(p, a).await {
-                    to_delete.push((p, a));
-                }
-            }
-            None => t.rows.push(row(
-                format!("service/{}/{}", args.go_placeholder_namespace, p.name_any()),
-                format!("left: no IPAddress {name:?} of a class of {PROVISIONER} (delete it yourself once you know what it holds)"),
-                true,
-            )),
-        }
-    }
+    let to_delete = t.prepare_placeholders(&placeholders, &addresses).await;
     // 4. A hold for every address (the driver would create them; here each is seen holding
     //    before a placeholder goes).
     for a in &addresses {
@@ -265,6 +230,67 @@ struct Takeover<'a> {
 }
 
 impl Takeover<'_> {
+    /// Step 2 over every tenant's Service the Go driver pinned (not a placeholder): each
+    /// address it pins, by name, with the Service the hold is made like.
+    async fn convert_pins<'s>(
+        &mut self,
+        services: &'s [Service],
+        placeholders: &[&Service],
+        addresses: &[IPAddress],
+        marker: &str,
+    ) -> BTreeMap<String, &'s Service> {
+        let by_ip: BTreeMap<IpAddr, &IPAddress> = addresses
+            .iter()
+            .filter_map(|a| a.ip().map(|ip| (ip, a)))
+            .collect();
+        let mut like: BTreeMap<String, &Service> = BTreeMap::new();
+        for s in services {
+            let pins = go_pins(s);
+            if pins.is_empty() || placeholders.iter().any(|p| p.uid() == s.uid()) {
+                continue;
+            }
+            let mine: Vec<&IPAddress> = pins
+                .iter()
+                .filter_map(|ip| by_ip.get(ip).copied())
+                .collect();
+            self.convert_pin(s, &pins, &mine, marker).await;
+            for a in mine {
+                like.insert(a.name_any(), s);
+            }
+        }
+        like
+    }
+
+    /// Step 3 over the Go placeholders: those made ready to go once their address is held,
+    /// with the address.
+    async fn prepare_placeholders<'s>(
+        &mut self,
+        placeholders: &[&'s Service],
+        addresses: &'s [IPAddress],
+    ) -> Vec<(&'s Service, &'s IPAddress)> {
+        let mut to_delete = Vec::new();
+        for p in placeholders {
+            let name = p
+                .labels()
+                .get(GO_ADDRESS_LABEL)
+                .cloned()
+                .unwrap_or_default();
+            match addresses.iter().find(|a| a.name_any() == name) {
+                Some(a) => {
+                    if self.prepare_placeholder(p, a).await {
+                        to_delete.push((*p, a));
+                    }
+                }
+                None => self.rows.push(row(
+                    format!("service/{}/{}", self.args.go_placeholder_namespace, p.name_any()),
+                    format!("left: no IPAddress {name:?} of a class of {PROVISIONER} (delete it yourself once you know what it holds)"),
+                    true,
+                )),
+            }
+        }
+        to_delete
+    }
+
     fn verb(&self, act: &str, would: &str) -> String {
         if self.args.yes { act } else { would }.to_string()
     }
