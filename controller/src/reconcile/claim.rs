@@ -67,16 +67,7 @@ async fn pass(ctx: &Context, key: &str) -> Result<Outcome> {
     let ns = claim.namespace().unwrap_or_default();
     let labels = ctx.world.namespace_labels(&ns);
     let quota = |class: &str| ctx.quota.standing(&ns, class, key);
-    let services = ctx.world.services.as_ref().and_then(|cache| {
-        let naming: Vec<_> = ctx
-            .index
-            .services_naming(key)
-            .iter()
-            .filter_map(|k| cache.get(k))
-            .filter(|s| claim_key(s).as_deref() == Some(key))
-            .collect();
-        ClaimServices::count(naming.iter().map(|s| s.as_ref()))
-    });
+    let services = services_of(ctx, key);
     for _ in 0..MAX_CANDIDATE_RETRIES {
         let plan = plan_claim(&ClaimSnapshot {
             claim: &claim,
@@ -132,6 +123,20 @@ async fn pass(ctx: &Context, key: &str) -> Result<Outcome> {
     Err(Error::Conflict {
         action: "choosing an address",
         object: key.to_string(),
+    })
+}
+
+/// The Services naming claim KEY, counted for its status (`None` without a Service cache).
+fn services_of(ctx: &Context, key: &str) -> Option<ClaimServices> {
+    ctx.world.services.as_ref().and_then(|cache| {
+        let naming: Vec<_> = ctx
+            .index
+            .services_naming(key)
+            .iter()
+            .filter_map(|k| cache.get(k))
+            .filter(|s| claim_key(s).as_deref() == Some(key))
+            .collect();
+        ClaimServices::count(naming.iter().map(|s| s.as_ref()))
     })
 }
 

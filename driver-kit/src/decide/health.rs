@@ -38,24 +38,32 @@ pub struct HealthPlan {
 pub fn plan_health(s: &HealthSnapshot<'_>) -> HealthPlan {
     let a = s.address;
     let mut plan = HealthPlan::default();
-    let name = a.name_any();
     if a.is_deleting() {
         return plan;
     }
-    let holders = a.holder_services();
     plan.clear_holders = s.gone_holders.to_vec();
-    let phase = a.phase();
     // Lost: the backend's word wins over everything else.
-    match (&s.presence, phase) {
+    if lost_or_back(a, &s.presence, &mut plan) {
+        return plan;
+    }
+    conflict_or_back(a, s.shown_by, &mut plan);
+    plan
+}
+
+/// Lost by the backend's word, or back from it: whether the backend's word decided the
+/// pass (nothing else is judged then).
+fn lost_or_back(a: &IPAddress, presence: &Presence, plan: &mut HealthPlan) -> bool {
+    let name = a.name_any();
+    match (presence, a.phase()) {
         (Presence::Missing(why), p) if p != Some(AddressPhase::Lost) => {
             plan.phase = Some((AddressPhase::Lost, reason::LOST, true, why.clone()));
             plan.events.push(PlannedEvent::warning(
                 reason::ADDRESS_LOST,
                 format!("IPAddress {name} ({}) is Lost: {why}", a.spec.address),
             ));
-            return plan;
+            true
         }
-        (Presence::Missing(_), _) => return plan,
+        (Presence::Missing(_), _) => true,
         (Presence::Present, Some(AddressPhase::Lost)) => {
             let to = a.resting_phase();
             plan.phase = Some((
@@ -72,15 +80,21 @@ pub fn plan_health(s: &HealthSnapshot<'_>) -> HealthPlan {
                     to.as_str()
                 ),
             ));
-            return plan;
+            true
         }
-        (_, Some(AddressPhase::Lost)) => return plan,
-        _ => {}
+        (_, Some(AddressPhase::Lost)) => true,
+        _ => false,
     }
-    // Conflict: Services that show a claimed address without the ledger's word.
+}
+
+/// Conflict: Services (SHOWN_BY) that show a claimed address without the ledger's word;
+/// or back from it once none does.
+fn conflict_or_back(a: &IPAddress, shown_by: &[String], plan: &mut HealthPlan) {
+    let name = a.name_any();
+    let holders = a.holder_services();
+    let phase = a.phase();
     let claimed = a.spec.claim_ref.is_some();
-    let offenders: Vec<&String> = s
-        .shown_by
+    let offenders: Vec<&String> = shown_by
         .iter()
         .filter(|svc| !holders.contains(svc))
         .collect();
@@ -136,7 +150,6 @@ pub fn plan_health(s: &HealthSnapshot<'_>) -> HealthPlan {
             ),
         ));
     }
-    plan
 }
 
 #[cfg(test)]

@@ -100,6 +100,21 @@ pub fn status_and_events(
         now,
     );
 
+    let events = transition_events(&old, found, phase, bound_reason, bound_message);
+    let status = (claim.status.as_ref() != Some(&status)).then_some(status);
+    (status, events)
+}
+
+/// The events of the pass's transition from OLD: a class that fails to resolve (once per
+/// reason), a refusal for an entitlement (§13: once, when it starts or changes reason),
+/// Bound (unless the pass's `Matched` said it) and Lost.
+fn transition_events(
+    old: &IPAddressClaimStatus,
+    found: &Found<'_, '_>,
+    phase: ClaimPhase,
+    bound_reason: &'static str,
+    bound_message: String,
+) -> Vec<PlannedEvent> {
     let mut events = Vec::new();
     if let Some(Resolution::Failed { reason, message }) = found.resolution {
         let old_reason = old
@@ -137,6 +152,5 @@ pub fn status_and_events(
             _ => {}
         }
     }
-    let status = (claim.status.as_ref() != Some(&status)).then_some(status);
-    (status, events)
+    events
 }
