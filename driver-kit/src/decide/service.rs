@@ -502,29 +502,7 @@ fn admitted(
     wanted: &mut Vec<Arc<IPAddress>>,
 ) {
     let proxied = address_controller_api::service::cozy_proxy(svc);
-    if proxied.is_some() && s.ready_endpoints.is_none() {
-        // Pinned before the pods are counted, the address could be forwarded to the first
-        // of two pods for as long as the count takes (seen on the node tier): it waits.
-        plan.condition = Some((
-            false,
-            sharing::reason::WAITING_FOR_ENDPOINTS,
-            format!(
-                "cozy-proxy forwards the address of IPAddressClaim {claim_ref} to one pod; how many this Service selects is not known yet, nothing is put on it until it is"
-            ),
-        ));
-        return;
-    }
-    if proxied.is_some()
-        && let Some(n) = s.ready_endpoints.filter(|n| *n > 1)
-    {
-        refused(
-            plan,
-            reason::ASSOCIATION_REJECTED,
-            sharing::reason::MULTIPLE_ENDPOINTS,
-            format!(
-                "cozy-proxy forwards the address of IPAddressClaim {claim_ref} to one pod and sends that pod's traffic from it; {n} ready pods are behind this Service, nothing is put on it until one is"
-            ),
-        );
+    if proxied.is_some() && !one_ready_pod(plan, s, claim_ref) {
         return;
     }
     let mut families = service_families(svc);
@@ -547,17 +525,7 @@ fn admitted(
         }
     }
     let list: Vec<&str> = wanted.iter().map(|a| a.spec.address.as_str()).collect();
-    let how = match proxied {
-        Some(p) if p.method == AttachmentMethod::WholeIP => {
-            "(whole, by cozy-proxy: every port and ICMP to the Service's pod, its outbound traffic from the address)".to_string()
-        }
-        Some(p) => format!(
-            "(by cozy-proxy, the listed ports only, ICMP {}; the pod's outbound traffic from the address)",
-            if p.allow_icmp { "allowed" } else { "dropped" }
-        ),
-        None if c.is_shared() => "(shared by port)".to_string(),
-        None => "(not shared)".to_string(),
-    };
+    let how = attached_how(proxied, c);
     plan.condition = Some((
         true,
         sharing::reason::ATTACHED,
@@ -607,6 +575,53 @@ fn admitted(
             sharing::reason::CLAIM_NOT_BOUND,
             format!("IPAddressClaim {claim_ref} lists no address yet"),
         );
+    }
+}
+
+/// A Service cozy-proxy serves gets its address only while it selects one ready pod
+/// (cozy-proxy forwards the address to one): whether it does; else the plan says why not.
+fn one_ready_pod(plan: &mut ServicePlan, s: &ServiceSnapshot<'_>, claim_ref: &str) -> bool {
+    if s.ready_endpoints.is_none() {
+        // Pinned before the pods are counted, the address could be forwarded to the first
+        // of two pods for as long as the count takes (seen on the node tier): it waits.
+        plan.condition = Some((
+            false,
+            sharing::reason::WAITING_FOR_ENDPOINTS,
+            format!(
+                "cozy-proxy forwards the address of IPAddressClaim {claim_ref} to one pod; how many this Service selects is not known yet, nothing is put on it until it is"
+            ),
+        ));
+        return false;
+    }
+    if let Some(n) = s.ready_endpoints.filter(|n| *n > 1) {
+        refused(
+            plan,
+            reason::ASSOCIATION_REJECTED,
+            sharing::reason::MULTIPLE_ENDPOINTS,
+            format!(
+                "cozy-proxy forwards the address of IPAddressClaim {claim_ref} to one pod and sends that pod's traffic from it; {n} ready pods are behind this Service, nothing is put on it until one is"
+            ),
+        );
+        return false;
+    }
+    true
+}
+
+/// How the address is attached, as the condition says it.
+fn attached_how(
+    proxied: Option<address_controller_api::service::Proxied>,
+    c: &IPAddressClaim,
+) -> String {
+    match proxied {
+        Some(p) if p.method == AttachmentMethod::WholeIP => {
+            "(whole, by cozy-proxy: every port and ICMP to the Service's pod, its outbound traffic from the address)".to_string()
+        }
+        Some(p) => format!(
+            "(by cozy-proxy, the listed ports only, ICMP {}; the pod's outbound traffic from the address)",
+            if p.allow_icmp { "allowed" } else { "dropped" }
+        ),
+        None if c.is_shared() => "(shared by port)".to_string(),
+        None => "(not shared)".to_string(),
     }
 }
 
