@@ -184,6 +184,11 @@ pub enum Resume {
     TooOld { oldest: u64 },
 }
 
+/// Per view, per dirty key (in the keys' order): the object as the batch found it.
+type Before = Vec<Vec<Option<Arc<Entry>>>>;
+/// Per view: each changed key's new entry (`None`: gone).
+type Results = Vec<Vec<(String, Option<Entry>)>>;
+
 impl ViewStore {
     /// A store of `views` over `world`, keeping the history `bound` allows. Register it on
     /// the caches ([`ViewStore::register`]) before the watches start, and run
@@ -290,31 +295,41 @@ impl ViewStore {
     /// computes and applies its results after.
     pub fn recompute(&self) {
         let started = std::time::Instant::now();
-        let (dirty, before, rv) = {
-            let mut inner = self.lock();
-            let dirty: Vec<BTreeSet<String>> = inner.dirty.iter_mut().map(std::mem::take).collect();
-            // What the dirty objects are now: only this task changes them, so they stay so
-            // until the results are applied below.
-            let before: Vec<Vec<Option<Arc<Entry>>>> = dirty
-                .iter()
-                .enumerate()
-                .map(|(i, keys)| {
-                    keys.iter()
-                        .map(|k| inner.objects[i].get(k).cloned())
-                        .collect()
-                })
-                .collect();
-            // Read after taking the dirty keys: every change they stand for was counted in
-            // the revision before it was marked, so the label is never older than them.
-            // Strictly above what any earlier batch published, so that a client holding an
-            // earlier revision gets this batch's events on resuming, and one holding this
-            // batch's revision does not get them again.
-            let seen = self.world.revision.load(Ordering::Acquire);
-            (dirty, before, seen.max(inner.revision + 1))
-        };
+        let (dirty, before, rv) = self.take_dirty();
+        let computed = self.compute_dirty(dirty, before, rv);
+        self.apply(computed, rv, started);
+    }
+
+    /// The dirty keys of each view (taken), what they are now, and the batch's revision.
+    fn take_dirty(&self) -> (Vec<BTreeSet<String>>, Before, u64) {
+        let mut inner = self.lock();
+        let dirty: Vec<BTreeSet<String>> = inner.dirty.iter_mut().map(std::mem::take).collect();
+        // What the dirty objects are now: only this task changes them, so they stay so
+        // until the results are applied below.
+        let before: Before = dirty
+            .iter()
+            .enumerate()
+            .map(|(i, keys)| {
+                keys.iter()
+                    .map(|k| inner.objects[i].get(k).cloned())
+                    .collect()
+            })
+            .collect();
+        // Read after taking the dirty keys: every change they stand for was counted in
+        // the revision before it was marked, so the label is never older than them.
+        // Strictly above what any earlier batch published, so that a client holding an
+        // earlier revision gets this batch's events on resuming, and one holding this
+        // batch's revision does not get them again.
+        let seen = self.world.revision.load(Ordering::Acquire);
+        (dirty, before, seen.max(inner.revision + 1))
+    }
+
+    /// Each dirty object computed: its new entry, `None` when it is gone; left out when
+    /// unchanged.
+    fn compute_dirty(&self, dirty: Vec<BTreeSet<String>>, before: Before, rv: u64) -> Results {
         // Each result is served form as soon as it is computed (or dropped, unchanged): a
         // batch holds one object's document tree at a time, not one per dirty object.
-        let computed: Vec<Vec<(String, Option<Entry>)>> = dirty
+        dirty
             .into_iter()
             .zip(before)
             .enumerate()
@@ -333,7 +348,12 @@ impl ViewStore {
                     })
                     .collect()
             })
-            .collect();
+            .collect()
+    }
+
+    /// The batch's results applied, its events kept for the watches (not the first batch's,
+    /// which builds the views), the kept changes bounded, and the watchers told.
+    fn apply(&self, computed: Results, rv: u64, started: std::time::Instant) {
         let mut inner = self.lock();
         let first = !inner.built;
         let mut changed = false;
