@@ -161,6 +161,54 @@ impl ListOptions {
 
 impl ListOptions {
     pub fn parse(q: &Query) -> Result<ListOptions, ApiError> {
+        let mut o = ListOptions::convert(q)?;
+        let rv = q.get("resourceVersion").unwrap_or("");
+        let rv_match = q.get("resourceVersionMatch").unwrap_or("");
+        // Validation (422).
+        if o.send_initial_events.is_some() && !o.watch {
+            return Err(invalid(
+                "sendInitialEvents",
+                "FieldValueForbidden",
+                "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for list".into(),
+            ));
+        }
+        if !rv_match.is_empty() {
+            o.validate_rv_match(rv, rv_match)?;
+        }
+        if o.watch
+            && o.send_initial_events == Some(true)
+            && o.rv_match != Some(RvMatch::NotOlderThan)
+        {
+            return Err(invalid(
+                "resourceVersionMatch",
+                "FieldValueForbidden",
+                "resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan".into(),
+            ));
+        }
+        if !rv.is_empty() {
+            o.resource_version = Some(rv.parse().map_err(|_| {
+                ApiError::bad_request(format!(
+                    "invalid resource version: resourceVersion: Invalid value: {rv:?}: strconv.ParseUint: parsing {rv:?}: invalid syntax"
+                ))
+            })?);
+        }
+        if let Some(c) = q.get("continue").filter(|c| !c.is_empty()) {
+            o.continue_from = Some(
+                ContinueToken::decode(c)
+                    .map_err(|e| ApiError::bad_request(format!("invalid continue token: {e}")))?,
+            );
+            if o.resource_version.is_some_and(|v| v != 0) && !o.watch {
+                return Err(ApiError::bad_request(
+                    "specifying resource version is not allowed when using continue",
+                ));
+            }
+        }
+        Ok(o)
+    }
+
+    /// Conversion (400), in the order kube-apiserver converts: selectors, timeout, limit,
+    /// sendInitialEvents.
+    fn convert(q: &Query) -> Result<ListOptions, ApiError> {
         let mut o = ListOptions {
             watch: q.watch(),
             bookmarks: q
@@ -192,81 +240,47 @@ impl ListOptions {
                 ApiError::bad_request(format!("strconv.ParseBool: parsing {s:?}: invalid syntax"))
             })?);
         }
-        let rv = q.get("resourceVersion").unwrap_or("");
-        let rv_match = q.get("resourceVersionMatch").unwrap_or("");
-        // Validation (422).
-        if o.send_initial_events.is_some() && !o.watch {
-            return Err(invalid(
-                "sendInitialEvents",
-                "FieldValueForbidden",
-                "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for list".into(),
-            ));
-        }
-        if !rv_match.is_empty() {
-            if o.watch && o.send_initial_events.is_none() {
-                return Err(invalid(
-                    "resourceVersionMatch",
-                    "FieldValueForbidden",
-                    "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided".into(),
-                ));
-            }
-            o.rv_match = Some(match rv_match {
-                "NotOlderThan" => RvMatch::NotOlderThan,
-                "Exact" => RvMatch::Exact,
-                other => {
-                    return Err(invalid(
-                        "resourceVersionMatch",
-                        "FieldValueNotSupported",
-                        format!(
-                            "resourceVersionMatch: Unsupported value: {other:?}: supported values: \"Exact\", \"NotOlderThan\", \"\""
-                        ),
-                    ));
-                }
-            });
-            if rv.is_empty() && !(o.watch && o.send_initial_events.is_some()) {
-                return Err(invalid(
-                    "resourceVersionMatch",
-                    "FieldValueForbidden",
-                    "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided".into(),
-                ));
-            }
-            if o.rv_match == Some(RvMatch::Exact) && rv == "0" {
-                return Err(invalid(
-                    "resourceVersionMatch",
-                    "FieldValueForbidden",
-                    "resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"".into(),
-                ));
-            }
-        }
-        if o.watch
-            && o.send_initial_events == Some(true)
-            && o.rv_match != Some(RvMatch::NotOlderThan)
-        {
+        Ok(o)
+    }
+
+    /// `resourceVersionMatch` (given): allowed here, and a value kube-apiserver knows (422).
+    fn validate_rv_match(&mut self, rv: &str, rv_match: &str) -> Result<(), ApiError> {
+        let o = self;
+        if o.watch && o.send_initial_events.is_none() {
             return Err(invalid(
                 "resourceVersionMatch",
                 "FieldValueForbidden",
-                "resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan".into(),
+                "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided".into(),
             ));
         }
-        if !rv.is_empty() {
-            o.resource_version = Some(rv.parse().map_err(|_| {
-                ApiError::bad_request(format!(
-                    "invalid resource version: resourceVersion: Invalid value: {rv:?}: strconv.ParseUint: parsing {rv:?}: invalid syntax"
-                ))
-            })?);
-        }
-        if let Some(c) = q.get("continue").filter(|c| !c.is_empty()) {
-            o.continue_from = Some(
-                ContinueToken::decode(c)
-                    .map_err(|e| ApiError::bad_request(format!("invalid continue token: {e}")))?,
-            );
-            if o.resource_version.is_some_and(|v| v != 0) && !o.watch {
-                return Err(ApiError::bad_request(
-                    "specifying resource version is not allowed when using continue",
+        o.rv_match = Some(match rv_match {
+            "NotOlderThan" => RvMatch::NotOlderThan,
+            "Exact" => RvMatch::Exact,
+            other => {
+                return Err(invalid(
+                    "resourceVersionMatch",
+                    "FieldValueNotSupported",
+                    format!(
+                        "resourceVersionMatch: Unsupported value: {other:?}: supported values: \"Exact\", \"NotOlderThan\", \"\""
+                    ),
                 ));
             }
+        });
+        if rv.is_empty() && !(o.watch && o.send_initial_events.is_some()) {
+            return Err(invalid(
+                "resourceVersionMatch",
+                "FieldValueForbidden",
+                "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided".into(),
+            ));
         }
-        Ok(o)
+        if o.rv_match == Some(RvMatch::Exact) && rv == "0" {
+            return Err(invalid(
+                "resourceVersionMatch",
+                "FieldValueForbidden",
+                "resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"".into(),
+            ));
+        }
+        Ok(())
     }
 }
 
