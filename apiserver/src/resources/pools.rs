@@ -414,26 +414,7 @@ impl View for Pools {
             next_release,
             admitted_namespaces,
         };
-        let capacity = |f: fn(&PerFamily) -> Option<i64>| v.capacity.as_ref().and_then(f);
-        let free = |f: fn(&PerFamily) -> Option<i64>| v.free.as_ref().and_then(f);
-        let mut cells = vec![json!(key), json!(v.provisioner)];
-        for f in [|p: &PerFamily| p.ipv4, |p: &PerFamily| p.ipv6] {
-            cells.extend(family_cells(f(&v.allocated), capacity(f), free(f)));
-        }
-        cells.extend([
-            json!(v.pending_claims),
-            json!(v.reserved.ipv4),
-            json!(v.reserved.ipv6),
-            json!(v.phases["Released"]),
-            json!(v.phases["Conflict"]),
-            json!(v.phases["Lost"]),
-            json!(
-                v.next_release
-                    .as_ref()
-                    .map_or("<none>".to_string(), |t| t.0.to_string())
-            ),
-            json!(v.admitted_namespaces),
-        ]);
+        let cells = table_cells(key, &v);
         Some(Computed {
             namespace: None,
             name: key.to_string(),
@@ -447,6 +428,31 @@ impl View for Pools {
     fn schemas(&self, g: &mut schemars::SchemaGenerator) -> Vec<(&'static str, schemars::Schema)> {
         vec![("PoolAvailability", g.subschema_for::<PoolAvailability>())]
     }
+}
+
+/// The table row of a pool (`kubectl get pools`), in its columns' order.
+fn table_cells(key: &str, v: &PoolAvailability) -> Vec<serde_json::Value> {
+    let capacity = |f: fn(&PerFamily) -> Option<i64>| v.capacity.as_ref().and_then(f);
+    let free = |f: fn(&PerFamily) -> Option<i64>| v.free.as_ref().and_then(f);
+    let mut cells = vec![json!(key), json!(v.provisioner)];
+    for f in [|p: &PerFamily| p.ipv4, |p: &PerFamily| p.ipv6] {
+        cells.extend(family_cells(f(&v.allocated), capacity(f), free(f)));
+    }
+    cells.extend([
+        json!(v.pending_claims),
+        json!(v.reserved.ipv4),
+        json!(v.reserved.ipv6),
+        json!(v.phases["Released"]),
+        json!(v.phases["Conflict"]),
+        json!(v.phases["Lost"]),
+        json!(
+            v.next_release
+                .as_ref()
+                .map_or("<none>".to_string(), |t| t.0.to_string())
+        ),
+        json!(v.admitted_namespaces),
+    ]);
+    cells
 }
 
 #[cfg(test)]
