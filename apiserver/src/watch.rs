@@ -143,6 +143,46 @@ impl Watch {
     }
 }
 
+impl Watch {
+    /// A watch of VIEW (in NS) as OPTS ask, with nothing sent yet: its deadline is the
+    /// client's timeoutSeconds, or as kube-apiserver's, a random time in [30 min, 60 min].
+    fn new(
+        state: Arc<State>,
+        view: usize,
+        ns: Option<String>,
+        opts: ListOptions,
+        format: Format,
+        include: IncludeObject,
+    ) -> Watch {
+        // About 30 years: a deadline no watch reaches.
+        const FOREVER: Duration = Duration::from_secs(1 << 30);
+        // kube-apiserver ends a watch after a random time in [30 min, 60 min] unless asked.
+        let timeout = opts.timeout.unwrap_or_else(|| {
+            let jitter = u64::from(std::process::id()) % 1800;
+            Duration::from_secs(1800 + jitter)
+        });
+        Watch {
+            state,
+            view,
+            ns,
+            opts,
+            format,
+            include,
+            pos: 0,
+            revision: 0,
+            queue: VecDeque::new(),
+            columns_sent: false,
+            next_bookmark: Instant::now() + BOOKMARK_EVERY,
+            // A client's timeoutSeconds can be anything up to i64::MAX: past what an Instant
+            // holds the watch simply never times out by itself.
+            deadline: Instant::now()
+                .checked_add(timeout)
+                .unwrap_or_else(|| Instant::now() + FOREVER),
+            done: false,
+        }
+    }
+}
+
 pub async fn serve(
     state: Arc<State>,
     view: usize,
@@ -158,32 +198,7 @@ pub async fn serve(
         .into_response());
     }
     let store = state.store.clone();
-    // About 30 years: a deadline no watch reaches.
-    const FOREVER: Duration = Duration::from_secs(1 << 30);
-    // kube-apiserver ends a watch after a random time in [30 min, 60 min] unless asked.
-    let timeout = opts.timeout.unwrap_or_else(|| {
-        let jitter = u64::from(std::process::id()) % 1800;
-        Duration::from_secs(1800 + jitter)
-    });
-    let mut w = Watch {
-        state: state.clone(),
-        view,
-        ns,
-        opts,
-        format,
-        include,
-        pos: 0,
-        revision: 0,
-        queue: VecDeque::new(),
-        columns_sent: false,
-        next_bookmark: Instant::now() + BOOKMARK_EVERY,
-        // A client's timeoutSeconds can be anything up to i64::MAX: past what an Instant
-        // holds the watch simply never times out by itself.
-        deadline: Instant::now()
-            .checked_add(timeout)
-            .unwrap_or_else(|| Instant::now() + FOREVER),
-        done: false,
-    };
+    let mut w = Watch::new(state.clone(), view, ns, opts, format, include);
     let from = w.opts.resource_version.filter(|rv| *rv > 0);
     let initial = w.opts.send_initial_events == Some(true) || from.is_none();
     if let Some(rv) = from
