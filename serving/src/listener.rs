@@ -26,6 +26,7 @@ use axum::Router;
 use axum::response::IntoResponse;
 use futures::FutureExt;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tower::ServiceExt;
 
@@ -347,6 +348,44 @@ const STRANGER_WINDOW: u32 = 65_535;
 /// What may wait to be sent to a stranger per stream.
 const STRANGER_SEND_BUFFER: usize = 64 << 10;
 
+/// HTTP/1.1 and HTTP/2 as LIMITS allow a connection, PROVEN or a stranger's: the head's
+/// bytes and deadline, and for a stranger's HTTP/2 few streams and small windows.
+fn protocol_builder(limits: &ServerLimits, proven: bool) -> Builder<TokioExecutor> {
+    let head_bytes = if proven {
+        limits.proven_header_bytes
+    } else {
+        limits.stranger_header_bytes
+    };
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(if proven {
+            limits.header_timeout
+        } else {
+            limits.stranger_timeout
+        })
+        .max_buf_size(head_bytes + 4096);
+    // hyper's HTTP/2 default is 16 KiB: kube-apiserver's requests for a long selector were
+    // reset (the aggregator answered 503) where a CRD answers them.
+    builder
+        .http2()
+        .max_header_list_size(u32::try_from(head_bytes).unwrap_or(u32::MAX));
+    if !proven {
+        builder
+            .http2()
+            .max_concurrent_streams(limits.stranger_streams)
+            .initial_stream_window_size(STRANGER_WINDOW)
+            .initial_connection_window_size(STRANGER_WINDOW)
+            .max_send_buf_size(STRANGER_SEND_BUFFER);
+    }
+    if limits.http1_only {
+        builder.http1_only()
+    } else {
+        builder
+    }
+}
+
 /// HTTP/1.1 or HTTP/2 on `io`, each request with its peer's certificates and its
 /// connection, a panic in a handler answered 500, the connection closed once idle past its
 /// deadline or at once when its place is taken for a newcomer.
@@ -394,39 +433,7 @@ async fn serve_connection<I>(
             }
         },
     );
-    let head_bytes = if proven {
-        limits.proven_header_bytes
-    } else {
-        limits.stranger_header_bytes
-    };
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(if proven {
-            limits.header_timeout
-        } else {
-            limits.stranger_timeout
-        })
-        .max_buf_size(head_bytes + 4096);
-    // hyper's HTTP/2 default is 16 KiB: kube-apiserver's requests for a long selector were
-    // reset (the aggregator answered 503) where a CRD answers them.
-    builder
-        .http2()
-        .max_header_list_size(u32::try_from(head_bytes).unwrap_or(u32::MAX));
-    if !proven {
-        builder
-            .http2()
-            .max_concurrent_streams(limits.stranger_streams)
-            .initial_stream_window_size(STRANGER_WINDOW)
-            .initial_connection_window_size(STRANGER_WINDOW)
-            .max_send_buf_size(STRANGER_SEND_BUFFER);
-    }
-    let builder = if limits.http1_only {
-        builder.http1_only()
-    } else {
-        builder
-    };
+    let builder = protocol_builder(&limits, proven);
     let http = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(http);
     let mut closing = false;
