@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
-use address_controller_api::entitlement::{Limits, Usage};
+use address_controller_api::entitlement::{QuotaLimits, Usage};
 use address_controller_api::family::{family_of_ip, object_name, parse_address, sort_ipv4_first};
 use address_controller_api::names::{ADOPTED_FROM, ADOPTED_PRIOR, SERVICE_CLAIM_ANNOTATION};
 use address_controller_api::ranges::{Cidr, shipped_class_blocks};
@@ -96,7 +96,7 @@ pub struct Facts<'a> {
     pub refused: Option<String>,
     /// The namespace's limits on the class, and what it holds of it (adoptions judged
     /// before this one included).
-    pub limits: Option<&'a Limits>,
+    pub limits: Option<&'a QuotaLimits>,
     pub used: Usage,
     pub over_quota: bool,
 }
@@ -312,7 +312,7 @@ impl Adopt<'_> {
         } = self.read().await?;
         for s in &services {
             let ns = s.namespace().unwrap_or_default();
-            let limits = Limits::of_class(
+            let limits = QuotaLimits::of_class(
                 quotas
                     .iter()
                     .filter(|q| q.namespace().as_deref() == Some(ns.as_str())),
@@ -844,7 +844,7 @@ mod tests {
             "metadata": {"name": "q", "namespace": "t"},
             "spec": {"limits": [{"className": "pub", "addresses": 1}]}}))
         .unwrap_or_else(|e| panic!("{e}"));
-        let limits = Limits::of_class([&quota], "pub");
+        let limits = QuotaLimits::of_class([&quota], "pub");
         let mut used = Usage::default();
         used.add(Family::IPv4, 1);
         let mut f = Facts {

@@ -205,7 +205,7 @@ pub struct Limit {
 
 /// The limits on one class in one namespace: the strictest of every quota there.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Limits {
+pub struct QuotaLimits {
     /// Every family together.
     pub addresses: Option<Limit>,
     pub ipv4: Option<Limit>,
@@ -239,7 +239,7 @@ impl Usage {
     }
 }
 
-impl Limits {
+impl QuotaLimits {
     /// The limit of one family.
     pub fn of(&self, f: Family) -> Option<&Limit> {
         match f {
@@ -253,7 +253,7 @@ impl Limits {
     pub fn of_class<'a>(
         quotas: impl IntoIterator<Item = &'a IPAddressQuota>,
         class: &str,
-    ) -> Option<Limits> {
+    ) -> Option<QuotaLimits> {
         fn tighter(slot: &mut Option<Limit>, value: Option<i64>, quota: &str) {
             if let Some(v) = value
                 && slot.as_ref().is_none_or(|l| v < l.value)
@@ -264,11 +264,11 @@ impl Limits {
                 });
             }
         }
-        let mut out: Option<Limits> = None;
+        let mut out: Option<QuotaLimits> = None;
         for q in quotas {
             let name = format!("{}/{}", q.namespace().unwrap_or_default(), q.name_any());
             for l in q.spec.limits.iter().filter(|l| l.class_name == class) {
-                let limits = out.get_or_insert_with(Limits::default);
+                let limits = out.get_or_insert_with(QuotaLimits::default);
                 tighter(&mut limits.addresses, l.addresses, &name);
                 tighter(&mut limits.ipv4, l.ipv4, &name);
                 tighter(&mut limits.ipv6, l.ipv6, &name);
@@ -516,12 +516,12 @@ mod tests {
             "b",
             json!([{"className": "pub", "addresses": 2}, {"className": "other", "ipv4": 1}]),
         );
-        let l = Limits::of_class([&a, &b], "pub").unwrap();
+        let l = QuotaLimits::of_class([&a, &b], "pub").unwrap();
         assert_eq!(l.addresses.as_ref().unwrap().value, 2);
         assert_eq!(l.addresses.as_ref().unwrap().quota, "t/b");
         assert_eq!(l.ipv6.as_ref().unwrap().value, 5);
         assert_eq!(l.ipv4, None);
-        assert_eq!(Limits::of_class([&a, &b], "none"), None);
+        assert_eq!(QuotaLimits::of_class([&a, &b], "none"), None);
         let empty = Usage::default();
         assert!(
             l.admit("pub", &empty, &[Family::IPv4, Family::IPv6])

@@ -32,7 +32,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use address_controller_api::entitlement::{Limits, Usage};
+use address_controller_api::entitlement::{QuotaLimits, Usage};
 use address_controller_api::names::reason;
 use address_controller_api::{ClaimPhase, Family, IPAddress, IPAddressClaim, IPAddressQuota};
 use kube::ResourceExt;
@@ -89,7 +89,7 @@ pub struct QuotaBook {
 pub struct Standing {
     pub namespace: String,
     pub class: String,
-    pub limits: Limits,
+    pub limits: QuotaLimits,
     pub used: Usage,
     /// Claims refused with `QuotaExceeded`.
     pub waiting: usize,
@@ -165,8 +165,8 @@ impl Inner {
         Some(scope)
     }
 
-    fn limits(&self, ns: &str, class: &str) -> Option<Limits> {
-        Limits::of_class(self.quotas.get(ns)?.values().map(Arc::as_ref), class)
+    fn limits(&self, ns: &str, class: &str) -> Option<QuotaLimits> {
+        QuotaLimits::of_class(self.quotas.get(ns)?.values().map(Arc::as_ref), class)
     }
 
     /// Claims refused with `QuotaExceeded` in `scope`: their usage dropped.
@@ -450,7 +450,7 @@ impl QuotaBook {
 
     /// The limits on `class` in `ns`, and the usage there without what `claim` is invited
     /// to or taking (its addresses are counted: they are held).
-    pub fn standing(&self, ns: &str, class: &str, claim: &str) -> Option<(Limits, Usage)> {
+    pub fn standing(&self, ns: &str, class: &str, claim: &str) -> Option<(QuotaLimits, Usage)> {
         let s = self.lock();
         let limits = s.limits(ns, class)?;
         let used = s.usage(&(ns.to_string(), class.to_string()), claim);
@@ -472,7 +472,13 @@ impl QuotaBook {
 
     /// Takes `families` of `class` for `claim`, if they still fit the limits the pass
     /// planned with — checked and recorded under one lock. False: the pass must replan.
-    pub fn take(&self, claim: &str, class: &str, families: &[Family], limits: &Limits) -> bool {
+    pub fn take(
+        &self,
+        claim: &str,
+        class: &str,
+        families: &[Family],
+        limits: &QuotaLimits,
+    ) -> bool {
         let ns = key_ns(claim).to_string();
         let scope = (ns.clone(), class.to_string());
         let mut s = self.lock();

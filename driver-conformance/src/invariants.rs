@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use address_controller_api::entitlement::{Limits, usage_by_class};
+use address_controller_api::entitlement::{QuotaLimits, usage_by_class};
 use address_controller_api::family::{Family, family_of};
 use address_controller_api::{
     AddressPhase, ClaimPhase, IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota,
@@ -937,7 +937,7 @@ fn namespace_over_quota(x: &Ctx<'_>, found: &mut Found) {
             continue;
         }
         for (class, used) in usage_by_class(ns, x.claims_in_scope(), x.s.addresses.iter()) {
-            if let Some(limits) = Limits::of_class(qs.iter().copied(), &class)
+            if let Some(limits) = QuotaLimits::of_class(qs.iter().copied(), &class)
                 && limits.exceeded_by(&used)
             {
                 found.add(
@@ -970,7 +970,7 @@ fn refusal_stale(x: &Ctx<'_>, found: &mut Found) {
             continue;
         };
         let admitted = class.admits(x.s.namespaces.get(&ns));
-        let fits = match Limits::of_class(
+        let fits = match QuotaLimits::of_class(
             quotas.get(ns.as_str()).into_iter().flatten().copied(),
             &class.name_any(),
         ) {
@@ -1047,7 +1047,7 @@ fn expected_gauges(s: &Snapshot) -> BTreeMap<String, i64> {
             .flat_map(|q| q.spec.limits.iter().map(|l| l.class_name.as_str()))
             .collect();
         for class in classes {
-            let Some(limits) = Limits::of_class(qs.iter().copied(), class) else {
+            let Some(limits) = QuotaLimits::of_class(qs.iter().copied(), class) else {
                 continue;
             };
             let used = usage.remove(class).unwrap_or_default();

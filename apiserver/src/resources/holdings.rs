@@ -6,7 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, PoisonError};
 
-use address_controller_api::entitlement::{Limits, namespace_entitlement_changed, usage_by_class};
+use address_controller_api::entitlement::{
+    QuotaLimits, namespace_entitlement_changed, usage_by_class,
+};
 use address_controller_api::family::family_of;
 use address_controller_api::{
     AddressPhase, ClaimPhase, Family, IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota,
@@ -360,8 +362,8 @@ pub fn entitlements(
         .into_iter()
         .map(|class| {
             let name = class.name_any();
-            let quota = Limits::of_class(e.quotas.iter().map(std::sync::Arc::as_ref), &name).map(
-                |limits| {
+            let quota = QuotaLimits::of_class(e.quotas.iter().map(std::sync::Arc::as_ref), &name)
+                .map(|limits| {
                     let used = usage.remove(&name).unwrap_or_default();
                     let (addresses, ipv4, ipv6) = limits.remaining(&used);
                     let waiting = claims
@@ -391,8 +393,7 @@ pub fn entitlements(
                         },
                         waiting_claims: waiting as i64,
                     }
-                },
-            );
+                });
             ClassEntitlement {
                 admitted: class.admits(e.labels.as_ref()),
                 class_name: name,

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use address_controller_api::entitlement::{Limits, usage_by_class};
+use address_controller_api::entitlement::{QuotaLimits, usage_by_class};
 use address_controller_api::names::{
     ADDRESS_FINALIZER, CLAIM_FINALIZER, DEFAULT_CLASS_ANNOTATION, HELD_ANNOTATION,
     PROVISIONED_BY_ANNOTATION, PROVISIONER_ANNOTATION, event, reason, released,
@@ -127,7 +127,7 @@ fn plan_entitled(
         classes,
         namespace_labels: Some(labels),
         quota: &|class: &str| {
-            let limits = Limits::of_class(quotas.iter(), class)?;
+            let limits = QuotaLimits::of_class(quotas.iter(), class)?;
             let used = usage_by_class("t", [], addresses.iter().map(Arc::as_ref))
                 .remove(class)
                 .unwrap_or_default();

@@ -11,7 +11,7 @@ pub mod status;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use address_controller_api::entitlement::{Limits, Usage};
+use address_controller_api::entitlement::{QuotaLimits, Usage};
 use address_controller_api::family::{Family, family_of};
 use address_controller_api::names::{
     CLAIM_FINALIZER, PROVISIONER_ANNOTATION, condition, event, reason,
@@ -49,7 +49,7 @@ pub struct ClaimSnapshot<'a> {
     pub namespace_labels: Option<&'a BTreeMap<String, String>>,
     /// The limits on a class in the claim's namespace, with the usage there not counting
     /// what this claim is invited to or taking; `None`: no quota limits the class.
-    pub quota: &'a dyn Fn(&str) -> Option<(Limits, Usage)>,
+    pub quota: &'a dyn Fn(&str) -> Option<(QuotaLimits, Usage)>,
     /// The Services naming the claim, counted (`None`: none names it).
     pub services: Option<ClaimServices>,
     pub now: Now,
@@ -61,7 +61,7 @@ pub struct ClaimSnapshot<'a> {
 pub struct QuotaTake {
     pub class: String,
     pub families: Vec<Family>,
-    pub limits: Limits,
+    pub limits: QuotaLimits,
 }
 
 /// One write to an address, guarded by the resourceVersion the plan was computed from.
