@@ -473,17 +473,19 @@ pub fn go_pair_leases_held<'a>(
 /// connection error) is not taken for a yes — the process starts and the Lease of its own
 /// is the next thing it needs anyway; being forbidden to ask is an error (the chart grants
 /// it).
-pub async fn refuse_while_go_pair_leads(client: &Client) -> anyhow::Result<()> {
+pub async fn refuse_while_go_pair_leads(client: &Client) -> Result<(), GoPair> {
     let api: Api<Lease> = Api::all(client.clone());
     let mut found = Vec::new();
     for (name, _) in address_controller_api::names::GO_PAIR_LEASES {
         let by_name = kube::api::ListParams::default().fields(&format!("metadata.name={name}"));
         match api.list(&by_name).await {
             Ok(l) => found.extend(l.items),
-            Err(kube::Error::Api(s)) => anyhow::bail!(
-                "cannot tell whether the Go pair runs (listing Leases named {name}: {}); the ClusterRole must grant list on coordination.k8s.io leases",
-                s.message
-            ),
+            Err(kube::Error::Api(s)) => {
+                return Err(GoPair::CannotTell {
+                    lease: name,
+                    message: s.message,
+                });
+            }
             Err(e) => {
                 tracing::warn!(error = %e, lease = name, "cannot tell whether the Go pair runs; starting");
                 return Ok(());
@@ -491,12 +493,30 @@ pub async fn refuse_while_go_pair_leads(client: &Client) -> anyhow::Result<()> {
         }
     }
     let held = go_pair_leases_held(&found, Timestamp::now());
-    if let Some((lease, who, how)) = held.first() {
-        anyhow::bail!(
-            "{who} runs (Lease {lease} {how}): stop it before this starts — both would write the same objects (docs/operations.md, \"Migrating to address-controller\")"
-        );
+    if let Some((lease, who, how)) = held.into_iter().next() {
+        return Err(GoPair::Runs { lease, who, how });
     }
     Ok(())
+}
+
+/// Why [`refuse_while_go_pair_leads`] refused.
+#[derive(Debug, thiserror::Error)]
+pub enum GoPair {
+    #[error(
+        "cannot tell whether the Go pair runs (listing Leases named {lease}: {message}); the ClusterRole must grant list on coordination.k8s.io leases"
+    )]
+    CannotTell {
+        lease: &'static str,
+        message: String,
+    },
+    #[error(
+        "{who} runs (Lease {lease} {how}): stop it before this starts — both would write the same objects (docs/operations.md, \"Migrating to address-controller\")"
+    )]
+    Runs {
+        lease: String,
+        who: &'static str,
+        how: String,
+    },
 }
 
 /// The driver Lease (annotated with `provisioner`) that serves it now, if any.

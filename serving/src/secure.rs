@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use address_controller_runtime::process::open_files_limit;
 use address_controller_runtime::supervise::{Shutdown, Tasks};
-use anyhow::Context as _;
 use clap::Args;
 use kube::Client;
 use prometheus::Registry;
@@ -42,6 +41,15 @@ pub struct SecureServing {
     pub budget: Arc<HeadBudget>,
     /// Who its servers authenticate.
     callers: Callers,
+}
+
+/// Why secure serving could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("the serving certificate: {0}")]
+    Certificate(#[from] tls::TlsError),
+    #[error("registering the serving metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
 }
 
 /// Who a process's TLS servers authenticate.
@@ -127,7 +135,7 @@ impl SecureServing {
         serving: Serving<'_>,
         registry: &Registry,
         tasks: &mut Tasks,
-    ) -> anyhow::Result<SecureServing> {
+    ) -> Result<SecureServing, StartError> {
         let args = serving.args;
         let cert = match (&args.tls_cert_file, &args.tls_private_key_file) {
             (Some(cert), Some(key)) => ServingCert::Files {
@@ -212,7 +220,10 @@ impl SecureServing {
         };
         let serve = listener::serve(listen, app, shutdown.wait());
         let task = server.task;
-        tasks.spawn(task, async move { serve.await.context(task) });
+        // The supervisor's tasks end in its own error type.
+        tasks.spawn(task, async move {
+            serve.await.map_err(|e| anyhow::Error::new(e).context(task))
+        });
     }
 }
 
