@@ -9,10 +9,11 @@
 //! * [`service`]: association (SPEC §8) — which Services hold a claim's addresses, the
 //!   ledger, the kit's record and the pins, the Service's condition.
 //!
-//! (The claim pass's decision — which families to provision — reads the allocation, which
-//! is the driver's and async: it stays in `runner::claim`.)
+//! * [`claim`]: the addresses to create for a claim from the driver's allocations, or why
+//!   not (the allocations, async, are read in the snapshot step, `runner::claim::snapshot`).
 
 pub mod address;
+pub mod claim;
 pub mod class;
 #[cfg(test)]
 pub(crate) mod fixtures;

@@ -10,6 +10,7 @@ use address_controller_runtime::workers::Outcome;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, ResourceExt};
 
+use crate::decide::claim::{ClaimPlan, ClaimSnapshot, plan_claim};
 use crate::driver::{AllocateError, Allocation, Driver, Request, object_name};
 
 use super::events;
@@ -57,52 +58,28 @@ pub(crate) fn wanted<D: Driver>(
 }
 
 /// What a pass over a claim does, decided before anything is written.
-#[derive(Debug)]
-pub(crate) enum ClaimPlan {
-    /// Not this driver's to serve now, or served: the claim's notes settle.
-    Nothing,
-    /// The class's parameters are not parsed yet: nothing to say, nothing to do.
-    Wait,
-    /// Tell the claim why it gets nothing (bad parameters; exhaustion, recorded against
-    /// `exhausted_in` so a freed address wakes it) and wait.
-    Refuse {
-        event: PlannedEvent,
-        exhausted_in: Option<String>,
-    },
-    /// The backend failed: tell the claim, and retry.
-    Failed { message: String },
-    /// Create one address per missing family (a Dual claim gets both or neither).
-    Create {
-        class: Arc<IPAddressClass>,
-        chosen: Vec<(Family, Allocation)>,
-    },
-}
-
-/// The plan for a claim: which families it misses, the class's parameters, and the
-/// driver's allocation of every missing family. Writes nothing.
-pub(crate) async fn plan<D: Driver>(ctx: &Ctx<D>, claim: &IPAddressClaim, key: &str) -> ClaimPlan {
+/// What a pass over a claim reads: which families it misses, the class's parameters, and
+/// the driver's allocation of every missing family (in order, stopping at the first that
+/// fails: a Dual claim gets both or neither). Writes nothing.
+pub(crate) async fn snapshot<D: Driver>(
+    ctx: &Ctx<D>,
+    claim: &IPAddressClaim,
+    key: &str,
+) -> ClaimSnapshot {
     let Some((class, missing)) = wanted(ctx, claim, key) else {
-        return ClaimPlan::Nothing;
+        return ClaimSnapshot::NotServed;
     };
-    let class_name = class.name_any();
-    let params = match ctx.params(&class_name) {
+    let params = match ctx.params(&class.name_any()) {
         Some(Ok(p)) => p,
-        Some(Err(why)) => {
-            return ClaimPlan::Refuse {
-                event: PlannedEvent::warning(
-                    events::INVALID_CLASS_PARAMETERS,
-                    format!("class {class_name:?} cannot be allocated from: {why}"),
-                ),
-                exhausted_in: None,
-            };
-        }
-        None => return ClaimPlan::Wait,
+        Some(Err(why)) => return ClaimSnapshot::InvalidParameters { class, why },
+        None => return ClaimSnapshot::ParametersNotRead,
     };
-    // Allocate every missing family first: a Dual claim gets both or neither.
-    let mut chosen: Vec<(Family, Allocation)> = Vec::new();
-    let mut exhausted: Vec<Family> = Vec::new();
+    let mut allocated: Vec<(Family, Result<Allocation, AllocateError>)> = Vec::new();
     for f in &missing {
-        let taken: Vec<IpAddr> = chosen.iter().map(|(_, a)| a.address).collect();
+        let taken: Vec<IpAddr> = allocated
+            .iter()
+            .filter_map(|(_, a)| a.as_ref().ok().map(|a| a.address))
+            .collect();
         let busy: Vec<IpAddr> = fresh(&ctx.in_flight_ips).keys().copied().collect();
         let inventory = &ctx.inventory;
         // Taken: in the ledger, chosen or being created — or shown by a Service already
@@ -119,26 +96,19 @@ pub(crate) async fn plan<D: Driver>(ctx: &Ctx<D>, claim: &IPAddressClaim, key: &
             family: *f,
             in_use: &in_use,
         };
-        match ctx.driver.allocate(req).await {
-            Ok(a) => chosen.push((*f, a)),
-            Err(AllocateError::Exhausted) => exhausted.push(*f),
-            Err(AllocateError::Failed(message)) => return ClaimPlan::Failed { message },
+        let result = ctx.driver.allocate(req).await;
+        let failed = matches!(result, Err(AllocateError::Failed(_)));
+        allocated.push((*f, result));
+        if failed {
+            break;
         }
     }
-    if !exhausted.is_empty() {
-        let families: Vec<&str> = exhausted.iter().map(|f| f.as_str()).collect();
-        return ClaimPlan::Refuse {
-            event: PlannedEvent::warning(
-                events::EXHAUSTED_EVENT,
-                format!(
-                    "no free {} address left in class {class_name:?}; waiting for one to be freed",
-                    families.join(" and ")
-                ),
-            ),
-            exhausted_in: Some(class_name),
-        };
-    }
-    ClaimPlan::Create { class, chosen }
+    ClaimSnapshot::Allocated { class, allocated }
+}
+
+/// The plan for a claim: [`snapshot`], decided.
+pub(crate) async fn plan<D: Driver>(ctx: &Ctx<D>, claim: &IPAddressClaim, key: &str) -> ClaimPlan {
+    plan_claim(snapshot(ctx, claim, key).await)
 }
 
 /// One pass over a claim: its plan, applied.
