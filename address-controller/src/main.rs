@@ -60,6 +60,9 @@ enum Command {
     /// Address-seconds per namespace and class over a period — held (Bound) and attached
     /// (on a Service) — from the addresses' history: what to bill.
     Usage(Box<history::UsageArgs>),
+    /// The history for an archive outside the cluster, where it outlives the addresses.
+    #[command(subcommand)]
+    History(HistoryCommand),
     /// After `helm uninstall`, remove the product for good: refuse while a component
     /// still runs, remove this project's finalizers from every claim and address (so tenant
     /// namespaces and the CRDs can be deleted), delete the views' APIService, and with
@@ -188,12 +191,23 @@ async fn yes(command: impl Future<Output = anyhow::Result<()>>) -> anyhow::Resul
     command.await.map(|()| true)
 }
 
+#[derive(Subcommand)]
+enum HistoryCommand {
+    /// Every holding (claim) and attachment span (Service) of every address that touches
+    /// [--from, --to), one record per line (JSON Lines or CSV), to keep in a store the
+    /// platform already runs: an address's history dies with the address.
+    Export(Box<history::ExportArgs>),
+}
+
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Check(args) => one_shot("check", check::run(&args), |_| 1),
         Command::Adopt(args) => one_shot("adopt", adopt::run(&args), |_| 1),
         Command::Holders(args) => one_shot("holders", history::holders(&args), |_| 1),
         Command::Usage(args) => one_shot("usage", yes(history::usage(&args)), |_| 1),
+        Command::History(HistoryCommand::Export(args)) => {
+            one_shot("history export", yes(history::export(&args)), |_| 1)
+        }
         Command::Teardown(args) => one_shot("teardown", yes(teardown::run(&args)), |e| {
             if e.is::<teardown::Refusal>() { 2 } else { 1 }
         }),

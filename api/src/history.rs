@@ -208,6 +208,152 @@ fn overlap(from: Option<&Time>, until: Option<&Time>, lo: i64, hi: i64) -> Optio
     (e > s).then_some((s, e))
 }
 
+/// One line of an export of the history (`address-controller history export`): a holding
+/// of the address (`record: "holding"`, its claim) or a span of a holder
+/// (`record: "attachment"`, a Service), whatever its state — for an archive outside the
+/// cluster, where it outlives the address.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Record {
+    pub record: &'static str,
+    /// The IP.
+    pub address: String,
+    /// The IPAddress object's name.
+    pub ip_address: String,
+    pub class_name: String,
+    /// `IPAddressClaim` for a holding; the holder's kind for an attachment.
+    pub kind: String,
+    /// The claim's or the holder's namespace (empty for a cluster-scoped holder).
+    pub namespace: String,
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// A holding's `Bound` or `Reserved`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<HoldingState>,
+    /// Absent for a binding found under way (an upgrade): its start is not known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from: Option<Time>,
+    /// Absent while it lasts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until: Option<Time>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended: Option<String>,
+    pub found: bool,
+    pub egress: bool,
+}
+
+/// The columns of a [`Record`] in CSV, in order.
+pub const RECORD_COLUMNS: &[&str] = &[
+    "record",
+    "address",
+    "ipAddress",
+    "className",
+    "kind",
+    "namespace",
+    "name",
+    "uid",
+    "state",
+    "from",
+    "until",
+    "ended",
+    "found",
+    "egress",
+];
+
+impl Record {
+    /// Its cells in [`RECORD_COLUMNS`] order (empty for what it does not have).
+    pub fn cells(&self) -> Vec<String> {
+        let t = |t: &Option<Time>| t.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
+        vec![
+            self.record.to_string(),
+            self.address.clone(),
+            self.ip_address.clone(),
+            self.class_name.clone(),
+            self.kind.clone(),
+            self.namespace.clone(),
+            self.name.clone(),
+            self.uid.clone().unwrap_or_default(),
+            self.state.map(|s| format!("{s:?}")).unwrap_or_default(),
+            t(&self.from),
+            t(&self.until),
+            self.ended.clone().unwrap_or_default(),
+            self.found.to_string(),
+            self.egress.to_string(),
+        ]
+    }
+}
+
+/// The holdings and spans of A that touch `[lo, hi)`, holdings first, each
+/// in the order kept; and how many entries A's history dropped before its oldest kept one
+/// (past its bound: an export cannot give them back).
+pub fn records(
+    a: &IPAddress,
+    lo: k8s_openapi::jiff::Timestamp,
+    hi: k8s_openapi::jiff::Timestamp,
+) -> (Vec<Record>, i64) {
+    let (list, dropped) = holdings(a);
+    let (spans, spans_dropped) = spans(a);
+    let base = |record: &'static str, kind: String, namespace: String, name: String| Record {
+        record,
+        address: a.spec.address.clone(),
+        ip_address: a.metadata.name.clone().unwrap_or_default(),
+        class_name: a.spec.class_name.clone(),
+        kind,
+        namespace,
+        name,
+        uid: None,
+        state: None,
+        from: None,
+        until: None,
+        ended: None,
+        found: false,
+        egress: false,
+    };
+    // An archive keeps what touches the period, an entry of no length inside it too.
+    let touches = |from: Option<&Time>, until: Option<&Time>| {
+        from.is_none_or(|f| f.0 < hi) && until.is_none_or(|u| u.0 >= lo)
+    };
+    let mut out = Vec::new();
+    for h in list {
+        if !touches(h.from.as_ref(), h.until.as_ref()) {
+            continue;
+        }
+        out.push(Record {
+            uid: h.uid.clone(),
+            state: Some(h.state),
+            from: h.from.clone(),
+            until: h.until.clone(),
+            ended: h.ended.clone(),
+            found: h.found,
+            ..base(
+                "holding",
+                "IPAddressClaim".into(),
+                h.namespace.clone(),
+                h.name.clone(),
+            )
+        });
+    }
+    for sp in spans {
+        if !touches(Some(&sp.from), sp.until.as_ref()) {
+            continue;
+        }
+        out.push(Record {
+            from: Some(sp.from.clone()),
+            until: sp.until.clone(),
+            found: sp.found,
+            egress: sp.egress,
+            ..base(
+                "attachment",
+                sp.kind.clone(),
+                sp.namespace.clone().unwrap_or_default(),
+                sp.name.clone(),
+            )
+        });
+    }
+    (out, dropped + spans_dropped)
+}
+
 /// What one address was used for within `[lo, hi)` (Unix seconds), by the namespace of
 /// each claim it was bound to: the same answer from every replica and after every restart,
 /// because it is computed from the object alone.
@@ -492,6 +638,60 @@ mod tests {
             method: None,
             allow_icmp: false,
         }
+    }
+
+    #[test]
+    fn an_export_keeps_what_touches_the_period_and_says_what_was_dropped() {
+        let a: IPAddress = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "ipv4-192-0-2-7"},
+            "spec": {"address": "192.0.2.7", "className": "pub", "source": {"fromClass": {}}},
+            "status": {
+                "history": [
+                    {"namespace": "a", "name": "web", "uid": "u1", "state": "Bound",
+                     "from": t(10), "until": t(20), "ended": "Released"},
+                    {"namespace": "b", "name": "db", "uid": "u2", "state": "Bound", "from": t(30)}],
+                "historyDropped": 2,
+                "attachmentHistory": [
+                    {"kind": "Service", "namespace": "a", "name": "site", "from": t(12), "until": t(12)},
+                    {"kind": "Service", "namespace": "b", "name": "vm", "from": t(31), "egress": true}]}
+        }))
+        .unwrap();
+        let at = |s: i64| t(s).0;
+        let names = |lo: i64, hi: i64| -> Vec<String> {
+            records(&a, at(lo), at(hi))
+                .0
+                .iter()
+                .map(|r| format!("{}:{}/{}", r.record, r.namespace, r.name))
+                .collect()
+        };
+        assert_eq!(
+            names(0, 100),
+            [
+                "holding:a/web",
+                "holding:b/db",
+                "attachment:a/site",
+                "attachment:b/vm"
+            ]
+        );
+        // A span of no length inside the period is kept; the open holding reaches any
+        // later period.
+        assert_eq!(names(12, 13), ["holding:a/web", "attachment:a/site"]);
+        assert_eq!(names(40, 50), ["holding:b/db", "attachment:b/vm"]);
+        assert_eq!(names(0, 10), Vec::<String>::new());
+        let (rows, dropped) = records(&a, at(0), at(100));
+        assert_eq!(dropped, 2);
+        let cells = rows[0].cells();
+        assert_eq!(cells.len(), RECORD_COLUMNS.len());
+        assert_eq!(
+            (
+                cells[1].as_str(),
+                cells[7].as_str(),
+                cells[8].as_str(),
+                cells[11].as_str()
+            ),
+            ("192.0.2.7", "u1", "Bound", "Released")
+        );
+        assert_eq!(rows[3].cells()[13], "true", "the egress span says so");
     }
 
     #[test]

@@ -244,6 +244,78 @@ async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
         "{out}"
     );
 
+    // The archive (#57): every record of the address touching the period, as JSON lines
+    // and as CSV, for a store outside the cluster; a namespace's own records alone.
+    let from = (t0 - SignedDuration::from_secs(1)).to_string();
+    let export = |format: &'static str, namespace: Option<String>| {
+        let from = from.clone();
+        async move {
+            let mut args = vec!["history", "export", "--from", from.as_str(), "-o", format];
+            if let Some(ns) = namespace.as_deref() {
+                args.extend(["-n", ns]);
+            }
+            let out = tokio::process::Command::new(address_controller_tests::binary(
+                "address-controller",
+            ))
+            .args(&args)
+            .arg("--kubeconfig")
+            .arg(&address_controller_tests::Cluster::get().kubeconfig)
+            .output()
+            .await
+            .unwrap();
+            assert!(out.status.success(), "{out:?}");
+            String::from_utf8(out.stdout).unwrap()
+        }
+    };
+    let lines: Vec<serde_json::Value> = export("jsonl", None)
+        .await
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|r: &serde_json::Value| r["address"] == ip.as_str())
+        .collect();
+    let kinds: Vec<String> = lines
+        .iter()
+        .map(|r| {
+            format!(
+                "{}:{}/{}",
+                r["record"].as_str().unwrap(),
+                r["namespace"].as_str().unwrap(),
+                r["name"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            format!("holding:{ns}/web"),
+            format!("holding:{}/db", other.name),
+            format!("attachment:{ns}/site")
+        ],
+        "{lines:#?}"
+    );
+    assert_eq!(lines[0]["uid"], json!(web.metadata.uid));
+    assert_eq!(lines[0]["ended"], "Released");
+    assert_eq!(lines[0]["until"], json!(h[0].until));
+    assert!(
+        lines[1].get("until").is_none(),
+        "the open holding has no end"
+    );
+    let csv = export("csv", Some(other.name.clone())).await;
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows[0], history::RECORD_COLUMNS.join(","));
+    assert!(
+        rows[1..]
+            .iter()
+            .all(|r| r.contains(&format!(",{},", other.name))),
+        "only the namespace's own records: {csv}"
+    );
+    assert!(
+        rows[1..]
+            .iter()
+            .any(|r| r.starts_with(&format!("holding,{ip},"))),
+        "{csv}"
+    );
+
     // Through kubectl and the aggregator: the abuse desk (cluster-wide) asks "who held X
     // at T"; each tenant reads its own namespace's holdings and nothing of the other's.
     let holdings_at = |t: &Timestamp| {
