@@ -122,6 +122,20 @@ mod tests {
         Error::kube("writing", "x")(kube::Error::Api(Box::new(status)))
     }
 
+    /// kube-apiserver's admission window after each start (#56: a policy without a schema
+    /// answers 503 "Resource kind … not found" for a moment) is retried with the key's
+    /// backoff, as every 5xx and 429; what retrying cannot change is not.
+    #[test]
+    fn the_admission_windows_503_is_retried_and_an_invalid_write_is_not() {
+        use address_controller_runtime::workers::{PassError, Retry};
+        for code in [503, 500, 504, 429, 409] {
+            assert!(matches!(api(code).retry(), Retry::Backoff), "{code}");
+        }
+        for code in [404, 422] {
+            assert!(matches!(api(code).retry(), Retry::Never), "{code}");
+        }
+    }
+
     #[test]
     fn only_a_4xx_says_the_write_did_not_land() {
         for code in [400, 403, 404, 409, 422, 429] {

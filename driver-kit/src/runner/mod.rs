@@ -232,3 +232,29 @@ impl<D: Driver> Ctx<D> {
             == Some(self.driver.provisioner())
     }
 }
+
+#[cfg(test)]
+mod retry_tests {
+    use super::Error;
+    use address_controller_runtime::workers::{PassError, Retry};
+
+    fn api(code: u16) -> Error {
+        let status = kube::core::Status::failure("", "").with_code(code);
+        Error::Kube {
+            action: "creating",
+            object: "x".into(),
+            source: kube::Error::Api(Box::new(status)),
+        }
+    }
+
+    /// The driver's create of an address in kube-apiserver's admission window (#56: 503
+    /// "Resource kind … not found" after each start) is retried with backoff; a gone object
+    /// is not.
+    #[test]
+    fn the_admission_windows_503_is_retried_and_a_gone_object_is_not() {
+        for code in [503, 500, 429, 409] {
+            assert!(matches!(api(code).retry(), Retry::Backoff), "{code}");
+        }
+        assert!(matches!(api(404).retry(), Retry::Never));
+    }
+}
