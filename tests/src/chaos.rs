@@ -179,6 +179,12 @@ pub struct Outcome {
     pub report: Report,
     /// Per failover round: (kill → lease taken, kill → next claim Bound).
     pub failovers: Vec<(Duration, Duration)>,
+    /// Services written more than once in a quiet spell at the end (nothing runs but the
+    /// controllers and the drivers): each `ns/name: N writes` (the drivers' fight over a
+    /// condition wrote one ~90 times a second, #55). And the writes the run's own noisy
+    /// writer was seen making in a second spell (the positive control: at least 3).
+    pub rewritten_while_quiet: Vec<String>,
+    pub noise_seen: usize,
     pub took: Duration,
 }
 
@@ -191,6 +197,8 @@ impl Outcome {
             && self.history_live().is_empty()
             && self.hostile_wins().is_empty()
             && self.lost_claims.is_empty()
+            && self.rewritten_while_quiet.is_empty()
+            && self.noise_seen >= NOISE_WRITES
     }
 
     pub fn hostile_wins(&self) -> Vec<String> {
@@ -290,6 +298,10 @@ impl Outcome {
             "claims Lost at the end: {} {:?}\n",
             self.lost_claims.len(),
             self.lost_claims
+        ));
+        out.push_str(&format!(
+            "quiet spell ({QUIET:?}): Services written more than once {:?}; the noisy writer's {NOISE_WRITES} writes seen {}\n",
+            self.rewritten_while_quiet, self.noise_seen
         ));
         for e in self.unexpected_exits() {
             out.push_str(&format!("UNEXPECTED EXIT: {e}\n"));
@@ -692,6 +704,21 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
             .count();
         (surplus.len(), gone)
     };
+    // Quiet stays quiet: with the workload stopped, no Service is rewritten; the control,
+    // a writer of the run's own patching one Service, is seen.
+    let rewritten_while_quiet = writes_in_quiet(&client, &ns_names, None).await?;
+    let noise_seen = match noisy_target(&client, &ns_names).await? {
+        Some(target) => {
+            let seen = writes_in_quiet(&client, &ns_names, Some(&target)).await?;
+            seen.iter()
+                .find(|l| l.starts_with(&format!("{}/{}:", target.0, target.1)))
+                .and_then(|l| l.rsplit(": ").next())
+                .and_then(|n| n.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        }
+        None => 0,
+    };
     check_reservations(&client, &reserved.into_inner().unwrap_or_default(), &stats).await?;
     hostile_wins(&client, &format!("chaos-static-{sfx}-"), STATICS, &stats).await?;
 
@@ -728,6 +755,8 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
         association_events,
         report,
         failovers,
+        rewritten_while_quiet,
+        noise_seen,
         took: started.elapsed(),
     })
 }
@@ -1538,4 +1567,73 @@ impl Rng {
         self.0 ^= self.0 << 17;
         (self.0 % n.max(1) as u64) as usize
     }
+}
+
+/// How long the quiet spell at the end of a run lasts.
+const QUIET: Duration = Duration::from_secs(5);
+/// How many writes the run's noisy writer makes in its spell (the positive control).
+const NOISE_WRITES: usize = 3;
+
+/// A Service of the run to be noisy on: the first of the namespaces'.
+async fn noisy_target(client: &Client, namespaces: &[String]) -> Result<Option<(String, String)>> {
+    for ns in namespaces {
+        let list = Api::<Service>::namespaced(client.clone(), ns)
+            .list(&ListParams::default().limit(1))
+            .await?;
+        if let Some(s) = list.items.first() {
+            return Ok(Some((ns.clone(), s.name_any())));
+        }
+    }
+    Ok(None)
+}
+
+/// The Services of NAMESPACES modified more than once during [`QUIET`], as
+/// `ns/name: N writes`, read from a watch that starts at the current revision. With NOISE,
+/// this function patches that Service [`NOISE_WRITES`] times within the spell itself.
+async fn writes_in_quiet(
+    client: &Client,
+    namespaces: &[String],
+    noise: Option<&(String, String)>,
+) -> Result<Vec<String>> {
+    use futures::StreamExt;
+    use kube::api::{Patch, PatchParams, WatchEvent, WatchParams};
+    let api = Api::<Service>::all(client.clone());
+    let rv = api
+        .list(&ListParams::default().limit(1))
+        .await?
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    let params = WatchParams::default().timeout(u32::try_from(QUIET.as_secs()).unwrap_or(5));
+    let mut stream = api.watch(&params, &rv).await?.boxed();
+    let writer = noise.cloned().map(|(ns, name)| {
+        let api = Api::<Service>::namespaced(client.clone(), &ns);
+        tokio::spawn(async move {
+            for k in 0..NOISE_WRITES {
+                let body = json!({"metadata": {"labels": {"chaos-noise": k.to_string()}}});
+                let _ = api
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(body))
+                    .await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    });
+    let mut writes: std::collections::BTreeMap<String, usize> = Default::default();
+    let deadline = tokio::time::Instant::now() + QUIET + Duration::from_secs(2);
+    while let Ok(Some(ev)) = tokio::time::timeout_at(deadline, stream.next()).await {
+        if let Ok(WatchEvent::Modified(s)) = ev {
+            let ns = s.namespace().unwrap_or_default();
+            if namespaces.contains(&ns) {
+                *writes.entry(format!("{ns}/{}", s.name_any())).or_default() += 1;
+            }
+        }
+    }
+    if let Some(w) = writer {
+        let _ = w.await;
+    }
+    Ok(writes
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(k, n)| format!("{k}: {n} writes"))
+        .collect())
 }
