@@ -32,19 +32,43 @@ pub enum Format {
     Csv,
 }
 
+/// A period of the history, and a namespace (`usage`, `history export`).
 #[derive(clap::Args)]
-pub struct UsageArgs {
-    #[command(flatten)]
-    kube: ClientArgs,
+pub struct Period {
     /// Start of the period (RFC 3339, inclusive).
     #[arg(long, env = "ADDRESS_CONTROLLER_HISTORY_FROM")]
     from: Timestamp,
     /// End of the period (RFC 3339, exclusive; default and at most: now).
     #[arg(long, env = "ADDRESS_CONTROLLER_HISTORY_TO")]
     to: Option<Timestamp>,
-    /// Only this namespace's claims.
+    /// Only this namespace's claims (and, in an export, its Services).
     #[arg(long, short = 'n', env = "ADDRESS_CONTROLLER_HISTORY_NAMESPACE")]
     namespace: Option<String>,
+}
+
+impl Period {
+    /// Its end: `--to`, at most now; refused unless `--from` comes before it.
+    fn to(&self) -> anyhow::Result<Timestamp> {
+        let now = Timestamp::now();
+        let to = self.to.map_or(now, |t| t.min(now));
+        anyhow::ensure!(
+            self.from < to,
+            "--from must be before --to (and before now)"
+        );
+        Ok(to)
+    }
+
+    fn keeps(&self, namespace: &str) -> bool {
+        self.namespace.as_ref().is_none_or(|n| n == namespace)
+    }
+}
+
+#[derive(clap::Args)]
+pub struct UsageArgs {
+    #[command(flatten)]
+    kube: ClientArgs,
+    #[command(flatten)]
+    period: Period,
     /// Output format.
     #[arg(
         long,
@@ -69,15 +93,8 @@ pub enum ExportFormat {
 pub struct ExportArgs {
     #[command(flatten)]
     kube: ClientArgs,
-    /// Start of the period (RFC 3339, inclusive).
-    #[arg(long, env = "ADDRESS_CONTROLLER_HISTORY_FROM")]
-    from: Timestamp,
-    /// End of the period (RFC 3339, exclusive; default and at most: now).
-    #[arg(long, env = "ADDRESS_CONTROLLER_HISTORY_TO")]
-    to: Option<Timestamp>,
-    /// Only this namespace's records (its claims' holdings, its Services' spans).
-    #[arg(long, short = 'n', env = "ADDRESS_CONTROLLER_HISTORY_NAMESPACE")]
-    namespace: Option<String>,
+    #[command(flatten)]
+    period: Period,
     /// Output format.
     #[arg(
         long,
@@ -103,12 +120,7 @@ fn csv_cell(s: &str) -> String {
 /// bound before the export (they are not in it).
 pub async fn export(args: &ExportArgs) -> anyhow::Result<()> {
     use std::io::Write as _;
-    let now = Timestamp::now();
-    let to = args.to.map_or(now, |t| t.min(now));
-    anyhow::ensure!(
-        args.from < to,
-        "--from must be before --to (and before now)"
-    );
+    let (from, to) = (args.period.from, args.period.to()?);
     let mut all = addresses(&args.kube).await?;
     all.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
@@ -117,12 +129,9 @@ pub async fn export(args: &ExportArgs) -> anyhow::Result<()> {
     }
     let (mut written, mut dropped) = (0usize, 0i64);
     for a in &all {
-        let (records, d) = history::records(a, args.from, to);
+        let (records, d) = history::records(a, from, to);
         dropped += d;
-        for r in records
-            .iter()
-            .filter(|r| args.namespace.as_ref().is_none_or(|n| *n == r.namespace))
-        {
+        for r in records.iter().filter(|r| args.period.keeps(&r.namespace)) {
             match args.output {
                 ExportFormat::Jsonl => writeln!(out, "{}", serde_json::to_string(r)?)?,
                 ExportFormat::Csv => {
@@ -137,7 +146,7 @@ pub async fn export(args: &ExportArgs) -> anyhow::Result<()> {
     eprintln!(
         "exported {written} records of {} addresses from {} to {to}{}",
         all.len(),
-        args.from,
+        from,
         if dropped > 0 {
             format!(
                 "; {dropped} older entries had been dropped from the addresses' histories past their bound and are not in it"
@@ -265,17 +274,12 @@ pub async fn holders(args: &HoldersArgs) -> anyhow::Result<bool> {
 
 /// Prints address-seconds held and attached per namespace and class over the period.
 pub async fn usage(args: &UsageArgs) -> anyhow::Result<()> {
-    let now = Timestamp::now();
-    let to = args.to.map_or(now, |t| t.min(now));
-    anyhow::ensure!(
-        args.from < to,
-        "--from must be before --to (and before now)"
-    );
+    let (from, to) = (args.period.from, args.period.to()?);
     let all = addresses(&args.kube).await?;
     let mut by: BTreeMap<(String, String), Usage> = BTreeMap::new();
     for a in &all {
-        for (ns, u) in history::usage_of(a, args.from.as_second(), to.as_second()) {
-            if args.namespace.as_ref().is_some_and(|n| *n != ns) {
+        for (ns, u) in history::usage_of(a, from.as_second(), to.as_second()) {
+            if !args.period.keeps(&ns) {
                 continue;
             }
             let acc = by.entry((ns, a.spec.class_name.clone())).or_default();
@@ -315,13 +319,13 @@ pub async fn usage(args: &UsageArgs) -> anyhow::Result<()> {
     ];
     match args.output {
         Format::Table => {
-            println!("from {} to {}", args.from, to);
+            println!("from {from} to {to}");
             print!("{}", table(&header, &rows));
         }
         Format::Csv => {
             println!("from,to,{}", header.join(",").to_lowercase());
             for r in rows {
-                println!("{},{},{}", args.from, to, r.join(","));
+                println!("{from},{to},{}", r.join(","));
             }
         }
     }
