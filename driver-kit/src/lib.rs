@@ -32,6 +32,8 @@ use address_controller_serving::probes::ProbeArgs;
 use address_controller_serving::secure::{Callers, OptionalAddress, SecureServing, Serving};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
+/// The rule every binary's flags follow (each has an `env`), for a driver's own test.
+pub use address_controller_runtime::flags;
 /// RBAC rule type, for [`Info::extra_rules`].
 pub use address_controller_runtime::rbac as runtime_rbac;
 pub use driver::{

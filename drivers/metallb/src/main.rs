@@ -69,7 +69,7 @@ mod tests {
             super::metallb::MetalLbArgs,
             super::Command,
         >(&super::INFO);
-        let missing = address_controller_runtime::flags::without_env(&cmd);
+        let missing = address_controller_driver_kit::flags::without_env(&cmd);
         assert!(missing.is_empty(), "flags without env: {missing:?}");
     }
 

@@ -46,7 +46,7 @@ mod tests {
             super::RangeArgs,
             address_controller_driver_kit::NoCommands,
         >(&super::INFO);
-        let missing = address_controller_runtime::flags::without_env(&cmd);
+        let missing = address_controller_driver_kit::flags::without_env(&cmd);
         assert!(missing.is_empty(), "flags without env: {missing:?}");
     }
 
