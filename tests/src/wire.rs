@@ -362,26 +362,18 @@ pub fn vm_workload(
     args: &[&str],
 ) -> Result<Vec<String>> {
     let first: i32 = args.first().and_then(|a| a.parse().ok()).unwrap_or(8080);
-    let d = json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-          "template": {"metadata": {"labels": {"app": name}}, "spec": {
-            "automountServiceAccountToken": false,
-            "securityContext": {"runAsNonRoot": true, "runAsUser": 65535,
-                                "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{"name": "hello", "image": HELLO_IMAGE, "imagePullPolicy": "Never",
-              "command": ["/hello"], "args": args,
-              "ports": [{"containerPort": first, "name": "http"}],
-              // Asked from inside the pod: cozy-proxy rewrites the source of everything a
-              // whole-address pod sends, its answers to a probe from the node included.
-              "readinessProbe": {"exec": {"command": ["/hello", "probe", first.to_string()]},
-                                 "periodSeconds": 1},
-              "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
-                                  "capabilities": {"drop": ["ALL"]}}}]}}}
-    });
-    apply(node, &d)?;
-    wait_ready_pods(node, ns, name, replicas)
+    workload_with(
+        node,
+        ns,
+        name,
+        replicas,
+        json!({"command": ["/hello"], "args": args,
+            "ports": [{"containerPort": first, "name": "http"}],
+            // Asked from inside the pod: cozy-proxy rewrites the source of everything a
+            // whole-address pod sends, its answers to a probe from the node included.
+            "readinessProbe": {"exec": {"command": ["/hello", "probe", first.to_string()]},
+                               "periodSeconds": 1}}),
+    )
 }
 
 /// Waits until REPLICAS pods of `app: NAME` in NS are ready; their names.
