@@ -472,7 +472,9 @@ impl Adopt<'_> {
             k8s_openapi::jiff::Timestamp::now(),
         );
         let one = std::slice::from_ref(&attachment);
-        let ledger = json!({"status": a.ledger_status(one, one, &now)});
+        // One holder before and after: the ledger write opens its span, and moves none.
+        let (status, _) = a.ledger_status(one, one, &now);
+        let ledger = json!({ "status": status });
         addresses
             .patch_status(
                 &object_name(ip),

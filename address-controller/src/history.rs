@@ -1,12 +1,13 @@
 //! `address-controller holders` (who held an address, and when: the abuse desk's question)
 //! and `address-controller usage` (address-seconds per namespace and class over a period:
-//! what to bill), both read from the addresses' own history (`api::history`), so every
-//! run, replica and restart gives the same answer for a period in the past.
+//! what to bill), both read from the addresses' own history and the records of what left
+//! them (`api::history::Timeline`), so every run, replica and restart gives the same answer
+//! for a period in the past — for an address deleted since, too.
 
 use std::collections::BTreeMap;
 
-use address_controller_api::IPAddress;
-use address_controller_api::history::{self, Usage};
+use address_controller_api::history::{self, Timeline, Usage};
+use address_controller_api::{IPAddress, IPAddressRecord};
 use address_controller_runtime::client::ClientArgs;
 use address_controller_runtime::report::table;
 use anyhow::Context as _;
@@ -121,8 +122,7 @@ fn csv_cell(s: &str) -> String {
 pub async fn export(args: &ExportArgs) -> anyhow::Result<()> {
     use std::io::Write as _;
     let (from, to) = (args.period.from, args.period.to()?);
-    let mut all = addresses(&args.kube).await?;
-    all.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let all = timelines(&args.kube).await?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if let ExportFormat::Csv = args.output {
         writeln!(out, "{}", history::RECORD_COLUMNS.join(","))?;
@@ -158,14 +158,18 @@ pub async fn export(args: &ExportArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every IPAddress, in pages (the listing a one-shot makes; never a watch).
-async fn addresses(kube: &ClientArgs) -> anyhow::Result<Vec<IPAddress>> {
-    let client = kube.client().await?;
-    let api: Api<IPAddress> = Api::all(client);
+/// Every object of a kind, in pages (the listing a one-shot makes; never a watch).
+async fn list_all<K>(api: Api<K>, what: &str) -> anyhow::Result<Vec<K>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let mut out = Vec::new();
     let mut params = ListParams::default().limit(500);
     loop {
-        let page = api.list(&params).await.context("listing IPAddresses")?;
+        let page = api
+            .list(&params)
+            .await
+            .with_context(|| format!("listing {what}"))?;
         out.extend(page.items);
         match page.metadata.continue_ {
             Some(c) if !c.is_empty() => params = params.continue_token(&c),
@@ -173,6 +177,18 @@ async fn addresses(kube: &ClientArgs) -> anyhow::Result<Vec<IPAddress>> {
         }
     }
     Ok(out)
+}
+
+/// The whole history of every address, those deleted since included: the IPAddresses and
+/// the IPAddressRecords, joined by the address's uid, in IPAddress name order.
+async fn timelines(kube: &ClientArgs) -> anyhow::Result<Vec<Timeline>> {
+    let client = kube.client().await?;
+    let addresses: Vec<IPAddress> = list_all(Api::all(client.clone()), "IPAddresses").await?;
+    let records: Vec<IPAddressRecord> = list_all(Api::all(client), "IPAddressRecords").await?;
+    Ok(Timeline::gather(
+        &addresses,
+        records.iter().map(|r| &r.spec),
+    ))
 }
 
 fn time(t: Option<&Time>) -> String {
@@ -184,19 +200,32 @@ fn time(t: Option<&Time>) -> String {
 pub async fn holders(args: &HoldersArgs) -> anyhow::Result<bool> {
     let ip = address_controller_api::family::parse_address(&args.address)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let all = addresses(&args.kube).await?;
-    let found: Vec<&IPAddress> = all.iter().filter(|a| a.ip() == Some(ip)).collect();
-    let Some(a) = found.first() else {
-        println!(
-            "no IPAddress for {ip}: it is not in the ledger (or was deleted, and its history with it)"
-        );
+    let all = timelines(&args.kube).await?;
+    let found: Vec<&Timeline> = all
+        .iter()
+        .filter(|t| address_controller_api::family::parse_address(&t.meta.address).ok() == Some(ip))
+        .collect();
+    if found.is_empty() {
+        println!("no IPAddress for {ip}, and no record of one within the retention");
         return Ok(false);
-    };
-    let (list, dropped) = history::holdings(a);
-    let (spans, _) = history::spans(a);
-    let at = args.at.map(Time);
+    }
+    let mut any = false;
+    for t in found {
+        any |= holders_of(t, args.at.map(Time));
+    }
+    Ok(any)
+}
+
+/// Prints one address's holdings (all, or the one at `at`). False when none is printed.
+fn holders_of(t: &Timeline, at: Option<Time>) -> bool {
+    let list: Vec<&address_controller_api::history::Holding> =
+        t.holdings.iter().map(|(_, h)| h).collect();
+    let spans: Vec<address_controller_api::history::AttachmentSpan> =
+        t.spans.iter().map(|(_, s)| s.clone()).collect();
+    let spans = &spans[..];
+    let missing = t.holdings.first().map_or(t.dropped.0, |(o, _)| *o);
     let mut rows = Vec::new();
-    for h in list {
+    for h in list.iter().copied() {
         if at.as_ref().is_some_and(|t| !h.covers(t)) {
             continue;
         }
@@ -235,14 +264,12 @@ pub async fn holders(args: &HoldersArgs) -> anyhow::Result<bool> {
         ]);
     }
     println!(
-        "IPAddress {} ({}), class {}",
-        kube::ResourceExt::name_any(*a),
-        a.spec.address,
-        a.spec.class_name
+        "IPAddress {} ({}), class {}, uid {}",
+        t.meta.ip_address, t.meta.address, t.meta.class_name, t.meta.address_uid
     );
-    if dropped > 0 {
+    if missing > 0 {
         println!(
-            "{dropped} older holding(s) dropped past the bound; the first kept begins {}",
+            "{missing} older holding(s) not kept (past the retention, or dropped by an older version); the first kept begins {}",
             time(list.first().and_then(|h| h.from.as_ref()))
         );
     }
@@ -251,7 +278,7 @@ pub async fn holders(args: &HoldersArgs) -> anyhow::Result<bool> {
             Some(t) => println!("nobody held it at {}", t.0),
             None => println!("nobody has held it since its history began"),
         }
-        return Ok(false);
+        return false;
     }
     print!(
         "{}",
@@ -269,20 +296,20 @@ pub async fn holders(args: &HoldersArgs) -> anyhow::Result<bool> {
             &rows
         )
     );
-    Ok(true)
+    true
 }
 
 /// Prints address-seconds held and attached per namespace and class over the period.
 pub async fn usage(args: &UsageArgs) -> anyhow::Result<()> {
     let (from, to) = (args.period.from, args.period.to()?);
-    let all = addresses(&args.kube).await?;
+    let all = timelines(&args.kube).await?;
     let mut by: BTreeMap<(String, String), Usage> = BTreeMap::new();
     for a in &all {
         for (ns, u) in history::usage_of(a, from.as_second(), to.as_second()) {
             if !args.period.keeps(&ns) {
                 continue;
             }
-            let acc = by.entry((ns, a.spec.class_name.clone())).or_default();
+            let acc = by.entry((ns, a.meta.class_name.clone())).or_default();
             acc.addresses += u.addresses;
             acc.held_seconds += u.held_seconds;
             acc.attached_seconds += u.attached_seconds;

@@ -117,6 +117,53 @@ struct RunArgs {
     /// Create an IPAddressClaim for every LoadBalancer Service that names none (SPEC §7).
     #[arg(long, env = "ADDRESS_CONTROLLER_AUTO_CLAIMS", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     auto_claims: bool,
+    #[command(flatten)]
+    history: HistoryArgs,
+}
+
+/// The history's records (`IPAddressRecord`).
+#[derive(Args)]
+#[command(next_help_heading = "History records")]
+struct HistoryArgs {
+    /// How long a record is kept after its entry ended (a Go duration). The default, 9600h
+    /// (400 days), answers an abuse report or a billing dispute about any day of the past
+    /// year, with a month to spare for reports that come late.
+    #[arg(long, env = "ADDRESS_CONTROLLER_HISTORY_RETENTION", default_value = "9600h", value_parser = parse_duration)]
+    history_retention: std::time::Duration,
+    /// How often the leader looks for records past the retention.
+    #[arg(long, env = "ADDRESS_CONTROLLER_HISTORY_PRUNE_INTERVAL", default_value = "10m", value_parser = parse_duration)]
+    history_prune_interval: std::time::Duration,
+    /// Writes a second, at most, that only move an address's history kept by an older version
+    /// to records (an upgrade's backlog).
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_HISTORY_MOVE_RATE",
+        default_value_t = 5.0
+    )]
+    history_move_rate: f64,
+    /// Records a second, at most, the retention deletes.
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_HISTORY_PRUNE_RATE",
+        default_value_t = 50.0
+    )]
+    history_prune_rate: f64,
+}
+
+impl HistoryArgs {
+    fn history(&self) -> address_controller_controller::context::History {
+        use address_controller_runtime::records::Pacer;
+        address_controller_controller::context::History {
+            retention: self.history_retention,
+            moves: Pacer::new(self.history_move_rate),
+            prunes: Pacer::new(self.history_prune_rate),
+            prune_interval: self.history_prune_interval,
+        }
+    }
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    address_controller_api::duration::parse(s).map_err(|e| e.to_string())
 }
 
 #[derive(Args)]
@@ -256,6 +303,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Entitlements (namespaces, quotas) are read by the binder and shown by the views.
     // The core reads Services for auto-claims and for the count of Services on each claim.
     let world = World::new(controller, p.health.clone()).with_entitlements();
+    let world = if args.apiserver.enabled {
+        world.with_records()
+    } else {
+        world
+    };
     let world = if controller {
         world.with_driver_leases()
     } else {
@@ -275,6 +327,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         metrics.clone(),
         args.election.identity(),
         args.auto_claims,
+        args.history.history(),
     ));
     if controller {
         // Handlers first: they must see the initial lists.

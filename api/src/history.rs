@@ -16,12 +16,19 @@ use serde::{Deserialize, Serialize};
 
 use crate::{AddressPhase, Attachment, ClaimRef, IPAddress};
 
-/// How many holdings an address keeps; past it the oldest closed ones are dropped and
-/// counted in `status.historyDropped`.
+/// The schema's cap on `status.history` (and the bound before records were kept: past it
+/// the oldest closed ones were dropped and counted in `status.historyDropped`).
 pub const HOLDINGS_LIMIT: usize = 32;
-/// How many Service spans an address keeps (sharing attaches several at once); past it
-/// the oldest closed ones are dropped and counted in `status.attachmentHistoryDropped`.
+/// The cap on `status.attachmentHistory` (sharing attaches several at once), as above.
 pub const SPANS_LIMIT: usize = 64;
+/// How many closed holdings an address keeps besides its open one: the write that closes
+/// one more moves the oldest past this to an `IPAddressRecord` (created first).
+pub const HOLDINGS_KEEP: usize = 4;
+/// How many closed spans an address keeps besides its open ones.
+pub const SPANS_KEEP: usize = 8;
+/// At most this many entries move to records in one write: an address written before
+/// records were kept (up to 32 + 64 closed entries) moves its backlog a few at a time.
+pub const MOVE_BATCH: usize = 8;
 
 /// What the address was to a claim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
@@ -43,6 +50,8 @@ pub mod ended {
     pub const MOVED: &str = "Moved";
     /// The claimRef was cleared without a release (an admin freed a reservation).
     pub const FREED: &str = "Freed";
+    /// The address was deleted while the holding lasted (recorded by the core's finalizer).
+    pub const DELETED: &str = "Deleted";
 }
 
 /// One holding: a claim the address was bound to or reserved for, from when until when.
@@ -208,40 +217,10 @@ fn overlap(from: Option<&Time>, until: Option<&Time>, lo: i64, hi: i64) -> Optio
     (e > s).then_some((s, e))
 }
 
-/// One line of an export of the history (`address-controller history export`): a holding
-/// of the address (`record: "holding"`, its claim) or a span of a holder
-/// (`record: "attachment"`, a Service), whatever its state — for an archive outside the
-/// cluster, where it outlives the address.
-#[derive(Serialize, Debug, Clone, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct Record {
-    pub record: &'static str,
-    /// The IP.
-    pub address: String,
-    /// The IPAddress object's name.
-    pub ip_address: String,
-    pub class_name: String,
-    /// `IPAddressClaim` for a holding; the holder's kind for an attachment.
-    pub kind: String,
-    /// The claim's or the holder's namespace (empty for a cluster-scoped holder).
-    pub namespace: String,
-    pub name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub uid: Option<String>,
-    /// A holding's `Bound` or `Reserved`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub state: Option<HoldingState>,
-    /// Absent for a binding found under way (an upgrade): its start is not known.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub from: Option<Time>,
-    /// Absent while it lasts.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub until: Option<Time>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ended: Option<String>,
-    pub found: bool,
-    pub egress: bool,
-}
+/// One entry of the history as kept outside the address and as exported: the spec of an
+/// `IPAddressRecord` (one spelling for the record in the cluster and the line in an archive).
+pub type Record = crate::RecordSpec;
+pub use crate::RecordOf;
 
 /// The columns of a [`Record`] in CSV, in order.
 pub const RECORD_COLUMNS: &[&str] = &[
@@ -259,14 +238,111 @@ pub const RECORD_COLUMNS: &[&str] = &[
     "ended",
     "found",
     "egress",
+    "addressUID",
+    "ordinal",
 ];
+
+/// Which address an entry is of: what a record carries besides the entry.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AddressMeta {
+    /// The IP.
+    pub address: String,
+    /// The IPAddress object's name.
+    pub ip_address: String,
+    pub address_uid: String,
+    pub class_name: String,
+}
+
+impl AddressMeta {
+    pub fn of(a: &IPAddress) -> AddressMeta {
+        AddressMeta {
+            address: a.spec.address.clone(),
+            ip_address: a.metadata.name.clone().unwrap_or_default(),
+            address_uid: a.metadata.uid.clone().unwrap_or_default(),
+            class_name: a.spec.class_name.clone(),
+        }
+    }
+
+    fn of_record(r: &Record) -> AddressMeta {
+        AddressMeta {
+            address: r.address.clone(),
+            ip_address: r.ip_address.clone(),
+            address_uid: r.address_uid.clone(),
+            class_name: r.class_name.clone(),
+        }
+    }
+
+    fn base(
+        &self,
+        record: RecordOf,
+        ordinal: i64,
+        kind: String,
+        namespace: String,
+        name: String,
+    ) -> Record {
+        Record {
+            record,
+            address: self.address.clone(),
+            ip_address: self.ip_address.clone(),
+            address_uid: self.address_uid.clone(),
+            ordinal,
+            class_name: self.class_name.clone(),
+            kind,
+            namespace,
+            name,
+            uid: None,
+            state: None,
+            from: None,
+            until: None,
+            ended: None,
+            found: false,
+            egress: false,
+        }
+    }
+
+    /// The record of holding `h`, the address's `ordinal`-th.
+    pub fn holding(&self, ordinal: i64, h: &Holding) -> Record {
+        Record {
+            uid: h.uid.clone(),
+            state: Some(h.state),
+            from: h.from.clone(),
+            until: h.until.clone(),
+            ended: h.ended.clone(),
+            found: h.found,
+            ..self.base(
+                RecordOf::Holding,
+                ordinal,
+                "IPAddressClaim".into(),
+                h.namespace.clone(),
+                h.name.clone(),
+            )
+        }
+    }
+
+    /// The record of span `sp`, the address's `ordinal`-th.
+    pub fn span(&self, ordinal: i64, sp: &AttachmentSpan) -> Record {
+        Record {
+            from: Some(sp.from.clone()),
+            until: sp.until.clone(),
+            found: sp.found,
+            egress: sp.egress,
+            ..self.base(
+                RecordOf::Attachment,
+                ordinal,
+                sp.kind.clone(),
+                sp.namespace.clone().unwrap_or_default(),
+                sp.name.clone(),
+            )
+        }
+    }
+}
 
 impl Record {
     /// Its cells in [`RECORD_COLUMNS`] order (empty for what it does not have).
     pub fn cells(&self) -> Vec<String> {
         let t = |t: &Option<Time>| t.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
         vec![
-            self.record.to_string(),
+            self.record.as_str().to_string(),
             self.address.clone(),
             self.ip_address.clone(),
             self.class_name.clone(),
@@ -280,91 +356,177 @@ impl Record {
             self.ended.clone().unwrap_or_default(),
             self.found.to_string(),
             self.egress.to_string(),
+            self.address_uid.clone(),
+            self.ordinal.to_string(),
         ]
+    }
+
+    /// The holding it records (`None` for an attachment's).
+    pub fn as_holding(&self) -> Option<Holding> {
+        (self.record == RecordOf::Holding).then(|| Holding {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+            state: self.state.unwrap_or(HoldingState::Bound),
+            from: self.from.clone(),
+            until: self.until.clone(),
+            ended: self.ended.clone(),
+            found: self.found,
+        })
+    }
+
+    /// The span it records (`None` for a holding's).
+    pub fn as_span(&self) -> Option<AttachmentSpan> {
+        (self.record == RecordOf::Attachment).then(|| AttachmentSpan {
+            kind: self.kind.clone(),
+            namespace: (!self.namespace.is_empty()).then(|| self.namespace.clone()),
+            name: self.name.clone(),
+            from: self
+                .from
+                .clone()
+                .unwrap_or(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
+            until: self.until.clone(),
+            found: self.found,
+            egress: self.egress,
+        })
     }
 }
 
-/// The holdings and spans of A that touch `[lo, hi)`, holdings first, each
-/// in the order kept; and how many entries A's history dropped before its oldest kept one
-/// (past its bound: an export cannot give them back).
+/// One address's whole history — what its object keeps and what its records hold — by
+/// ordinal: the one input of every answer about the past (`holders`, `usage`, exports,
+/// the view), whether the address still exists or not.
+#[derive(Debug, Clone, Default)]
+pub struct Timeline {
+    pub meta: AddressMeta,
+    /// Holdings by ordinal, ascending.
+    pub holdings: Vec<(i64, Holding)>,
+    /// Spans by ordinal, ascending.
+    pub spans: Vec<(i64, AttachmentSpan)>,
+    /// Entries dropped from the address before records were kept (holdings, spans): gone.
+    pub dropped: (i64, i64),
+}
+
+impl Timeline {
+    /// What the address's object keeps.
+    pub fn of(a: &IPAddress) -> Timeline {
+        let (list, base) = holdings(a);
+        let (spans_list, spans_base) = spans(a);
+        let st = a.status.as_ref();
+        Timeline {
+            meta: AddressMeta::of(a),
+            holdings: (base..).zip(list.iter().cloned()).collect(),
+            spans: (spans_base..).zip(spans_list.iter().cloned()).collect(),
+            dropped: st.map_or((0, 0), |s| {
+                (s.history_dropped, s.attachment_history_dropped)
+            }),
+        }
+    }
+
+    /// A timeline of records only (the address is gone, or not read).
+    pub fn of_record(r: &Record) -> Timeline {
+        let mut t = Timeline {
+            meta: AddressMeta::of_record(r),
+            ..Timeline::default()
+        };
+        t.add(r);
+        t
+    }
+
+    /// Adds a record's entry, unless the timeline has that ordinal already (an entry
+    /// recorded and still on the address: the address's copy is the same).
+    pub fn add(&mut self, r: &Record) {
+        fn insert<T>(list: &mut Vec<(i64, T)>, ordinal: i64, v: Option<T>) {
+            let Some(v) = v else { return };
+            if let Err(i) = list.binary_search_by_key(&ordinal, |(o, _)| *o) {
+                list.insert(i, (ordinal, v));
+            }
+        }
+        match r.record {
+            RecordOf::Holding => insert(&mut self.holdings, r.ordinal, r.as_holding()),
+            RecordOf::Attachment => insert(&mut self.spans, r.ordinal, r.as_span()),
+        }
+    }
+
+    /// The timelines of `addresses` and `records`, one per address uid, in IPAddress name
+    /// order (an address deleted and created again: the older one first).
+    pub fn gather<'a>(
+        addresses: impl IntoIterator<Item = &'a IPAddress>,
+        records: impl IntoIterator<Item = &'a Record>,
+    ) -> Vec<Timeline> {
+        let mut by: std::collections::HashMap<String, Timeline> = std::collections::HashMap::new();
+        for a in addresses {
+            let t = Timeline::of(a);
+            by.insert(t.meta.address_uid.clone(), t);
+        }
+        for r in records {
+            match by.get_mut(&r.address_uid) {
+                Some(t) => t.add(r),
+                None => {
+                    by.insert(r.address_uid.clone(), Timeline::of_record(r));
+                }
+            }
+        }
+        let mut out: Vec<Timeline> = by.into_values().collect();
+        let first = |t: &Timeline| {
+            t.holdings
+                .iter()
+                .find_map(|(_, h)| h.from.as_ref().or(h.until.as_ref()).map(|x| x.0))
+        };
+        out.sort_by(|a, b| {
+            (a.meta.ip_address.as_str(), first(a)).cmp(&(b.meta.ip_address.as_str(), first(b)))
+        });
+        out
+    }
+
+    /// Whether entries before the first known one are missing (dropped before records were
+    /// kept, or pruned by the retention): for holdings, then spans.
+    fn missing_before(&self) -> (bool, bool) {
+        (
+            self.holdings.first().map_or(self.dropped.0, |(o, _)| *o) > 0,
+            self.spans.first().map_or(self.dropped.1, |(o, _)| *o) > 0,
+        )
+    }
+}
+
+/// The holdings and spans of a timeline that touch `[lo, hi)`, holdings first, each
+/// in ordinal order; and how many entries before its oldest known one are missing
+/// (dropped past the old bound: an export cannot give them back).
 pub fn records(
-    a: &IPAddress,
+    t: &Timeline,
     lo: k8s_openapi::jiff::Timestamp,
     hi: k8s_openapi::jiff::Timestamp,
 ) -> (Vec<Record>, i64) {
-    let (list, dropped) = holdings(a);
-    let (spans, spans_dropped) = spans(a);
-    let base = |record: &'static str, kind: String, namespace: String, name: String| Record {
-        record,
-        address: a.spec.address.clone(),
-        ip_address: a.metadata.name.clone().unwrap_or_default(),
-        class_name: a.spec.class_name.clone(),
-        kind,
-        namespace,
-        name,
-        uid: None,
-        state: None,
-        from: None,
-        until: None,
-        ended: None,
-        found: false,
-        egress: false,
-    };
     // An archive keeps what touches the period, an entry of no length inside it too.
     let touches = |from: Option<&Time>, until: Option<&Time>| {
         from.is_none_or(|f| f.0 < hi) && until.is_none_or(|u| u.0 >= lo)
     };
     let mut out = Vec::new();
-    for h in list {
-        if !touches(h.from.as_ref(), h.until.as_ref()) {
-            continue;
+    for (o, h) in &t.holdings {
+        if touches(h.from.as_ref(), h.until.as_ref()) {
+            out.push(t.meta.holding(*o, h));
         }
-        out.push(Record {
-            uid: h.uid.clone(),
-            state: Some(h.state),
-            from: h.from.clone(),
-            until: h.until.clone(),
-            ended: h.ended.clone(),
-            found: h.found,
-            ..base(
-                "holding",
-                "IPAddressClaim".into(),
-                h.namespace.clone(),
-                h.name.clone(),
-            )
-        });
     }
-    for sp in spans {
-        if !touches(Some(&sp.from), sp.until.as_ref()) {
-            continue;
+    for (o, sp) in &t.spans {
+        if touches(Some(&sp.from), sp.until.as_ref()) {
+            out.push(t.meta.span(*o, sp));
         }
-        out.push(Record {
-            from: Some(sp.from.clone()),
-            until: sp.until.clone(),
-            found: sp.found,
-            egress: sp.egress,
-            ..base(
-                "attachment",
-                sp.kind.clone(),
-                sp.namespace.clone().unwrap_or_default(),
-                sp.name.clone(),
-            )
-        });
     }
-    (out, dropped + spans_dropped)
+    (out, t.dropped.0 + t.dropped.1)
 }
 
 /// What one address was used for within `[lo, hi)` (Unix seconds), by the namespace of
 /// each claim it was bound to: the same answer from every replica and after every restart,
-/// because it is computed from the object alone.
-pub fn usage_of(a: &IPAddress, lo: i64, hi: i64) -> Vec<(String, Usage)> {
-    let (list, dropped) = holdings(a);
-    let (spans, spans_dropped) = spans(a);
-    // Dropped entries are older than every kept one: they may cover the period's start.
+/// because it is computed from the objects alone (the address and its records).
+pub fn usage_of(t: &Timeline, lo: i64, hi: i64) -> Vec<(String, Usage)> {
+    let list: Vec<&Holding> = t.holdings.iter().map(|(_, h)| h).collect();
+    let spans: Vec<&AttachmentSpan> = t.spans.iter().map(|(_, s)| s).collect();
+    let (missing_holdings, missing_spans) = t.missing_before();
+    // Missing entries are older than every known one: they may cover the period's start.
     let lost_before =
-        |first: Option<&Time>, n: i64| n > 0 && first.is_none_or(|f| f.0.as_second() > lo);
-    let partial_holdings = lost_before(list.first().and_then(|h| h.from.as_ref()), dropped);
-    let partial_spans = lost_before(spans.first().map(|s| &s.from), spans_dropped);
+        |first: Option<&Time>, missing: bool| missing && first.is_none_or(|f| f.0.as_second() > lo);
+    let partial_holdings =
+        lost_before(list.first().and_then(|h| h.from.as_ref()), missing_holdings);
+    let partial_spans = lost_before(spans.first().map(|s| &s.from), missing_spans);
     let mut out: Vec<(String, Usage)> = Vec::new();
     for h in list.iter().filter(|h| h.state == HoldingState::Bound) {
         let Some((s, e)) = overlap(h.from.as_ref(), h.until.as_ref(), lo, hi) else {
@@ -420,18 +582,61 @@ pub fn usage_of(a: &IPAddress, lo: i64, hi: i64) -> Vec<(String, Usage)> {
     out
 }
 
-/// The address's holdings, and how many were dropped past the bound.
+/// The address's holdings, and the ordinal of the first (how many before it were dropped
+/// or moved to records).
 pub fn holdings(a: &IPAddress) -> (&[Holding], i64) {
-    a.status
-        .as_ref()
-        .map_or((&[][..], 0), |s| (&s.history[..], s.history_dropped))
+    a.status.as_ref().map_or((&[][..], 0), |s| {
+        (&s.history[..], s.history_dropped + s.history_recorded)
+    })
 }
 
-/// The address's Service spans, and how many were dropped past the bound.
+/// The address's Service spans, and the ordinal of the first.
 pub fn spans(a: &IPAddress) -> (&[AttachmentSpan], i64) {
     a.status.as_ref().map_or((&[][..], 0), |s| {
-        (&s.attachment_history[..], s.attachment_history_dropped)
+        (
+            &s.attachment_history[..],
+            s.attachment_history_dropped + s.attachment_history_recorded,
+        )
     })
+}
+
+/// How many entries came before a list's first: dropped past the old bound, and moved to
+/// records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counts {
+    pub dropped: i64,
+    pub recorded: i64,
+}
+
+impl Counts {
+    /// The ordinal of the list's first entry.
+    pub fn base(self) -> i64 {
+        self.dropped + self.recorded
+    }
+    /// The holdings' counts of `a`.
+    pub fn holdings(a: &IPAddress) -> Counts {
+        a.status.as_ref().map_or(Counts::default(), |s| Counts {
+            dropped: s.history_dropped,
+            recorded: s.history_recorded,
+        })
+    }
+    /// The spans' counts of `a`.
+    pub fn spans(a: &IPAddress) -> Counts {
+        a.status.as_ref().map_or(Counts::default(), |s| Counts {
+            dropped: s.attachment_history_dropped,
+            recorded: s.attachment_history_recorded,
+        })
+    }
+}
+
+/// A list after a write: what stays on the address, its counts, and the entries that move
+/// to records in it (with their ordinals) — their records are created before the write, so
+/// an entry is on the address or in a record at every instant, crash or not.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settled<T> {
+    pub list: Vec<T>,
+    pub counts: Counts,
+    pub moved: Vec<(i64, T)>,
 }
 
 /// The holdings after a core write that leaves the address `held`, at `now`; `None` when
@@ -440,11 +645,11 @@ pub fn spans(a: &IPAddress) -> (&[AttachmentSpan], i64) {
 /// as `found`, without `from`.
 pub fn holdings_after(
     history: &[Holding],
-    dropped: i64,
+    counts: Counts,
     held: Held<'_>,
     unrecorded: Option<&ClaimRef>,
     now: &Time,
-) -> Option<(Vec<Holding>, i64)> {
+) -> Option<Settled<Holding>> {
     let open = history.last().filter(|h| h.until.is_none());
     let want = held.state();
     if let (None, Some(r), Held::Released) = (open, unrecorded, held) {
@@ -459,7 +664,14 @@ pub fn holdings_after(
             ended: Some(ended::RELEASED.to_string()),
             found: true,
         });
-        return Some(bounded(out, dropped, HOLDINGS_LIMIT, |h| h.until.is_some()));
+        return Some(settle(
+            out,
+            counts,
+            HOLDINGS_KEEP,
+            HOLDINGS_LIMIT,
+            true,
+            |h| h.until.is_some(),
+        ));
     }
     match (open, want) {
         (None, None) => return None,
@@ -467,6 +679,7 @@ pub fn holdings_after(
         _ => {}
     }
     let mut out = history.to_vec();
+    let closes = open.is_some();
     if let Some(o) = out.last_mut().filter(|h| h.until.is_none()) {
         o.until = Some(now.clone());
         o.ended = Some(
@@ -501,7 +714,31 @@ pub fn holdings_after(
             found: false,
         });
     }
-    Some(bounded(out, dropped, HOLDINGS_LIMIT, |h| h.until.is_some()))
+    Some(settle(
+        out,
+        counts,
+        HOLDINGS_KEEP,
+        HOLDINGS_LIMIT,
+        closes,
+        |h| h.until.is_some(),
+    ))
+}
+
+/// The holdings after a write of its own that only moves an address's closed holdings past
+/// [`HOLDINGS_KEEP`] to records — an address written before records were kept, at a rate the
+/// core bounds; `None` when it keeps no more than that.
+pub fn holdings_moved(history: &[Holding], counts: Counts) -> Option<Settled<Holding>> {
+    let closed = history.iter().filter(|h| h.until.is_some()).count();
+    (closed > HOLDINGS_KEEP).then(|| {
+        settle(
+            history.to_vec(),
+            counts,
+            HOLDINGS_KEEP,
+            HOLDINGS_LIMIT,
+            true,
+            |h| h.until.is_some(),
+        )
+    })
 }
 
 /// The Service spans after a driver's ledger write that changes the holders from `before`
@@ -509,17 +746,19 @@ pub fn holdings_after(
 /// open span gets one (`found` when it was in `before` already: recorded late).
 pub fn spans_after(
     spans: &[AttachmentSpan],
-    dropped: i64,
+    counts: Counts,
     before: &[Attachment],
     after: &[Attachment],
     now: &Time,
-) -> Option<(Vec<AttachmentSpan>, i64)> {
+) -> Option<Settled<AttachmentSpan>> {
     let mut out = spans.to_vec();
     let mut changed = false;
+    let mut closes = false;
     for s in out.iter_mut().filter(|s| s.until.is_none()) {
         if !after.iter().any(|a| s.same_holder(a)) {
             s.until = Some(now.clone());
             changed = true;
+            closes = true;
         }
     }
     for a in after {
@@ -538,25 +777,79 @@ pub fn spans_after(
             changed = true;
         }
     }
-    changed.then(|| bounded(out, dropped, SPANS_LIMIT, |s| s.until.is_some()))
+    changed.then(|| {
+        settle(out, counts, SPANS_KEEP, SPANS_LIMIT, closes, |s| {
+            s.until.is_some()
+        })
+    })
 }
 
-/// Drops the oldest closed entries past `limit` (an open one is never dropped), counting
-/// them into `dropped`.
-fn bounded<T>(
-    mut list: Vec<T>,
-    mut dropped: i64,
-    limit: usize,
-    closed: impl Fn(&T) -> bool,
-) -> (Vec<T>, i64) {
-    while list.len() > limit {
-        let Some(i) = list.iter().position(&closed) else {
-            break;
+impl<T: Serialize> Settled<T> {
+    fn write(&self, status: &mut serde_json::Value, list: &str, dropped: &str, recorded: &str) {
+        let n = |v: i64| {
+            if v == 0 {
+                serde_json::Value::Null
+            } else {
+                v.into()
+            }
         };
-        list.remove(i);
-        dropped += 1;
+        status[list] = serde_json::json!(self.list);
+        status[dropped] = n(self.counts.dropped);
+        status[recorded] = n(self.counts.recorded);
     }
-    (list, dropped)
+}
+
+impl Settled<Holding> {
+    /// Writes `history` and its counts into a status patch's fields.
+    pub fn write_holdings(&self, status: &mut serde_json::Value) {
+        self.write(status, "history", "historyDropped", "historyRecorded");
+    }
+}
+
+impl Settled<AttachmentSpan> {
+    /// Writes `attachmentHistory` and its counts into a status patch's fields.
+    pub fn write_spans(&self, status: &mut serde_json::Value) {
+        self.write(
+            status,
+            "attachmentHistory",
+            "attachmentHistoryDropped",
+            "attachmentHistoryRecorded",
+        );
+    }
+}
+
+/// A list after a write: when the write `closes` an entry, the oldest closed entries past
+/// `keep` move to records (at most [`MOVE_BATCH`], oldest first — a closed entry always
+/// comes before the open ones, so the list's first entries move and the ordinals of the
+/// rest stay); past the schema's `limit` the oldest closed are dropped and counted (only
+/// an address of an older version, whose backlog was not yet moved, ever gets there).
+fn settle<T: Clone>(
+    mut list: Vec<T>,
+    mut counts: Counts,
+    keep: usize,
+    limit: usize,
+    closes: bool,
+    closed: impl Fn(&T) -> bool,
+) -> Settled<T> {
+    let mut moved = Vec::new();
+    if closes {
+        while moved.len() < MOVE_BATCH
+            && list.iter().filter(|x| closed(x)).count() > keep
+            && list.first().is_some_and(&closed)
+        {
+            moved.push((counts.base(), list.remove(0)));
+            counts.recorded += 1;
+        }
+    }
+    while list.len() > limit && list.first().is_some_and(&closed) {
+        list.remove(0);
+        counts.dropped += 1;
+    }
+    Settled {
+        list,
+        counts,
+        moved,
+    }
 }
 
 /// What is wrong with a history, for the invariant checker: entries out of order or
@@ -619,6 +912,31 @@ mod tests {
     use super::*;
     use k8s_openapi::jiff::Timestamp;
 
+    const Z: Counts = Counts {
+        dropped: 0,
+        recorded: 0,
+    };
+
+    fn after(
+        h: &[Holding],
+        c: Counts,
+        held: Held<'_>,
+        unrecorded: Option<&ClaimRef>,
+        now: &Time,
+    ) -> Option<(Vec<Holding>, Counts)> {
+        holdings_after(h, c, held, unrecorded, now).map(|s| (s.list, s.counts))
+    }
+
+    fn spans_to(
+        s: &[AttachmentSpan],
+        c: Counts,
+        before: &[Attachment],
+        after: &[Attachment],
+        now: &Time,
+    ) -> Option<(Vec<AttachmentSpan>, Counts)> {
+        spans_after(s, c, before, after, now).map(|s| (s.list, s.counts))
+    }
+
     fn t(s: i64) -> Time {
         Time(Timestamp::from_second(1_800_000_000 + s).unwrap())
     }
@@ -658,10 +976,10 @@ mod tests {
         .unwrap();
         let at = |s: i64| t(s).0;
         let names = |lo: i64, hi: i64| -> Vec<String> {
-            records(&a, at(lo), at(hi))
+            records(&Timeline::of(&a), at(lo), at(hi))
                 .0
                 .iter()
-                .map(|r| format!("{}:{}/{}", r.record, r.namespace, r.name))
+                .map(|r| format!("{}:{}/{}", r.record.as_str(), r.namespace, r.name))
                 .collect()
         };
         assert_eq!(
@@ -678,7 +996,7 @@ mod tests {
         assert_eq!(names(12, 13), ["holding:a/web", "attachment:a/site"]);
         assert_eq!(names(40, 50), ["holding:b/db", "attachment:b/vm"]);
         assert_eq!(names(0, 10), Vec::<String>::new());
-        let (rows, dropped) = records(&a, at(0), at(100));
+        let (rows, dropped) = records(&Timeline::of(&a), at(0), at(100));
         assert_eq!(dropped, 2);
         let cells = rows[0].cells();
         assert_eq!(cells.len(), RECORD_COLUMNS.len());
@@ -697,38 +1015,38 @@ mod tests {
     #[test]
     fn a_binding_opens_and_a_release_closes_it() {
         let c = r("a", "web", Some("u1"));
-        let (h, d) = holdings_after(&[], 0, Held::Bound(&c), None, &t(1)).unwrap();
+        let (h, d) = after(&[], Z, Held::Bound(&c), None, &t(1)).unwrap();
         assert_eq!(h.len(), 1);
         assert_eq!(h[0].state, HoldingState::Bound);
         assert_eq!(h[0].uid.as_deref(), Some("u1"));
         assert!(!h[0].found);
         // Steady: nothing to write.
-        assert_eq!(holdings_after(&h, d, Held::Bound(&c), None, &t(5)), None);
-        let (h, _) = holdings_after(&h, d, Held::Released, None, &t(9)).unwrap();
+        assert_eq!(after(&h, d, Held::Bound(&c), None, &t(5)), None);
+        let (h, _) = after(&h, d, Held::Released, None, &t(9)).unwrap();
         assert_eq!(h[0].until, Some(t(9)));
         assert_eq!(h[0].ended.as_deref(), Some(ended::RELEASED));
         // Released, then recycled (no claimRef): nothing more.
-        assert_eq!(holdings_after(&h, 0, Held::Released, None, &t(10)), None);
-        assert_eq!(holdings_after(&h, 0, Held::Free, None, &t(11)), None);
+        assert_eq!(after(&h, Z, Held::Released, None, &t(10)), None);
+        assert_eq!(after(&h, Z, Held::Free, None, &t(11)), None);
     }
 
     #[test]
     fn a_reservation_then_its_binding_then_a_move() {
         let res = r("b", "db", None);
-        let (h, d) = holdings_after(&[], 0, Held::Reserved(&res), None, &t(1)).unwrap();
+        let (h, d) = after(&[], Z, Held::Reserved(&res), None, &t(1)).unwrap();
         assert_eq!(h[0].state, HoldingState::Reserved);
         assert!(
             !h[0].found,
             "a reservation is recorded when seen, never as found"
         );
         let bound = r("b", "db", Some("u2"));
-        let (h, d) = holdings_after(&h, d, Held::Bound(&bound), None, &t(2)).unwrap();
+        let (h, d) = after(&h, d, Held::Bound(&bound), None, &t(2)).unwrap();
         assert_eq!(h[0].ended.as_deref(), Some(ended::BOUND));
         assert_eq!(h[1].uid.as_deref(), Some("u2"));
         let other = r("c", "db", None);
-        let (h, d) = holdings_after(&h, d, Held::Reserved(&other), None, &t(3)).unwrap();
+        let (h, d) = after(&h, d, Held::Reserved(&other), None, &t(3)).unwrap();
         assert_eq!(h[1].ended.as_deref(), Some(ended::MOVED));
-        let (h, _) = holdings_after(&h, d, Held::Free, None, &t(4)).unwrap();
+        let (h, _) = after(&h, d, Held::Free, None, &t(4)).unwrap();
         assert_eq!(h[2].ended.as_deref(), Some(ended::FREED));
         assert_eq!(h.len(), 3);
     }
@@ -736,7 +1054,7 @@ mod tests {
     #[test]
     fn a_binding_from_before_the_history_is_recorded_when_it_is_released() {
         let c = r("a", "web", Some("u1"));
-        let (h, _) = holdings_after(&[], 0, Held::Released, Some(&c), &t(9)).unwrap();
+        let (h, _) = after(&[], Z, Held::Released, Some(&c), &t(9)).unwrap();
         assert_eq!(h.len(), 1);
         assert!(h[0].found);
         assert_eq!((h[0].from.clone(), h[0].until.clone()), (None, Some(t(9))));
@@ -748,24 +1066,72 @@ mod tests {
     fn a_new_claim_of_the_same_name_is_a_new_holding() {
         let old = r("a", "web", Some("u1"));
         let new = r("a", "web", Some("u2"));
-        let (h, d) = holdings_after(&[], 0, Held::Bound(&old), None, &t(1)).unwrap();
-        let (h, _) = holdings_after(&h, d, Held::Bound(&new), None, &t(2)).unwrap();
+        let (h, d) = after(&[], Z, Held::Bound(&old), None, &t(1)).unwrap();
+        let (h, _) = after(&h, d, Held::Bound(&new), None, &t(2)).unwrap();
         assert_eq!(h.len(), 2);
         assert_eq!(h[0].ended.as_deref(), Some(ended::MOVED));
     }
 
     #[test]
-    fn the_bound_drops_the_oldest_closed_and_counts_them() {
+    fn a_closing_write_moves_the_oldest_closed_past_the_keep_to_records() {
         let mut h = Vec::new();
-        let mut d = 0;
+        let mut d = Z;
+        let mut moved = Vec::new();
         for i in 0..(HOLDINGS_LIMIT as i64 + 5) {
             let c = r("a", "web", Some(&format!("u{i}")));
-            (h, d) = holdings_after(&h, d, Held::Bound(&c), None, &t(2 * i)).unwrap();
-            (h, d) = holdings_after(&h, d, Held::Released, None, &t(2 * i + 1)).unwrap();
+            (h, d) = after(&h, d, Held::Bound(&c), None, &t(2 * i)).unwrap();
+            let s = holdings_after(&h, d, Held::Released, None, &t(2 * i + 1)).unwrap();
+            moved.extend(s.moved.iter().map(|(o, h)| (*o, h.uid.clone())));
+            (h, d) = (s.list, s.counts);
         }
-        assert_eq!(h.len(), HOLDINGS_LIMIT);
-        assert_eq!(d, 5);
-        assert_eq!(h[0].uid.as_deref(), Some("u5"), "the oldest went first");
+        let rounds = HOLDINGS_LIMIT + 5;
+        assert_eq!(h.len(), HOLDINGS_KEEP);
+        assert_eq!(d.dropped, 0, "nothing is dropped: it moves to a record");
+        assert_eq!(d.recorded as usize, rounds - HOLDINGS_KEEP);
+        // Each closed holding moved exactly once, in order, with its own ordinal.
+        assert_eq!(moved.len(), rounds - HOLDINGS_KEEP);
+        for (i, (o, uid)) in moved.iter().enumerate() {
+            assert_eq!((*o, uid.clone()), (i as i64, Some(format!("u{i}"))));
+        }
+        assert_eq!(d.base(), (rounds - HOLDINGS_KEEP) as i64);
+        // A bind (it closes nothing) moves nothing: nothing is added to the bind path.
+        let c = r("a", "web", Some("next"));
+        let s = holdings_after(&h, d, Held::Bound(&c), None, &t(1000)).unwrap();
+        assert!(s.moved.is_empty());
+    }
+
+    #[test]
+    fn an_older_versions_backlog_moves_a_batch_at_a_time() {
+        let mut h: Vec<Holding> = (0..HOLDINGS_LIMIT as i64)
+            .map(|i| Holding {
+                namespace: "a".into(),
+                name: format!("c{i}"),
+                uid: Some(format!("u{i}")),
+                state: HoldingState::Bound,
+                from: Some(t(2 * i)),
+                until: Some(t(2 * i + 1)),
+                ended: Some(ended::RELEASED.into()),
+                found: false,
+            })
+            .collect();
+        let mut c = Counts {
+            dropped: 7,
+            recorded: 0,
+        };
+        let mut writes = 0;
+        while let Some(s) = holdings_moved(&h, c) {
+            assert!(s.moved.len() <= MOVE_BATCH);
+            assert_eq!(s.moved[0].0, c.base(), "the first moved is the first kept");
+            (h, c) = (s.list, s.counts);
+            writes += 1;
+        }
+        assert_eq!(h.len(), HOLDINGS_KEEP);
+        assert_eq!(c.recorded as usize, HOLDINGS_LIMIT - HOLDINGS_KEEP);
+        assert_eq!(
+            writes,
+            (HOLDINGS_LIMIT - HOLDINGS_KEEP).div_ceil(MOVE_BATCH)
+        );
+        assert_eq!(h[0].name, format!("c{}", HOLDINGS_LIMIT - HOLDINGS_KEEP));
     }
 
     #[test]
@@ -778,9 +1144,9 @@ mod tests {
         let st = a.status.as_mut().unwrap();
         let c1 = r("a", "web", Some("u1"));
         let c2 = r("b", "db", Some("u2"));
-        let (h, d) = holdings_after(&[], 0, Held::Bound(&c1), None, &t(0)).unwrap();
-        let (h, d) = holdings_after(&h, d, Held::Released, None, &t(100)).unwrap();
-        let (h, _) = holdings_after(&h, d, Held::Bound(&c2), None, &t(150)).unwrap();
+        let (h, d) = after(&[], Z, Held::Bound(&c1), None, &t(0)).unwrap();
+        let (h, d) = after(&h, d, Held::Released, None, &t(100)).unwrap();
+        let (h, _) = after(&h, d, Held::Bound(&c2), None, &t(150)).unwrap();
         st.history = h;
         // Two Services on it 10..60 and 30..80 (shared 30..60), one on the second holding.
         let span = |name: &str, from: i64, until: Option<i64>| AttachmentSpan {
@@ -798,7 +1164,7 @@ mod tests {
             span("z", 160, None),
         ];
         let base = 1_800_000_000;
-        let u = usage_of(&a, base, base + 200);
+        let u = usage_of(&Timeline::of(&a), base, base + 200);
         assert_eq!(u.len(), 2);
         assert_eq!(
             (
@@ -818,7 +1184,7 @@ mod tests {
             ("b", 50, 40)
         );
         // Clipped: 50..120 holds 50 s of the first, 0 of the second.
-        let u = usage_of(&a, base + 50, base + 120);
+        let u = usage_of(&Timeline::of(&a), base + 50, base + 120);
         assert_eq!(u.len(), 1);
         assert_eq!((u[0].1.held_seconds, u[0].1.attached_seconds), (50, 30));
         assert!(!u[0].1.partial);
@@ -828,32 +1194,40 @@ mod tests {
         );
         // The span 30..80 was a cozy-proxy holder's: 30 s of egress in 50..120.
         a.status.as_mut().unwrap().attachment_history[1].egress = true;
-        let u = usage_of(&a, base + 50, base + 120);
+        let u = usage_of(&Timeline::of(&a), base + 50, base + 120);
         assert_eq!((u[0].1.attached_seconds, u[0].1.egress_seconds), (30, 30));
-        let u = usage_of(&a, base, base + 200);
+        let u = usage_of(&Timeline::of(&a), base, base + 200);
         assert_eq!(u[0].1.egress_seconds, 50);
         // Dropped entries older than everything kept: a period before them is partial.
         a.status.as_mut().unwrap().history_dropped = 3;
-        assert!(usage_of(&a, base - 10, base + 5)[0].1.partial);
-        assert!(!usage_of(&a, base + 10, base + 20)[0].1.partial);
+        assert!(
+            usage_of(&Timeline::of(&a), base - 10, base + 5)[0]
+                .1
+                .partial
+        );
+        assert!(
+            !usage_of(&Timeline::of(&a), base + 10, base + 20)[0]
+                .1
+                .partial
+        );
     }
 
     #[test]
     fn spans_follow_the_holders() {
-        let (s, d) = spans_after(&[], 0, &[], &[svc("web")], &t(1)).unwrap();
+        let (s, d) = spans_to(&[], Z, &[], &[svc("web")], &t(1)).unwrap();
         assert_eq!(s.len(), 1);
         assert!(!s[0].found);
         // A port change is no new span.
         let mut moved = svc("web");
         moved.ports = vec!["TCP/443".into()];
-        assert_eq!(spans_after(&s, d, &[svc("web")], &[moved], &t(2)), None);
-        let (s, d) = spans_after(&s, d, &[svc("web")], &[svc("web"), svc("api")], &t(3)).unwrap();
+        assert_eq!(spans_to(&s, d, &[svc("web")], &[moved], &t(2)), None);
+        let (s, d) = spans_to(&s, d, &[svc("web")], &[svc("web"), svc("api")], &t(3)).unwrap();
         assert_eq!(s.len(), 2);
-        let (s, _) = spans_after(&s, d, &[svc("web"), svc("api")], &[svc("api")], &t(4)).unwrap();
+        let (s, _) = spans_to(&s, d, &[svc("web"), svc("api")], &[svc("api")], &t(4)).unwrap();
         assert_eq!(s[0].until, Some(t(4)));
         assert_eq!(s[1].until, None);
         // A holder from before the history: found.
-        let (s, _) = spans_after(&[], 0, &[svc("old")], &[svc("old")], &t(5)).unwrap();
+        let (s, _) = spans_to(&[], Z, &[svc("old")], &[svc("old")], &t(5)).unwrap();
         assert!(s[0].found);
     }
 
@@ -861,17 +1235,17 @@ mod tests {
     fn a_holder_cozy_proxy_serves_is_an_egress_span_of_its_own() {
         let mut vm = svc("vm");
         vm.method = Some(crate::AttachmentMethod::WholeIP);
-        let (s, d) = spans_after(&[], 0, &[], &[vm.clone()], &t(1)).unwrap();
+        let (s, d) = spans_to(&[], Z, &[], &[vm.clone()], &t(1)).unwrap();
         assert!(s[0].egress);
         // Switched between WholeIP and PortList: still egress, the same span.
         let mut listed = vm.clone();
         listed.method = Some(crate::AttachmentMethod::PortList);
         assert_eq!(
-            spans_after(&s, d, &[vm.clone()], &[listed.clone()], &t(2)),
+            spans_to(&s, d, &[vm.clone()], &[listed.clone()], &t(2)),
             None
         );
         // Handed back to kube-proxy (the label removed): the egress span ends, another begins.
-        let (s, _) = spans_after(&s, d, &[listed], &[svc("vm")], &t(3)).unwrap();
+        let (s, _) = spans_to(&s, d, &[listed], &[svc("vm")], &t(3)).unwrap();
         assert_eq!((s[0].egress, s[0].until.clone()), (true, Some(t(3))));
         assert_eq!((s[1].egress, s[1].until.clone()), (false, None));
     }

@@ -4,7 +4,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::{IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota};
+use crate::{IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota, IPAddressRecord};
 
 /// Header of every generated file.
 pub const GENERATED_HEADER: &str =
@@ -17,6 +17,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         IPAddress::crd(),
         IPAddressClaim::crd(),
         IPAddressQuota::crd(),
+        IPAddressRecord::crd(),
     ]
 }
 
@@ -75,7 +76,7 @@ mod tests {
                 .unwrap();
             assert_eq!(schema.required.as_deref(), Some(&["spec".to_string()][..]));
             // A quota has no status: its usage is computed by the views, at no write cost.
-            if crd.spec.names.kind == "IPAddressQuota" {
+            if crd.spec.names.kind == "IPAddressQuota" || crd.spec.names.kind == "IPAddressRecord" {
                 continue;
             }
             assert!(

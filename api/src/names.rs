@@ -92,6 +92,16 @@ pub fn is_project_finalizer(f: &str) -> bool {
     })
 }
 
+/// Whether `v` is a valid label value: at most 63 characters, alphanumerics with `-`, `_`
+/// and `.` inside (empty too).
+pub fn is_label_value(v: &str) -> bool {
+    let ok = |c: char| c.is_ascii_alphanumeric();
+    v.len() <= 63
+        && v.chars().all(|c| ok(c) || matches!(c, '-' | '_' | '.'))
+        && v.chars().next().is_none_or(ok)
+        && v.chars().last().is_none_or(ok)
+}
+
 /// Finalizer the core puts on claims.
 pub const CLAIM_FINALIZER: &str = "local.sdn.cozystack.io/claim-protection";
 /// Finalizer the core puts on addresses.

@@ -175,29 +175,31 @@ impl IPAddress {
     /// whose BEFORE is the Service found holding the address): `attachments`,
     /// `associatedTo` (the first), `holderCount` (absent when none), and the Service spans
     /// following them in the same write ([`crate::history::spans_after`]; `found` for a
-    /// holder of BEFORE without an open span).
+    /// holder of BEFORE without an open span). With it, the records of the spans the write
+    /// moves off the address: the writer creates them before it writes.
     pub fn ledger_status(
         &self,
         before: &[Attachment],
         after: &[Attachment],
         now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
-    ) -> serde_json::Value {
-        use serde_json::{Value, json};
+    ) -> (serde_json::Value, Vec<crate::history::Record>) {
+        use serde_json::json;
         let first = after.first().map(Attachment::association);
         let count = (!after.is_empty()).then_some(after.len());
         let mut out = json!({"attachments": after, "associatedTo": first, "holderCount": count});
-        let (spans, dropped) = crate::history::spans(self);
-        if let Some((spans, dropped)) =
-            crate::history::spans_after(spans, dropped, before, after, now)
-        {
-            out["attachmentHistory"] = json!(spans);
-            out["attachmentHistoryDropped"] = if dropped == 0 {
-                Value::Null
-            } else {
-                json!(dropped)
-            };
+        let (spans, _) = crate::history::spans(self);
+        let counts = crate::history::Counts::spans(self);
+        let mut records = Vec::new();
+        if let Some(settled) = crate::history::spans_after(spans, counts, before, after, now) {
+            settled.write_spans(&mut out);
+            let meta = crate::history::AddressMeta::of(self);
+            records = settled
+                .moved
+                .iter()
+                .map(|(o, sp)| meta.span(*o, sp))
+                .collect();
         }
-        out
+        (out, records)
     }
 }
 

@@ -253,6 +253,16 @@ impl ViewStore {
                 s.mark(i, dirty);
             }
         });
+        if let Some(r) = &self.world.records {
+            let s = self.clone();
+            r.on_change(move |ch| {
+                for (i, v) in s.views.iter().enumerate() {
+                    let mut dirty = Vec::new();
+                    v.record_changed(ch.old.as_deref(), ch.new.as_deref(), &s.world, &mut dirty);
+                    s.mark(i, dirty);
+                }
+            });
+        }
         if let Some(e) = &self.world.entitlements {
             let s = self.clone();
             e.quotas.on_change(move |ch| {

@@ -24,6 +24,8 @@ pub struct Queues {
     pub services: Arc<Queue<String>>,
     /// Class names: the `DriverAvailable` condition.
     pub classes: Arc<Queue<String>>,
+    /// One key: the retention of the history's records.
+    pub records: Arc<Queue<String>>,
 }
 
 impl Queues {
@@ -39,6 +41,7 @@ impl Queues {
             ("addresses", &self.addresses),
             ("services", &self.services),
             ("classes", &self.classes),
+            ("records", &self.records),
         ]
         .into_iter()
         .map(|(name, q)| {
@@ -58,6 +61,7 @@ impl Default for Queues {
             addresses: Arc::new(Queue::new(Backoff::default())),
             services: Arc::new(Queue::new(Backoff::default())),
             classes: Arc::new(Queue::new(Backoff::default())),
+            records: Arc::new(Queue::new(Backoff::default())),
         }
     }
 }
@@ -77,6 +81,19 @@ pub struct Context {
     pub queues: Queues,
     /// Create claims for LoadBalancer Services that name none (SPEC §7).
     pub auto_claims: bool,
+    pub history: History,
+}
+
+/// The history's records: how long they are kept, and the pace of an upgrade's moves.
+pub struct History {
+    /// Records whose entry ended longer ago than this are pruned (`--history-retention`).
+    pub retention: std::time::Duration,
+    /// Paces the writes that only move an older address's backlog to records.
+    pub moves: address_controller_runtime::records::Pacer,
+    /// Paces the retention's deletes.
+    pub prunes: address_controller_runtime::records::Pacer,
+    /// How often the retention looks for records to prune.
+    pub prune_interval: std::time::Duration,
 }
 
 impl Context {
@@ -87,6 +104,7 @@ impl Context {
         metrics: Arc<Metrics>,
         instance: String,
         auto_claims: bool,
+        history: History,
     ) -> Self {
         Context {
             events: Events::new(client.clone(), CONTROLLER_NAME, instance),
@@ -100,6 +118,7 @@ impl Context {
             recent_addresses: RecentWrites::default(),
             queues: Queues::default(),
             auto_claims,
+            history,
         }
     }
 }

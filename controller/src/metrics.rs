@@ -24,6 +24,7 @@ pub struct Metrics {
     durations: HistogramVec,
     bind: HistogramVec,
     provision: HistogramVec,
+    records: IntCounterVec,
 }
 
 /// Buckets of the waits tenants see: a bind from the pool takes well under a second, one
@@ -68,6 +69,14 @@ impl Metrics {
             .buckets(WAIT_BUCKETS.to_vec()),
             &["class"],
         )?;
+        let records = IntCounterVec::new(
+            Opts::new(
+                "address_controller_history_records_total",
+                "History records (IPAddressRecord) the core created and pruned",
+            ),
+            &["action"],
+        )?;
+        registry.register(Box::new(records.clone()))?;
         registry.register(Box::new(reconciles.clone()))?;
         registry.register(Box::new(durations.clone()))?;
         registry.register(Box::new(bind.clone()))?;
@@ -79,7 +88,20 @@ impl Metrics {
             durations,
             bind,
             provision,
+            records,
         })
+    }
+
+    /// `n` history records created.
+    pub fn records_created(&self, n: usize) {
+        self.records
+            .with_label_values(&["created"])
+            .inc_by(n as u64);
+    }
+
+    /// `n` history records pruned by the retention.
+    pub fn records_pruned(&self, n: usize) {
+        self.records.with_label_values(&["pruned"]).inc_by(n as u64);
     }
 
     /// Adds the quota gauges, read from the quota book (the core's process).
@@ -169,11 +191,11 @@ fn dropped_of(a: &IPAddress) -> [((String, &'static str), i64); 2] {
     [
         (
             (class.clone(), "holdings"),
-            address_controller_api::history::holdings(a).1,
+            address_controller_api::history::Counts::holdings(a).dropped,
         ),
         (
             (class, "services"),
-            address_controller_api::history::spans(a).1,
+            address_controller_api::history::Counts::spans(a).dropped,
         ),
     ]
 }

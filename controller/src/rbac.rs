@@ -42,6 +42,12 @@ const RULES: &[Rule] = &[
     },
     Rule {
         group: "local.sdn.cozystack.io",
+        resources: &["ipaddressrecords"],
+        verbs: &["get", "list", "watch", "create", "delete"],
+        why: "the history's records: create those of closed holdings, serve them in the views, prune them past the retention",
+    },
+    Rule {
+        group: "local.sdn.cozystack.io",
         resources: &["ipaddressclasses/status"],
         verbs: &["patch"],
         why: "the classes' DriverAvailable condition",

@@ -233,6 +233,12 @@ pub fn controllers(ctx: &Arc<Context>, settings: &Settings) -> Controllers {
         let pass = bound(ctx, reconcile::service::reconcile);
         controllers = controllers.pool("service", q.services.clone(), n, pass);
     }
+    controllers = controllers.pool(
+        "records",
+        q.records.clone(),
+        1,
+        bound(ctx, reconcile::records::reconcile),
+    );
     let c = ctx.clone();
     controllers.on_lead(move || queue_everything(c.clone()))
 }
@@ -252,6 +258,7 @@ async fn queue_everything(ctx: Arc<Context>) {
         .add_all_in_chunks(ctx.world.addresses.store.keys())
         .await;
     q.classes.add_all(ctx.world.classes.store.keys());
+    q.records.add(reconcile::records::KEY.to_string());
     if let Some(s) = ctx.world.services.as_ref().filter(|_| ctx.auto_claims) {
         q.services.add_all_in_chunks(s.store.keys()).await;
     }

@@ -160,6 +160,12 @@ pub const KIT_RULES: &[Rule] = &[
     },
     Rule {
         group: "local.sdn.cozystack.io",
+        resources: &["ipaddressrecords"],
+        verbs: &["create"],
+        why: "the history's records of the Service spans a ledger write moves off an address",
+    },
+    Rule {
+        group: "local.sdn.cozystack.io",
         resources: &["ipaddressclasses/status"],
         verbs: &["patch"],
         why: "class capacity and conditions",

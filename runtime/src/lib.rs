@@ -21,6 +21,7 @@ pub mod mock_api;
 pub mod process;
 pub mod queue;
 pub mod rbac;
+pub mod records;
 pub mod report;
 pub mod setmap;
 pub mod supervise;

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use address_controller_api::{IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota};
+use address_controller_api::{
+    IPAddress, IPAddressClaim, IPAddressClass, IPAddressQuota, IPAddressRecord,
+};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::{Api, Client};
@@ -41,6 +43,9 @@ pub struct World {
     /// its label, which the EndpointSlice controller copies from the Service) — how many
     /// ready pods such a Service has (cozy-proxy forwards the address to one).
     pub proxied_endpoints: Option<Arc<ProxiedEndpoints>>,
+    /// Only where the views are served: the history's records (`addressholdings` answers
+    /// closed holdings from them). Their changes move [`World::revision`].
+    pub records: Option<Arc<Cache<IPAddressRecord>>>,
     /// The highest resourceVersion any of the watches has seen.
     pub revision: Arc<AtomicU64>,
     pub health: Arc<Health>,
@@ -58,6 +63,7 @@ impl World {
             driver_leases: None,
             entitlements: None,
             proxied_endpoints: None,
+            records: None,
             revision,
             health,
         };
@@ -103,6 +109,15 @@ impl World {
         self
     }
 
+    /// Adds the cache of the history's records (the views').
+    #[must_use]
+    pub fn with_records(mut self) -> World {
+        let records = Cache::new("IPAddressRecord", self.revision.clone());
+        self.health.watch(records.health.clone());
+        self.records = Some(records);
+        self
+    }
+
     /// The labels of namespace `ns`, when the namespaces are cached and it is known.
     pub fn namespace_labels(&self, ns: &str) -> Option<std::collections::BTreeMap<String, String>> {
         let n = self.entitlements.as_ref()?.namespaces.get(ns)?;
@@ -145,6 +160,12 @@ impl World {
             tasks.spawn_forever(
                 "watch IPAddressQuotas",
                 e.quotas.clone().run(Api::all(client.clone()), cfg.clone()),
+            );
+        }
+        if let Some(r) = &self.records {
+            tasks.spawn_forever(
+                "watch IPAddressRecords",
+                r.clone().run(Api::all(client.clone()), cfg.clone()),
             );
         }
         if let Some(e) = &self.proxied_endpoints {

@@ -186,22 +186,31 @@ pub struct IPAddressStatus {
     pub holder_count: Option<i64>,
     /// Who held the address, oldest first: the claims it was bound to or reserved for,
     /// from when until when. Core-owned, written only within the status writes that bind,
-    /// reserve and release the address; at most 32 entries, the oldest closed ones dropped
-    /// past that.
+    /// reserve and release the address. The open holding and the last few closed ones
+    /// (`history::HOLDINGS_KEEP`); older ones live on as IPAddressRecords.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = crate::history::HOLDINGS_LIMIT))]
     pub history: Vec<crate::history::Holding>,
-    /// How many holdings were dropped from `history` past its bound.
+    /// How many holdings were dropped from `history` past its bound (before records were
+    /// kept: since, a closed holding moves to an IPAddressRecord instead).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub history_dropped: i64,
+    /// How many closed holdings moved from `history` to IPAddressRecords (the oldest ones:
+    /// the first kept entry's ordinal is `historyDropped + historyRecorded`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub history_recorded: i64,
     /// The Services the address was on, from when until when, oldest first. Driver-owned,
-    /// written within the ledger writes that attach and detach them; the oldest closed
-    /// spans are dropped past 64.
+    /// written within the ledger writes that attach and detach them. The open spans and the
+    /// last few closed ones (`history::SPANS_KEEP`); older ones live on as IPAddressRecords.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attachment_history: Vec<crate::history::AttachmentSpan>,
-    /// How many spans were dropped from `attachmentHistory` past its bound.
+    /// How many spans were dropped from `attachmentHistory` past its bound (before records
+    /// were kept).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attachment_history_dropped: i64,
+    /// How many closed spans moved from `attachmentHistory` to IPAddressRecords.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attachment_history_recorded: i64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,

@@ -5,11 +5,13 @@ mod address;
 mod claim;
 mod class;
 mod quota;
+mod record;
 
 pub use address::*;
 pub use claim::*;
 pub use class::*;
 pub use quota::*;
+pub use record::*;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use schemars::JsonSchema;

@@ -6,14 +6,17 @@
 //! holdings, past ones included, and nothing of another namespace (the views' authorization:
 //! a namespaced resource, read per namespace).
 //!
-//! Named `<IPAddress name>.<ordinal>`, the ordinal counting from the address's first holding
-//! ever (dropped ones included): the same name on every replica, after every restart, for as
-//! long as the holding is kept.
+//! Named `<IPAddress name>.<first 8 of its uid>.<ordinal>`, the ordinal counting from the
+//! address's first holding ever: the same name on every replica, after every restart, and
+//! whether the holding is still on the address or already in its record
+//! (`IPAddressRecord`) — open holdings come from the addresses, closed ones from wherever
+//! they are, an address deleted since included, until the retention prunes them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Mutex, PoisonError};
 
-use address_controller_api::IPAddress;
-use address_controller_api::history::{self, Holding};
+use address_controller_api::history::{self, AddressMeta, AttachmentSpan, Holding, RecordOf};
+use address_controller_api::{IPAddress, IPAddressRecord, holding_record_name, holding_view_name};
 use address_controller_runtime::world::World;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -22,7 +25,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::json;
 
-use super::{Column, Computed, ResourceInfo, View, meta};
+use super::{Column, Computed, ResourceInfo, View, meta as meta_of};
 use crate::group::API_VERSION;
 use crate::list_options::ComputedField;
 
@@ -139,25 +142,45 @@ pub static INFO: ResourceInfo = ResourceInfo {
     columns: COLUMNS,
 };
 
-/// The view. No index of its own: a key names its address.
+/// The view, and its index of the records by address uid: the keys of the holdings
+/// recorded, and the names of the span records (a holding's Services).
 #[derive(Default)]
-pub struct Holders;
-
-fn key_of(a: &IPAddress, ordinal: i64, ns: &str) -> String {
-    format!("{ns}/{}.{ordinal}", a.name_any())
+pub struct Holders {
+    by_uid: Mutex<HashMap<String, Recorded>>,
 }
 
-/// The keys of `a`'s holdings whose object a change from `old` to `new` may alter.
+#[derive(Default)]
+struct Recorded {
+    /// Keys of the recorded holdings.
+    holdings: BTreeSet<String>,
+    /// Names of the span records.
+    spans: BTreeSet<String>,
+}
+
+fn key_of(meta: &AddressMeta, ordinal: i64, ns: &str) -> String {
+    format!(
+        "{ns}/{}",
+        holding_view_name(&meta.ip_address, &meta.address_uid, ordinal)
+    )
+}
+
+/// The keys of `a`'s holdings.
 fn keys(a: &IPAddress, out: &mut Vec<String>) {
-    let (list, dropped) = history::holdings(a);
-    for (i, h) in list.iter().enumerate() {
-        out.push(key_of(a, dropped + i as i64, &h.namespace));
+    let meta = AddressMeta::of(a);
+    let (list, base) = history::holdings(a);
+    for (i, h) in (base..).zip(list) {
+        out.push(key_of(&meta, i, &h.namespace));
     }
 }
 
-/// The holding object for `h` (ordinal `ordinal`) of address `a`.
-pub fn holding(a: &IPAddress, h: &Holding, ordinal: i64) -> AddressHolding {
-    let (spans, _) = history::spans(a);
+/// The holding object for `h` (ordinal `ordinal`) of the address `meta`, the address's
+/// spans (wherever they are) at hand.
+pub fn holding(
+    meta: &AddressMeta,
+    spans: &[AttachmentSpan],
+    h: &Holding,
+    ordinal: i64,
+) -> AddressHolding {
     let services = spans
         .iter()
         .filter(|s| s.during(h))
@@ -175,10 +198,13 @@ pub fn holding(a: &IPAddress, h: &Holding, ordinal: i64) -> AddressHolding {
     AddressHolding {
         api_version: API_VERSION.into(),
         kind: INFO.kind.into(),
-        metadata: meta(&format!("{}.{ordinal}", a.name_any()), Some(&h.namespace)),
-        address: a.spec.address.clone(),
-        address_name: a.name_any(),
-        class_name: a.spec.class_name.clone(),
+        metadata: meta_of(
+            &holding_view_name(&meta.ip_address, &meta.address_uid, ordinal),
+            Some(&h.namespace),
+        ),
+        address: meta.address.clone(),
+        address_name: meta.ip_address.clone(),
+        class_name: meta.class_name.clone(),
         claim: HoldingClaim {
             name: h.name.clone(),
             uid: h.uid.clone(),
@@ -307,18 +333,121 @@ impl View for Holders {
     ) {
     }
 
+    fn record_changed(
+        &self,
+        old: Option<&IPAddressRecord>,
+        new: Option<&IPAddressRecord>,
+        world: &World,
+        dirty: &mut Vec<String>,
+    ) {
+        let mut by = self.by_uid.lock().unwrap_or_else(PoisonError::into_inner);
+        for (r, present) in old
+            .map(|r| (r, false))
+            .into_iter()
+            .chain(new.map(|r| (r, true)))
+        {
+            let spec = &r.spec;
+            let entry = by.entry(spec.address_uid.clone()).or_default();
+            match spec.record {
+                RecordOf::Holding => {
+                    let key = format!("{}/{}", spec.namespace, spec.view_name());
+                    if present {
+                        entry.holdings.insert(key.clone());
+                    } else {
+                        entry.holdings.remove(&key);
+                    }
+                    dirty.push(key);
+                }
+                RecordOf::Attachment => {
+                    let name = r.name_any();
+                    if present {
+                        entry.spans.insert(name);
+                    } else {
+                        entry.spans.remove(&name);
+                    }
+                    // The holdings it may be a Service of: every one of the address.
+                    dirty.extend(entry.holdings.iter().cloned());
+                    if let Some(a) = world
+                        .addresses
+                        .get(&spec.ip_address)
+                        .filter(|a| a.metadata.uid.as_deref() == Some(spec.address_uid.as_str()))
+                    {
+                        keys(&a, dirty);
+                    }
+                }
+            }
+            if entry.holdings.is_empty() && entry.spans.is_empty() {
+                by.remove(&spec.address_uid);
+            }
+        }
+    }
+
     fn compute(&self, key: &str, world: &World) -> Option<Computed> {
         let (ns, name) = key.split_once('/')?;
-        let (address, ordinal) = name.rsplit_once('.')?;
+        let (rest, ordinal) = name.rsplit_once('.')?;
         let ordinal: i64 = ordinal.parse().ok()?;
-        let a = world.addresses.get(address)?;
-        let (list, dropped) = history::holdings(&a);
-        let h = list.get(usize::try_from(ordinal - dropped).ok()?)?;
-        (h.namespace == ns).then(|| computed(holding(&a, h, ordinal)))
+        let (address, uid8) = rest.rsplit_once('.')?;
+        // On the address, while it keeps the holding; else from its record.
+        let on_address = world.addresses.get(address).and_then(|a| {
+            let uid = a.metadata.uid.as_deref()?;
+            if !uid.starts_with(uid8) {
+                return None;
+            }
+            let (list, base) = history::holdings(&a);
+            let h = list.get(usize::try_from(ordinal - base).ok()?)?.clone();
+            Some((AddressMeta::of(&a), h))
+        });
+        let (meta, h) = match on_address {
+            Some(found) => found,
+            None => {
+                let r = world.records.as_ref()?.get(&holding_record_name(name)?)?;
+                (
+                    history::Timeline::of_record(&r.spec).meta,
+                    r.spec.as_holding()?,
+                )
+            }
+        };
+        if h.namespace != ns {
+            return None;
+        }
+        let spans = self.spans_of(&meta, world);
+        Some(computed(holding(&meta, &spans, &h, ordinal)))
     }
 
     fn schemas(&self, g: &mut schemars::SchemaGenerator) -> Vec<(&'static str, schemars::Schema)> {
         vec![("AddressHolding", g.subschema_for::<AddressHolding>())]
+    }
+}
+
+impl Holders {
+    /// Every span of the address `meta` (its uid): those it keeps, and those recorded.
+    fn spans_of(&self, meta: &AddressMeta, world: &World) -> Vec<AttachmentSpan> {
+        let mut t = history::Timeline {
+            meta: meta.clone(),
+            ..Default::default()
+        };
+        if let Some(a) = world
+            .addresses
+            .get(&meta.ip_address)
+            .filter(|a| a.metadata.uid.as_deref() == Some(meta.address_uid.as_str()))
+        {
+            t = history::Timeline::of(&a);
+        }
+        let names: Vec<String> = self
+            .by_uid
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&meta.address_uid)
+            .map(|r| r.spans.iter().cloned().collect())
+            .unwrap_or_default();
+        if let Some(records) = &world.records {
+            for n in names {
+                if let Some(r) = records.get(&n) {
+                    t.add(&r.spec);
+                }
+            }
+        }
+        t.spans.into_iter().map(|(_, s)| s).collect()
     }
 }
 
@@ -330,7 +459,7 @@ mod tests {
     #[test]
     fn a_holding_names_its_own_services_and_only_the_namespace_of_anothers() {
         let a: IPAddress = serde_json::from_value(json!({
-            "metadata": {"name": "ipv4-192-0-2-1"},
+            "metadata": {"name": "ipv4-192-0-2-1", "uid": "0123456789abcdef"},
             "spec": {"address": "192.0.2.1", "className": "k", "source": {"fromClass": {}},
                 "claimRef": {"namespace": "shop", "name": "web", "uid": "u"}},
             "status": {"phase": "Bound", "historyDropped": 2,
@@ -346,8 +475,14 @@ mod tests {
                     {"kind": "Service", "namespace": "shop", "name": "tls", "from": "2026-01-01T02:05:00Z"}]}}))
         .unwrap();
         let (list, dropped) = history::holdings(&a);
-        let h = holding(&a, &list[1], dropped + 1);
-        assert_eq!(h.metadata.name.as_deref(), Some("ipv4-192-0-2-1.3"));
+        let meta = AddressMeta::of(&a);
+        let (spans, _) = history::spans(&a);
+        let h = holding(&meta, spans, &list[1], dropped + 1);
+        assert_eq!(
+            h.metadata.name.as_deref(),
+            Some("ipv4-192-0-2-1.01234567.3"),
+            "the name carries the address's uid: another address of that name is another"
+        );
         assert_eq!(h.metadata.namespace.as_deref(), Some("shop"));
         let names: Vec<_> = h
             .services
@@ -373,7 +508,7 @@ mod tests {
         assert!(at(&c.fields, "2026-01-01T02:00:00Z"));
         assert!(at(&c.fields, "2030-01-01T00:00:00Z"), "open: held since");
         assert!(!at(&c.fields, "2026-01-01T01:59:59Z"));
-        let first = computed(holding(&a, &list[0], dropped));
+        let first = computed(holding(&meta, spans, &list[0], dropped));
         assert!(at(&first.fields, "2026-01-01T00:59:59Z"));
         assert!(
             !at(&first.fields, "2026-01-01T01:00:00Z"),

@@ -132,6 +132,16 @@ pub trait View: Send + Sync + 'static {
     ) {
     }
 
+    /// A history record changed (created, or pruned by the retention).
+    fn record_changed(
+        &self,
+        _old: Option<&address_controller_api::IPAddressRecord>,
+        _new: Option<&address_controller_api::IPAddressRecord>,
+        _world: &World,
+        _dirty: &mut Vec<String>,
+    ) {
+    }
+
     /// The object of `key`, or `None` when it does not exist (lists leave it out).
     fn compute(&self, key: &str, world: &World) -> Option<Computed>;
 
@@ -165,7 +175,7 @@ pub fn all() -> Vec<Arc<dyn View>> {
     vec![
         Arc::new(holdings::Holdings::default()),
         Arc::new(pools::Pools::default()),
-        Arc::new(holders::Holders),
+        Arc::new(holders::Holders::default()),
     ]
 }
 

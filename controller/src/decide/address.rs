@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use address_controller_api::family::family_of;
-use address_controller_api::history::{self, Held, Holding};
+use address_controller_api::history::{self, AddressMeta, Counts, Held, Holding, Record, Settled};
 use address_controller_api::names::{ADDRESS_FINALIZER, event, released};
 use address_controller_api::{
     AddressPhase, ClaimRef, IPAddress, IPAddressClaim, IPAddressClass, ReclaimPolicy,
@@ -40,9 +40,22 @@ pub struct AddressStatusWrite {
     pub released_from: Option<ClaimRef>,
     /// Why it is `Released` (`names::released`); none in any other phase.
     pub reason: Option<String>,
-    /// `status.history` and `status.historyDropped` when the write changes them
+    /// `status.history` and its counts when the write changes them
     /// ([`history::holdings_after`]); `None`: left as they are.
-    pub history: Option<(Vec<Holding>, i64)>,
+    pub history: Option<Settled<Holding>>,
+    /// The records of the holdings the write moves off the address: created before it.
+    pub records: Vec<Record>,
+}
+
+impl AddressStatusWrite {
+    fn with_history(mut self, a: &IPAddress, settled: Option<Settled<Holding>>) -> Self {
+        if let Some(s) = &settled {
+            let meta = AddressMeta::of(a);
+            self.records = s.moved.iter().map(|(o, h)| meta.holding(*o, h)).collect();
+        }
+        self.history = settled;
+        self
+    }
 }
 
 /// Everything one pass over an address wants done, in order.
@@ -67,6 +80,11 @@ pub struct AddressPlan {
     pub once_event: Option<PlannedEvent>,
     /// Pass again after this long (the release delay's deadline).
     pub requeue_after: Option<Duration>,
+    /// The status write only moves closed holdings to records (an address written before
+    /// records were kept): a write of its own, made at the rate the core allows for them.
+    pub moves_history: bool,
+    /// Records to create before the finalizer goes (a deleted address's holdings).
+    pub records: Vec<Record>,
 }
 
 /// How the claimRef relates to the claims.
@@ -147,8 +165,9 @@ pub(crate) fn status_write(
         Some((at, why)) if phase_to == AddressPhase::Released => (Some(at), why),
         _ => (None, None),
     };
-    let (history, dropped) = history::holdings(a);
-    let mut want = AddressStatusWrite {
+    let (history, _) = history::holdings(a);
+    let counts = Counts::holdings(a);
+    let want = AddressStatusWrite {
         phase: phase_to,
         released_at,
         released_from: (phase_to == AddressPhase::Released)
@@ -156,6 +175,7 @@ pub(crate) fn status_write(
             .flatten(),
         reason,
         history: None,
+        records: Vec::new(),
     };
     let have = a.phase().map(|p| AddressStatusWrite {
         phase: p,
@@ -163,6 +183,7 @@ pub(crate) fn status_write(
         released_from: a.status.as_ref().and_then(|s| s.released_from.clone()),
         reason: a.status.as_ref().and_then(|s| s.reason.clone()),
         history: None,
+        records: Vec::new(),
     });
     // The history rides on a write the phase makes anyway, or on one that ends an open
     // holding the claimRef no longer names (an admin's move of a reservation): never a
@@ -176,10 +197,53 @@ pub(crate) fn status_write(
         (!open && phase_to == AddressPhase::Released && a.phase() == Some(AddressPhase::Bound))
             .then_some(a.spec.claim_ref.as_ref())
             .flatten();
-    want.history = Held::of(a.spec.claim_ref.as_ref(), phase_to)
+    let settled = Held::of(a.spec.claim_ref.as_ref(), phase_to)
         .filter(|_| record && (changes || open))
-        .and_then(|held| history::holdings_after(history, dropped, held, unrecorded, &at));
+        .and_then(|held| history::holdings_after(history, counts, held, unrecorded, &at));
+    let want = want.with_history(a, settled);
     (changes || want.history.is_some()).then_some(want)
+}
+
+/// The status write that only moves an address's closed holdings past
+/// [`history::HOLDINGS_KEEP`] to records (`None` when it keeps no more): the address as it
+/// is, its history shorter.
+fn history_move(a: &IPAddress) -> Option<AddressStatusWrite> {
+    let (list, _) = history::holdings(a);
+    let settled = history::holdings_moved(list, Counts::holdings(a))?;
+    let st = a.status.as_ref()?;
+    let write = AddressStatusWrite {
+        phase: st.phase?,
+        released_at: st.released_at.clone(),
+        released_from: st.released_from.clone(),
+        reason: st.reason.clone(),
+        history: None,
+        records: Vec::new(),
+    };
+    Some(write.with_history(a, Some(settled)))
+}
+
+/// The records of every entry a deleted address still keeps — its holdings, and the
+/// driver's spans (a driver may have no finalizer to record them behind) — an open one
+/// closed at `now` (a holding `Deleted`): what the core creates before its finalizer lets
+/// the object go, so the history outlives the address.
+pub fn deletion_records(a: &IPAddress, now: &Time) -> Vec<Record> {
+    let meta = AddressMeta::of(a);
+    let (list, base) = history::holdings(a);
+    let holdings = (base..).zip(list).map(|(o, h)| {
+        let mut h = h.clone();
+        if h.until.is_none() {
+            h.until = Some(now.clone());
+            h.ended = Some(history::ended::DELETED.to_string());
+        }
+        meta.holding(o, &h)
+    });
+    let (spans, base) = history::spans(a);
+    let spans = (base..).zip(spans).map(|(o, sp)| {
+        let mut sp = sp.clone();
+        sp.until.get_or_insert_with(|| now.clone());
+        meta.span(o, &sp)
+    });
+    holdings.chain(spans).collect()
 }
 
 fn claim_ref_text(a: &IPAddress) -> String {
@@ -209,6 +273,7 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
             ));
         } else if let Some(remaining) = without_finalizer(a.finalizers(), ADDRESS_FINALIZER) {
             plan.finalizers = Some(remaining);
+            plan.records = deletion_records(a, &s.now);
             // A Bound address whose claim merely vanished from the cache is confirmed first.
             plan.confirm = a.phase() == Some(AddressPhase::Bound)
                 && matches!(
@@ -287,6 +352,11 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
                 ));
             }
         }
+    }
+    // An address written before records were kept moves its backlog, a batch per write.
+    if plan.status.is_none() && !plan.delete && !plan.confirm {
+        plan.status = history_move(a);
+        plan.moves_history = plan.status.is_some();
     }
     plan
 }

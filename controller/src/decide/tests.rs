@@ -936,10 +936,11 @@ fn reclaim_rows() {
     // The history rides on the release, closed at its releasedAt: never a Released address
     // with its holding still open (the race the fresh clone's history test met: the
     // address pass used to close it in a second write).
-    let (history, _) = status
+    let history = &status
         .history
         .as_ref()
-        .expect("the history rides on the release");
+        .expect("the history rides on the release")
+        .list;
     let last = history.last().unwrap();
     assert_eq!(last.until, status.released_at);
     assert_eq!(last.ended.as_deref(), Some("Released"));
@@ -1114,6 +1115,7 @@ fn w(phase: AddressPhase, released_at: Option<Time>) -> Option<AddressStatusWrit
         released_from: None,
         reason: None,
         history: None,
+        records: Vec::new(),
     })
 }
 
@@ -1130,6 +1132,7 @@ fn released_write(at: Time, uid: Option<&str>, reason: Option<&str>) -> Option<A
         }),
         reason: reason.map(str::to_string),
         history: None,
+        records: Vec::new(),
     })
 }
 
@@ -2209,8 +2212,9 @@ fn the_history_rides_on_the_phase_writes() {
     let p = aplan_recorded(&fresh, Some(&live), &[], None, now());
     let st = p.status.expect("the bind's write");
     assert_eq!(st.phase, AddressPhase::Bound);
-    let (h, dropped) = st.history.expect("the bind opens a holding");
-    assert_eq!(dropped, 0);
+    let settled = st.history.expect("the bind opens a holding");
+    let h = settled.list;
+    assert_eq!(settled.counts.base(), 0);
     assert_eq!(h.len(), 1);
     assert_eq!(
         (h[0].state, h[0].namespace.as_str(), h[0].name.as_str()),
@@ -2229,10 +2233,11 @@ fn the_history_rides_on_the_phase_writes() {
     let p = aplan_recorded(&a, Some(&live), &[], None, now());
     assert_eq!(p.status, None, "an upgrade writes nothing");
     let p = aplan_recorded(&a, None, &[], None, at("2026-01-01T15:00:00Z"));
-    let (h2, _) = p
+    let h2 = p
         .status
         .and_then(|s| s.history)
-        .expect("recorded at its release");
+        .expect("recorded at its release")
+        .list;
     assert!(h2[0].found);
     assert_eq!(h2[0].from, None);
     assert_eq!(h2[0].until, Some(at("2026-01-01T15:00:00Z")));
@@ -2242,7 +2247,11 @@ fn the_history_rides_on_the_phase_writes() {
     let p = aplan_recorded(&steady, None, &[], None, gone.clone());
     let st = p.status.expect("the release's write");
     assert_eq!(st.phase, AddressPhase::Released);
-    let (h3, _) = st.history.expect("the release closes the holding");
+    let h3 = st
+        .history
+        .clone()
+        .expect("the release closes the holding")
+        .list;
     assert_eq!(h3[0].until, st.released_at);
     assert_eq!(h3[0].until, Some(gone));
     assert_eq!(h3[0].ended.as_deref(), Some(ended::RELEASED));
@@ -2266,7 +2275,7 @@ fn a_reservation_is_recorded_and_ended_by_its_binding() {
     );
     let p = aplan_recorded(&reserved, None, &[], None, now());
     let st = p.status.expect("Released → Available");
-    let (h, _) = st.history.expect("the reservation recorded");
+    let h = st.history.expect("the reservation recorded").list;
     assert_eq!(h[0].state, HoldingState::Reserved);
     assert_eq!(h[0].uid, None);
     let later = at("2026-01-01T12:05:00Z");
@@ -2274,10 +2283,11 @@ fn a_reservation_is_recorded_and_ended_by_its_binding() {
     bound.status.as_mut().unwrap().phase = Some(AddressPhase::Available);
     bound.status.as_mut().unwrap().history = h;
     let p = aplan_recorded(&bound, Some(&claim(json!({}))), &[], None, later.clone());
-    let (h, _) = p
+    let h = p
         .status
         .and_then(|s| s.history)
-        .expect("the binding recorded");
+        .expect("the binding recorded")
+        .list;
     assert_eq!(h.len(), 2);
     assert_eq!(h[0].ended.as_deref(), Some(ended::BOUND));
     assert_eq!(h[0].until, Some(later.clone()));

@@ -104,15 +104,28 @@ pub(crate) fn status_body(
 ) -> serde_json::Value {
     let mut fields = json!({"phase": status.phase, "releasedAt": status.released_at,
         "releasedFrom": status.released_from, "reason": status.reason});
-    if let Some((history, dropped)) = &status.history {
-        fields["history"] = json!(history);
-        fields["historyDropped"] = if *dropped == 0 {
-            json!(null)
-        } else {
-            json!(dropped)
-        };
+    if let Some(settled) = &status.history {
+        settled.write_holdings(&mut fields);
     }
     json!({ "status": fields })
+}
+
+/// Creates the history records a write is about to move off an address (or that a deleted
+/// address's finalizer lets go), first: a closed entry is on its address or in a record at
+/// every instant, whatever crashes between the two.
+pub(crate) async fn records_first(
+    ctx: &Context,
+    records: &[address_controller_api::history::Record],
+    name: &str,
+) -> Result<()> {
+    let created = address_controller_runtime::records::ensure(&ctx.client, records)
+        .await
+        .map_err(Error::kube_other(
+            "creating history records",
+            name.to_string(),
+        ))?;
+    ctx.metrics.records_created(created);
+    Ok(())
 }
 
 async fn apply(
@@ -126,6 +139,10 @@ async fn apply(
     let params = PatchParams::default();
     let mut current: IPAddress = address.as_ref().clone();
 
+    if plan.moves_history {
+        ctx.history.moves.turn().await;
+    }
+    records_first(ctx, &plan.records, &name).await?;
     if let Some(finalizers) = &plan.finalizers {
         let body = guarded(
             current.metadata.resource_version.as_deref(),
@@ -139,6 +156,7 @@ async fn apply(
         current = updated;
     }
     if let Some(status) = &plan.status {
+        records_first(ctx, &status.records, &name).await?;
         let body = guarded(
             current.metadata.resource_version.as_deref(),
             status_body(status),

@@ -262,6 +262,7 @@ async fn write_address(ctx: &Context, w: &AddressWrite) -> Result<()> {
             status,
             ..
         } => {
+            crate::reconcile::address::records_first(ctx, &status.records, &name).await?;
             let body = guarded(
                 resource_version.as_deref(),
                 crate::reconcile::address::status_body(status),

@@ -5,6 +5,7 @@
 pub mod address;
 pub mod claim;
 pub mod class;
+pub mod records;
 pub mod service;
 
 #[cfg(test)]

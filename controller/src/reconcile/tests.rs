@@ -42,6 +42,12 @@ fn core(respond: impl Fn(&Call) -> Answer + Send + Sync + 'static) -> (MockApi, 
         metrics,
         "test".into(),
         false,
+        crate::context::History {
+            retention: std::time::Duration::from_secs(3600),
+            moves: address_controller_runtime::records::Pacer::new(100.0),
+            prunes: address_controller_runtime::records::Pacer::new(100.0),
+            prune_interval: std::time::Duration::from_secs(600),
+        },
     ));
     register(&ctx);
     let class: IPAddressClass = serde_json::from_value(json!({

@@ -49,9 +49,23 @@ async fn patch_address_status(
     Ok(())
 }
 
-/// The ledger's part of the status of `a` with `attachments` as its holders, now.
-fn ledger(a: &IPAddress, attachments: Vec<Attachment>) -> Value {
-    a.ledger_status(&a.attachments(), &attachments, &Time(Timestamp::now()))
+/// The ledger's part of the status of `a` with `attachments` as its holders, now — after
+/// the records of the spans it moves off the address are created (a closed span is on the
+/// address or in a record at every instant).
+async fn ledger(
+    ctx: &Ctx<impl Driver>,
+    a: &IPAddress,
+    attachments: Vec<Attachment>,
+) -> Result<Value, Error> {
+    let (status, records) =
+        a.ledger_status(&a.attachments(), &attachments, &Time(Timestamp::now()));
+    address_controller_runtime::records::ensure(&ctx.client, &records)
+        .await
+        .map_err(kube_error(
+            "creating history records of address",
+            a.name_any(),
+        ))?;
+    Ok(status)
 }
 
 fn attachment_key(h: &Attachment) -> Option<String> {
@@ -174,7 +188,7 @@ async fn apply_service<D: Driver>(
             Some(h) => *h = me,
             None => list.push(me),
         }
-        patch_address_status(ctx, a, ledger(a, list)).await?;
+        patch_address_status(ctx, a, ledger(ctx, a, list).await?).await?;
         tracing::info!(address = %a.name_any(), service = %key, "associated");
     }
     let Some(mut svc) = svc.map(|s| s.as_ref().clone()) else {
@@ -283,7 +297,7 @@ async fn detach(ctx: &Ctx<impl Driver>, a: &IPAddress, keys: &[String]) -> Resul
         .into_iter()
         .filter(|h| attachment_key(h).is_none_or(|k| !keys.contains(&k)))
         .collect();
-    patch_address_status(ctx, a, ledger(a, list)).await
+    patch_address_status(ctx, a, ledger(ctx, a, list).await?).await
 }
 
 /// Brings the Service's `AddressAttached` condition to `want` (removes it for `None`);
@@ -401,7 +415,7 @@ async fn apply_address<D: Driver>(
             .into_iter()
             .filter(|h| attachment_key(h).is_none_or(|k| !plan.clear_holders.contains(&k)))
             .collect();
-        if let Value::Object(m) = ledger(a, list) {
+        if let Value::Object(m) = ledger(ctx, a, list).await? {
             status.extend(m);
         }
     }

@@ -1,0 +1,422 @@
+//! The history's records (#57) against the real control plane: closed entries leave the
+//! address for `IPAddressRecord`s, which outlive the address and its namespace, answer the
+//! abuse desk's question for an address deleted since, stay out of tenants' reach, and are
+//! pruned past the retention — exactly what is older.
+
+#![allow(clippy::unwrap_used)] // test helpers fail loudly by design
+
+use address_controller_api::history::{self, HOLDINGS_KEEP, HoldingState, RecordOf, ended};
+use address_controller_api::record_labels;
+use address_controller_api::{AddressPhase, IPAddressClaim, IPAddressRecord, RecordSpec};
+use address_controller_tests::env::{Env, WAIT, aphase, env, phase};
+use address_controller_tests::{ControllerProcess, TestNamespace, wait_for};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+/// `address-controller ARGS` against the test cluster: (exit 0, stdout + stderr).
+async fn cli(args: &[&str]) -> (bool, String) {
+    let out = tokio::process::Command::new(address_controller_tests::binary("address-controller"))
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(&address_controller_tests::Cluster::get().kubeconfig)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!(
+        "address-controller {args:?} → {:?}\n{text}",
+        out.status.code()
+    );
+    (out.status.success(), text)
+}
+
+/// `kubectl ARGS` as the cluster's admin: (exit 0, stdout, stderr).
+fn kubectl(args: &[&str]) -> (bool, String, String) {
+    let out = address_controller_tests::Cluster::get()
+        .kubectl()
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn records(e: &Env) -> Api<IPAddressRecord> {
+    Api::all(e.client.clone())
+}
+
+/// The records of the address with `uid`, by ordinal.
+async fn records_of(e: &Env, uid: &str, of: RecordOf) -> Vec<RecordSpec> {
+    let lp = ListParams::default().labels(&format!(
+        "{}={uid},{}={}",
+        record_labels::ADDRESS_UID,
+        record_labels::RECORD,
+        of.as_str()
+    ));
+    let mut out: Vec<RecordSpec> = records(e)
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|r| r.spec)
+        .collect();
+    out.sort_by_key(|r| r.ordinal);
+    out
+}
+
+/// An address re-pointed from reservation to reservation past what it keeps: every closed
+/// holding moves to a record (created before the write that takes it off), none is dropped,
+/// and the view and `holders` still list every one of them.
+#[tokio::test]
+async fn past_what_it_keeps_the_history_moves_to_records_and_loses_nothing() {
+    let mut e = env("recmove").await;
+    let (ctl, _, _) = e.serve_views().await;
+    e.ctl = ctl;
+    let class = e.class("pub", json!({})).await;
+    let ns = e.ns.name.clone();
+    let a = e
+        .address(
+            "a",
+            "192.0.2.146",
+            &class,
+            json!({"spec": {"claimRef": {"namespace": ns, "name": "r0"}}}),
+        )
+        .await;
+    e.wait_address(&a, "Available, reserved for r0", |x| {
+        x.is_some_and(|x| history::holdings(x).0.len() == 1)
+    })
+    .await
+    .unwrap();
+    let moves = HOLDINGS_KEEP + 9;
+    for i in 1..moves {
+        let target = format!("r{i}");
+        e.addresses()
+            .patch(
+                &a,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"claimRef": {"namespace": ns, "name": target}}})),
+            )
+            .await
+            .unwrap();
+        e.wait_address(&a, &format!("reserved for {target}"), |x| {
+            x.is_some_and(|x| {
+                history::holdings(x)
+                    .0
+                    .last()
+                    .is_some_and(|h| h.name == target && h.until.is_none())
+            })
+        })
+        .await
+        .unwrap();
+    }
+    let x = e.addresses().get(&a).await.unwrap();
+    let uid = x.metadata.uid.clone().unwrap();
+    let (kept, base) = history::holdings(&x);
+    let st = x.status.as_ref().unwrap();
+    assert_eq!(
+        kept.len(),
+        HOLDINGS_KEEP + 1,
+        "the open one and {HOLDINGS_KEEP} closed"
+    );
+    assert_eq!(st.history_dropped, 0, "nothing dropped");
+    assert_eq!(st.history_recorded as usize, moves - HOLDINGS_KEEP - 1);
+    assert_eq!(base, st.history_recorded);
+    let recorded = records_of(&e, &uid, RecordOf::Holding).await;
+    let names: Vec<String> = recorded.iter().map(|r| r.name.clone()).collect();
+    let want: Vec<String> = (0..st.history_recorded).map(|i| format!("r{i}")).collect();
+    assert_eq!(names, want, "every moved holding has its record, in order");
+    assert!(
+        recorded
+            .iter()
+            .enumerate()
+            .all(|(i, r)| r.ordinal == i as i64
+                && r.ended.as_deref() == Some(ended::MOVED)
+                && r.state == Some(HoldingState::Reserved)
+                && r.until.is_some())
+    );
+    // A record is immutable, whoever asks.
+    let first = recorded[0].to_object();
+    let name = first.metadata.name.clone().unwrap();
+    let refused = records(&e)
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"name": "someone-else"}})),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 422),
+        "{refused:?}"
+    );
+    // The view lists every holding, from the address and from the records, one list.
+    let (ok, out, err) = kubectl(&[
+        "get",
+        "addressholdings",
+        "-n",
+        &ns,
+        "-o",
+        "jsonpath={range .items[*]}{.claim.name}{\"\\n\"}{end}",
+    ]);
+    assert!(ok, "{err}");
+    let mut listed: Vec<&str> = out.lines().collect();
+    listed.sort_unstable();
+    let mut all: Vec<String> = (0..moves).map(|i| format!("r{i}")).collect();
+    all.sort_unstable();
+    assert_eq!(listed, all);
+    // `holders` answers from both.
+    let (ok, text) = cli(&["holders", "192.0.2.146"]).await;
+    assert!(ok, "{text}");
+    assert!(
+        all.iter().all(|n| text.contains(&format!(" {n} "))),
+        "{text}"
+    );
+    e.addresses()
+        .patch(
+            &a,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"claimRef": null}})),
+        )
+        .await
+        .unwrap();
+    e.check().await;
+}
+
+/// An address of a `Delete` class: bound, its claim deleted, the address deleted with it.
+/// Its holding is in a record, and the abuse desk's questions — `holders IP --at T`, the
+/// view's `heldAt`, `usage` — still answer for it, and for a namespace deleted since. A
+/// tenant cannot read the records (they are cluster-scoped, no tenant role names them).
+#[tokio::test]
+async fn a_deleted_address_and_namespace_keep_their_history_in_records() {
+    let mut e = env("recdel").await;
+    let (ctl, _, _) = e.serve_views().await;
+    e.ctl = ctl;
+    let class = e
+        .class("del", json!({"spec": {"reclaimPolicy": "Delete"}}))
+        .await;
+    let gone = TestNamespace::create(&e.client, "recdel-gone")
+        .await
+        .unwrap();
+    let a = e
+        .address(
+            "a",
+            "192.0.2.147",
+            &class,
+            json!({"spec": {"reclaimPolicy": "Delete"}}),
+        )
+        .await;
+    let addr = e.addresses().get(&a).await.unwrap();
+    let uid = addr.metadata.uid.clone().unwrap();
+    let claims: Api<IPAddressClaim> = Api::namespaced(e.client.clone(), &gone.name);
+    let c: IPAddressClaim =
+        serde_json::from_value(json!({"metadata": {"name": "web"}, "spec": {"className": class}}))
+            .unwrap();
+    claims.create(&PostParams::default(), &c).await.unwrap();
+    let t0 = Timestamp::now();
+    wait_for("claim web Bound", WAIT, || {
+        let claims = claims.clone();
+        async move {
+            let c = claims.get("web").await?;
+            Ok((phase(&c) == Some(address_controller_api::ClaimPhase::Bound)).then_some(()))
+        }
+    })
+    .await
+    .unwrap();
+    e.wait_address(&a, "Bound", |x| aphase(x) == Some(AddressPhase::Bound))
+        .await
+        .unwrap();
+    // Held into a later second, so "at T" has an instant inside the holding.
+    wait_for("two seconds held", WAIT, || async move {
+        Ok((Timestamp::now() >= t0 + SignedDuration::from_secs(2)).then_some(()))
+    })
+    .await
+    .unwrap();
+    let inside = Timestamp::now() - SignedDuration::from_secs(1);
+    claims
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the address deleted (reclaim policy Delete)", WAIT, || {
+        let api = e.addresses();
+        let a = a.clone();
+        async move { Ok(api.get_opt(&a).await?.is_none().then_some(())) }
+    })
+    .await
+    .unwrap();
+    // The namespace goes too: its record stays, for the admin.
+    let gone_name = gone.name.clone();
+    drop(gone);
+    wait_for("namespace gone", WAIT, || {
+        let client = e.client.clone();
+        let n = gone_name.clone();
+        async move {
+            let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
+            Ok(api.get_opt(&n).await?.is_none().then_some(()))
+        }
+    })
+    .await
+    .unwrap();
+    let recorded = records_of(&e, &uid, RecordOf::Holding).await;
+    assert_eq!(recorded.len(), 1, "{recorded:#?}");
+    let r = &recorded[0];
+    assert_eq!(
+        (r.namespace.as_str(), r.name.as_str()),
+        (gone_name.as_str(), "web")
+    );
+    assert_eq!(r.address, "192.0.2.147");
+    assert!(r.from.is_some() && r.until.is_some(), "{r:?}");
+    // Who held it at T: the CLI, and the view's field selector, for an address and a
+    // namespace that no longer exist.
+    let at = inside.to_string();
+    let (ok, text) = cli(&["holders", "192.0.2.147", "--at", &at]).await;
+    assert!(
+        ok && text.contains(&gone_name) && text.contains(" web "),
+        "{text}"
+    );
+    let selector = format!("address=192.0.2.147,heldAt={at}");
+    let (ok, out, err) = kubectl(&[
+        "get",
+        "addressholdings",
+        "-A",
+        "--field-selector",
+        &selector,
+        "-o",
+        "jsonpath={.items[*].metadata.namespace}/{.items[*].claim.name}",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(out, format!("{gone_name}/web"));
+    let from = (t0 - SignedDuration::from_secs(60)).to_string();
+    let (ok, text) = cli(&["usage", "--from", &from, "-n", &gone_name, "-o", "csv"]).await;
+    assert!(ok, "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.contains(&format!(",{gone_name},{class},")))
+        .unwrap_or_else(|| panic!("no usage row for {gone_name}: {text}"));
+    let held: i64 = row.split(',').nth(5).unwrap().parse().unwrap();
+    assert!(held >= 2, "{row}");
+    let (ok, text) = cli(&[
+        "history", "export", "--from", &from, "-n", &gone_name, "-o", "jsonl",
+    ])
+    .await;
+    assert!(
+        ok && text.contains("\"record\":\"holding\"") && text.contains(&uid),
+        "{text}"
+    );
+    // A tenant of this namespace reads no record: not by list, watch or a name it guesses.
+    let tenant = format!("system:serviceaccount:{}:default", e.ns.name);
+    for verb in ["list", "watch", "get"] {
+        let (_, out, _) = kubectl(&["auth", "can-i", verb, "ipaddressrecords", "--as", &tenant]);
+        assert_eq!(out.trim(), "no", "a tenant may {verb} records");
+    }
+    let (ok, _, err) = kubectl(&[
+        "get",
+        "ipaddressrecords",
+        &r.to_object().metadata.name.unwrap(),
+        "--as",
+        &tenant,
+    ]);
+    assert!(!ok && err.contains("forbidden"), "{err}");
+    // The admin deletes what the test made.
+    let _ = records(&e)
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&format!("{}={uid}", record_labels::ADDRESS_UID)),
+        )
+        .await;
+    e.check().await;
+}
+
+/// The retention prunes exactly what ended longer ago than `--history-retention`: of two
+/// records, 2 h and 10 min old, under a 1 h retention, the first goes (the positive
+/// control: the pruner ran) and the second stays.
+#[tokio::test]
+async fn the_retention_prunes_exactly_what_is_older() {
+    let e = env("recprune").await;
+    let uid = format!("prune-test-{}", e.sfx);
+    let now = Timestamp::now();
+    let make = |ordinal: i64, ago: i64| RecordSpec {
+        record: RecordOf::Holding,
+        address: "192.0.2.148".into(),
+        ip_address: format!("ipv4-192-0-2-148-{}", e.sfx),
+        address_uid: uid.clone(),
+        ordinal,
+        class_name: "none".into(),
+        kind: "IPAddressClaim".into(),
+        namespace: e.ns.name.clone(),
+        name: format!("c{ordinal}"),
+        uid: None,
+        state: Some(HoldingState::Bound),
+        from: Some(Time(now - SignedDuration::from_secs(ago + 60))),
+        until: Some(Time(now - SignedDuration::from_secs(ago))),
+        ended: Some(ended::RELEASED.into()),
+        found: false,
+        egress: false,
+    };
+    let old = make(0, 2 * 3600).to_object();
+    let young = make(1, 600).to_object();
+    for r in [&old, &young] {
+        records(&e).create(&PostParams::default(), r).await.unwrap();
+    }
+    let pruner = ControllerProcess::start(
+        &format!("ctl-recprune-b-{}", e.sfx),
+        &[
+            "--leader-elect=false",
+            "--apiserver=false",
+            "--history-retention=1h",
+            "--history-prune-interval=1s",
+        ],
+    )
+    .await
+    .unwrap();
+    let old_name = old.metadata.name.clone().unwrap();
+    wait_for("the old record pruned", WAIT, || {
+        let api = records(&e);
+        let n = old_name.clone();
+        async move { Ok(api.get_opt(&n).await?.is_none().then_some(())) }
+    })
+    .await
+    .unwrap();
+    // At least one full pass after it: the young one is still there.
+    let m = pruner.metrics().await.unwrap();
+    assert!(
+        address_controller_tests::sample(
+            &m,
+            "address_controller_history_records_total{action=\"pruned\"}"
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{m}"
+    );
+    wait_for("another pass of the pruner", WAIT, || {
+        let p = &pruner;
+        async move {
+            let m = p.metrics().await?;
+            let passes = address_controller_tests::sample(
+                &m,
+                "address_controller_reconcile_total{controller=\"records\",result=\"success\"}",
+            );
+            Ok(passes.filter(|n| *n >= 2.0).map(|_| ()))
+        }
+    })
+    .await
+    .unwrap();
+    let young_name = young.metadata.name.clone().unwrap();
+    assert!(
+        records(&e).get_opt(&young_name).await.unwrap().is_some(),
+        "a record inside the retention was pruned"
+    );
+    records(&e)
+        .delete(&young_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    drop(pruner);
+}
