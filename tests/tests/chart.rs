@@ -1942,6 +1942,28 @@ async fn each_components_service_account_has_exactly_its_written_rights() {
             "",
             false,
         ),
+        // The history's records: the core creates and prunes them, a driver only creates.
+        (
+            &core,
+            "delete",
+            "ipaddressrecords.local.sdn.cozystack.io",
+            "",
+            true,
+        ),
+        (
+            &range,
+            "create",
+            "ipaddressrecords.local.sdn.cozystack.io",
+            "",
+            true,
+        ),
+        (
+            &metallb,
+            "delete",
+            "ipaddressrecords.local.sdn.cozystack.io",
+            "",
+            false,
+        ),
         // MetalLB's objects: only the MetalLB driver.
         (
             &metallb,

@@ -151,6 +151,12 @@ async fn an_upgrade_from_the_previous_chart_keeps_every_binding_and_writes_nothi
     )
     .unwrap();
     apply(cluster, &quota_crd);
+    // Likewise the history's records: this binary creates and prunes them.
+    let record_crd = std::fs::read_to_string(
+        chart_dir().join("crds/ipaddressrecords.local.sdn.cozystack.io.yaml"),
+    )
+    .unwrap();
+    apply(cluster, &record_crd);
     let mut ctl = ControllerProcess::start("upgrade-old", &["--apiserver=false"])
         .await
         .unwrap();
