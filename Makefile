@@ -89,6 +89,10 @@ bench-scale: ## The cost of a bind as the pool grows: a fresh control plane per 
 	$(CARGO) build --release --bins --quiet
 	ADDRESS_CONTROLLER_PROFILE=release $(CARGO) run --release --quiet -p address-controller-tests --bin bench-scale -- $(BENCH_SCALE_ARGS)
 
+.PHONY: bench-history
+bench-history: ## What the history costs per address before and after its records (#57): bytes in etcd and per watch event, RSS per cached object, the million-address estimate (BENCH_HISTORY_ARGS="100000")
+	$(CARGO) run --release --quiet -p address-controller-tests --bin bench-history -- $(BENCH_HISTORY_ARGS)
+
 .PHONY: bench-latency
 bench-latency: ## What a tenant waits for under churn: open-loop arrivals at stepped rates over a base of bound objects, two replicas of the core and the range driver, each path next to a plain client's floor, the tails' profile; release build (BENCH_LATENCY_ARGS="--base 10000 --rates 5,10,20,50,100 --step 20 [--takeover 5]")
 	@deploy/local/build-binaries.sh

@@ -473,7 +473,7 @@ impl Adopt<'_> {
         );
         let one = std::slice::from_ref(&attachment);
         // One holder before and after: the ledger write opens its span, and moves none.
-        let (status, _) = a.ledger_status(one, one, &now);
+        let (status, _) = a.ledger_status(one, one, &now, false);
         let ledger = json!({ "status": status });
         addresses
             .patch_status(

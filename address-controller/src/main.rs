@@ -148,6 +148,15 @@ struct HistoryArgs {
         default_value_t = 50.0
     )]
     history_prune_rate: f64,
+    /// At most this many records in the cluster: past it the oldest are pruned before the
+    /// retention ends (`address_controller_history_records_total{action="capped"}` counts
+    /// them). 250,000 records are ~230 MB of etcd, a safe share of its default 2 GiB quota.
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_HISTORY_MAX_RECORDS",
+        default_value_t = 250_000
+    )]
+    history_max_records: i64,
 }
 
 impl HistoryArgs {
@@ -158,6 +167,7 @@ impl HistoryArgs {
             moves: Pacer::new(self.history_move_rate),
             prunes: Pacer::new(self.history_prune_rate),
             prune_interval: self.history_prune_interval,
+            max_records: self.history_max_records,
         }
     }
 }

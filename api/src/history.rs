@@ -784,6 +784,20 @@ pub fn spans_after(
     })
 }
 
+impl<T> Settled<T> {
+    /// The same write with nothing moved: the moved entries back at the head of the list
+    /// (their records could not be made — the kind not installed yet, or not allowed — so
+    /// they stay on the address rather than be lost).
+    pub fn unmove(mut self) -> Settled<T> {
+        let n = self.moved.len() as i64;
+        let mut list: Vec<T> = self.moved.drain(..).map(|(_, e)| e).collect();
+        list.append(&mut self.list);
+        self.list = list;
+        self.counts.recorded -= n;
+        self
+    }
+}
+
 impl<T: Serialize> Settled<T> {
     fn write(&self, status: &mut serde_json::Value, list: &str, dropped: &str, recorded: &str) {
         let n = |v: i64| {
@@ -1098,6 +1112,27 @@ mod tests {
         let c = r("a", "web", Some("next"));
         let s = holdings_after(&h, d, Held::Bound(&c), None, &t(1000)).unwrap();
         assert!(s.moved.is_empty());
+    }
+
+    #[test]
+    fn a_move_undone_keeps_every_entry_where_it_was() {
+        let mut h = Vec::new();
+        let mut d = Z;
+        for i in 0..(HOLDINGS_KEEP as i64 + 1) {
+            let c = r("a", "web", Some(&format!("u{i}")));
+            (h, d) = after(&h, d, Held::Bound(&c), None, &t(2 * i)).unwrap();
+            (h, d) = after(&h, d, Held::Released, None, &t(2 * i + 1)).unwrap();
+        }
+        let c = r("a", "web", Some("last"));
+        let (h2, d2) = after(&h, d, Held::Bound(&c), None, &t(100)).unwrap();
+        let s = holdings_after(&h2, d2, Held::Released, None, &t(101)).unwrap();
+        assert_eq!(s.moved.len(), 1);
+        let kept = s.clone().unmove();
+        assert!(kept.moved.is_empty());
+        assert_eq!(kept.counts, d2);
+        assert_eq!(kept.list.len(), h2.len());
+        assert_eq!(kept.list[0], s.moved[0].1);
+        assert_eq!(kept.list.last().unwrap().until, Some(t(101)));
     }
 
     #[test]

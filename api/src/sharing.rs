@@ -177,11 +177,13 @@ impl IPAddress {
     /// following them in the same write ([`crate::history::spans_after`]; `found` for a
     /// holder of BEFORE without an open span). With it, the records of the spans the write
     /// moves off the address: the writer creates them before it writes.
+    /// `move_to_records` false: the spans stay on the address (their records cannot be made).
     pub fn ledger_status(
         &self,
         before: &[Attachment],
         after: &[Attachment],
         now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+        move_to_records: bool,
     ) -> (serde_json::Value, Vec<crate::history::Record>) {
         use serde_json::json;
         let first = after.first().map(Attachment::association);
@@ -190,7 +192,10 @@ impl IPAddress {
         let (spans, _) = crate::history::spans(self);
         let counts = crate::history::Counts::spans(self);
         let mut records = Vec::new();
-        if let Some(settled) = crate::history::spans_after(spans, counts, before, after, now) {
+        if let Some(mut settled) = crate::history::spans_after(spans, counts, before, after, now) {
+            if !move_to_records {
+                settled = settled.unmove();
+            }
             settled.write_spans(&mut out);
             let meta = crate::history::AddressMeta::of(self);
             records = settled

@@ -94,6 +94,8 @@ pub struct History {
     pub prunes: address_controller_runtime::records::Pacer,
     /// How often the retention looks for records to prune.
     pub prune_interval: std::time::Duration,
+    /// At most this many records: past it the oldest go before the retention ends.
+    pub max_records: i64,
 }
 
 impl Context {

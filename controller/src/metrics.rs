@@ -25,6 +25,7 @@ pub struct Metrics {
     bind: HistogramVec,
     provision: HistogramVec,
     records: IntCounterVec,
+    records_total: prometheus::IntGauge,
 }
 
 /// Buckets of the waits tenants see: a bind from the pool takes well under a second, one
@@ -77,6 +78,11 @@ impl Metrics {
             &["action"],
         )?;
         registry.register(Box::new(records.clone()))?;
+        let records_total = prometheus::IntGauge::new(
+            "address_controller_history_records",
+            "History records (IPAddressRecord) in the cluster, counted by the leader's retention pass",
+        )?;
+        registry.register(Box::new(records_total.clone()))?;
         registry.register(Box::new(reconciles.clone()))?;
         registry.register(Box::new(durations.clone()))?;
         registry.register(Box::new(bind.clone()))?;
@@ -89,6 +95,7 @@ impl Metrics {
             bind,
             provision,
             records,
+            records_total,
         })
     }
 
@@ -102,6 +109,16 @@ impl Metrics {
     /// `n` history records pruned by the retention.
     pub fn records_pruned(&self, n: usize) {
         self.records.with_label_values(&["pruned"]).inc_by(n as u64);
+    }
+
+    /// `n` history records pruned because there were more than `--history-max-records`.
+    pub fn records_capped(&self, n: usize) {
+        self.records.with_label_values(&["capped"]).inc_by(n as u64);
+    }
+
+    /// The records counted by the last retention pass.
+    pub fn records_total(&self, n: i64) {
+        self.records_total.set(n);
     }
 
     /// Adds the quota gauges, read from the quota book (the core's process).

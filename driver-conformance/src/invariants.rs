@@ -126,6 +126,11 @@ pub const RULES: &[Rule] = &[
         check: Some(history_unsound),
     },
     Rule {
+        name: "history-unrecorded",
+        meaning: "an address whose entries moved off it (historyRecorded, attachmentHistoryRecorded) without the IPAddressRecord of each: a closed entry on neither (runs shorter than the retention)",
+        check: Some(history_unrecorded),
+    },
+    Rule {
         name: "gauges-differ",
         meaning: "a replica's ledger gauges differ from the objects",
         check: None,
@@ -231,6 +236,8 @@ struct Snapshot {
     classes: Vec<IPAddressClass>,
     services: Vec<Service>,
     quotas: Vec<IPAddressQuota>,
+    /// The history's records (none where the kind is not installed).
+    records: Vec<address_controller_api::IPAddressRecord>,
     /// Namespace name → labels.
     namespaces: HashMap<String, BTreeMap<String, String>>,
     at: Timestamp,
@@ -263,6 +270,11 @@ async fn snapshot(client: &Client) -> Result<Snapshot> {
         classes: list_all(client).await?,
         services: list_all(client).await?,
         quotas: list_all(client).await?,
+        records: match list_all(client).await {
+            Ok(r) => r,
+            Err(e) if e.to_string().contains("404") => Vec::new(),
+            Err(e) => return Err(e),
+        },
         namespaces,
         at: Timestamp::now(),
     })
@@ -613,6 +625,46 @@ fn history_unsound(x: &Ctx<'_>, found: &mut Found) {
             found.add(
                 format!("IPAddress {}", a.name_any()),
                 problems.join("; "),
+                version(a),
+            );
+        }
+    }
+}
+
+/// Every entry an address moved off (the ordinals between what an older version dropped and
+/// the first kept) has its record: a closed entry is on its address or in a record.
+fn history_unrecorded(x: &Ctx<'_>, found: &mut Found) {
+    use address_controller_api::history::{Counts, RecordOf};
+    let names: std::collections::HashSet<&str> =
+        x.s.records
+            .iter()
+            .filter_map(|r| r.metadata.name.as_deref())
+            .collect();
+    for a in x.addresses_in_scope() {
+        let meta = address_controller_api::history::AddressMeta::of(a);
+        let mut missing = Vec::new();
+        for (of, c) in [
+            (RecordOf::Holding, Counts::holdings(a)),
+            (RecordOf::Attachment, Counts::spans(a)),
+        ] {
+            for ordinal in c.dropped..c.base() {
+                let name = address_controller_api::RecordSpec {
+                    record: of,
+                    ordinal,
+                    ip_address: meta.ip_address.clone(),
+                    address_uid: meta.address_uid.clone(),
+                    ..Default::default()
+                }
+                .object_name();
+                if !names.contains(name.as_str()) {
+                    missing.push(format!("{} {ordinal}", of.as_str()));
+                }
+            }
+        }
+        if !missing.is_empty() {
+            found.add(
+                format!("IPAddress {}", a.name_any()),
+                format!("moved off without a record: {}", missing.join(", ")),
                 version(a),
             );
         }
@@ -1306,6 +1358,7 @@ mod tests {
             classes: vec![],
             services: vec![],
             quotas: vec![],
+            records: vec![],
             namespaces: [("t".to_string(), BTreeMap::new())].into(),
             at: Timestamp::now(),
         };
@@ -1342,6 +1395,44 @@ mod tests {
     }
 
     #[test]
+    fn an_entry_moved_off_without_its_record_is_caught() {
+        use address_controller_api::history::{AddressMeta, Holding, HoldingState};
+        let c = claim("web", "u1", "Bound", &[("a", "192.0.2.1")]);
+        let mut a = addr("a", "192.0.2.1", Some(("web", "u1")), "Bound");
+        a.metadata.uid = Some("0123456789".into());
+        let st = a.status.as_mut().unwrap();
+        st.history_dropped = 1;
+        st.history_recorded = 2;
+        let held = |i: i64| Holding {
+            namespace: "t".into(),
+            name: format!("c{i}"),
+            uid: None,
+            state: HoldingState::Bound,
+            from: None,
+            until: None,
+            ended: None,
+            found: false,
+        };
+        let meta = AddressMeta::of(&a);
+        let record = |i: i64| meta.holding(i, &held(i)).to_object();
+        let snap = |records: Vec<address_controller_api::IPAddressRecord>| Snapshot {
+            claims: vec![c.clone()],
+            addresses: vec![a.clone()],
+            classes: vec![],
+            services: vec![],
+            quotas: vec![],
+            records,
+            namespaces: [("t".to_string(), BTreeMap::new())].into(),
+            at: Timestamp::now(),
+        };
+        // Ordinal 0 was dropped by an older version (no record owed); 1 and 2 were moved.
+        assert!(!rules(&snap(vec![record(1), record(2)])).contains(&"history-unrecorded"));
+        // The positive control: one record missing is caught.
+        assert!(rules(&snap(vec![record(1)])).contains(&"history-unrecorded"));
+        assert!(rules(&snap(vec![])).contains(&"history-unrecorded"));
+    }
+
+    #[test]
     fn a_released_address_past_its_class_release_delay_is_caught_unless_held() {
         let at = Timestamp::now();
         let class: IPAddressClass = serde_json::from_value(json!({"metadata": {"name": "pub",
@@ -1369,6 +1460,7 @@ mod tests {
             classes: vec![class.clone()],
             services: vec![],
             quotas: vec![],
+            records: vec![],
             namespaces: [("t".to_string(), BTreeMap::new())].into(),
             at,
         };
@@ -1415,6 +1507,7 @@ mod tests {
             classes: vec![class.clone()],
             services: vec![],
             quotas: vec![quota(limit)],
+            records: vec![],
             namespaces: [("t".to_string(), BTreeMap::new())].into(),
             at,
         };
@@ -1469,6 +1562,7 @@ mod tests {
             classes: vec![],
             services: vec![],
             quotas: vec![],
+            records: vec![],
             namespaces: Default::default(),
             at,
         };
@@ -1488,6 +1582,7 @@ mod tests {
             classes: vec![],
             services: vec![],
             quotas: vec![],
+            records: vec![],
             namespaces: Default::default(),
             at,
         };
@@ -1505,6 +1600,7 @@ mod tests {
             classes: vec![],
             services: vec![],
             quotas: vec![],
+            records: vec![],
             namespaces: Default::default(),
             at,
         };
@@ -1523,6 +1619,7 @@ mod tests {
             classes: vec![],
             services: vec![],
             quotas: vec![],
+            records: vec![],
             namespaces: Default::default(),
             at,
         };
@@ -1550,6 +1647,7 @@ mod tests {
                 classes: vec![],
                 services: vec![],
                 quotas: vec![],
+                records: vec![],
                 namespaces: Default::default(),
                 at,
             };
@@ -1566,6 +1664,7 @@ mod tests {
             classes: vec![],
             services: vec![],
             quotas: vec![],
+            records: vec![],
             namespaces: Default::default(),
             at,
         };
@@ -1576,6 +1675,7 @@ mod tests {
             classes: vec![],
             services: vec![],
             quotas: vec![],
+            records: vec![],
             namespaces: Default::default(),
             at,
         };
@@ -1597,6 +1697,7 @@ mod tests {
             classes: vec![],
             services: vec![],
             quotas: vec![],
+            records: vec![],
             namespaces: Default::default(),
             at,
         };
@@ -1613,6 +1714,7 @@ mod tests {
             classes: vec![],
             services: vec![],
             quotas: vec![],
+            records: vec![],
             namespaces: Default::default(),
             at,
         };
@@ -1645,6 +1747,7 @@ mod tests {
             classes: vec![],
             services,
             quotas: vec![],
+            records: vec![],
             namespaces: Default::default(),
             at,
         };
@@ -1723,6 +1826,7 @@ mod tests {
                 classes: vec![],
                 services,
                 quotas: vec![],
+                records: vec![],
                 namespaces: Default::default(),
                 at,
             }

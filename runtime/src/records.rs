@@ -13,11 +13,21 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use tokio::time::Instant;
 
-/// Creates the records of `entries`, skipping those already there. Returns how many it
-/// created.
-pub async fn ensure(client: &Client, entries: &[Record]) -> Result<usize, kube::Error> {
+/// What came of [`ensure`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ensured {
+    /// Every record is there; this many were created now.
+    Created(usize),
+    /// Records cannot be made here: the kind is not installed (an upgrade that skipped the
+    /// CRDs) or the writer may not create them. The entries stay on the address — kept,
+    /// not moved — and the writer says so.
+    Unavailable(String),
+}
+
+/// Creates the records of `entries`, skipping those already there.
+pub async fn ensure(client: &Client, entries: &[Record]) -> Result<Ensured, kube::Error> {
     if entries.is_empty() {
-        return Ok(0);
+        return Ok(Ensured::Created(0));
     }
     let api: Api<IPAddressRecord> = Api::all(client.clone());
     let mut created = 0;
@@ -25,10 +35,16 @@ pub async fn ensure(client: &Client, entries: &[Record]) -> Result<usize, kube::
         match api.create(&PostParams::default(), &e.to_object()).await {
             Ok(_) => created += 1,
             Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 403 => {
+                return Ok(Ensured::Unavailable(format!(
+                    "IPAddressRecords cannot be created ({} {}): the history stays on the address",
+                    s.code, s.message
+                )));
+            }
             Err(e) => return Err(e),
         }
     }
-    Ok(created)
+    Ok(Ensured::Created(created))
 }
 
 /// Spaces out writes of one kind to at most one per `interval`, whoever asks: the moves of

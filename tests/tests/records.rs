@@ -419,4 +419,218 @@ async fn the_retention_prunes_exactly_what_is_older() {
         .await
         .unwrap();
     drop(pruner);
+
+    // The cap: with one record more than --history-max-records allows, the oldest goes
+    // before its retention ends (these two are older than any other test's), the other stays.
+    let oldest = make(2, 390 * 86_400).to_object();
+    let older = make(3, 380 * 86_400).to_object();
+    for r in [&oldest, &older] {
+        records(&e).create(&PostParams::default(), r).await.unwrap();
+    }
+    let total = records(&e)
+        .list_metadata(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .len();
+    let max = (total - 1).to_string();
+    let capper = ControllerProcess::start(
+        &format!("ctl-recprune-c-{}", e.sfx),
+        &[
+            "--leader-elect=false",
+            "--apiserver=false",
+            "--history-max-records",
+            &max,
+            "--history-prune-interval=1s",
+        ],
+    )
+    .await
+    .unwrap();
+    let oldest_name = oldest.metadata.name.clone().unwrap();
+    wait_for("the oldest record capped", WAIT, || {
+        let api = records(&e);
+        let n = oldest_name.clone();
+        async move { Ok(api.get_opt(&n).await?.is_none().then_some(())) }
+    })
+    .await
+    .unwrap();
+    let m = capper.metrics().await.unwrap();
+    assert_eq!(
+        address_controller_tests::sample(
+            &m,
+            "address_controller_history_records_total{action=\"capped\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    let older_name = older.metadata.name.clone().unwrap();
+    assert!(records(&e).get_opt(&older_name).await.unwrap().is_some());
+    records(&e)
+        .delete(&older_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    drop(capper);
+}
+
+/// An address written by an older version — 27 closed holdings in its status, past what an
+/// address keeps now — moves them to records in writes of its own, a batch each, spaced by
+/// `--history-move-rate` (no burst). One record was already there, as a core that died
+/// between a record and its write leaves it: it is kept as it was, not made twice. At the
+/// end every entry is on the address or in a record; a record deleted behind the core's back
+/// is what the checker's `history-unrecorded` rule catches (its positive control).
+#[tokio::test]
+async fn an_older_versions_history_moves_to_records_at_the_rate_set() {
+    use address_controller_api::history::{Holding, MOVE_BATCH};
+    use address_controller_driver_conformance::invariants::{Scope, check};
+    let mut e = env("recupg").await;
+    let class = e.class("pub", json!({})).await;
+    let ns = e.ns.name.clone();
+    let closed = 27usize;
+    // The open reservation the core records itself.
+    let a = e
+        .address(
+            "a",
+            "192.0.2.149",
+            &class,
+            json!({"spec": {"claimRef": {"namespace": ns, "name": format!("r{closed}")}}}),
+        )
+        .await;
+    let open = e
+        .wait_address(&a, "Available, reserved", |x| {
+            x.is_some_and(|x| history::holdings(x).0.len() == 1)
+        })
+        .await
+        .unwrap();
+    let uid = open.metadata.uid.clone().unwrap();
+    // The history an older version wrote: closed reservations, then the open one.
+    let t0 = Timestamp::now() - SignedDuration::from_hours(24);
+    let at = |s: i64| Time(t0 + SignedDuration::from_secs(s));
+    let mut list: Vec<Holding> = (0..closed as i64)
+        .map(|i| Holding {
+            namespace: ns.clone(),
+            name: format!("r{i}"),
+            uid: None,
+            state: HoldingState::Reserved,
+            from: Some(at(10 * i)),
+            until: Some(at(10 * i + 10)),
+            ended: Some(ended::MOVED.into()),
+            found: false,
+        })
+        .collect();
+    let mut last = history::holdings(&open).0[0].clone();
+    last.from = Some(at(10 * closed as i64));
+    list.push(last);
+    // What a core that died after its first record and before its write left behind.
+    let meta = history::AddressMeta::of(&open);
+    let crashed = meta.holding(0, &list[0]);
+    records(&e)
+        .create(&PostParams::default(), &crashed.to_object())
+        .await
+        .unwrap();
+    // The new core, its moves paced at 2 a second.
+    let user = format!("ctl-recupg-b-{}", e.sfx);
+    e.ctl = ControllerProcess::start(&user, &["--leader-elect=false", "--history-move-rate=2"])
+        .await
+        .unwrap();
+    e.addresses()
+        .patch_status(
+            &a,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"history": list}})),
+        )
+        .await
+        .unwrap();
+    let moved = closed - HOLDINGS_KEEP;
+    let x = e
+        .wait_address(&a, "the backlog moved", |x| {
+            x.is_some_and(|x| {
+                x.status
+                    .as_ref()
+                    .is_some_and(|s| s.history_recorded as usize == moved)
+            })
+        })
+        .await
+        .unwrap();
+    let (kept, base) = history::holdings(&x);
+    assert_eq!(kept.len(), HOLDINGS_KEEP + 1);
+    assert_eq!(base as usize, moved);
+    assert_eq!(kept[0].name, format!("r{moved}"));
+    let recorded = records_of(&e, &uid, RecordOf::Holding).await;
+    assert_eq!(
+        recorded.len(),
+        moved,
+        "one record each, the crashed one not made twice"
+    );
+    for (i, r) in recorded.iter().enumerate() {
+        assert_eq!((r.ordinal, r.name.clone()), (i as i64, format!("r{i}")));
+        assert_eq!(r.until, Some(at(10 * i as i64 + 10)));
+    }
+    assert_eq!(
+        recorded[0], crashed,
+        "the record a crash left is kept as it was"
+    );
+    // The moves: writes of the core's own to the address, a batch each, spaced by the rate.
+    let writes: Vec<_> = e
+        .writes(&user)
+        .into_iter()
+        .filter(|w| {
+            w.name.as_deref() == Some(a.as_str()) && w.subresource.as_deref() == Some("status")
+        })
+        .collect();
+    let times: Vec<Timestamp> = writes.iter().filter_map(|w| w.received).collect();
+    println!(
+        "moved {moved} holdings in {} writes at {:?}",
+        writes.len(),
+        times
+            .windows(2)
+            .map(|w| w[1].duration_since(w[0]).as_millis())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(writes.len(), moved.div_ceil(MOVE_BATCH), "{writes:#?}");
+    assert!(
+        times
+            .windows(2)
+            .all(|w| w[1].duration_since(w[0]) >= SignedDuration::from_millis(450)),
+        "moves closer than the rate allows: {times:?}"
+    );
+    e.check().await;
+    // The positive control of `history-unrecorded`: a record deleted behind the core's back.
+    records(&e)
+        .delete(
+            &crashed.to_object().metadata.name.unwrap(),
+            &DeleteParams::default(),
+        )
+        .await
+        .unwrap();
+    let scope = Scope::of(&[ns.as_str()], &[class.as_str()]);
+    let report = check(&e.client, &scope, std::time::Duration::from_secs(1), &[])
+        .await
+        .unwrap();
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.rule == "history-unrecorded"),
+        "{}",
+        report.table()
+    );
+    records(&e)
+        .create(&PostParams::default(), &crashed.to_object())
+        .await
+        .unwrap();
+    e.addresses()
+        .patch(
+            &a,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"claimRef": null}})),
+        )
+        .await
+        .unwrap();
+    e.check().await;
+    let _ = records(&e)
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&format!("{}={uid}", record_labels::ADDRESS_UID)),
+        )
+        .await;
 }

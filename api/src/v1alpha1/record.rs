@@ -13,10 +13,13 @@ use serde::{Deserialize, Serialize};
 use crate::history::HoldingState;
 
 /// What a record is of.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub enum RecordOf {
     /// A holding: the claim the address was bound to or reserved for.
+    #[default]
     Holding,
     /// A span of a holder (a Service) the address was on.
     Attachment,
@@ -40,7 +43,7 @@ impl RecordOf {
 
 /// One entry of an address's history, as kept after it left the address (`IPAddressRecord`)
 /// and as exported (`address-controller history export`).
-#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[kube(
     group = "local.sdn.cozystack.io",
     version = "v1alpha1",

@@ -48,6 +48,18 @@ pub struct AddressStatusWrite {
 }
 
 impl AddressStatusWrite {
+    /// The same write with nothing moved to records (they cannot be made): the entries stay
+    /// on the address. `None` when nothing is left to write (a write that only moved).
+    pub fn unmoved(&self, only_moves: bool) -> Option<AddressStatusWrite> {
+        if only_moves {
+            return None;
+        }
+        let mut w = self.clone();
+        w.history = w.history.map(Settled::unmove);
+        w.records.clear();
+        Some(w)
+    }
+
     fn with_history(mut self, a: &IPAddress, settled: Option<Settled<Holding>>) -> Self {
         if let Some(s) = &settled {
             let meta = AddressMeta::of(a);

@@ -113,19 +113,44 @@ pub(crate) fn status_body(
 /// Creates the history records a write is about to move off an address (or that a deleted
 /// address's finalizer lets go), first: a closed entry is on its address or in a record at
 /// every instant, whatever crashes between the two.
+/// False when records cannot be made here (the kind not installed, or not allowed): the
+/// caller keeps the entries on the address instead.
 pub(crate) async fn records_first(
     ctx: &Context,
     records: &[address_controller_api::history::Record],
     name: &str,
-) -> Result<()> {
-    let created = address_controller_runtime::records::ensure(&ctx.client, records)
+) -> Result<bool> {
+    use address_controller_runtime::records::{Ensured, ensure};
+    match ensure(&ctx.client, records)
         .await
         .map_err(Error::kube_other(
             "creating history records",
             name.to_string(),
-        ))?;
-    ctx.metrics.records_created(created);
-    Ok(())
+        ))? {
+        Ensured::Created(n) => {
+            ctx.metrics.records_created(n);
+            Ok(true)
+        }
+        Ensured::Unavailable(why) => {
+            tracing::warn!(address = %name, "{why}");
+            Ok(false)
+        }
+    }
+}
+
+/// The status write to make after its records: as planned, or with nothing moved when the
+/// records cannot be made (`None`: nothing left to write).
+pub(crate) async fn recorded_write(
+    ctx: &Context,
+    status: &crate::decide::address::AddressStatusWrite,
+    only_moves: bool,
+    name: &str,
+) -> Result<Option<crate::decide::address::AddressStatusWrite>> {
+    Ok(if records_first(ctx, &status.records, name).await? {
+        Some(status.clone())
+    } else {
+        status.unmoved(only_moves)
+    })
 }
 
 async fn apply(
@@ -142,7 +167,11 @@ async fn apply(
     if plan.moves_history {
         ctx.history.moves.turn().await;
     }
-    records_first(ctx, &plan.records, &name).await?;
+    // A deleted address's history: recorded before the finalizer goes — or, when records
+    // cannot be made here, said loudly (the deletion is not held up for it).
+    if !records_first(ctx, &plan.records, &name).await? {
+        tracing::warn!(address = %name, entries = plan.records.len(), "deleted without its history recorded");
+    }
     if let Some(finalizers) = &plan.finalizers {
         let body = guarded(
             current.metadata.resource_version.as_deref(),
@@ -155,8 +184,11 @@ async fn apply(
         ctx.recent_addresses.record(&current, updated.clone());
         current = updated;
     }
-    if let Some(status) = &plan.status {
-        records_first(ctx, &status.records, &name).await?;
+    let status = match &plan.status {
+        Some(s) => recorded_write(ctx, s, plan.moves_history, &name).await?,
+        None => None,
+    };
+    if let Some(status) = &status {
         let body = guarded(
             current.metadata.resource_version.as_deref(),
             status_body(status),

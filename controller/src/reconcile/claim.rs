@@ -262,10 +262,12 @@ async fn write_address(ctx: &Context, w: &AddressWrite) -> Result<()> {
             status,
             ..
         } => {
-            crate::reconcile::address::records_first(ctx, &status.records, &name).await?;
+            let status = crate::reconcile::address::recorded_write(ctx, status, false, &name)
+                .await?
+                .unwrap_or_else(|| status.clone());
             let body = guarded(
                 resource_version.as_deref(),
-                crate::reconcile::address::status_body(status),
+                crate::reconcile::address::status_body(&status),
             );
             Some(
                 address_api

@@ -41,8 +41,10 @@ pub fn older_than(cutoff: Timestamp, now: Timestamp) -> String {
     format!("{UNTIL_MONTH},{UNTIL_MONTH} notin ({})", newer.join(","))
 }
 
-/// One pass: deletes up to [`PRUNE_BATCH`] records older than the retention; again at once
-/// when the batch was full, else after `interval`.
+/// One pass: deletes up to [`PRUNE_BATCH`] records older than the retention, then — when
+/// more records remain than `--history-max-records` — the oldest past that cap (etcd is
+/// the cluster's, and a history that fills it harms everything); again at once when a batch
+/// was full, else after the interval.
 pub async fn reconcile(ctx: Arc<Context>, _key: String) -> Result<Outcome> {
     let now = Timestamp::now();
     let retention = ctx.history.retention;
@@ -54,50 +56,101 @@ pub async fn reconcile(ctx: Arc<Context>, _key: String) -> Result<Outcome> {
         )
         .unwrap_or(Timestamp::MIN);
     let api: Api<IPAddressRecord> = Api::all(ctx.client.clone());
-    let mut params = ListParams::default()
-        .labels(&older_than(cutoff, now))
-        .limit(500);
-    let mut pruned = 0;
-    'pages: loop {
-        let page = api.list(&params).await.map_err(Error::kube_other(
-            "listing history records",
-            KEY.to_string(),
-        ))?;
-        for r in &page.items {
-            if pruned >= PRUNE_BATCH {
-                break 'pages;
-            }
-            if r.spec.until.as_ref().is_none_or(|u| u.0 >= cutoff) {
-                continue;
-            }
-            ctx.history.prunes.turn().await;
-            let dp = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: r.uid(),
-                    resource_version: None,
-                }),
-                ..Default::default()
-            };
-            match api.delete(&r.name_any(), &dp).await {
-                Ok(_) => pruned += 1,
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                Err(e) => return Err(Error::kube_other("pruning history record", r.name_any())(e)),
-            }
-        }
-        match page.metadata.continue_ {
-            Some(c) if !c.is_empty() => params = params.continue_token(&c),
-            _ => break,
-        }
-    }
+    let aged = pages(&api, &older_than(cutoff, now), |r| {
+        r.spec.until.as_ref().is_some_and(|u| u.0 < cutoff)
+    })
+    .await?;
+    let pruned = delete_all(&ctx, &api, aged.into_iter().take(PRUNE_BATCH).collect()).await?;
     ctx.metrics.records_pruned(pruned);
     if pruned > 0 {
         tracing::info!(pruned, retention = ?retention, "pruned history records past the retention");
     }
-    Ok(Outcome::RequeueAfter(if pruned >= PRUNE_BATCH {
+    let total = count(&api).await?;
+    ctx.metrics.records_total(total);
+    let capped = match total.checked_sub(ctx.history.max_records) {
+        Some(over) if over > 0 && pruned < PRUNE_BATCH => {
+            let n = usize::try_from(over)
+                .unwrap_or(usize::MAX)
+                .min(PRUNE_BATCH - pruned);
+            let mut all = pages(&api, "", |r| r.spec.until.is_some()).await?;
+            all.sort_by_key(|r| r.spec.until.as_ref().map(|u| u.0));
+            all.truncate(n);
+            let capped = delete_all(&ctx, &api, all).await?;
+            ctx.metrics.records_capped(capped);
+            tracing::warn!(
+                capped,
+                total,
+                max = ctx.history.max_records,
+                "history records past --history-max-records: the oldest pruned before the retention; lower the retention or raise the cap (and etcd's quota)"
+            );
+            capped
+        }
+        _ => 0,
+    };
+    Ok(Outcome::RequeueAfter(if pruned + capped >= PRUNE_BATCH {
         std::time::Duration::ZERO
     } else {
         ctx.history.prune_interval
     }))
+}
+
+/// How many records there are: one list of one item, and the server's count of the rest.
+async fn count(api: &Api<IPAddressRecord>) -> Result<i64> {
+    let page = api
+        .list_metadata(&ListParams::default().limit(1))
+        .await
+        .map_err(Error::kube_other(
+            "counting history records",
+            KEY.to_string(),
+        ))?;
+    let n = i64::try_from(page.items.len()).unwrap_or(0);
+    Ok(n + page.metadata.remaining_item_count.unwrap_or(0))
+}
+
+/// The records `labels` selects that `keep` keeps, read in pages.
+async fn pages(
+    api: &Api<IPAddressRecord>,
+    labels: &str,
+    keep: impl Fn(&IPAddressRecord) -> bool,
+) -> Result<Vec<IPAddressRecord>> {
+    let mut params = ListParams::default().labels(labels).limit(500);
+    let mut out = Vec::new();
+    loop {
+        let page = api.list(&params).await.map_err(Error::kube_other(
+            "listing history records",
+            KEY.to_string(),
+        ))?;
+        out.extend(page.items.into_iter().filter(&keep));
+        match page.metadata.continue_ {
+            Some(c) if !c.is_empty() => params = params.continue_token(&c),
+            _ => return Ok(out),
+        }
+    }
+}
+
+/// Deletes `records` (each by its uid), at the retention's pace. Returns how many went.
+async fn delete_all(
+    ctx: &Context,
+    api: &Api<IPAddressRecord>,
+    records: Vec<IPAddressRecord>,
+) -> Result<usize> {
+    let mut n = 0;
+    for r in records {
+        ctx.history.prunes.turn().await;
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: r.uid(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match api.delete(&r.name_any(), &dp).await {
+            Ok(_) => n += 1,
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => return Err(Error::kube_other("pruning history record", r.name_any())(e)),
+        }
+    }
+    Ok(n)
 }
 
 #[cfg(test)]

@@ -47,6 +47,7 @@ fn core(respond: impl Fn(&Call) -> Answer + Send + Sync + 'static) -> (MockApi, 
             moves: address_controller_runtime::records::Pacer::new(100.0),
             prunes: address_controller_runtime::records::Pacer::new(100.0),
             prune_interval: std::time::Duration::from_secs(600),
+            max_records: 1000,
         },
     ));
     register(&ctx);

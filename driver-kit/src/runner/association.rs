@@ -57,15 +57,21 @@ async fn ledger(
     a: &IPAddress,
     attachments: Vec<Attachment>,
 ) -> Result<Value, Error> {
-    let (status, records) =
-        a.ledger_status(&a.attachments(), &attachments, &Time(Timestamp::now()));
-    address_controller_runtime::records::ensure(&ctx.client, &records)
+    let now = Time(Timestamp::now());
+    let before = a.attachments();
+    let (status, records) = a.ledger_status(&before, &attachments, &now, true);
+    match address_controller_runtime::records::ensure(&ctx.client, &records)
         .await
         .map_err(kube_error(
             "creating history records of address",
             a.name_any(),
-        ))?;
-    Ok(status)
+        ))? {
+        address_controller_runtime::records::Ensured::Created(_) => Ok(status),
+        address_controller_runtime::records::Ensured::Unavailable(why) => {
+            tracing::warn!(address = %a.name_any(), "{why}");
+            Ok(a.ledger_status(&before, &attachments, &now, false).0)
+        }
+    }
 }
 
 fn attachment_key(h: &Attachment) -> Option<String> {
