@@ -396,6 +396,44 @@ pub fn free_port() -> u16 {
     0
 }
 
+/// `kubectl ARGS` as the test cluster's admin: (exit 0, stdout, stderr).
+pub fn kubectl_admin(args: &[&str]) -> (bool, String, String) {
+    match Cluster::get().kubectl().args(args).output() {
+        Ok(out) => (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ),
+        Err(e) => (false, String::new(), format!("kubectl: {e}")),
+    }
+}
+
+/// `address-controller ARGS` against the test cluster (its admin kubeconfig), printed:
+/// (exit 0, stdout + stderr).
+pub async fn address_controller_cli(args: &[&str]) -> (bool, String) {
+    let out = tokio::process::Command::new(binary("address-controller"))
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(&Cluster::get().kubeconfig)
+        .kill_on_drop(true)
+        .output()
+        .await;
+    let (ok, text, code) = match out {
+        Ok(o) => (
+            o.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            o.status.code(),
+        ),
+        Err(e) => (false, format!("address-controller: {e}"), None),
+    };
+    println!("address-controller {args:?} → {code:?}\n{text}");
+    (ok, text)
+}
+
 /// The path of a workspace binary; `make test` builds them before the tests run.
 pub fn binary(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")

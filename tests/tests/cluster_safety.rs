@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers fail loudly by design
 
+use address_controller_tests::kubectl_admin as kubectl;
 use std::time::{Duration, Instant};
 
 use address_controller_tests::env::{APISERVICE, env, tempdir};
@@ -33,15 +34,6 @@ async fn get(client: &kube::Client, path: &str, accept: &str) -> (u16, Vec<u8>) 
     (
         code,
         resp.into_body().collect_bytes().await.unwrap().to_vec(),
-    )
-}
-
-fn kubectl(args: &[&str]) -> (bool, String, String) {
-    let out = Cluster::get().kubectl().args(args).output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
 

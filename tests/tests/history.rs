@@ -12,47 +12,12 @@ use address_controller_tests::env::{
     Env, WAIT, aphase, env, fast_lease, phase, purge, range_class, wait_lease_holder,
 };
 use address_controller_tests::{ControllerProcess, TestNamespace, wait_for};
+use address_controller_tests::{address_controller_cli as cli, kubectl_admin as kubectl};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
-
-/// `address-controller ARGS` against the test cluster: (exit 0, stdout + stderr).
-async fn cli(args: &[&str]) -> (bool, String) {
-    let out = tokio::process::Command::new(address_controller_tests::binary("address-controller"))
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(&address_controller_tests::Cluster::get().kubeconfig)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    println!(
-        "address-controller {args:?} → {:?}\n{text}",
-        out.status.code()
-    );
-    (out.status.success(), text)
-}
-
-/// `kubectl ARGS` as the cluster's admin: (exit 0, stdout, stderr).
-fn kubectl(args: &[&str]) -> (bool, String, String) {
-    let out = address_controller_tests::Cluster::get()
-        .kubectl()
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn now() -> Timestamp {
     Timestamp::now()

@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers fail loudly by design
 
+use address_controller_tests::kubectl_admin as kubectl;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,15 +35,6 @@ fn open_files(pid: u32) -> (String, String) {
         .unwrap();
     let f: Vec<&str> = line.split_whitespace().collect();
     (f[3].to_string(), f[4].to_string())
-}
-
-fn kubectl(args: &[&str]) -> (bool, String, String) {
-    let out = Cluster::get().kubectl().args(args).output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// Opens up to `n` TCP connections to `port` and holds them (no TLS, nothing sent).

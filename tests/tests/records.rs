@@ -10,49 +10,25 @@ use address_controller_api::record_labels;
 use address_controller_api::{AddressPhase, IPAddressClaim, IPAddressRecord, RecordSpec};
 use address_controller_tests::env::{Env, WAIT, aphase, env, phase};
 use address_controller_tests::{ControllerProcess, TestNamespace, wait_for};
+use address_controller_tests::{address_controller_cli as cli, kubectl_admin as kubectl};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-/// `address-controller ARGS` against the test cluster: (exit 0, stdout + stderr).
-async fn cli(args: &[&str]) -> (bool, String) {
-    let out = tokio::process::Command::new(address_controller_tests::binary("address-controller"))
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(&address_controller_tests::Cluster::get().kubeconfig)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    println!(
-        "address-controller {args:?} → {:?}\n{text}",
-        out.status.code()
-    );
-    (out.status.success(), text)
-}
-
-/// `kubectl ARGS` as the cluster's admin: (exit 0, stdout, stderr).
-fn kubectl(args: &[&str]) -> (bool, String, String) {
-    let out = address_controller_tests::Cluster::get()
-        .kubectl()
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 fn records(e: &Env) -> Api<IPAddressRecord> {
     Api::all(e.client.clone())
+}
+
+/// Waits until the record `name` is gone.
+async fn record_gone(e: &Env, what: &str, name: &str) {
+    wait_for(what, WAIT, || {
+        let api = records(e);
+        let n = name.to_string();
+        async move { Ok(api.get_opt(&n).await?.is_none().then_some(())) }
+    })
+    .await
+    .unwrap();
 }
 
 /// The records of the address with `uid`, by ordinal.
@@ -144,6 +120,32 @@ async fn past_what_it_keeps_the_history_moves_to_records_and_loses_nothing() {
                 && r.ended.as_deref() == Some(ended::MOVED)
                 && r.state == Some(HoldingState::Reserved)
                 && r.until.is_some())
+    );
+    // Writes: each closing write is one status write of the address, and each moved entry
+    // one create of its record — made once (no retry created it twice).
+    let writes = e.writes(&e.ctl.user);
+    let status_writes = writes
+        .iter()
+        .filter(|w| {
+            w.name.as_deref() == Some(a.as_str()) && w.subresource.as_deref() == Some("status")
+        })
+        .count();
+    let creates = writes
+        .iter()
+        .filter(|w| w.resource == "ipaddressrecords" && w.verb == "create")
+        .count();
+    let bytes = serde_json::to_vec(&x).unwrap().len();
+    println!(
+        "{} closing writes: {status_writes} status writes, {creates} record creates; the address is {bytes} bytes of JSON as the API returns it",
+        moves - 1
+    );
+    assert_eq!(
+        creates, st.history_recorded as usize,
+        "one create per moved entry"
+    );
+    assert!(
+        status_writes <= moves + 1,
+        "{status_writes} status writes for {moves} holdings"
     );
     // A record is immutable, whoever asks.
     let first = recorded[0].to_object();
@@ -379,13 +381,7 @@ async fn the_retention_prunes_exactly_what_is_older() {
     .await
     .unwrap();
     let old_name = old.metadata.name.clone().unwrap();
-    wait_for("the old record pruned", WAIT, || {
-        let api = records(&e);
-        let n = old_name.clone();
-        async move { Ok(api.get_opt(&n).await?.is_none().then_some(())) }
-    })
-    .await
-    .unwrap();
+    record_gone(&e, "the old record pruned", &old_name).await;
     // At least one full pass after it: the young one is still there.
     let m = pruner.metrics().await.unwrap();
     assert!(
@@ -447,13 +443,7 @@ async fn the_retention_prunes_exactly_what_is_older() {
     .await
     .unwrap();
     let oldest_name = oldest.metadata.name.clone().unwrap();
-    wait_for("the oldest record capped", WAIT, || {
-        let api = records(&e);
-        let n = oldest_name.clone();
-        async move { Ok(api.get_opt(&n).await?.is_none().then_some(())) }
-    })
-    .await
-    .unwrap();
+    record_gone(&e, "the oldest record capped", &oldest_name).await;
     let m = capper.metrics().await.unwrap();
     assert_eq!(
         address_controller_tests::sample(

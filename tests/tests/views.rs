@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers fail loudly by design
 
+use address_controller_tests::kubectl_admin as kubectl;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -16,15 +17,6 @@ use serde_json::{Value, json};
 
 async fn serving(e: &mut Env) -> ControllerProcess {
     e.serve_views().await.0
-}
-
-fn kubectl(args: &[&str]) -> (bool, String, String) {
-    let out = Cluster::get().kubectl().args(args).output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 #[tokio::test]
