@@ -312,12 +312,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     .await?;
     // Entitlements (namespaces, quotas) are read by the binder and shown by the views.
     // The core reads Services for auto-claims and for the count of Services on each claim.
-    let world = World::new(controller, p.health.clone()).with_entitlements();
-    let world = if args.apiserver.enabled {
-        world.with_records()
-    } else {
-        world
-    };
+    let world = World::new(controller, p.health.clone())
+        .with_entitlements()
+        .with_records_for(args.apiserver.enabled);
     let world = if controller {
         world.with_driver_leases()
     } else {

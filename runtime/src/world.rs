@@ -109,9 +109,13 @@ impl World {
         self
     }
 
-    /// Adds the cache of the history's records (the views').
+    /// Adds the cache of the history's records when `views` are served (they answer closed
+    /// holdings from it).
     #[must_use]
-    pub fn with_records(mut self) -> World {
+    pub fn with_records_for(mut self, views: bool) -> World {
+        if !views {
+            return self;
+        }
         let records = Cache::new("IPAddressRecord", self.revision.clone());
         self.health.watch(records.health.clone());
         self.records = Some(records);

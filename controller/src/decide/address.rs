@@ -365,7 +365,12 @@ pub fn plan_address(s: &AddressSnapshot<'_>) -> AddressPlan {
             }
         }
     }
-    // An address written before records were kept moves its backlog, a batch per write.
+    with_history_move(plan, a)
+}
+
+/// An address written before records were kept moves its backlog, a batch per write, when
+/// the pass writes nothing else.
+fn with_history_move(mut plan: AddressPlan, a: &IPAddress) -> AddressPlan {
     if plan.status.is_none() && !plan.delete && !plan.confirm {
         plan.status = history_move(a);
         plan.moves_history = plan.status.is_some();
