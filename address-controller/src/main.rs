@@ -148,13 +148,14 @@ struct HistoryArgs {
         default_value_t = 50.0
     )]
     history_prune_rate: f64,
-    /// At most this many records in the cluster: past it the oldest are pruned before the
-    /// retention ends (`address_controller_history_records_total{action="capped"}` counts
-    /// them). 250,000 records are ~230 MB of etcd, a safe share of its default 2 GiB quota.
+    /// At most this many records in the cluster: past it the namespace holding the most loses
+    /// its oldest before their retention ends (`address_controller_history_records_total{action="capped"}`
+    /// counts them). 50,000 records are ~45 MB of etcd and ~100 MB of each replica's views'
+    /// cache (2 KB each): within the chart's 512 MiB limit and etcd's default 2 GiB quota.
     #[arg(
         long,
         env = "ADDRESS_CONTROLLER_HISTORY_MAX_RECORDS",
-        default_value_t = 250_000
+        default_value_t = 50_000
     )]
     history_max_records: i64,
 }

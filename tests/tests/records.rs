@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used)] // test helpers fail loudly by design
 
+use std::collections::BTreeMap;
+
 use address_controller_api::history::{self, HOLDINGS_KEEP, HoldingState, RecordOf, ended};
 use address_controller_api::record_labels;
 use address_controller_api::{AddressPhase, IPAddressClaim, IPAddressRecord, RecordSpec};
@@ -424,12 +426,33 @@ async fn the_retention_prunes_exactly_what_is_older() {
         .unwrap();
     drop(pruner);
 
-    // The cap: with one record more than --history-max-records allows, the oldest goes
-    // before its retention ends (older than any other test's), and the newest stays: oldest
-    // first, whatever else the cluster holds.
-    let oldest = make(2, 390 * 86_400).to_object();
-    let newest = make(3, 60).to_object();
-    for r in [&oldest, &newest] {
+    // The cap: with one record more than --history-max-records allows, it prunes from the
+    // namespace holding the most records, that namespace's oldest first — not the oldest of
+    // the cluster, which belongs to a quiet tenant here and stays (a tenant that churns to
+    // fill the cap prunes its own history), and never the churner's newest.
+    let mut by_ns: BTreeMap<String, usize> = BTreeMap::new();
+    for r in records(&e)
+        .list_metadata(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+    {
+        let ns = r
+            .metadata
+            .labels
+            .and_then(|l| l.get(record_labels::NAMESPACE).cloned())
+            .unwrap_or_default();
+        *by_ns.entry(ns).or_default() += 1;
+    }
+    let most = by_ns.values().copied().max().unwrap_or(0);
+    let churn: Vec<IPAddressRecord> = (0..most as i64 + 2)
+        .map(|i| make(10 + i, (390 - i) * 86_400).to_object())
+        .collect();
+    let newest = make(9, 60).to_object();
+    let mut quiet = make(8, 395 * 86_400);
+    quiet.namespace = format!("{}-quiet", e.ns.name);
+    let quiet = quiet.to_object();
+    for r in churn.iter().chain([&newest, &quiet]) {
         records(&e).create(&PostParams::default(), r).await.unwrap();
     }
     let total = records(&e)
@@ -451,18 +474,25 @@ async fn the_retention_prunes_exactly_what_is_older() {
     )
     .await
     .unwrap();
-    let oldest_name = oldest.metadata.name.clone().unwrap();
-    record_gone(&e, "the oldest record capped", &oldest_name).await;
+    let oldest_name = churn[0].metadata.name.clone().unwrap();
+    record_gone(&e, "the churner's oldest record capped", &oldest_name).await;
     counted(&capper, "capped").await;
-    let newest_name = newest.metadata.name.clone().unwrap();
-    assert!(
-        records(&e).get_opt(&newest_name).await.unwrap().is_some(),
-        "the cap pruned the newest record"
-    );
-    records(&e)
-        .delete(&newest_name, &DeleteParams::default())
-        .await
-        .unwrap();
+    for (r, what) in [
+        (&newest, "the churner's newest"),
+        (&quiet, "the quiet tenant's"),
+    ] {
+        let name = r.metadata.name.clone().unwrap();
+        assert!(
+            records(&e).get_opt(&name).await.unwrap().is_some(),
+            "the cap pruned {what} record"
+        );
+    }
+    let _ = records(&e)
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&format!("{}={uid}", record_labels::ADDRESS_UID)),
+        )
+        .await;
     drop(capper);
 }
 

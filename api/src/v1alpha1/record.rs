@@ -1,5 +1,5 @@
 //! `IPAddressRecord`: one closed entry of an address's history — a holding of a claim, or a
-//! span of a holder — kept after it left the address (SPEC §5.9). Cluster-scoped, so it
+//! span of a holder — kept after it left the address. Cluster-scoped, so it
 //! outlives the address, the claim and the namespace it describes; immutable; written once
 //! by the component that owned the entry (the core its holdings, the driver its spans);
 //! deleted only by the core's retention.

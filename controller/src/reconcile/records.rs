@@ -72,10 +72,8 @@ pub async fn reconcile(ctx: Arc<Context>, _key: String) -> Result<Outcome> {
             let n = usize::try_from(over)
                 .unwrap_or(usize::MAX)
                 .min(PRUNE_BATCH - pruned);
-            let mut all = pages(&api, "", |r| r.spec.until.is_some()).await?;
-            all.sort_by_key(|r| r.spec.until.as_ref().map(|u| u.0));
-            all.truncate(n);
-            let capped = delete_all(&ctx, &api, all).await?;
+            let all = pages(&api, "", |r| r.spec.until.is_some()).await?;
+            let capped = delete_all(&ctx, &api, fairest_cut(all, n)).await?;
             ctx.metrics.records_capped(capped);
             tracing::warn!(
                 capped,
@@ -92,6 +90,42 @@ pub async fn reconcile(ctx: Arc<Context>, _key: String) -> Result<Outcome> {
     } else {
         ctx.history.prune_interval
     }))
+}
+
+/// The `n` records the cap takes: one at a time from the namespace that holds the most,
+/// its oldest first — a tenant that churns claims to fill the cap prunes its own history,
+/// not the other tenants' (a cap a stranger can fill must not lock the others out).
+pub fn fairest_cut(records: Vec<IPAddressRecord>, n: usize) -> Vec<IPAddressRecord> {
+    use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+    let mut by: BTreeMap<String, Vec<IPAddressRecord>> = BTreeMap::new();
+    for r in records {
+        by.entry(r.spec.namespace.clone()).or_default().push(r);
+    }
+    let mut queues: Vec<VecDeque<IPAddressRecord>> = by
+        .into_values()
+        .map(|mut v| {
+            v.sort_by_key(|r| r.spec.until.as_ref().map(|u| u.0));
+            v.into()
+        })
+        .collect();
+    // (how many it holds, its oldest end reversed: the older first among equals, index).
+    let key = |q: &VecDeque<IPAddressRecord>, i: usize| {
+        let oldest = q.front().and_then(|r| r.spec.until.as_ref()).map(|u| u.0);
+        (q.len(), std::cmp::Reverse(oldest), i)
+    };
+    let mut heap: BinaryHeap<_> = queues.iter().enumerate().map(|(i, q)| key(q, i)).collect();
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let Some((_, _, i)) = heap.pop() else { break };
+        let Some(r) = queues[i].pop_front() else {
+            continue;
+        };
+        out.push(r);
+        if !queues[i].is_empty() {
+            heap.push(key(&queues[i], i));
+        }
+    }
+    out
 }
 
 /// How many records there are: one list of one item, and the server's count of the rest.
@@ -156,6 +190,59 @@ async fn delete_all(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn record(ns: &str, ordinal: i64, until: i64) -> IPAddressRecord {
+        use address_controller_api::history::{Holding, HoldingState};
+        let a: address_controller_api::IPAddress = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "ipv4-192-0-2-1", "uid": "u"},
+            "spec": {"address": "192.0.2.1", "className": "pub", "source": {"fromClass": {}}}}))
+        .expect("address");
+        let t = |s: i64| {
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::from_second(1_800_000_000 + s).expect("time"),
+            )
+        };
+        let h = Holding {
+            namespace: ns.into(),
+            name: format!("c{ordinal}"),
+            uid: None,
+            state: HoldingState::Bound,
+            from: Some(t(until - 1)),
+            until: Some(t(until)),
+            ended: None,
+            found: false,
+        };
+        address_controller_api::history::AddressMeta::of(&a)
+            .holding(ordinal, &h)
+            .to_object()
+    }
+
+    #[test]
+    fn the_cap_takes_from_the_namespace_that_holds_the_most() {
+        // A churner with 6 recent records; two quiet tenants with old ones.
+        let mut all: Vec<IPAddressRecord> = (0..6).map(|i| record("churn", i, 100 + i)).collect();
+        all.push(record("quiet-a", 10, 1));
+        all.push(record("quiet-b", 11, 2));
+        all.push(record("quiet-b", 12, 3));
+        let cut = |n: usize| -> Vec<(String, i64)> {
+            fairest_cut(all.clone(), n)
+                .iter()
+                .map(|r| (r.spec.namespace.clone(), r.spec.ordinal))
+                .collect()
+        };
+        // Oldest first would take the quiet tenants' records; fairness takes the churner's.
+        assert_eq!(
+            cut(3),
+            [
+                ("churn".into(), 0),
+                ("churn".into(), 1),
+                ("churn".into(), 2)
+            ]
+        );
+        // Down to two each, then the older namespace among equals, each its oldest.
+        assert_eq!(cut(5)[3..], [("churn".into(), 3), ("quiet-b".into(), 11)]);
+        assert_eq!(cut(100).len(), 9, "never more than there are");
+    }
 
     #[test]
     fn the_lookup_leaves_out_every_month_inside_the_retention() {
