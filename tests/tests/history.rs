@@ -43,8 +43,15 @@ async fn bound(e: &Env, api: &Api<IPAddressClaim>, name: &str) -> (IPAddressClai
     })
     .await
     .unwrap();
-    let _ = e;
     let a = c.status.as_ref().unwrap().addresses[0].name.clone();
+    // The claim says Bound once its address names it (SPEC §4.8); the address's own pass
+    // writes its phase Bound — and opens the holding — a moment later: wait for that too,
+    // so a time taken after this is after the holding began.
+    e.wait_address(&a, "Bound, its holding open", |x| {
+        aphase(x) == Some(AddressPhase::Bound)
+    })
+    .await
+    .unwrap();
     (c, a)
 }
 
