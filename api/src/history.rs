@@ -263,7 +263,8 @@ impl AddressMeta {
         }
     }
 
-    fn of_record(r: &Record) -> AddressMeta {
+    /// The address a record is of.
+    pub fn of_record(r: &Record) -> AddressMeta {
         AddressMeta {
             address: r.address.clone(),
             ip_address: r.ip_address.clone(),

@@ -48,6 +48,14 @@ async fn record_gone(e: &Env, what: &str, name: &str) {
     .unwrap();
 }
 
+/// Deletes the records of the address with `uid` (what a test made), as the admin.
+async fn delete_records_of(e: &Env, uid: &str) {
+    let lp = ListParams::default().labels(&format!("{}={uid}", record_labels::ADDRESS_UID));
+    let _ = records(e)
+        .delete_collection(&DeleteParams::default(), &lp)
+        .await;
+}
+
 /// The records of the address with `uid`, by ordinal.
 async fn records_of(e: &Env, uid: &str, of: RecordOf) -> Vec<RecordSpec> {
     let lp = ListParams::default().labels(&format!(
@@ -346,12 +354,7 @@ async fn a_deleted_address_and_namespace_keep_their_history_in_records() {
     ]);
     assert!(!ok && err.contains("forbidden"), "{err}");
     // The admin deletes what the test made.
-    let _ = records(&e)
-        .delete_collection(
-            &DeleteParams::default(),
-            &ListParams::default().labels(&format!("{}={uid}", record_labels::ADDRESS_UID)),
-        )
-        .await;
+    delete_records_of(&e, &uid).await;
     e.check().await;
 }
 
@@ -487,12 +490,7 @@ async fn the_retention_prunes_exactly_what_is_older() {
             "the cap pruned {what} record"
         );
     }
-    let _ = records(&e)
-        .delete_collection(
-            &DeleteParams::default(),
-            &ListParams::default().labels(&format!("{}={uid}", record_labels::ADDRESS_UID)),
-        )
-        .await;
+    delete_records_of(&e, &uid).await;
     drop(capper);
 }
 
@@ -655,10 +653,5 @@ async fn an_older_versions_history_moves_to_records_at_the_rate_set() {
         .await
         .unwrap();
     e.check().await;
-    let _ = records(&e)
-        .delete_collection(
-            &DeleteParams::default(),
-            &ListParams::default().labels(&format!("{}={uid}", record_labels::ADDRESS_UID)),
-        )
-        .await;
+    delete_records_of(&e, &uid).await;
 }

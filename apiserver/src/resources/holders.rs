@@ -367,11 +367,7 @@ impl View for Holders {
                     }
                     // The holdings it may be a Service of: every one of the address.
                     dirty.extend(entry.holdings.iter().cloned());
-                    if let Some(a) = world
-                        .addresses
-                        .get(&spec.ip_address)
-                        .filter(|a| a.metadata.uid.as_deref() == Some(spec.address_uid.as_str()))
-                    {
+                    if let Some(a) = cached(world, &spec.ip_address, &spec.address_uid) {
                         keys(&a, dirty);
                     }
                 }
@@ -401,10 +397,7 @@ impl View for Holders {
             Some(found) => found,
             None => {
                 let r = world.records.as_ref()?.get(&holding_record_name(name)?)?;
-                (
-                    history::Timeline::of_record(&r.spec).meta,
-                    r.spec.as_holding()?,
-                )
+                (AddressMeta::of_record(&r.spec), r.spec.as_holding()?)
             }
         };
         if h.namespace != ns {
@@ -419,6 +412,15 @@ impl View for Holders {
     }
 }
 
+/// The cached IPAddress `name`, when it is the one of `uid` (not one deleted and created
+/// again under its name).
+fn cached(world: &World, name: &str, uid: &str) -> Option<std::sync::Arc<IPAddress>> {
+    world
+        .addresses
+        .get(name)
+        .filter(|a| a.metadata.uid.as_deref() == Some(uid))
+}
+
 impl Holders {
     /// Every span of the address `meta` (its uid): those it keeps, and those recorded.
     fn spans_of(&self, meta: &AddressMeta, world: &World) -> Vec<AttachmentSpan> {
@@ -426,11 +428,7 @@ impl Holders {
             meta: meta.clone(),
             ..Default::default()
         };
-        if let Some(a) = world
-            .addresses
-            .get(&meta.ip_address)
-            .filter(|a| a.metadata.uid.as_deref() == Some(meta.address_uid.as_str()))
-        {
+        if let Some(a) = cached(world, &meta.ip_address, &meta.address_uid) {
             t = history::Timeline::of(&a);
         }
         let names: Vec<String> = self

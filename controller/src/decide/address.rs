@@ -239,21 +239,17 @@ fn history_move(a: &IPAddress) -> Option<AddressStatusWrite> {
 /// closed at `now` (a holding `Deleted`): what the core creates before its finalizer lets
 /// the object go, so the history outlives the address.
 pub fn deletion_records(a: &IPAddress, now: &Time) -> Vec<Record> {
-    let meta = AddressMeta::of(a);
-    let (list, base) = history::holdings(a);
-    let holdings = (base..).zip(list).map(|(o, h)| {
-        let mut h = h.clone();
+    let t = history::Timeline::of(a);
+    let holdings = t.holdings.into_iter().map(|(o, mut h)| {
         if h.until.is_none() {
             h.until = Some(now.clone());
             h.ended = Some(history::ended::DELETED.to_string());
         }
-        meta.holding(o, &h)
+        t.meta.holding(o, &h)
     });
-    let (spans, base) = history::spans(a);
-    let spans = (base..).zip(spans).map(|(o, sp)| {
-        let mut sp = sp.clone();
+    let spans = t.spans.into_iter().map(|(o, mut sp)| {
         sp.until.get_or_insert_with(|| now.clone());
-        meta.span(o, &sp)
+        t.meta.span(o, &sp)
     });
     holdings.chain(spans).collect()
 }

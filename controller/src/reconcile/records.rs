@@ -56,11 +56,11 @@ pub async fn reconcile(ctx: Arc<Context>, _key: String) -> Result<Outcome> {
         )
         .unwrap_or(Timestamp::MIN);
     let api: Api<IPAddressRecord> = Api::all(ctx.client.clone());
-    let aged = pages(&api, &older_than(cutoff, now), |r| {
+    let aged = pages(&api, &older_than(cutoff, now), PRUNE_BATCH, |r| {
         r.spec.until.as_ref().is_some_and(|u| u.0 < cutoff)
     })
     .await?;
-    let pruned = delete_all(&ctx, &api, aged.into_iter().take(PRUNE_BATCH).collect()).await?;
+    let pruned = delete_all(&ctx, &api, aged).await?;
     ctx.metrics.records_pruned(pruned);
     if pruned > 0 {
         tracing::info!(pruned, retention = ?retention, "pruned history records past the retention");
@@ -72,7 +72,7 @@ pub async fn reconcile(ctx: Arc<Context>, _key: String) -> Result<Outcome> {
             let n = usize::try_from(over)
                 .unwrap_or(usize::MAX)
                 .min(PRUNE_BATCH - pruned);
-            let all = pages(&api, "", |r| r.spec.until.is_some()).await?;
+            let all = pages(&api, "", usize::MAX, |r| r.spec.until.is_some()).await?;
             let capped = delete_all(&ctx, &api, fairest_cut(all, n)).await?;
             ctx.metrics.records_capped(capped);
             tracing::warn!(
@@ -141,10 +141,11 @@ async fn count(api: &Api<IPAddressRecord>) -> Result<i64> {
     Ok(n + page.metadata.remaining_item_count.unwrap_or(0))
 }
 
-/// The records `labels` selects that `keep` keeps, read in pages.
+/// The records `labels` selects that `keep` keeps, read in pages until there are `at_most`.
 async fn pages(
     api: &Api<IPAddressRecord>,
     labels: &str,
+    at_most: usize,
     keep: impl Fn(&IPAddressRecord) -> bool,
 ) -> Result<Vec<IPAddressRecord>> {
     let mut params = ListParams::default().labels(labels).limit(500);
@@ -155,6 +156,10 @@ async fn pages(
             KEY.to_string(),
         ))?;
         out.extend(page.items.into_iter().filter(&keep));
+        if out.len() >= at_most {
+            out.truncate(at_most);
+            return Ok(out);
+        }
         match page.metadata.continue_ {
             Some(c) if !c.is_empty() => params = params.continue_token(&c),
             _ => return Ok(out),
