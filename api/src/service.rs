@@ -117,6 +117,21 @@ pub fn service_families(s: &Service) -> Vec<Family> {
     }
 }
 
+/// MetalLB's annotations on a Service, as MetalLB v0.16 reads and writes them: one spelling
+/// for the driver, the adopter and the core.
+pub mod metallb {
+    /// Pins the Service to these addresses (comma-separated).
+    pub const LOAD_BALANCER_IPS: &str = "metallb.io/loadBalancerIPs";
+    /// The sharing key: Services with the same key may share an address.
+    pub const ALLOW_SHARED_IP: &str = "metallb.io/allow-shared-ip";
+    /// The pool to allocate from.
+    pub const ADDRESS_POOL: &str = "metallb.io/address-pool";
+    /// MetalLB's own marker, written on every allocation it has converged: the pool the
+    /// address came from. Taken off, it comes back only once MetalLB accepts the Service as
+    /// it now is.
+    pub const ALLOCATED_FROM_POOL: &str = "metallb.io/ip-allocated-from-pool";
+}
+
 /// The `ip` values of a Service's `status.loadBalancer.ingress`, as written (entries with
 /// only a hostname give none).
 pub fn ingress_ips(s: &Service) -> impl Iterator<Item = &str> {

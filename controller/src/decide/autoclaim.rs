@@ -6,6 +6,7 @@ use std::sync::Arc;
 use address_controller_api::names::{
     AUTO_CLAIM_CLASS_ANNOTATION, SERVICE_AUTO_CLAIM_ANNOTATION, SERVICE_CLASS_ANNOTATION,
 };
+use address_controller_api::service::metallb;
 use address_controller_api::validation::is_dns1123_subdomain;
 use address_controller_api::{ClaimFamily, IPAddressClaim, IPAddressClass, Marked};
 use k8s_openapi::api::core::v1::Service;
@@ -16,9 +17,9 @@ use super::PlannedEvent;
 /// MetalLB annotations that pin, pool or share an address: such a Service already says
 /// where its address comes from.
 pub const METALLB_ANNOTATIONS: [&str; 6] = [
-    "metallb.io/address-pool",
-    "metallb.io/loadBalancerIPs",
-    "metallb.io/allow-shared-ip",
+    metallb::ADDRESS_POOL,
+    metallb::LOAD_BALANCER_IPS,
+    metallb::ALLOW_SHARED_IP,
     "metallb.universe.tf/address-pool",
     "metallb.universe.tf/loadBalancerIPs",
     "metallb.universe.tf/allow-shared-ip",

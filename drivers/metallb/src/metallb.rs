@@ -52,8 +52,7 @@ pub const FINALIZER: &str = "metallb.drivers.local.sdn.cozystack.io/hold";
 pub const POOL_FINALIZER: &str = "metallb.drivers.local.sdn.cozystack.io/pool";
 
 /// MetalLB's annotations.
-pub const LOAD_BALANCER_IPS: &str = "metallb.io/loadBalancerIPs";
-pub const ALLOW_SHARED_IP: &str = "metallb.io/allow-shared-ip";
+pub use address_controller_api::service::metallb::{ALLOW_SHARED_IP, LOAD_BALANCER_IPS};
 /// Labels of the driver's own objects.
 const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 const MANAGER: &str = "address-controller-metallb-driver";
