@@ -24,7 +24,7 @@ use address_controller_api::entitlement::{QuotaLimits, Usage};
 use address_controller_api::family::{family_of_ip, object_name, parse_address, sort_ipv4_first};
 use address_controller_api::names::{ADOPTED_FROM, ADOPTED_PRIOR, SERVICE_CLAIM_ANNOTATION};
 use address_controller_api::ranges::{Cidr, shipped_class_blocks};
-use address_controller_api::service::{ingress_ips, is_load_balancer_type};
+use address_controller_api::service::{ingress_ips, is_load_balancer_type, metallb};
 use address_controller_api::{
     ClaimFamily, ClaimPhase, ClaimRef, Family, IPAddress, IPAddressClaim, IPAddressClaimSpec,
     IPAddressClass, IPAddressQuota, IPAddressSpec,
@@ -641,27 +641,83 @@ impl Adopt<'_> {
                 self.args.wait
             );
         }
-        if let Some(now) = services.get_opt(svc).await? {
-            let want = prior["annotations"]
-                .as_object()
-                .cloned()
-                .unwrap_or_default();
-            let mut ann: serde_json::Map<String, Value> = now
-                .annotations()
-                .keys()
-                .filter(|k| !want.contains_key(*k))
-                .map(|k| (k.clone(), Value::Null))
-                .collect();
-            ann.extend(want);
-            let lb_ip = prior.get("loadBalancerIP").cloned().unwrap_or(Value::Null);
-            services
-                .patch(
-                    svc,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {"annotations": ann},
-                        "spec": {"loadBalancerIP": lb_ip}})),
-                )
-                .await?;
+        let Some(now) = services.get_opt(svc).await? else {
+            return Ok(());
+        };
+        let want = prior["annotations"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        let lb_ip = prior.get("loadBalancerIP").cloned().unwrap_or(Value::Null);
+        if !want.contains_key(metallb::ALLOCATED_FROM_POOL) {
+            // Not MetalLB's Service before adoption: restored in one write.
+            return restore(&services, &now, &want, &lb_ip).await;
+        }
+        self.restore_through_metallb(&services, svc, want, &lb_ip)
+            .await
+    }
+
+    /// Restores a Service MetalLB allocated, in steps MetalLB confirms. MetalLB may still
+    /// count the deleted hold as a user of the address for a moment after the API has
+    /// forgotten it (v0.16.1: a "reprocess all" that began on a cache that had not yet seen
+    /// the deletion assigns the hold again, until the deletion's own turn comes). A Service
+    /// whose sharing key changes in that moment loses its address — and gets another if
+    /// nothing pins it. So:
+    /// 1. everything as it was but the sharing key, which stays the claim's (the hold's), and
+    ///    pinned to its address if nothing pinned it before;
+    /// 2. the sharing key as it was;
+    /// 3. the pin taken off, if step 1 added it.
+    ///
+    /// Each step takes MetalLB's marker off and waits until MetalLB has written it back with
+    /// the address still shown: MetalLB has accepted the Service as it now is. Once step 1 is
+    /// confirmed, MetalLB has processed an event newer than the hold's deletion, so the
+    /// deletion's turn has come or is queued ahead of step 2.
+    async fn restore_through_metallb(
+        &self,
+        services: &Api<Service>,
+        svc: &str,
+        mut want: serde_json::Map<String, Value>,
+        lb_ip: &Value,
+    ) -> anyhow::Result<()> {
+        let now = services.get(svc).await?;
+        let shows: BTreeSet<String> = ingress_ips(&now).map(str::to_string).collect();
+        want.remove(metallb::ALLOCATED_FROM_POOL);
+        let pinned = want.contains_key(metallb::LOAD_BALANCER_IPS) || !lb_ip.is_null();
+        let mut steps = Vec::new();
+        let mut first = want.clone();
+        match now.annotations().get(metallb::ALLOW_SHARED_IP) {
+            Some(key) => first.insert(metallb::ALLOW_SHARED_IP.into(), json!(key)),
+            None => first.remove(metallb::ALLOW_SHARED_IP),
+        };
+        let pin = json!(shows.iter().cloned().collect::<Vec<_>>().join(","));
+        if !pinned {
+            first.insert(metallb::LOAD_BALANCER_IPS.into(), pin.clone());
+        }
+        steps.push(first);
+        if !pinned {
+            let mut second = want.clone();
+            second.insert(metallb::LOAD_BALANCER_IPS.into(), pin);
+            steps.push(second);
+        }
+        steps.push(want);
+        for (i, target) in steps.iter().enumerate() {
+            let now = services.get(svc).await?;
+            restore(services, &now, target, lb_ip).await?;
+            let confirmed = wait(self.args.wait, || async {
+                let s = services.get(svc).await?;
+                let ips: BTreeSet<String> = ingress_ips(&s).map(str::to_string).collect();
+                Ok(s.annotations().contains_key(metallb::ALLOCATED_FROM_POOL) && ips == shows)
+            })
+            .await?;
+            if !confirmed {
+                anyhow::bail!(
+                    "MetalLB has not confirmed step {} of {} of restoring {svc} (showing {shows:?}, its marker {} back) after {:?}: run --undo again",
+                    i + 1,
+                    steps.len(),
+                    metallb::ALLOCATED_FROM_POOL,
+                    self.args.wait
+                );
+            }
         }
         Ok(())
     }
@@ -725,6 +781,32 @@ impl Adopt<'_> {
 }
 
 /// Polls `done` every 500 ms until it is true or `within` passed: whether it became true.
+/// Writes the Service `now` to have exactly the annotations `want` (MetalLB's marker, when
+/// `want` lacks it, taken off too) and `spec.loadBalancerIP` `lb_ip`.
+async fn restore(
+    services: &Api<Service>,
+    now: &Service,
+    want: &serde_json::Map<String, Value>,
+    lb_ip: &Value,
+) -> anyhow::Result<()> {
+    let mut ann: serde_json::Map<String, Value> = now
+        .annotations()
+        .keys()
+        .filter(|k| !want.contains_key(*k))
+        .map(|k| (k.clone(), Value::Null))
+        .collect();
+    ann.extend(want.clone());
+    services
+        .patch(
+            &now.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": ann},
+                "spec": {"loadBalancerIP": lb_ip}})),
+        )
+        .await?;
+    Ok(())
+}
+
 async fn wait<F, Fut>(within: Duration, done: F) -> anyhow::Result<bool>
 where
     F: Fn() -> Fut,
