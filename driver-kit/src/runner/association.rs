@@ -198,6 +198,11 @@ async fn apply_service<D: Driver>(
         tracing::info!(address = %a.name_any(), service = %key, "associated");
     }
     let Some(mut svc) = svc.map(|s| s.as_ref().clone()) else {
+        if !plan.disassociate.is_empty() && !service_gone(ctx, key).await? {
+            // The cache has not seen the Service created again under this name yet: its
+            // own event brings this pass back.
+            return Ok(Outcome::Done);
+        }
         for a in &plan.disassociate {
             detach(ctx, a, &[key.to_string()]).await?;
             tracing::info!(address = %a.name_any(), service = %key, "disassociated (the Service is gone)");
@@ -378,14 +383,7 @@ pub(crate) async fn health_pass<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Resul
         _ => Presence::Unknown,
     };
     let shown_by = a.ip().map(|ip| shown_by(ctx, ip)).unwrap_or_default();
-    let gone_holders: Vec<String> = match ctx.world.services.as_ref() {
-        Some(c) => a
-            .holder_services()
-            .into_iter()
-            .filter(|k| c.get(k).is_none())
-            .collect(),
-        None => Vec::new(),
-    };
+    let gone_holders = gone_holders(ctx, a).await?;
     let plan = plan_health(&HealthSnapshot {
         address: a,
         presence,
@@ -393,6 +391,36 @@ pub(crate) async fn health_pass<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Resul
         gone_holders: &gone_holders,
     });
     apply_address(ctx, a, plan).await
+}
+
+/// The holders the ledger of `a` lists whose Service is gone: gone from the cache, and
+/// confirmed gone by the API ([`service_gone`]).
+async fn gone_holders<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Result<Vec<String>, Error> {
+    let Some(cache) = ctx.world.services.as_ref() else {
+        return Ok(Vec::new());
+    };
+    let mut gone = Vec::new();
+    for key in a.holder_services() {
+        if cache.get(&key).is_none() && service_gone(ctx, &key).await? {
+            gone.push(key);
+        }
+    }
+    Ok(gone)
+}
+
+/// Whether the API has no Service `key` (`namespace/name`) — asked when the cache has none.
+/// The ledger names a holder by `namespace/name`, and the cache can lag behind a Service
+/// deleted and created again under that name (a tenant's `kubectl replace`, a GitOps
+/// sync): taking the entry off then leaves the new Service, which names the claim and
+/// which MetalLB already serves from the address, with no word from the ledger — a
+/// `Conflict` until the next pass lists it again (seen: 85 ms, under load).
+async fn service_gone<D: Driver>(ctx: &Ctx<D>, key: &str) -> Result<bool, Error> {
+    let (ns, name) = key.split_once('/').unwrap_or(("", key));
+    let live = Api::<Service>::namespaced(ctx.client.clone(), ns)
+        .get_opt(name)
+        .await
+        .map_err(kube_error("reading Service", key.to_string()))?;
+    Ok(live.is_none())
 }
 
 async fn apply_address<D: Driver>(
