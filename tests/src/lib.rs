@@ -292,7 +292,8 @@ impl Drop for TestNamespace {
 }
 
 /// A directory under the system's temporary directory, removed (with everything in it)
-/// when dropped: tests leave nothing behind in /tmp.
+/// when dropped: tests leave nothing behind in /tmp — unless the test failed, when it stays
+/// for its logs.
 pub struct TempDir(PathBuf);
 
 impl TempDir {
@@ -312,6 +313,11 @@ impl std::ops::Deref for TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // A failed test keeps its logs (a driver's, MetalLB's) for whoever reads why.
+            eprintln!("kept {} (the test failed)", self.0.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
