@@ -149,6 +149,8 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
         "ClusterRole/address-controller-metrics-reader",
         // Not aggregated: for the platform team that sets quotas.
         "ClusterRole/address-controller-quota-manager",
+        // Not aggregated: for the abuse desk and billing (who held which address when).
+        "ClusterRole/address-controller-history-reader",
         "ClusterRoleBinding/address-controller",
         "ClusterRoleBinding/address-controller:system:auth-delegator",
         "ConfigMap/address-controller-dashboard",
@@ -2031,6 +2033,21 @@ async fn aggregated_roles_give_a_namespace_editor_exactly_claims_and_views() {
             ])
             .unwrap();
     }
+    // The abuse desk reads every namespace's history: bound cluster-wide.
+    let mut cleanup = Cleanup::default();
+    let desk = format!("{}-abuse-desk", a.name);
+    cluster
+        .kubectl_ok(&[
+            "create",
+            "clusterrolebinding",
+            &desk,
+            "--clusterrole",
+            "address-controller-history-reader",
+            "--user",
+            "abuse-desk",
+        ])
+        .unwrap();
+    cleanup.add("clusterrolebindings.rbac.authorization.k8s.io", &desk);
     // SubjectAccessReviews with explicit attributes: no discovery involved, so the answer
     // does not depend on the (here unavailable) aggregated API.
     let can =
@@ -2039,16 +2056,19 @@ async fn aggregated_roles_give_a_namespace_editor_exactly_claims_and_views() {
     const QUOTAS: &str = "ipaddressquotas.local.sdn.cozystack.io";
     const HOLDINGS: &str = "namespaceaddresses.view.local.sdn.cozystack.io";
     const RECORDS: &str = "namespaceaddresses.view.local.sdn.cozystack.io/addresses";
+    const ADDRESSES: &str = "ipaddresses.local.sdn.cozystack.io";
+    const RECORDS_KIND: &str = "ipaddressrecords.local.sdn.cozystack.io";
+    const VIEW_HOLDINGS: &str = "addressholdings.view.local.sdn.cozystack.io";
     // The ClusterRole aggregation controller folds the chart's roles in.
     let (na, nb) = (a.name.as_str(), b.name.as_str());
     wait_for(
         "edit and view aggregate the chart's roles",
         WAIT,
         || async {
-            Ok(
-                (can("editor", "create", CLAIMS, na) && can("viewer", "list", HOLDINGS, na))
-                    .then_some(()),
-            )
+            Ok((can("editor", "create", CLAIMS, na)
+                && can("viewer", "list", HOLDINGS, na)
+                && can("abuse-desk", "list", ADDRESSES, ""))
+            .then_some(()))
         },
     )
     .await
@@ -2107,6 +2127,20 @@ async fn aggregated_roles_give_a_namespace_editor_exactly_claims_and_views() {
         ("quota-manager", "create", QUOTAS, nb, false),
         ("viewer", "create", CLAIMS, na, false),
         ("viewer", "delete", CLAIMS, na, false),
+        // The abuse desk, bound cluster-wide: every address's history, read only.
+        ("abuse-desk", "list", ADDRESSES, "", true),
+        ("abuse-desk", "watch", RECORDS_KIND, "", true),
+        ("abuse-desk", "get", RECORDS_KIND, "", true),
+        ("abuse-desk", "list", VIEW_HOLDINGS, na, true),
+        ("abuse-desk", "list", VIEW_HOLDINGS, nb, true),
+        ("abuse-desk", "delete", RECORDS_KIND, "", false),
+        ("abuse-desk", "create", RECORDS_KIND, "", false),
+        ("abuse-desk", "patch", ADDRESSES, "", false),
+        ("abuse-desk", "list", CLAIMS, na, false),
+        ("abuse-desk", "list", "secrets", na, false),
+        // A tenant's roles read no records: the history of other namespaces' addresses.
+        ("tenant-admin", "list", RECORDS_KIND, "", false),
+        ("editor", "get", RECORDS_KIND, "", false),
     ];
     for (user, verb, resource, ns, want) in table {
         assert_eq!(
