@@ -147,6 +147,23 @@ pub static INFO: ResourceInfo = ResourceInfo {
 #[derive(Default)]
 pub struct Holders {
     by_uid: Mutex<HashMap<String, Recorded>>,
+    /// Holdings that left their address (moved to a record, or the address deleted, whose
+    /// finalizer records them) before this process saw the record: the record is created
+    /// first, but the two watches are not ordered, and without this copy a watch of the
+    /// view saw the holding DELETED and ADDED again — a billing pipeline reading the watch
+    /// closed the holding. Until the record arrives, at most [`IN_FLIGHT_FOR`].
+    in_flight: Mutex<HashMap<String, InFlight>>,
+}
+
+/// How long a holding that left its address is shown without its record: far past a
+/// records watch's lag, short enough that an address deleted without records (their kind
+/// not installed) leaves no holding behind for long.
+pub const IN_FLIGHT_FOR: std::time::Duration = std::time::Duration::from_secs(300);
+
+struct InFlight {
+    meta: AddressMeta,
+    holding: Holding,
+    since: std::time::Instant,
 }
 
 #[derive(Default)]
@@ -314,11 +331,15 @@ impl View for Holders {
     ) {
         // Only a change of the history (or of the address's existence) alters holdings.
         if let (Some(o), Some(n)) = (old, new)
+            && o.metadata.uid == n.metadata.uid
             && history::holdings(o) == history::holdings(n)
             && history::spans(o) == history::spans(n)
             && o.spec.class_name == n.spec.class_name
         {
             return;
+        }
+        if let Some(o) = old {
+            self.keep_in_flight(o, new, dirty);
         }
         for a in old.into_iter().chain(new) {
             keys(a, dirty);
@@ -351,6 +372,11 @@ impl View for Holders {
             match spec.record {
                 RecordOf::Holding => {
                     let key = format!("{}/{}", spec.namespace, spec.view_name());
+                    // Its record is here (or gone for good): no copy is needed any more.
+                    self.in_flight
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .remove(&key);
                     if present {
                         entry.holdings.insert(key.clone());
                     } else {
@@ -393,13 +419,17 @@ impl View for Holders {
             let h = list.get(usize::try_from(ordinal - base).ok()?)?.clone();
             Some((AddressMeta::of(&a), h))
         });
-        let (meta, h) = match on_address {
-            Some(found) => found,
-            None => {
-                let r = world.records.as_ref()?.get(&holding_record_name(name)?)?;
-                (AddressMeta::of_record(&r.spec), r.spec.as_holding()?)
-            }
+        let recorded = || {
+            let r = world.records.as_ref()?.get(&holding_record_name(name)?)?;
+            Some((AddressMeta::of_record(&r.spec), r.spec.as_holding()?))
         };
+        let (meta, h) = on_address.or_else(recorded).or_else(|| {
+            self.in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(key)
+                .map(|f| (f.meta.clone(), f.holding.clone()))
+        })?;
         if h.namespace != ns {
             return None;
         }
@@ -422,6 +452,51 @@ fn cached(world: &World, name: &str, uid: &str) -> Option<std::sync::Arc<IPAddre
 }
 
 impl Holders {
+    /// Keeps a copy of each holding that left the address `old` in this change (`new`: the
+    /// address after it, `None` when deleted) and whose record this process has not seen;
+    /// drops copies past [`IN_FLIGHT_FOR`] (their keys made dirty, so the view says so).
+    fn keep_in_flight(&self, old: &IPAddress, new: Option<&IPAddress>, dirty: &mut Vec<String>) {
+        let meta = AddressMeta::of(old);
+        let (list, base) = history::holdings(old);
+        // The first ordinal still on the address: every holding before it left.
+        let kept_from = match new {
+            Some(n) if n.metadata.uid == old.metadata.uid => history::holdings(n).1,
+            _ => i64::MAX,
+        };
+        let recorded: BTreeSet<String> = self
+            .by_uid
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&meta.address_uid)
+            .map(|r| r.holdings.clone())
+            .unwrap_or_default();
+        let now = std::time::Instant::now();
+        let mut flying = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for (i, h) in (base..).zip(list).take_while(|(i, _)| *i < kept_from) {
+            let key = key_of(&meta, i, &h.namespace);
+            if !recorded.contains(&key) {
+                flying.insert(
+                    key,
+                    InFlight {
+                        meta: meta.clone(),
+                        holding: h.clone(),
+                        since: now,
+                    },
+                );
+            }
+        }
+        flying.retain(|key, f| {
+            let keep = now.duration_since(f.since) < IN_FLIGHT_FOR;
+            if !keep {
+                dirty.push(key.clone());
+            }
+            keep
+        });
+    }
+
     /// Every span of the address `meta` (its uid): those it keeps, and those recorded.
     fn spans_of(&self, meta: &AddressMeta, world: &World) -> Vec<AttachmentSpan> {
         let mut t = history::Timeline {
@@ -453,6 +528,108 @@ impl Holders {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use address_controller_runtime::health::{Bounds, Health};
+    use std::sync::Arc;
+
+    /// An address with a closed holding of `old` and the open one of `shop`, the first
+    /// `recorded` of them moved to records.
+    fn address(recorded: i64) -> IPAddress {
+        let all = [
+            json!({"namespace": "old", "name": "x", "uid": "u0", "state": "Bound",
+                "from": "2026-01-01T00:00:00Z", "until": "2026-01-01T01:00:00Z", "ended": "Released"}),
+            json!({"namespace": "shop", "name": "web", "uid": "u", "state": "Bound",
+                "from": "2026-01-01T02:00:00Z"}),
+        ];
+        let kept: Vec<_> = all.iter().skip(recorded as usize).cloned().collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": "ipv4-192-0-2-1", "uid": "0123456789abcdef"},
+            "spec": {"address": "192.0.2.1", "className": "k", "source": {"fromClass": {}},
+                "claimRef": {"namespace": "shop", "name": "web", "uid": "u"}},
+            "status": {"phase": "Bound", "historyRecorded": recorded, "history": kept}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_holding_on_its_way_to_its_record_never_leaves_the_view() {
+        let world = World::new(false, Health::new(Bounds::default())).with_records_for(true);
+        let view = Holders::default();
+        let key = "old/ipv4-192-0-2-1.01234567.0";
+        let (before, after) = (address(0), address(1));
+        world
+            .addresses
+            .apply(before.name_any(), Some(Arc::new(before.clone())));
+        let shown = view.compute(key, &world).expect("on the address").value;
+        // The address's event comes before its record's (the two watches are not ordered).
+        world
+            .addresses
+            .apply(after.name_any(), Some(Arc::new(after.clone())));
+        let mut dirty = Vec::new();
+        view.address_changed(Some(&before), Some(&after), &mut dirty);
+        assert!(dirty.iter().any(|d| d == key));
+        assert_eq!(
+            view.compute(key, &world).map(|c| c.value),
+            Some(shown.clone()),
+            "shown as it was while its record is on its way"
+        );
+        assert!(
+            Holders::default().compute(key, &world).is_none(),
+            "positive control: without the copy the holding vanished (a DELETED in a watch)"
+        );
+        // The record arrives: read from it, the copy let go.
+        let (list, _) = history::holdings(&before);
+        let rec = AddressMeta::of(&before).holding(0, &list[0]).to_object();
+        world
+            .records
+            .as_ref()
+            .unwrap()
+            .apply(rec.name_any(), Some(Arc::new(rec.clone())));
+        view.record_changed(None, Some(&rec), &world, &mut dirty);
+        assert!(view.in_flight.lock().unwrap().is_empty());
+        assert_eq!(view.compute(key, &world).map(|c| c.value), Some(shown));
+    }
+
+    #[test]
+    fn a_deleted_addresss_holdings_wait_for_their_records_but_not_forever() {
+        let world = World::new(false, Health::new(Bounds::default())).with_records_for(true);
+        let view = Holders::default();
+        let a = address(0);
+        world.addresses.apply(a.name_any(), None);
+        let mut dirty = Vec::new();
+        view.address_changed(Some(&a), None, &mut dirty);
+        let (open, closed) = (
+            "shop/ipv4-192-0-2-1.01234567.1",
+            "old/ipv4-192-0-2-1.01234567.0",
+        );
+        assert!(view.compute(open, &world).is_some());
+        assert!(view.compute(closed, &world).is_some());
+        assert!(
+            view.compute("old/ipv4-192-0-2-1.01234567.1", &world)
+                .is_none(),
+            "a holding shows in its own namespace only"
+        );
+        // Records that never come (their kind not installed): let go after IN_FLIGHT_FOR.
+        for f in view.in_flight.lock().unwrap().values_mut() {
+            if let Some(t) = f.since.checked_sub(IN_FLIGHT_FOR) {
+                f.since = t;
+            }
+        }
+        // The next change of any address lets them go.
+        let mut dirty = Vec::new();
+        let other = {
+            let mut o = address(0);
+            o.metadata.name = Some("ipv4-192-0-2-9".into());
+            o.metadata.uid = Some("fedcba9876543210".into());
+            o
+        };
+        view.address_changed(Some(&other), None, &mut dirty);
+        let left: Vec<String> = view.in_flight.lock().unwrap().keys().cloned().collect();
+        assert!(left.iter().all(|k| k.contains("192-0-2-9")), "{left:?}");
+        assert!(
+            dirty.iter().any(|d| d == open),
+            "the view is told it is gone"
+        );
+        assert!(view.compute(open, &world).is_none());
+    }
 
     #[test]
     fn a_holding_names_its_own_services_and_only_the_namespace_of_anothers() {
