@@ -4,6 +4,7 @@
 //! instant, whatever crashes between the two. A second create of one entry (a retry, a
 //! crash before the address's write) is refused as already there, and that is success.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -52,7 +53,12 @@ pub async fn ensure(client: &Client, entries: &[Record]) -> Result<Ensured, kube
 pub struct Pacer {
     interval: Duration,
     next: Mutex<Option<Instant>>,
+    /// Turns reserved by [`Pacer::slot`], by key, and when they were last swept.
+    slots: Mutex<(HashMap<String, Instant>, Option<Instant>)>,
 }
+
+/// A reserved turn nobody came back for is let go this long after it.
+const SLOT_KEPT: Duration = Duration::from_secs(60);
 
 impl Pacer {
     /// `per_second` writes a second at most (0: one a second).
@@ -61,7 +67,46 @@ impl Pacer {
         Pacer {
             interval: Duration::from_secs_f64(1.0 / per_second),
             next: Mutex::new(None),
+            slots: Mutex::new((HashMap::new(), None)),
         }
+    }
+
+    /// The turn of `key` without waiting in the caller: `None` when it is now (taken), else
+    /// how long until the turn reserved for `key` — the caller comes back then (a worker is
+    /// never held asleep, so passes of other keys go on). A key keeps its one reserved turn
+    /// however often it asks; a turn nobody comes back for is let go after a minute.
+    pub fn slot(&self, key: &str) -> Option<Duration> {
+        let now = Instant::now();
+        let mut guard = self
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (slots, swept) = &mut *guard;
+        if let Some(at) = slots.get(key).copied() {
+            if at <= now {
+                slots.remove(key);
+                return None;
+            }
+            return Some(at - now);
+        }
+        let at = {
+            let mut next = self
+                .next
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let at = next.map_or(now, |n| n.max(now));
+            *next = Some(at + self.interval);
+            at
+        };
+        if at <= now {
+            return None;
+        }
+        if swept.is_none_or(|t| now - t >= SLOT_KEPT) {
+            slots.retain(|_, t| *t + SLOT_KEPT > now);
+            *swept = Some(now);
+        }
+        slots.insert(key.to_string(), at);
+        Some(at - now)
     }
 
     /// Waits for this caller's turn.
@@ -103,5 +148,31 @@ mod tests {
         times.sort();
         assert_eq!(times[0], Duration::ZERO);
         assert_eq!(times[8], Duration::from_secs(2), "9 turns at 4 a second");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slot_is_reserved_per_key_and_kept_when_asked_again() {
+        let p = Pacer::new(4.0);
+        assert_eq!(p.slot("a"), None, "the first turn is now");
+        let quarter = Duration::from_millis(250);
+        assert_eq!(p.slot("b"), Some(quarter));
+        assert_eq!(p.slot("c"), Some(quarter * 2));
+        // b asks again early: its place is kept, not a new one taken.
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(p.slot("b"), Some(Duration::from_millis(150)));
+        assert_eq!(p.slot("d"), Some(Duration::from_millis(650)));
+        tokio::time::advance(Duration::from_millis(150)).await;
+        assert_eq!(p.slot("b"), None, "its turn");
+        assert_eq!(
+            p.slot("b"),
+            Some(Duration::from_millis(750)),
+            "then a new one"
+        );
+        // c never comes back: after a minute its turn is let go at the next sweep.
+        tokio::time::advance(Duration::from_secs(120)).await;
+        assert_eq!(p.slot("e"), None);
+        assert_eq!(p.slot("f"), Some(quarter));
+        let (slots, _) = &*p.slots.lock().unwrap();
+        assert_eq!(slots.keys().collect::<Vec<_>>(), ["f"]);
     }
 }
