@@ -742,6 +742,22 @@ pub fn holdings_moved(history: &[Holding], counts: Counts) -> Option<Settled<Hol
     })
 }
 
+/// The spans after a write that only moves an address's closed spans past
+/// [`SPANS_KEEP`] to records — the backlog of an address an older version wrote, which a
+/// ledger write (one that closes a span) moves only with itself; `None` when nothing moves
+/// (it keeps no more, or an open span comes first: entries move from the front only, so
+/// ordinals never change).
+pub fn spans_moved(spans: &[AttachmentSpan], counts: Counts) -> Option<Settled<AttachmentSpan>> {
+    let closed = spans.iter().filter(|s| s.until.is_some()).count();
+    (closed > SPANS_KEEP)
+        .then(|| {
+            settle(spans.to_vec(), counts, SPANS_KEEP, SPANS_LIMIT, true, |s| {
+                s.until.is_some()
+            })
+        })
+        .filter(|s| !s.moved.is_empty())
+}
+
 /// The Service spans after a driver's ledger write that changes the holders from `before`
 /// to `after`, at `now`; `None` when they stay as they are. A holder in `after` without an
 /// open span gets one (`found` when it was in `before` already: recorded late).
@@ -1168,6 +1184,37 @@ mod tests {
             (HOLDINGS_LIMIT - HOLDINGS_KEEP).div_ceil(MOVE_BATCH)
         );
         assert_eq!(h[0].name, format!("c{}", HOLDINGS_LIMIT - HOLDINGS_KEEP));
+    }
+
+    #[test]
+    fn an_older_versions_spans_move_a_batch_at_a_time_and_never_past_an_open_one() {
+        let span = |i: i64, open: bool| AttachmentSpan {
+            kind: "Service".into(),
+            namespace: Some("a".into()),
+            name: format!("s{i}"),
+            from: t(2 * i),
+            until: (!open).then(|| t(2 * i + 1)),
+            found: false,
+            egress: false,
+        };
+        let mut l: Vec<AttachmentSpan> = (0..SPANS_LIMIT as i64).map(|i| span(i, false)).collect();
+        l.push(span(SPANS_LIMIT as i64, true));
+        let mut c = Counts::default();
+        let mut writes = 0;
+        while let Some(s) = spans_moved(&l, c) {
+            assert!(!s.moved.is_empty() && s.moved.len() <= MOVE_BATCH);
+            assert_eq!(s.moved[0].0, c.base());
+            (l, c) = (s.list, s.counts);
+            writes += 1;
+        }
+        assert_eq!(l.len(), SPANS_KEEP + 1, "the keep and the open one");
+        assert_eq!(c.recorded as usize, SPANS_LIMIT - SPANS_KEEP);
+        assert_eq!(writes, (SPANS_LIMIT - SPANS_KEEP).div_ceil(MOVE_BATCH));
+        // A span still open first (a Service attached since long ago): nothing moves, and
+        // no write is asked for (a write that moves nothing would come back forever).
+        let mut blocked = vec![span(0, true)];
+        blocked.extend((1..=SPANS_KEEP as i64 + 3).map(|i| span(i, false)));
+        assert!(spans_moved(&blocked, Counts::default()).is_none());
     }
 
     #[test]

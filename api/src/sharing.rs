@@ -208,6 +208,25 @@ impl IPAddress {
     }
 }
 
+impl IPAddress {
+    /// The kit's write that only moves the address's closed spans past
+    /// [`crate::history::SPANS_KEEP`] to records (an older version's backlog, when no ledger
+    /// write moves it), with the records to create before it; `None` when nothing moves.
+    pub fn spans_move(&self) -> Option<(serde_json::Value, Vec<crate::history::Record>)> {
+        let (spans, _) = crate::history::spans(self);
+        let settled = crate::history::spans_moved(spans, crate::history::Counts::spans(self))?;
+        let mut out = serde_json::json!({});
+        settled.write_spans(&mut out);
+        let meta = crate::history::AddressMeta::of(self);
+        let records = settled
+            .moved
+            .iter()
+            .map(|(o, sp)| meta.span(*o, sp))
+            .collect();
+        Some((out, records))
+    }
+}
+
 /// What must be equal between holders of one address: empty for `Cluster`, the selector
 /// (sorted `k=v`) for `Local`.
 pub fn backend_key(s: &Service) -> Option<String> {

@@ -82,6 +82,14 @@ pub struct DriverArgs {
     pub print_cluster_role: bool,
     #[command(flatten)]
     pub metrics: MetricsArgs,
+    /// Writes a second, at most, that move an older version's backlog of Service spans off
+    /// an address to IPAddressRecords (8 spans a write; a ledger write moves them anyway).
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_DRIVER_HISTORY_MOVE_RATE",
+        default_value_t = 5.0
+    )]
+    pub history_move_rate: f64,
     /// Testing only: wait this long between deciding to create an address and creating it.
     #[arg(long, hide = true, value_parser = address_controller_api::duration::parse)]
     pub testing_create_delay: Option<Duration>,
@@ -299,6 +307,7 @@ pub async fn run<D: Driver>(driver: D, info: &Info, args: DriverArgs) -> anyhow:
         args.election.identity(),
     );
     ctx.create_delay = args.testing_create_delay;
+    ctx.moves = address_controller_runtime::records::Pacer::new(args.history_move_rate);
     let ctx = Arc::new(ctx);
     wiring::register(&ctx);
     let metrics = metrics::KitMetrics::new(

@@ -46,7 +46,7 @@ pub(crate) async fn address_pass<D: Driver>(
         AddressPlan::AddFinalizer(all) => {
             finalizers(all, "adding the finalizer of").await?;
         }
-        AddressPlan::Health => crate::runner::association::health_pass(&ctx, &a).await?,
+        AddressPlan::Health => return crate::runner::association::health_pass(&ctx, &a).await,
         AddressPlan::WaitForWithdrawal { service, ip } => {
             return Err(Error::Backend {
                 object: name.clone(),

@@ -360,7 +360,7 @@ async fn write_condition(
 
 /// One pass over an address of this driver's classes: Lost, Conflict, a dangling
 /// `associatedTo`.
-pub(crate) async fn health_pass<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Result<(), Error> {
+pub(crate) async fn health_pass<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Result<Outcome, Error> {
     if let Some(Ok(p)) = ctx.params(&a.spec.class_name)
         && !a.is_deleting()
     {
@@ -390,7 +390,40 @@ pub(crate) async fn health_pass<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Resul
         shown_by: &shown_by,
         gone_holders: &gone_holders,
     });
-    apply_address(ctx, a, plan).await
+    let writes = plan.phase.is_some() || !plan.clear_holders.is_empty();
+    apply_address(ctx, a, plan).await?;
+    if writes {
+        // Its event brings the pass back; the spans move then.
+        return Ok(Outcome::Done);
+    }
+    move_spans(ctx, a).await
+}
+
+/// A pass that writes nothing else moves an older version's backlog of spans to records,
+/// a batch per write at the kit's pace (`--history-move-rate`, a turn reserved per address:
+/// the pass comes back at it, no worker waits), each record created before its span
+/// leaves; nothing when the records cannot be made (the spans stay, and a later ledger
+/// write that closes one tries again).
+async fn move_spans<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Result<Outcome, Error> {
+    let Some((status, records)) = a.spans_move() else {
+        return Ok(Outcome::Done);
+    };
+    if let Some(wait) = ctx.moves.slot(&a.name_any()) {
+        return Ok(Outcome::RequeueAfter(wait));
+    }
+    match address_controller_runtime::records::ensure(&ctx.client, &records)
+        .await
+        .map_err(kube_error(
+            "creating history records of address",
+            a.name_any(),
+        ))? {
+        address_controller_runtime::records::Ensured::Created(_) => {
+            patch_address_status(ctx, a, status).await?;
+            tracing::info!(address = %a.name_any(), spans = records.len(), "moved an older version's Service spans to records");
+        }
+        address_controller_runtime::records::Ensured::Unavailable(_) => {}
+    }
+    Ok(Outcome::Done)
 }
 
 /// The holders the ledger of `a` lists whose Service is gone: gone from the cache, and

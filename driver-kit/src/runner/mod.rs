@@ -121,6 +121,8 @@ pub(crate) struct Ctx<D: Driver> {
     /// Testing only: pause between deciding to create and creating, to let tests race a
     /// free address against the create.
     pub create_delay: Option<Duration>,
+    /// Paces the writes that only move an older version's spans to records.
+    pub moves: address_controller_runtime::records::Pacer,
 }
 
 fn fresh<K: std::hash::Hash + Eq + Clone>(
@@ -159,6 +161,7 @@ impl<D: Driver> Ctx<D> {
             in_flight: Mutex::new(HashMap::new()),
             in_flight_ips: Mutex::new(HashMap::new()),
             create_delay: None,
+            moves: address_controller_runtime::records::Pacer::new(5.0),
         }
     }
 
