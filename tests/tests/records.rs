@@ -655,3 +655,100 @@ async fn an_older_versions_history_moves_to_records_at_the_rate_set() {
     e.check().await;
     delete_records_of(&e, &uid).await;
 }
+
+/// An address whose Service spans an older version wrote past what it keeps now (20
+/// closed, no Service attached since, so no ledger write would ever move them): the driver
+/// moves them to records in writes of its own, a batch each, at its `--history-move-rate`
+/// — the kit's own part of the history, never the core's.
+#[tokio::test]
+async fn an_older_versions_service_spans_move_to_records_by_the_driver() {
+    use address_controller_api::history::{AttachmentSpan, MOVE_BATCH, SPANS_KEEP};
+    use address_controller_tests::env::{purge, range_class};
+    let mut e = env("recspan").await;
+    purge(&e, &["198.18.108."]).await;
+    let user = format!("drv-recspan-{}", e.sfx);
+    let _drv = ControllerProcess::driver(&user, &["--leader-elect=false", "--history-move-rate=2"])
+        .await
+        .unwrap();
+    let class = range_class(&mut e, "recspan", json!(["198.18.108.3/32"]), json!({})).await;
+    e.claim("web", json!({"className": class})).await;
+    let c = wait_for("claim web Bound", WAIT, || async {
+        let c = e.claims().get("web").await?;
+        Ok((phase(&c) == Some(address_controller_api::ClaimPhase::Bound)).then_some(c))
+    })
+    .await
+    .unwrap();
+    let a = c.status.as_ref().unwrap().addresses[0].name.clone();
+    let x = e.addresses().get(&a).await.unwrap();
+    let uid = x.metadata.uid.clone().unwrap();
+    let t0 = Timestamp::from_second(Timestamp::now().as_second() - 3_600).unwrap();
+    let at = |s: i64| Time(t0 + SignedDuration::from_secs(s));
+    let closed = 20usize;
+    let spans: Vec<AttachmentSpan> = (0..closed as i64)
+        .map(|i| AttachmentSpan {
+            kind: "Service".into(),
+            namespace: Some(e.ns.name.clone()),
+            name: format!("s{i}"),
+            from: at(10 * i),
+            until: Some(at(10 * i + 5)),
+            found: false,
+            egress: false,
+        })
+        .collect();
+    e.addresses()
+        .patch_status(
+            &a,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"attachmentHistory": spans}})),
+        )
+        .await
+        .unwrap();
+    let moved = closed - SPANS_KEEP;
+    let x = e
+        .wait_address(&a, "the driver moved the spans", |x| {
+            x.and_then(|x| x.status.as_ref())
+                .is_some_and(|s| s.attachment_history_recorded as usize == moved)
+        })
+        .await
+        .unwrap();
+    let (kept, base) = history::spans(&x);
+    assert_eq!((kept.len(), base as usize), (SPANS_KEEP, moved));
+    assert_eq!(kept[0].name, format!("s{moved}"));
+    let recorded = records_of(&e, &uid, RecordOf::Attachment).await;
+    let names: Vec<(i64, String)> = recorded
+        .iter()
+        .map(|r| (r.ordinal, r.name.clone()))
+        .collect();
+    let want: Vec<(i64, String)> = (0..moved as i64).map(|i| (i, format!("s{i}"))).collect();
+    assert_eq!(names, want, "one record per moved span, in order");
+    // The driver's own writes to the address, a batch each, spaced by its rate; each batch's
+    // records created by the driver before its write.
+    let mine = |keep: &dyn Fn(&address_controller_tests::AuditedWrite) -> bool| {
+        address_controller_tests::audited_writes(&user, |w| w.code < 300 && keep(w)).unwrap()
+    };
+    let writes = mine(&|w| {
+        w.name.as_deref() == Some(a.as_str()) && w.subresource.as_deref() == Some("status")
+    });
+    let times: Vec<Timestamp> = writes.iter().filter_map(|w| w.received).collect();
+    println!(
+        "the driver moved {moved} spans in {} writes, {:?} ms apart",
+        writes.len(),
+        times
+            .windows(2)
+            .map(|w| w[1].duration_since(w[0]).as_millis())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(writes.len(), moved.div_ceil(MOVE_BATCH), "{writes:#?}");
+    assert!(
+        times[1].duration_since(times[0]) >= SignedDuration::from_millis(400),
+        "moves closer than the rate allows: {times:?}"
+    );
+    let created = mine(&|w| w.resource == "ipaddressrecords" && w.verb == "create");
+    assert_eq!(created.len(), moved, "the driver made each record once");
+    assert!(
+        created.last().and_then(|c| c.completed) <= times.last().copied(),
+        "the last record before the last write"
+    );
+    e.check().await;
+    delete_records_of(&e, &uid).await;
+}
