@@ -164,8 +164,12 @@ async fn apply(
     let params = PatchParams::default();
     let mut current: IPAddress = address.as_ref().clone();
 
-    if plan.moves_history {
-        ctx.history.moves.turn().await;
+    // A write that only moves an older version's backlog waits for its turn — away from the
+    // worker: the pass comes back at it, and other addresses' passes go on meanwhile.
+    if plan.moves_history
+        && let Some(wait) = ctx.history.moves.slot(&name)
+    {
+        return Ok(Outcome::RequeueAfter(wait));
     }
     // A deleted address's history: recorded before the finalizer goes — or, when records
     // cannot be made here, said loudly (the deletion is not held up for it).
