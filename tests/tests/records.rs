@@ -37,6 +37,39 @@ async fn counted(ctl: &ControllerProcess, action: &str) {
     .unwrap();
 }
 
+/// Writes `status` on the address `a` as an older version left it (the admin's write).
+async fn older_version_wrote(e: &Env, a: &str, status: serde_json::Value) {
+    e.addresses()
+        .patch_status(
+            a,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await
+        .unwrap();
+}
+
+/// The times of `writes` that moved `moved` entries: one write per batch, printed with
+/// the gaps between them.
+fn batches(
+    what: &str,
+    moved: usize,
+    writes: &[address_controller_tests::AuditedWrite],
+) -> Vec<Timestamp> {
+    let times: Vec<Timestamp> = writes.iter().filter_map(|w| w.received).collect();
+    println!(
+        "{what} in {} writes, {:?} ms apart",
+        writes.len(),
+        times
+            .windows(2)
+            .map(|w| w[1].duration_since(w[0]).as_millis())
+            .collect::<Vec<_>>()
+    );
+    let batch = address_controller_api::history::MOVE_BATCH;
+    assert_eq!(writes.len(), moved.div_ceil(batch), "{writes:#?}");
+    times
+}
+
 /// Waits until the record `name` is gone.
 async fn record_gone(e: &Env, what: &str, name: &str) {
     wait_for(what, WAIT, || {
@@ -502,7 +535,7 @@ async fn the_retention_prunes_exactly_what_is_older() {
 /// is what the checker's `history-unrecorded` rule catches (its positive control).
 #[tokio::test]
 async fn an_older_versions_history_moves_to_records_at_the_rate_set() {
-    use address_controller_api::history::{Holding, MOVE_BATCH};
+    use address_controller_api::history::Holding;
     use address_controller_driver_conformance::invariants::{Scope, check};
     let mut e = env("recupg").await;
     let class = e.class("pub", json!({})).await;
@@ -555,14 +588,7 @@ async fn an_older_versions_history_moves_to_records_at_the_rate_set() {
     e.ctl = ControllerProcess::start(&user, &["--leader-elect=false", "--history-move-rate=2"])
         .await
         .unwrap();
-    e.addresses()
-        .patch_status(
-            &a,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"history": list}})),
-        )
-        .await
-        .unwrap();
+    older_version_wrote(&e, &a, json!({"history": list})).await;
     let moved = closed - HOLDINGS_KEEP;
     let x = e
         .wait_address(&a, "the backlog moved", |x| {
@@ -600,16 +626,7 @@ async fn an_older_versions_history_moves_to_records_at_the_rate_set() {
             w.name.as_deref() == Some(a.as_str()) && w.subresource.as_deref() == Some("status")
         })
         .collect();
-    let times: Vec<Timestamp> = writes.iter().filter_map(|w| w.received).collect();
-    println!(
-        "moved {moved} holdings in {} writes at {:?}",
-        writes.len(),
-        times
-            .windows(2)
-            .map(|w| w[1].duration_since(w[0]).as_millis())
-            .collect::<Vec<_>>()
-    );
-    assert_eq!(writes.len(), moved.div_ceil(MOVE_BATCH), "{writes:#?}");
+    let times = batches(&format!("the core moved {moved} holdings"), moved, &writes);
     // The pacer spaces the turns 500 ms apart; a write follows its batch's creates, so two
     // writes may be closer by a batch's creates, never on average (a burst would be all
     // within a few milliseconds).
@@ -662,7 +679,7 @@ async fn an_older_versions_history_moves_to_records_at_the_rate_set() {
 /// — the kit's own part of the history, never the core's.
 #[tokio::test]
 async fn an_older_versions_service_spans_move_to_records_by_the_driver() {
-    use address_controller_api::history::{AttachmentSpan, MOVE_BATCH, SPANS_KEEP};
+    use address_controller_api::history::{AttachmentSpan, SPANS_KEEP};
     use address_controller_tests::env::{purge, range_class};
     let mut e = env("recspan").await;
     purge(&e, &["198.18.108."]).await;
@@ -695,14 +712,7 @@ async fn an_older_versions_service_spans_move_to_records_by_the_driver() {
             egress: false,
         })
         .collect();
-    e.addresses()
-        .patch_status(
-            &a,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"attachmentHistory": spans}})),
-        )
-        .await
-        .unwrap();
+    older_version_wrote(&e, &a, json!({"attachmentHistory": spans})).await;
     let moved = closed - SPANS_KEEP;
     let x = e
         .wait_address(&a, "the driver moved the spans", |x| {
@@ -729,16 +739,7 @@ async fn an_older_versions_service_spans_move_to_records_by_the_driver() {
     let writes = mine(&|w| {
         w.name.as_deref() == Some(a.as_str()) && w.subresource.as_deref() == Some("status")
     });
-    let times: Vec<Timestamp> = writes.iter().filter_map(|w| w.received).collect();
-    println!(
-        "the driver moved {moved} spans in {} writes, {:?} ms apart",
-        writes.len(),
-        times
-            .windows(2)
-            .map(|w| w[1].duration_since(w[0]).as_millis())
-            .collect::<Vec<_>>()
-    );
-    assert_eq!(writes.len(), moved.div_ceil(MOVE_BATCH), "{writes:#?}");
+    let times = batches(&format!("the driver moved {moved} spans"), moved, &writes);
     assert!(
         times[1].duration_since(times[0]) >= SignedDuration::from_millis(400),
         "moves closer than the rate allows: {times:?}"

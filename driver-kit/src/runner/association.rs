@@ -60,18 +60,28 @@ async fn ledger(
     let now = Time(Timestamp::now());
     let before = a.attachments();
     let (status, records) = a.ledger_status(&before, &attachments, &now, true);
-    match address_controller_runtime::records::ensure(&ctx.client, &records)
-        .await
-        .map_err(kube_error(
-            "creating history records of address",
-            a.name_any(),
-        ))? {
+    match ensure_records(ctx, a, &records).await? {
         address_controller_runtime::records::Ensured::Created(_) => Ok(status),
         address_controller_runtime::records::Ensured::Unavailable(why) => {
             tracing::warn!(address = %a.name_any(), "{why}");
             Ok(a.ledger_status(&before, &attachments, &now, false).0)
         }
     }
+}
+
+/// Creates the records of the entries a write of `a` moves off it (already there is
+/// success).
+async fn ensure_records(
+    ctx: &Ctx<impl Driver>,
+    a: &IPAddress,
+    records: &[address_controller_api::history::Record],
+) -> Result<address_controller_runtime::records::Ensured, Error> {
+    address_controller_runtime::records::ensure(&ctx.client, records)
+        .await
+        .map_err(kube_error(
+            "creating history records of address",
+            a.name_any(),
+        ))
 }
 
 fn attachment_key(h: &Attachment) -> Option<String> {
@@ -411,12 +421,7 @@ async fn move_spans<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Result<Outcome, E
     if let Some(wait) = ctx.moves.slot(&a.name_any()) {
         return Ok(Outcome::RequeueAfter(wait));
     }
-    match address_controller_runtime::records::ensure(&ctx.client, &records)
-        .await
-        .map_err(kube_error(
-            "creating history records of address",
-            a.name_any(),
-        ))? {
+    match ensure_records(ctx, a, &records).await? {
         address_controller_runtime::records::Ensured::Created(_) => {
             patch_address_status(ctx, a, status).await?;
             tracing::info!(address = %a.name_any(), spans = records.len(), "moved an older version's Service spans to records");
