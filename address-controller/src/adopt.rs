@@ -681,6 +681,10 @@ impl Adopt<'_> {
     ) -> anyhow::Result<()> {
         let now = services.get(svc).await?;
         let shows: BTreeSet<String> = ingress_ips(&now).map(str::to_string).collect();
+        if shows.is_empty() {
+            // No address shown (MetalLB down, or it let go): nothing to keep, one write.
+            return restore(services, &now, &want, lb_ip).await;
+        }
         want.remove(metallb::ALLOCATED_FROM_POOL);
         let pinned = want.contains_key(metallb::LOAD_BALANCER_IPS) || !lb_ip.is_null();
         let mut steps = Vec::new();
