@@ -221,6 +221,15 @@ async fn apply_service<D: Driver>(
     };
     let ns = svc.namespace().unwrap_or_default();
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+    // A new pin on the ledger's word that this pass did not write itself: the word is
+    // confirmed by the API first. Right after the kit's own ledger write the cache can
+    // still name a Service deleted and created again under this name — pinned on that
+    // stale word, the new Service showed the address with no entry: `Conflict`.
+    if let Some(marker) = &plan.marker
+        && !ledger_confirms(ctx, key, &svc, marker, &plan.associate).await?
+    {
+        return Ok(Outcome::RequeueAfter(Duration::from_millis(200)));
+    }
     // The kit's record of its pins, before the backend pins.
     if let Some(marker) = &plan.marker {
         let body = json!({"metadata": {"resourceVersion": svc.metadata.resource_version,
@@ -429,6 +438,40 @@ async fn move_spans<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Result<Outcome, E
         address_controller_runtime::records::Ensured::Unavailable(_) => {}
     }
     Ok(Outcome::Done)
+}
+
+/// Whether the API's ledger names the Service `key` on every address newly in `marker`
+/// (not yet in the Service's record of its pins) that the pass did not associate itself.
+async fn ledger_confirms<D: Driver>(
+    ctx: &Ctx<D>,
+    key: &str,
+    svc: &Service,
+    marker: &[IpAddr],
+    associated: &[Arc<IPAddress>],
+) -> Result<bool, Error> {
+    let had = parse_marker(svc.annotations().get(&ctx.marker).map(String::as_str));
+    for ip in marker.iter().filter(|ip| !had.contains(ip)) {
+        let Some(a) = ctx
+            .inventory
+            .addresses_of(*ip)
+            .iter()
+            .filter_map(|n| ctx.world.addresses.get(n))
+            .find(|a| ctx.owns(a))
+        else {
+            continue;
+        };
+        if associated.iter().any(|x| x.name_any() == a.name_any()) {
+            continue;
+        }
+        let live = Api::<IPAddress>::all(ctx.client.clone())
+            .get_opt(&a.name_any())
+            .await
+            .map_err(kube_error("reading address", a.name_any()))?;
+        if !live.is_some_and(|l| l.holder_services().iter().any(|h| h == key)) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// The holders the ledger of `a` lists whose Service is gone: gone from the cache, and
