@@ -680,7 +680,7 @@ impl Adopt<'_> {
         lb_ip: &Value,
     ) -> anyhow::Result<()> {
         let now = services.get(svc).await?;
-        let shows: BTreeSet<String> = ingress_ips(&now).map(str::to_string).collect();
+        let shows = shown(&now);
         if shows.is_empty() {
             // No address shown (MetalLB down, or it let go): nothing to keep, one write.
             return restore(services, &now, &want, lb_ip).await;
@@ -707,12 +707,13 @@ impl Adopt<'_> {
         for (i, target) in steps.iter().enumerate() {
             let now = services.get(svc).await?;
             restore(services, &now, target, lb_ip).await?;
-            let confirmed = wait(self.args.wait, || async {
-                let s = services.get(svc).await?;
-                let ips: BTreeSet<String> = ingress_ips(&s).map(str::to_string).collect();
-                Ok(s.annotations().contains_key(metallb::ALLOCATED_FROM_POOL) && ips == shows)
-            })
-            .await?;
+            let confirmed =
+                wait(self.args.wait, || async {
+                    let s = services.get(svc).await?;
+                    Ok(s.annotations().contains_key(metallb::ALLOCATED_FROM_POOL)
+                        && shown(&s) == shows)
+                })
+                .await?;
             if !confirmed {
                 anyhow::bail!(
                     "MetalLB has not confirmed step {} of {} of restoring {svc} (showing {shows:?}, its marker {} back) after {:?}: run --undo again",
@@ -784,7 +785,6 @@ impl Adopt<'_> {
     }
 }
 
-/// Polls `done` every 500 ms until it is true or `within` passed: whether it became true.
 /// Writes the Service `now` to have exactly the annotations `want` (MetalLB's marker, when
 /// `want` lacks it, taken off too) and `spec.loadBalancerIP` `lb_ip`.
 async fn restore(
@@ -811,6 +811,12 @@ async fn restore(
     Ok(())
 }
 
+/// The addresses a Service's ingress shows, as written.
+fn shown(s: &Service) -> BTreeSet<String> {
+    ingress_ips(s).map(str::to_string).collect()
+}
+
+/// Polls `done` every 500 ms until it is true or `within` passed: whether it became true.
 async fn wait<F, Fut>(within: Duration, done: F) -> anyhow::Result<bool>
 where
     F: Fn() -> Fut,

@@ -206,9 +206,7 @@ impl IPAddress {
         }
         (out, records)
     }
-}
 
-impl IPAddress {
     /// The kit's write that only moves the address's closed spans past
     /// [`crate::history::SPANS_KEEP`] to records (an older version's backlog, when no ledger
     /// write moves it), with the records to create before it; `None` when nothing moves.

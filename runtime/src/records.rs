@@ -71,6 +71,17 @@ impl Pacer {
         }
     }
 
+    /// Takes the next free turn, `now` at the earliest: when it is.
+    fn reserve(&self, now: Instant) -> Instant {
+        let mut next = self
+            .next
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let at = next.map_or(now, |n| n.max(now));
+        *next = Some(at + self.interval);
+        at
+    }
+
     /// The turn of `key` without waiting in the caller: `None` when it is now (taken), else
     /// how long until the turn reserved for `key` — the caller comes back then (a worker is
     /// never held asleep, so passes of other keys go on). A key keeps its one reserved turn
@@ -89,15 +100,7 @@ impl Pacer {
             }
             return Some(at - now);
         }
-        let at = {
-            let mut next = self
-                .next
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let at = next.map_or(now, |n| n.max(now));
-            *next = Some(at + self.interval);
-            at
-        };
+        let at = self.reserve(now);
         if at <= now {
             return None;
         }
@@ -111,16 +114,7 @@ impl Pacer {
 
     /// Waits for this caller's turn.
     pub async fn turn(&self) {
-        let at = {
-            let mut next = self
-                .next
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let now = Instant::now();
-            let at = next.map_or(now, |n| n.max(now));
-            *next = Some(at + self.interval);
-            at
-        };
+        let at = self.reserve(Instant::now());
         tokio::time::sleep_until(at).await;
     }
 }

@@ -244,16 +244,8 @@ async fn apply_service<D: Driver>(
             .map_err(kube_error("recording the pins on Service", key.to_string()))?;
     }
     if let Some((ours, want)) = &plan.pin {
-        let want: Vec<Arc<IPAddress>> = want
-            .iter()
-            .filter_map(|ip| {
-                ctx.inventory
-                    .addresses_of(*ip)
-                    .iter()
-                    .filter_map(|n| ctx.world.addresses.get(n))
-                    .find(|a| ctx.owns(a))
-            })
-            .collect();
+        let want: Vec<Arc<IPAddress>> =
+            want.iter().filter_map(|ip| own_address(ctx, *ip)).collect();
         ctx.driver
             .pin(&ctx.client, &svc, ours, &want)
             .await
@@ -440,6 +432,15 @@ async fn move_spans<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Result<Outcome, E
     Ok(Outcome::Done)
 }
 
+/// The cached address of this driver's classes that is `ip`.
+fn own_address<D: Driver>(ctx: &Ctx<D>, ip: IpAddr) -> Option<Arc<IPAddress>> {
+    ctx.inventory
+        .addresses_of(ip)
+        .iter()
+        .filter_map(|n| ctx.world.addresses.get(n))
+        .find(|a| ctx.owns(a))
+}
+
 /// Whether the API's ledger names the Service `key` on every address newly in `marker`
 /// (not yet in the Service's record of its pins) that the pass did not associate itself.
 async fn ledger_confirms<D: Driver>(
@@ -451,13 +452,7 @@ async fn ledger_confirms<D: Driver>(
 ) -> Result<bool, Error> {
     let had = parse_marker(svc.annotations().get(&ctx.marker).map(String::as_str));
     for ip in marker.iter().filter(|ip| !had.contains(ip)) {
-        let Some(a) = ctx
-            .inventory
-            .addresses_of(*ip)
-            .iter()
-            .filter_map(|n| ctx.world.addresses.get(n))
-            .find(|a| ctx.owns(a))
-        else {
+        let Some(a) = own_address(ctx, *ip) else {
             continue;
         };
         if associated.iter().any(|x| x.name_any() == a.name_any()) {
