@@ -3,12 +3,13 @@
 # service-account tokens, aggregation layer) + kube-controller-manager (garbage collector,
 # namespace controller). No kubelet, no kube-proxy (unless --node): nothing dials a ClusterIP.
 #
-#   cluster.sh up   [DIR] [--watch-pid PID] [--node]
+#   cluster.sh up   [DIR] [--watch-pid PID] [--node | --nodes 2]
 #                                             start (or reuse, if already up) a cluster in DIR;
 #                                             --node (root only): with a real node — kubelet,
 #                                             kube-scheduler, containerd, kube-proxy, pods — all of
 #                                             it inside a network namespace of its own, and a client
-#                                             host on a veth segment to it (deploy/local/node.sh)
+#                                             host on a veth segment to it (deploy/local/node.sh);
+#                                             --nodes 2: a second node beside it, on the same segment
 #   cluster.sh down [DIR]                     stop it and remove DIR
 #   cluster.sh status [DIR]                   exit 0 when it answers /readyz
 #   cluster.sh restart DIR COMPONENT          kill a component (see below) and start it again
@@ -33,7 +34,8 @@
 #                                             (MetalLB L2 answers ARP/NDP) or via the node (routed)
 #
 # A component restarted by `restart` (etcd, kube-apiserver, and with --node kube-proxy,
-# metallb-speaker, metallb-controller, cozy-proxy) runs the same command again and is waited for.
+# metallb-speaker, metallb-controller, cozy-proxy; with --nodes 2 also the second node's
+# kube-proxy-2 and metallb-speaker-2) runs the same command again and is waited for.
 #
 # SERVICE_CIDR (IPv4, default 10.0.0.0/24) sizes the Services' ClusterIP range (the latency
 # bench keeps hundreds of LoadBalancer Services alive at once); AC_ETCD_QUOTA_BYTES
@@ -56,11 +58,14 @@ log() { printf '[cluster] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 cmd="${1:-}"; shift || true
-dir=""; watch_pid=""; component=""; node=""; rest=()
+# NODES: how many nodes (--nodes; DIR/env once the cluster is up), never the caller's.
+dir=""; watch_pid=""; component=""; node=""; rest=(); NODES=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --watch-pid) watch_pid="$2"; shift 2 ;;
     --node) node=1; shift ;;
+    --nodes) node=1; NODES="$2"; shift 2
+      case "$NODES" in 1|2) ;; *) die "--nodes 1 or 2, not '$NODES'" ;; esac ;;
     *) if [ -z "$dir" ]; then dir="$1"; shift; elif [ "$cmd" = exec ] || [ "$cmd" = client ] || [ "$cmd" = route ]; then rest=("$@"); break;
        elif [ -z "$component" ] && [ "${1#-}" = "$1" ]; then component="$1"; shift; else die "unknown argument $1"; fi ;;
   esac
@@ -68,6 +73,7 @@ done
 dir="${dir:-$AC_CACHE/clusters/dev}"
 mkdir -p "$dir"
 dir="$(cd "$dir" && pwd)"
+node_use 1
 
 # netns CMD...: CMD where the cluster's processes are (its network namespace with --node).
 netns() {
@@ -190,9 +196,9 @@ restart() {
   local name="$1"
   case "$name" in
     etcd|kube-apiserver) ;;
-    kube-proxy|metallb-speaker|metallb-controller|cozy-proxy)
+    kube-proxy|kube-proxy-2|metallb-speaker|metallb-speaker-2|metallb-controller|cozy-proxy)
       [ -f "$dir/pids/$name" ] || die "$name does not run in $dir"; restart_with_health "$name"; return ;;
-    *) die "restart: etcd, kube-apiserver, kube-proxy, metallb-speaker, metallb-controller or cozy-proxy, not '$name'" ;;
+    *) die "restart: etcd, kube-apiserver, kube-proxy[-2], metallb-speaker[-2], metallb-controller or cozy-proxy, not '$name'" ;;
   esac
   [ -f "$dir/cmds/$name" ] || die "no recorded command for $name in $dir"
   # shellcheck disable=SC1091
@@ -240,14 +246,16 @@ stop_all() {
 }
 
 up() {
-  local want_node="$node"
+  local want_node="$node" want_nodes="${NODES:-1}"
   if readyz; then
     if [ -n "$want_node" ] && [ -z "${NODE:-}" ]; then die "$dir runs a cluster without a node; cluster.sh down $dir first"; fi
+    if [ -n "$want_node" ] && [ "$want_nodes" != "$(node_count)" ]; then die "$dir runs a cluster with $(node_count) node(s), not $want_nodes; cluster.sh down $dir first"; fi
     log "already up; kubeconfig: $dir/admin.kubeconfig"
     echo "$dir/admin.kubeconfig"
     return 0
   fi
   stop_all
+  NODES="$want_nodes"
   # What the control plane runs (the node's binaries are built by node_preflight; MetalLB's
   # by `cluster.sh metallb`; helm, Prometheus by whoever uses them).
   "$here/build-binaries.sh" etcd kube
@@ -266,7 +274,10 @@ up() {
   # Service's endpoints (there is no kube-proxy).
   local -a kas_mode ns=()
   if [ -n "$node" ]; then
-    node_netns_up
+    local i
+    for i in $(seq 1 "$(node_count)"); do node_use "$i"; node_netns_up; done
+    node_use 1
+    if [ "$(node_count)" -gt 1 ]; then node_routes; fi
     ns=(nsenter --net="/run/netns/$NODE_NETNS" --)
     kas_port=443
     kas_mode=(--bind-address=0.0.0.0 --advertise-address="$NODE_IP"
@@ -292,6 +303,7 @@ HELM=$HELM_BIN/helm
 PROMETHEUS_BIN=$PROMETHEUS_BIN
 METALLB_BIN=$METALLB_BIN
 NODE=$node
+NODES=${node:+$(node_count)}
 NODE_NETNS=${node:+$NODE_NETNS}
 NODE_IP=${node:+$NODE_IP}
 CLIENT_NETNS=${node:+$CLIENT_NETNS}
@@ -421,14 +433,14 @@ metallb() {
   if [ -n "$node" ]; then metallb_speaker; fi
 }
 
-# metallb_pod_object COMPONENT: the Pod object a MetalLB process reads at start (it owns that
-# process's status objects). Never scheduled (a node selector nothing matches): with
-# --node, a kubelet would pull its image.
+# metallb_pod_object COMPONENT [NAME]: the Pod object a MetalLB process reads at start (it
+# owns that process's status objects), named NAME (default COMPONENT). Never scheduled (a
+# node selector nothing matches): with --node, a kubelet would pull its image.
 metallb_pod_object() {
   netns kubectl apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: Pod
-metadata: {name: $1, namespace: metallb-system, labels: {app: metallb, component: $1}}
+metadata: {name: ${2:-$1}, namespace: metallb-system, labels: {app: metallb, component: $1}}
 spec: {nodeSelector: {address-controller.local/metallb-runs-out-of-cluster: "true"},
        containers: [{name: $1, image: "quay.io/metallb/$1:$METALLB_VERSION"}]}
 YAML
@@ -455,32 +467,58 @@ YAML
   log "metallb-controller $METALLB_VERSION ready"
 }
 
-# MetalLB's speaker on the node, as MetalLB's DaemonSet runs it: in the node's network
+# MetalLB's speaker on each node, as MetalLB's DaemonSet runs it: in the node's network
 # namespace (its host network), as the node (--node-name), L2 mode (no BGP peers are ever
-# configured), memberlist disabled — one node, and MetalLB's own rule for a disabled
-# memberlist ("the speaker pods must run on all nodes") holds. It reads its own Pod at start
-# (the owner of its ServiceL2Status objects): the object exists, never scheduled, as the
-# controller's. The interfaces MetalLB's manifests exclude from L2 announcements (its
-# excludel2 ConfigMap, taken from the same module: cni*, veth*, lo, ...) are excluded here
-# too: a private mount namespace shows that file at the path the speaker reads.
+# configured). It reads its own Pod at start (the owner of its ServiceL2Status objects): the
+# object exists, never scheduled, as the controller's.
+# - One node: memberlist disabled, and MetalLB's own rule for a disabled memberlist ("the
+#   speaker pods must run on all nodes") holds.
+# - Two nodes: memberlist on, as MetalLB's manifests run it — bound to the pod's IP (a
+#   hostNetwork pod's IP is its node's: the placeholder Pod's status carries it, which is
+#   where the speakers find each other, listing Pods app=metallb,component=speaker), with a
+#   secret key, so that a speaker that stops is noticed by the other within seconds.
+# The interfaces MetalLB's manifests exclude from L2 announcements (its excludel2 ConfigMap,
+# taken from the same module: cni*, veth*, lo, ...) are excluded here too: a private mount
+# namespace shows that file at the path the speaker reads.
 metallb_speaker() {
-  if [ -f "$dir/pids/metallb-speaker" ] && kill -0 "$(cat "$dir/pids/metallb-speaker")" 2>/dev/null; then
-    log "metallb-speaker already running"; return
-  fi
   [ -f "$METALLB_SPEAKER_BIN/.complete" ] || "$here/build-binaries.sh" wire
-  metallb_pod_object speaker
-  mkdir -p "$dir/metallb"
+  mkdir -p "$dir/metallb/memberlist-key"
   cp "$METALLB_SPEAKER_BIN/excludel2.yaml" "$dir/metallb/excludel2.yaml"
-  local health metrics_port
+  if [ ! -s "$dir/metallb/memberlist-key/secretkey" ]; then
+    head -c 32 /dev/urandom | base64 > "$dir/metallb/memberlist-key/secretkey"
+  fi
+  local i
+  for i in $(seq 1 "$(node_count)"); do
+    node_use "$i"
+    metallb_speaker_one
+  done
+  node_use 1
+}
+
+metallb_speaker_one() {
+  local name="metallb-speaker$N_SFX" pod="speaker$N_SFX"
+  if [ -f "$dir/pids/$name" ] && kill -0 "$(cat "$dir/pids/$name")" 2>/dev/null; then
+    log "$name already running"; return
+  fi
+  metallb_pod_object speaker "$pod"
+  local -a ml=()
+  if [ "$(node_count)" -gt 1 ]; then
+    netns kubectl patch pod -n metallb-system "$pod" --subresource=status --type=merge \
+      -p "{\"status\":{\"hostIP\":\"$N_IP\",\"podIP\":\"$N_IP\",\"podIPs\":[{\"ip\":\"$N_IP\"}]}}" >/dev/null
+    ml=(--ml-bindaddr="$N_IP" --ml-labels=app=metallb,component=speaker
+        --ml-secret-key-path="$dir/metallb/memberlist-key")
+  fi
+  local health metrics_port kubeconfig="$dir/admin.kubeconfig"
+  if [ "$N_INDEX" != 1 ]; then kubeconfig="$N_DIR/admin.kubeconfig"; fi
   { read -r health; read -r metrics_port; } < <(free_ports 2)
-  start metallb-speaker nsenter --net="/run/netns/$NODE_NETNS" -- unshare --mount --propagation slave -- \
+  start "$name" nsenter --net="/run/netns/$N_NETNS" -- unshare --mount --propagation slave -- \
     bash -c 'mkdir -p /etc/metallb && mount --bind "$1" /etc/metallb && shift && exec "$@"' _ "$dir/metallb" \
-    "$METALLB_SPEAKER_BIN/metallb-speaker" --kubeconfig="$dir/admin.kubeconfig" \
-    --namespace=metallb-system --pod-name=speaker --node-name="$NODE_NAME" \
+    "$METALLB_SPEAKER_BIN/metallb-speaker" --kubeconfig="$kubeconfig" \
+    --namespace=metallb-system --pod-name="$pod" --node-name="$N_NAME" "${ml[@]}" \
     --port="$metrics_port" --health-probe-port="$health" --log-level=info
-  echo "http://127.0.0.1:$health/readyz" > "$dir/pids/metallb-speaker.health"
-  wait_health metallb-speaker 30
-  log "metallb-speaker $METALLB_VERSION ready on node $NODE_NAME (L2; announces on $WIRE_NODE_IF)"
+  health_url "$name" "http://127.0.0.1:$health/readyz"
+  wait_health "$name" 30
+  log "$name $METALLB_VERSION ready on node $N_NAME (L2; announces on $WIRE_NODE_IF${ml:+; memberlist at $N_IP})"
 }
 
 # cozy-proxy on the node, as its DaemonSet runs it: in the node's network namespace (its

@@ -18,7 +18,14 @@
 # via-node`, as an upstream router would for the range driver). Nothing outside these two
 # namespaces is dialled.
 #
-# Root only. One node per machine at a time (flock on $NODE_LOCK). containerd and the
+# A second node (`--nodes 2`): the same recipe in a network namespace of its own,
+# $NODE_NETNS-2 (node $NODE_NAME-2 at 10.255.0.2, pods 10.244.1.0/24), its own containerd,
+# kubelet, kube-proxy, mount namespace and cgroup; the control plane stays on the first.
+# The client's end of the wire is then a bridge ($WIRE_CLIENT_IF, the segment's switch)
+# with one veth per node, and the nodes route to each other's address and pods over it.
+# Functions that act on one node act on the node chosen by `node_use I` (the N_* names).
+#
+# Root only. One cluster with nodes per machine at a time (flock on $NODE_LOCK). containerd and the
 # kubelet share a private mount namespace (held by the process node-holder) in which
 #   - the host paths they use whatever their flags say (/var/lib/kubelet, /var/log/pods,
 #     /var/log/containers, /var/lib/cni, /run/containerd, /run/netns) are DIR/node/host/...
@@ -53,6 +60,15 @@ WIRE_NODE_IP=10.255.1.1
 WIRE_CLIENT_IP=10.255.1.2
 WIRE_NODE_IP6=fd00:255:1::1
 WIRE_CLIENT_IP6=fd00:255:1::2
+# The second node's addresses; both nodes' pod ranges are inside the cluster's.
+NODE2_IP=10.255.0.2
+NODE2_IP6=fd00:255::2
+NODE2_POD_CIDR=10.244.1.0/24
+NODE2_POD_CIDR6=fd00:10:244:1::/64
+WIRE_NODE2_IP=10.255.1.3
+WIRE_NODE2_IP6=fd00:255:1::3
+CLUSTER_POD_CIDR=10.244.0.0/16
+CLUSTER_POD_CIDR6=fd00:10:244::/48
 NODE_CNI_BIN=/usr/lib/cni
 # Host paths containerd, the kubelet and CNI use regardless of their flags.
 NODE_HOST_PATHS=(/var/lib/kubelet /var/log/pods /var/log/containers /var/lib/cni /run/containerd /run/netns)
@@ -60,21 +76,40 @@ NODE_HOST_PATHS=(/var/lib/kubelet /var/log/pods /var/log/containers /var/lib/cni
 NODE_SYSCTLS=(vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel/panic_on_oops=1
   kernel/keys/root_maxkeys=1000000 kernel/keys/root_maxbytes=25000000)
 
+# node_use I: node I (1 or 2) is the one the node functions act on — its name, network
+# namespace, addresses, pod ranges, cgroup, directory (N_DIR), the suffix of its components'
+# names in DIR/pids (N_SFX: kubelet, kubelet-2, ...) and its end of the wire.
+node_use() {
+  N_INDEX="$1"
+  case "$1" in
+    1) N_NAME=$NODE_NAME N_NETNS=$NODE_NETNS N_IP=$NODE_IP N_IP6=$NODE_IP6
+       N_POD_CIDR=$NODE_POD_CIDR N_POD_CIDR6=$NODE_POD_CIDR6 N_CGROUP=$NODE_CGROUP
+       N_DIR="$dir/node" N_SFX="" N_WIRE_IP=$WIRE_NODE_IP N_WIRE_IP6=$WIRE_NODE_IP6 ;;
+    2) N_NAME=$NODE_NAME-2 N_NETNS=$NODE_NETNS-2 N_IP=$NODE2_IP N_IP6=$NODE2_IP6
+       N_POD_CIDR=$NODE2_POD_CIDR N_POD_CIDR6=$NODE2_POD_CIDR6 N_CGROUP=$NODE_CGROUP-2
+       N_DIR="$dir/node-2" N_SFX=-2 N_WIRE_IP=$WIRE_NODE2_IP N_WIRE_IP6=$WIRE_NODE2_IP6 ;;
+    *) die "node_use 1|2, not '$1'" ;;
+  esac
+}
+# node_count: how many nodes the cluster in DIR has (NODES in DIR/env; 1 before it exists).
+node_count() { echo "${NODES:-1}"; }
+
 # in_netns CMD...: CMD in the cluster's network namespace.
 in_netns() { nsenter --net="/run/netns/$NODE_NETNS" -- "$@"; }
 # in_client CMD...: CMD on the client host (the wire's other end).
 in_client() { nsenter --net="/run/netns/$CLIENT_NETNS" -- "$@"; }
-# in_node CMD...: CMD in the namespaces of containerd and the kubelet (network + mounts).
-in_node() { nsenter --target "$(cat "$dir/pids/node-holder")" --net --mount -- "$@"; }
+# in_this_node CMD...: CMD in the network namespace of the chosen node (node_use).
+in_this_node() { nsenter --net="/run/netns/$N_NETNS" -- "$@"; }
 
-node_cgroup_dirs() { # every hierarchy's directory of NODE_CGROUP
+node_cgroup_dirs() { # every hierarchy's directory of the chosen node's cgroup
   local h
   for h in /sys/fs/cgroup/*/; do
-    if [ -e "$h/cgroup.procs" ]; then echo "${h%/}/$NODE_CGROUP"; fi
+    if [ -e "$h/cgroup.procs" ]; then echo "${h%/}/$N_CGROUP"; fi
   done
 }
 
-# Kills what still runs under NODE_CGROUP and removes its directories, deepest first.
+# Kills what still runs under the chosen node's cgroup and removes its directories,
+# deepest first.
 node_cgroups_remove() {
   local d pid tries
   for tries in 1 2 3 4 5 6 7 8 9 10; do
@@ -131,42 +166,80 @@ node_preflight() {
     die "another local node is running ($(cat "$NODE_LOCK" 2>/dev/null)); stop it first: deploy/local/cluster.sh down DIR"
   fi
   echo "$dir" > "$NODE_LOCK"
-  # Leftovers of a node that was killed without `down`: its namespace and cgroups.
-  if [ -e "/run/netns/$NODE_NETNS" ]; then
-    log "removing a stale network namespace $NODE_NETNS (a previous node not stopped)"
-    node_cgroups_remove
-    ip netns pids "$NODE_NETNS" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
-    ip netns delete "$NODE_NETNS" || die "cannot delete the stale network namespace $NODE_NETNS"
-  fi
+  # Leftovers of nodes that were killed without `down`: their namespaces and cgroups.
+  local i
+  for i in 2 1; do
+    node_use "$i"
+    if [ -e "/run/netns/$N_NETNS" ]; then
+      log "removing a stale network namespace $N_NETNS (a previous node not stopped)"
+      node_cgroups_remove
+      ip netns pids "$N_NETNS" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+      ip netns delete "$N_NETNS" || die "cannot delete the stale network namespace $N_NETNS"
+    fi
+  done
+  node_use 1
   if [ -e "/run/netns/$CLIENT_NETNS" ]; then
     ip netns pids "$CLIENT_NETNS" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
     ip netns delete "$CLIENT_NETNS" || die "cannot delete the stale network namespace $CLIENT_NETNS"
   fi
 }
 
+# node_netns_up: the chosen node's network namespace: its addresses on loopback (the
+# first also carries the `kubernetes` Service's ClusterIP), forwarding, its end of the wire.
 node_netns_up() {
   if [ ! -d /run/netns ]; then touch "$dir/created-run-netns"; fi
-  ip netns add "$NODE_NETNS"
-  in_netns ip link set lo up
-  in_netns ip addr add "$NODE_IP/32" dev lo
-  in_netns ip addr add "$NODE_IP6/128" dev lo nodad
-  in_netns ip addr add 10.0.0.1/32 dev lo
+  ip netns add "$N_NETNS"
+  in_this_node ip link set lo up
+  in_this_node ip addr add "$N_IP/32" dev lo
+  in_this_node ip addr add "$N_IP6/128" dev lo nodad
+  if [ "$N_INDEX" = 1 ]; then in_this_node ip addr add 10.0.0.1/32 dev lo; fi
   # The node forwards what arrives on the wire to its pods (kube-proxy's DNAT), per namespace.
-  in_netns sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1
-  wire_up
+  in_this_node sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1
+  if [ "$N_INDEX" = 1 ]; then wire_up; fi
+  wire_join
 }
 
-# The client host and its veth pair to the node (both ends named, both namespaces ours).
+# The client host and the segment's switch: a bridge on the client's side (named
+# $WIRE_CLIENT_IF, holding the client's addresses) that every node's veth joins. Multicast
+# snooping off: a switch without an MLD querier must not learn NDP's groups away.
 wire_up() {
   ip netns add "$CLIENT_NETNS"
   in_client ip link set lo up
-  ip link add "$WIRE_CLIENT_IF" netns "$CLIENT_NETNS" type veth peer name "$WIRE_NODE_IF" netns "$NODE_NETNS"
-  in_netns ip addr add "$WIRE_NODE_IP/24" dev "$WIRE_NODE_IF"
-  in_netns ip addr add "$WIRE_NODE_IP6/64" dev "$WIRE_NODE_IF" nodad
-  in_netns ip link set "$WIRE_NODE_IF" up
+  in_client ip link add "$WIRE_CLIENT_IF" type bridge mcast_snooping 0
   in_client ip addr add "$WIRE_CLIENT_IP/24" dev "$WIRE_CLIENT_IF"
   in_client ip addr add "$WIRE_CLIENT_IP6/64" dev "$WIRE_CLIENT_IF" nodad
   in_client ip link set "$WIRE_CLIENT_IF" up
+}
+
+# wire_join: the chosen node's veth pair, its end ($WIRE_NODE_IF) in the node's namespace,
+# the other a port of the client's bridge.
+wire_join() {
+  local port="acw-port$N_INDEX"
+  ip link add "$port" netns "$CLIENT_NETNS" type veth peer name "$WIRE_NODE_IF" netns "$N_NETNS"
+  in_this_node ip addr add "$N_WIRE_IP/24" dev "$WIRE_NODE_IF"
+  in_this_node ip addr add "$N_WIRE_IP6/64" dev "$WIRE_NODE_IF" nodad
+  in_this_node ip link set "$WIRE_NODE_IF" up
+  in_client ip link set "$port" master "$WIRE_CLIENT_IF"
+  in_client ip link set "$port" up
+}
+
+# node_routes: each node reaches the other's address and pods over the wire, the second
+# also the Services' ClusterIP ranges (a route for the first lookup of a host-network
+# connection; kube-proxy's DNAT sends it on to the endpoint).
+node_routes() {
+  node_use 1
+  in_this_node ip route replace "$NODE2_IP/32" via "$WIRE_NODE2_IP" dev "$WIRE_NODE_IF"
+  in_this_node ip route replace "$NODE2_POD_CIDR" via "$WIRE_NODE2_IP" dev "$WIRE_NODE_IF"
+  in_this_node ip -6 route replace "$NODE2_IP6/128" via "$WIRE_NODE2_IP6" dev "$WIRE_NODE_IF"
+  in_this_node ip -6 route replace "$NODE2_POD_CIDR6" via "$WIRE_NODE2_IP6" dev "$WIRE_NODE_IF"
+  node_use 2
+  in_this_node ip route replace "$NODE_IP/32" via "$WIRE_NODE_IP" dev "$WIRE_NODE_IF"
+  in_this_node ip route replace "$NODE_POD_CIDR" via "$WIRE_NODE_IP" dev "$WIRE_NODE_IF"
+  in_this_node ip route replace "${SERVICE_CIDR:-10.0.0.0/24}" via "$WIRE_NODE_IP" dev "$WIRE_NODE_IF"
+  in_this_node ip -6 route replace "$NODE_IP6/128" via "$WIRE_NODE_IP6" dev "$WIRE_NODE_IF"
+  in_this_node ip -6 route replace "$NODE_POD_CIDR6" via "$WIRE_NODE_IP6" dev "$WIRE_NODE_IF"
+  in_this_node ip -6 route replace fd00:10:96::/112 via "$WIRE_NODE_IP6" dev "$WIRE_NODE_IF"
+  node_use 1
 }
 
 # wire_route CIDR on-link|via-node: how the client host reaches CIDR — on the segment
@@ -191,11 +264,16 @@ node_pki() {
   local client_ext='basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth'
-  cert kubelet-client ca "/O=system:nodes/CN=system:node:$NODE_NAME" "$client_ext"
-  cert kubelet ca "/CN=$NODE_NAME" "basicConstraints=critical,CA:FALSE
+  local i
+  for i in $(seq 1 "$(node_count)"); do
+    node_use "$i"
+    cert "kubelet-client$N_SFX" ca "/O=system:nodes/CN=system:node:$N_NAME" "$client_ext"
+    cert "kubelet$N_SFX" ca "/CN=$N_NAME" "basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=IP:$NODE_IP,IP:$NODE_IP6,DNS:$NODE_NAME"
+subjectAltName=IP:$N_IP,IP:$N_IP6,DNS:$N_NAME"
+  done
+  node_use 1
   cert apiserver-kubelet-client ca "/CN=kube-apiserver-kubelet-client" "$client_ext"
   # kube-proxy's identity: the user the built-in binding system:node-proxier names.
   cert kube-proxy ca "/CN=system:kube-proxy" "$client_ext"
@@ -203,14 +281,16 @@ subjectAltName=IP:$NODE_IP,IP:$NODE_IP6,DNS:$NODE_NAME"
 
 node_images() {
   local nd="$dir/node"
+  mkdir -p "$nd"
   gcc -static -Os -s -o "$nd/pause" "$here/node/pause.c"
   python3 "$here/node/oci-archive.py" "$nd/pause" /pause "$NODE_PAUSE_IMAGE" "$nd/pause.oci.tar"
   gcc -static -Os -s -o "$nd/hello" "$here/node/hello.c"
   python3 "$here/node/oci-archive.py" "$nd/hello" /hello "$NODE_HELLO_IMAGE" "$nd/hello.oci.tar"
 }
 
+# The chosen node's configuration files, in N_DIR.
 node_write_configs() {
-  local nd="$dir/node"
+  local nd="$N_DIR"
   mkdir -p "$nd/containerd" "$nd/cni/net.d" "$nd/cni/ipam" "$nd/kubelet" "$nd/volume-plugins" "$nd/sysctl"
   cat > "$nd/containerd.toml" <<TOML
 version = 2
@@ -254,7 +334,7 @@ TOML
   "plugins": [
     {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
      "ipam": {"type": "host-local", "dataDir": "$nd/cni/ipam",
-              "ranges": [[{"subnet": "$NODE_POD_CIDR"}], [{"subnet": "$NODE_POD_CIDR6"}]],
+              "ranges": [[{"subnet": "$N_POD_CIDR"}], [{"subnet": "$N_POD_CIDR6"}]],
               "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]}},
     {"type": "loopback"}
   ]
@@ -268,15 +348,15 @@ kind: KubeletConfiguration
 # This machine kind: cgroup v1 hierarchies, no systemd.
 failCgroupV1: false
 cgroupDriver: cgroupfs
-cgroupRoot: /$NODE_CGROUP
+cgroupRoot: /$N_CGROUP
 containerRuntimeEndpoint: unix://$nd/containerd/containerd.sock
-address: $NODE_IP
+address: $N_IP
 port: 10250
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
 healthzPort: 10248
-tlsCertFile: $dir/pki/kubelet.crt
-tlsPrivateKeyFile: $dir/pki/kubelet.key
+tlsCertFile: $dir/pki/kubelet$N_SFX.crt
+tlsPrivateKeyFile: $dir/pki/kubelet$N_SFX.key
 authentication:
   anonymous: {enabled: false}
   webhook: {enabled: true}
@@ -300,8 +380,11 @@ nodeStatusUpdateFrequency: 5s
 syncFrequency: 10s
 serializeImagePulls: false
 YAML
-  node_kubeconfig "$nd/kubelet.kubeconfig" kubelet-client
+  node_kubeconfig "$nd/kubelet.kubeconfig" "kubelet-client$N_SFX"
   node_kubeconfig "$nd/kube-proxy.kubeconfig" kube-proxy
+  # The admin's, for what runs on this node on the admin's credentials (MetalLB's speaker):
+  # kube-apiserver's loopback is the first node's only.
+  node_kubeconfig "$nd/admin.kubeconfig" admin
   # iptables mode: kube-proxy's default on Linux and what the platform runs; the iptables
   # binaries are on every Debian machine (nftables mode would need the nft tool and a
   # newer kernel feature set than some hosts give). The conntrack limits and timeouts are
@@ -311,8 +394,8 @@ apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: $nd/kube-proxy.kubeconfig}
 mode: iptables
-hostnameOverride: $NODE_NAME
-clusterCIDR: $NODE_POD_CIDR,$NODE_POD_CIDR6
+hostnameOverride: $N_NAME
+clusterCIDR: $CLUSTER_POD_CIDR,$CLUSTER_POD_CIDR6
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s, udpTimeout: 0s, udpStreamTimeout: 0s}
@@ -342,33 +425,82 @@ current-context: local
 KCFG
 }
 
-# kube-proxy in the node's network namespace (its host network), as a DaemonSet's
+# kube-proxy in the chosen node's network namespace (its host network), as a DaemonSet's
 # hostNetwork pod runs it; ready when its healthz answers.
 node_kube_proxy() {
-  log "kube-proxy $KUBE_VERSION (iptables mode)"
-  start kube-proxy nsenter --net="/run/netns/$NODE_NETNS" -- "$KUBE_PROXY_BIN/kube-proxy" \
-    --config="$dir/node/kube-proxy.yaml" --v=1
-  echo "http://127.0.0.1:10256/healthz" > "$dir/pids/kube-proxy.health"
-  wait_health kube-proxy 60
+  log "kube-proxy $KUBE_VERSION (iptables mode) on $N_NAME"
+  start "kube-proxy$N_SFX" nsenter --net="/run/netns/$N_NETNS" -- "$KUBE_PROXY_BIN/kube-proxy" \
+    --config="$N_DIR/kube-proxy.yaml" --v=1
+  health_url "kube-proxy$N_SFX" "http://127.0.0.1:10256/healthz"
+  wait_health "kube-proxy$N_SFX" 60
+}
+
+# health_url NAME URL: where the component's health answers — inside the chosen node's
+# network namespace (the cluster's, for node 1).
+health_url() {
+  echo "$2" > "$dir/pids/$1.health"
+  echo "$N_NETNS" > "$dir/pids/$1.netns"
 }
 
 # wait_health NAME SECONDS: until the component's health URL (DIR/pids/NAME.health, inside
-# the cluster's namespace) answers 2xx; fails when the process exits first.
+# the cluster's namespace or the one DIR/pids/NAME.netns names) answers 2xx; fails when the
+# process exits first.
 wait_health() {
   local name="$1" url deadline=$(( $(date +%s) + $2 ))
+  local -a in=(netns)
   url="$(cat "$dir/pids/$name.health")"
-  until netns curl -fs --max-time 2 "$url" >/dev/null 2>&1; do
+  if [ -f "$dir/pids/$name.netns" ]; then in=(nsenter --net="/run/netns/$(cat "$dir/pids/$name.netns")" --); fi
+  until "${in[@]}" curl -fs --max-time 2 "$url" >/dev/null 2>&1; do
     kill -0 "$(cat "$dir/pids/$name")" 2>/dev/null || { tail -20 "$dir/logs/$name.log" >&2; die "$name exited; log: $dir/logs/$name.log"; }
     [ "$(date +%s)" -lt "$deadline" ] || die "$name not healthy after $2s; log: $dir/logs/$name.log"
     sleep 0.2
   done
 }
 
+# node_start: the nodes, the first with the scheduler and the grants of the control plane.
 node_start() {
-  local nd="$dir/node" p
+  node_images
+  # kube-apiserver's calls to the kubelet (logs, exec, port-forward) as kubeadm grants them.
+  KUBECONFIG="$dir/admin.kubeconfig" in_netns kubectl create clusterrolebinding kube-apiserver-kubelet-client \
+    --clusterrole=system:kubelet-api-admin --user=kube-apiserver-kubelet-client >/dev/null
+  log "kube-scheduler $KUBE_VERSION"
+  start kube-scheduler nsenter --net="/run/netns/$NODE_NETNS" -- "$NODE_BIN/kube-scheduler" \
+    --kubeconfig="$dir/admin.kubeconfig" \
+    --authentication-kubeconfig="$dir/admin.kubeconfig" --authorization-kubeconfig="$dir/admin.kubeconfig" \
+    --leader-elect=false --bind-address=127.0.0.1 --secure-port=10259
+  if [ "$(node_count)" -gt 1 ]; then node_kubernetes_endpoint; fi
+  local i
+  for i in $(seq 1 "$(node_count)"); do
+    node_use "$i"
+    node_start_one || return 1
+  done
+  node_use 1
+}
+
+# The `kubernetes` Service's endpoint, kube-apiserver at the first node's address. Its own
+# reconciler is off (--endpoint-reconciler-type=none: without a node it would publish a
+# loopback address). The first node has the ClusterIP on its loopback; the second reaches
+# it through its kube-proxy, which needs this EndpointSlice.
+node_kubernetes_endpoint() {
+  KUBECONFIG="$dir/admin.kubeconfig" in_netns kubectl apply -f - >/dev/null <<YAML
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: kubernetes
+  namespace: default
+  labels: {kubernetes.io/service-name: kubernetes}
+addressType: IPv4
+endpoints: [{addresses: ["$NODE_IP"], conditions: {ready: true}}]
+ports: [{name: https, port: 443, protocol: TCP}]
+YAML
+}
+
+# node_start_one: the chosen node — containerd, the kubelet until the node is Ready and
+# untainted, kube-proxy.
+node_start_one() {
+  local nd="$N_DIR" p
   mkdir -p "$nd"
   node_write_configs
-  node_images
   # Mount points of the host paths: created if missing, recorded, removed by `down`.
   : > "$nd/created-host-paths"
   for p in "${NODE_HOST_PATHS[@]}"; do
@@ -392,72 +524,78 @@ node_start() {
   done
   setup+="; touch '$nd/holder-ready'; exec sleep infinity"
   rm -f "$nd/holder-ready"
-  start node-holder nsenter --net="/run/netns/$NODE_NETNS" -- unshare --mount --propagation slave -- bash -c "$setup"
+  start "node-holder$N_SFX" nsenter --net="/run/netns/$N_NETNS" -- unshare --mount --propagation slave -- bash -c "$setup"
   for _ in $(seq 1 50); do if [ -f "$nd/holder-ready" ]; then break; fi; sleep 0.1; done
-  [ -f "$nd/holder-ready" ] || die "the node's mount namespace did not come up; log: $dir/logs/node-holder.log"
+  [ -f "$nd/holder-ready" ] || die "the mount namespace of $N_NAME did not come up; log: $dir/logs/node-holder$N_SFX.log"
+  local holder
+  holder="$(cat "$dir/pids/node-holder$N_SFX")"
 
-  log "containerd $(containerd --version | awk '{print $3}') (own config, state in $nd/containerd)"
-  start containerd nsenter --target "$(cat "$dir/pids/node-holder")" --net --mount -- containerd --config "$nd/containerd.toml"
+  log "containerd $(containerd --version | awk '{print $3}') on $N_NAME (own config, state in $nd/containerd)"
+  start "containerd$N_SFX" nsenter --target "$holder" --net --mount -- containerd --config "$nd/containerd.toml"
   local sock="$nd/containerd/containerd.sock"
   for _ in $(seq 1 100); do if ctr --address "$sock" version >/dev/null 2>&1; then break; fi; sleep 0.1; done
-  ctr --address "$sock" version >/dev/null 2>&1 || die "containerd did not start; log: $dir/logs/containerd.log"
-  ctr --address "$sock" -n k8s.io images import "$nd/pause.oci.tar" >/dev/null
-  ctr --address "$sock" -n k8s.io images import "$nd/hello.oci.tar" >/dev/null
+  ctr --address "$sock" version >/dev/null 2>&1 || die "containerd did not start; log: $dir/logs/containerd$N_SFX.log"
+  ctr --address "$sock" -n k8s.io images import "$dir/node/pause.oci.tar" >/dev/null
+  ctr --address "$sock" -n k8s.io images import "$dir/node/hello.oci.tar" >/dev/null
 
-  # kube-apiserver's calls to the kubelet (logs, exec, port-forward) as kubeadm grants them.
-  KUBECONFIG="$dir/admin.kubeconfig" in_netns kubectl create clusterrolebinding kube-apiserver-kubelet-client \
-    --clusterrole=system:kubelet-api-admin --user=kube-apiserver-kubelet-client >/dev/null
-
-  log "kube-scheduler $KUBE_VERSION"
-  start kube-scheduler nsenter --net="/run/netns/$NODE_NETNS" -- "$NODE_BIN/kube-scheduler" \
-    --kubeconfig="$dir/admin.kubeconfig" \
-    --authentication-kubeconfig="$dir/admin.kubeconfig" --authorization-kubeconfig="$dir/admin.kubeconfig" \
-    --leader-elect=false --bind-address=127.0.0.1 --secure-port=10259
-
-  log "kubelet $KUBE_VERSION: node $NODE_NAME at $NODE_IP"
-  start kubelet nsenter --target "$(cat "$dir/pids/node-holder")" --net --mount -- "$NODE_BIN/kubelet" \
+  log "kubelet $KUBE_VERSION: node $N_NAME at $N_IP"
+  start "kubelet$N_SFX" nsenter --target "$holder" --net --mount -- "$NODE_BIN/kubelet" \
     --config="$nd/kubelet.yaml" --kubeconfig="$nd/kubelet.kubeconfig" \
     --root-dir=/var/lib/kubelet --cert-dir="$nd/kubelet-pki" \
-    --hostname-override="$NODE_NAME" --node-ip="$NODE_IP,$NODE_IP6" \
+    --hostname-override="$N_NAME" --node-ip="$N_IP,$N_IP6" \
     --volume-plugin-dir="$nd/volume-plugins" --v=1
   local deadline=$(( $(date +%s) + 120 ))
-  until [ "$(KUBECONFIG="$dir/admin.kubeconfig" in_netns kubectl get node "$NODE_NAME" \
+  until [ "$(KUBECONFIG="$dir/admin.kubeconfig" in_netns kubectl get node "$N_NAME" \
              -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]; do
-    for p in containerd kubelet kube-scheduler; do
+    for p in "containerd$N_SFX" "kubelet$N_SFX" kube-scheduler; do
       kill -0 "$(cat "$dir/pids/$p")" 2>/dev/null || { tail -20 "$dir/logs/$p.log" >&2; die "$p exited; log: $dir/logs/$p.log"; }
     done
-    [ "$(date +%s)" -lt "$deadline" ] || die "node $NODE_NAME not Ready after 120s; logs: $dir/logs/kubelet.log"
+    [ "$(date +%s)" -lt "$deadline" ] || die "node $N_NAME not Ready after 120s; logs: $dir/logs/kubelet$N_SFX.log"
     sleep 0.5
   done
   # Taints the node-lifecycle controller removes once it sees the node Ready.
-  until [ -z "$(KUBECONFIG="$dir/admin.kubeconfig" in_netns kubectl get node "$NODE_NAME" -o jsonpath='{.spec.taints}' 2>/dev/null)" ]; do
-    [ "$(date +%s)" -lt "$deadline" ] || die "node $NODE_NAME keeps its taints; log: $dir/logs/kube-controller-manager.log"
+  until [ -z "$(KUBECONFIG="$dir/admin.kubeconfig" in_netns kubectl get node "$N_NAME" -o jsonpath='{.spec.taints}' 2>/dev/null)" ]; do
+    [ "$(date +%s)" -lt "$deadline" ] || die "node $N_NAME keeps its taints; log: $dir/logs/kube-controller-manager.log"
     sleep 0.5
   done
-  log "node $NODE_NAME Ready"
+  log "node $N_NAME Ready"
   node_kube_proxy
 }
 
-# node_import ARCHIVE: an OCI archive into the node's containerd (namespace k8s.io), under
+# node_import ARCHIVE: an OCI archive into every node's containerd (namespace k8s.io), under
 # the name its index gives (io.containerd.image.name).
 node_import() {
   [ -f "$1" ] || die "no image archive $1"
-  ctr --address "$dir/node/containerd/containerd.sock" -n k8s.io images import "$1"
+  local i
+  for i in $(seq 1 "$(node_count)"); do
+    node_use "$i"
+    ctr --address "$N_DIR/containerd/containerd.sock" -n k8s.io images import "$1"
+  done
+  node_use 1
 }
 
-# Stops the node and removes everything it made outside DIR.
+# Stops the nodes and removes everything they made outside DIR.
 node_down() {
   [ -d "$dir/node" ] || [ -f "$dir/pids/node-holder" ] || return 0
-  local nd="$dir/node" p
-  stop_one metallb-speaker
-  stop_one kube-proxy
-  stop_one kubelet
+  local i
+  for i in 2 1; do
+    node_use "$i"
+    node_down_one
+  done
+  node_use 1
   stop_one kube-scheduler
+}
+
+node_down_one() {
+  local nd="$N_DIR" p
+  stop_one "metallb-speaker$N_SFX"
+  stop_one "kube-proxy$N_SFX"
+  stop_one "kubelet$N_SFX"
   # The pods' processes, then the shims containerd started for them, then containerd.
   node_cgroups_remove
   pkill -KILL -f -- "containerd-shim-runc-v2 .*-address $nd/containerd/containerd.sock" 2>/dev/null || true
-  stop_one containerd
-  stop_one node-holder
+  stop_one "containerd$N_SFX"
+  stop_one "node-holder$N_SFX"
   node_cgroups_remove
   if [ -f "$nd/created-host-paths" ]; then
     # Only empty directories: nothing of the node was ever written to the host's side.
@@ -473,8 +611,12 @@ node_down() {
 node_netns_down() {
   [ -e "/run/netns/$NODE_NETNS" ] || return 0
   [ "$(cat "$NODE_LOCK" 2>/dev/null)" = "$dir" ] || return 0
-  ip netns pids "$NODE_NETNS" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
-  ip netns delete "$NODE_NETNS" 2>/dev/null || true
+  local ns
+  for ns in "$NODE_NETNS-2" "$NODE_NETNS"; do
+    [ -e "/run/netns/$ns" ] || continue
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+    ip netns delete "$ns" 2>/dev/null || true
+  done
   ip netns pids "$CLIENT_NETNS" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
   ip netns delete "$CLIENT_NETNS" 2>/dev/null || true
   # `ip netns add` made /run/netns (a mount point of its own) if there was none.

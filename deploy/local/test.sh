@@ -56,7 +56,7 @@ fi
 
 step "cargo test (unit + integration; the node tier too when root)"
 if [ "$(id -u)" = 0 ]; then
-  printf 'the node tier (tests/tests/node.rs, tests/tests/wire.rs) runs: a real kubelet node, in the network namespace address-controller-node\n'
+  printf 'the node tier (tests/tests/node.rs, wire.rs, nodes.rs) runs: real kubelet nodes (one, then two), in the network namespaces address-controller-node[-2]\n'
 else
   printf 'the node tier is skipped: it needs root (its tests are reported ignored, counted as skipped below)\n'
 fi
