@@ -74,10 +74,10 @@ chaos: ## The chaos suite on a fresh local control plane: churn, leader kills, k
 	$(CARGO) run --quiet -p address-controller-tests --bin chaos -- --duration $(or $(CHAOS_DURATION),10m) --driver $(or $(CHAOS_DRIVER),range)
 
 .PHONY: chaos-wire
-chaos-wire: ## The wire under day-two churn on the node tier (root): addresses probed from the client host while leaders die, kube-apiserver, the speaker and kube-proxy restart, the chart upgrades and pods roll — a table of failed probes per event (AC_WIRE_CHURN_ROUNDS, default 5)
+chaos-wire: ## The wire under day-two churn on two nodes (root): addresses probed from the client host while leaders die, kube-apiserver, the speakers and kube-proxies restart, the chart upgrades, pods roll and each node is drained — a table of failed probes per event (AC_WIRE_CHURN_ROUNDS, default 5)
 	@deploy/local/build-binaries.sh
 	$(CARGO) build --bins --quiet
-	AC_WIRE_CHURN_ROUNDS=$(or $(AC_WIRE_CHURN_ROUNDS),5) $(CARGO) test -q -p address-controller-tests --test wire -- --exact the_wire_under_day_two_churn --nocapture
+	AC_WIRE_CHURN_ROUNDS=$(or $(AC_WIRE_CHURN_ROUNDS),5) $(CARGO) test -q -p address-controller-tests --test nodes -- --exact the_wire_under_day_two_churn --nocapture
 
 .PHONY: invariants
 invariants: ## Check the ledger's invariants on the cluster in $KUBECONFIG (prints the table)

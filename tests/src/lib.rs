@@ -1050,6 +1050,7 @@ pub mod image;
 pub mod metallb;
 pub mod node;
 pub mod wire;
+pub mod wire_churn;
 
 /// Fields `line_fields` of `/proc/<pid>/stat` (numbered as in proc(5), from 1), as clock
 /// ticks — USER_HZ, 100 on Linux, so 10 ms each.

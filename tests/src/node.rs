@@ -45,7 +45,23 @@ pub struct Node {
     pub image: String,
 }
 
+/// The nodes' names and network namespaces (`cluster.sh up --nodes 2` makes the second).
+pub const NODE_NAMES: [&str; 2] = ["address-controller-node", "address-controller-node-2"];
+pub const NETNS_OF: [&str; 2] = [NETNS, "address-controller-node-2"];
+
 static NODE: OnceLock<std::result::Result<Node, String>> = OnceLock::new();
+static NODE_COUNT: OnceLock<u8> = OnceLock::new();
+
+/// How many nodes this process's cluster has: 1, unless its `main` was [`main_on_nodes`].
+pub fn node_count() -> u8 {
+    NODE_COUNT.get().copied().unwrap_or(1)
+}
+
+/// [`main`] for a test file whose cluster has NODES nodes (`cluster.sh up --nodes`).
+pub fn main_on_nodes(nodes: u8, tests: Vec<(&'static str, fn())>) {
+    let _ = NODE_COUNT.set(nodes);
+    main(tests, vec![]);
+}
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Why the node tier cannot run here, if it cannot.
@@ -221,14 +237,15 @@ impl Node {
                 let out = Command::new(script)
                     .arg("up")
                     .arg(dir)
-                    .arg("--node")
+                    .args(["--nodes", &node_count().to_string()])
                     .args(["--watch-pid", &std::process::id().to_string()])
                     .output()
-                    .context("cluster.sh up --node")?;
+                    .context("cluster.sh up --nodes")?;
                 if !out.status.success() {
                     bail!(
-                        "cluster.sh up {} --node: {}",
+                        "cluster.sh up {} --nodes {}: {}",
                         dir.display(),
+                        node_count(),
                         String::from_utf8_lossy(&out.stderr)
                     );
                 }

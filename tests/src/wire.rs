@@ -14,11 +14,18 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use address_controller_api::IPAddressClaim;
 use anyhow::{Result, bail};
+use kube::Client;
+use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
-use crate::node::{Node, values};
-use crate::repo_root;
+use crate::invariants::{Scope, assert_invariants};
+use crate::node::{self, Node, replicas, values};
+use crate::{Cleanup, TestNamespace, random_suffix, repo_root, wait_for};
+
+/// How long a wire test waits for a claim to bind.
+const WAIT: Duration = Duration::from_secs(60);
 
 /// The client host's network namespace.
 pub const CLIENT_NETNS: &str = "address-controller-client";
@@ -125,12 +132,18 @@ pub fn restart(node: &Node, component: &str) {
 
 /// Stops a component of the node for good (a mutation check: what the wire does without it).
 pub fn kill(node: &Node, component: &str) {
+    kill_with(node, component, "TERM");
+}
+
+/// Sends SIGNAL to a component's process group: `KILL` is a node lost at once, with no
+/// goodbye to anyone (the component's own shutdown never runs).
+pub fn kill_with(node: &Node, component: &str, signal: &str) {
     let pid = std::fs::read_to_string(node.cluster.dir.join(format!("pids/{component}")))
         .unwrap()
         .trim()
         .to_string();
     let _ = Command::new("kill")
-        .args(["-TERM", "--", &format!("-{pid}")])
+        .args([&format!("-{signal}"), "--", &format!("-{pid}")])
         .status();
 }
 
@@ -163,8 +176,14 @@ pub fn client_flush_neighbours() {
 /// The MAC address of the node's side of the segment (the caller is in the node's
 /// network namespace, as every node test is).
 pub fn node_mac() -> String {
-    let out = Command::new("ip")
-        .args(["-j", "link", "show", NODE_IF])
+    node_mac_of(crate::node::NETNS)
+}
+
+/// The MAC address of the segment's side of the node whose network namespace is NETNS.
+pub fn node_mac_of(netns: &str) -> String {
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{netns}"))
+        .args(["--", "ip", "-j", "link", "show", NODE_IF])
         .output()
         .unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -185,6 +204,26 @@ pub fn workload_with(
     replicas: u32,
     container: Value,
 ) -> Result<Vec<String>> {
+    workload_spec(node, ns, name, replicas, container, json!({}))
+}
+
+/// [`workload`] on as many nodes as it has replicas: one pod per node (a required
+/// anti-affinity on the node's hostname).
+pub fn workload_spread(node: &Node, ns: &str, name: &str, replicas: u32) -> Result<Vec<String>> {
+    let anti = json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": name}}, "topologyKey": "kubernetes.io/hostname"}]}}});
+    workload_spec(node, ns, name, replicas, json!({}), anti)
+}
+
+/// [`workload`] whose container has the fields of CONTAINER and whose pod spec those of POD.
+fn workload_spec(
+    node: &Node,
+    ns: &str,
+    name: &str,
+    replicas: u32,
+    container: Value,
+    pod: Value,
+) -> Result<Vec<String>> {
     let mut hello = json!({"name": "hello", "image": HELLO_IMAGE, "imagePullPolicy": "Never",
         "ports": [{"containerPort": 8080, "name": "http"}],
         "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
@@ -193,15 +232,19 @@ pub fn workload_with(
     if let (Some(h), Some(extra)) = (hello.as_object_mut(), container.as_object()) {
         h.extend(extra.clone());
     }
+    let mut spec = json!({
+        "automountServiceAccountToken": false,
+        "securityContext": {"runAsNonRoot": true, "runAsUser": 65535,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [hello]});
+    if let (Some(s), Some(extra)) = (spec.as_object_mut(), pod.as_object()) {
+        s.extend(extra.clone());
+    }
     let d = json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "namespace": ns},
         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-          "template": {"metadata": {"labels": {"app": name}}, "spec": {
-            "automountServiceAccountToken": false,
-            "securityContext": {"runAsNonRoot": true, "runAsUser": 65535,
-                                "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [hello]}}}
+          "template": {"metadata": {"labels": {"app": name}}, "spec": spec}}
     });
     apply(node, &d)?;
     wait_ready_pods(node, ns, name, replicas)
@@ -639,4 +682,171 @@ pub fn writes_over(node: &Node, ns: &str, name: &str, window: Duration) -> Resul
         .lines()
         .count()
         .saturating_sub(1))
+}
+
+/// Which driver carries the class, and how the client host reaches its addresses.
+#[derive(Clone, Copy)]
+pub enum Driver {
+    /// MetalLB's pool; the addresses are on the segment, the speaker answers ARP.
+    MetalLb,
+    /// The range driver's CIDR, routed to the node by the client host (the upstream router).
+    Range,
+}
+
+impl Driver {
+    pub fn provisioner(self) -> &'static str {
+        match self {
+            Driver::MetalLb => "metallb.drivers.local.sdn.cozystack.io",
+            Driver::Range => "range.drivers.local.sdn.cozystack.io",
+        }
+    }
+    pub fn parameters(self, cidrs: &[&str]) -> Value {
+        match self {
+            Driver::MetalLb => json!({"addresses": cidrs}),
+            Driver::Range => json!({"cidrs": cidrs}),
+        }
+    }
+    /// The Services' `spec` fields the driver needs (the range driver's load-balancer class).
+    pub fn spec(self) -> Value {
+        match self {
+            Driver::MetalLb => json!({}),
+            Driver::Range => json!({"loadBalancerClass": RANGE_LB_CLASS}),
+        }
+    }
+    pub fn route(self) -> &'static str {
+        match self {
+            Driver::MetalLb => "on-link",
+            Driver::Range => "via-node",
+        }
+    }
+}
+
+/// One test's world: a tenant, a stranger, a class of DRIVER over CIDRS reached by the
+/// client host as the driver needs.
+pub struct World {
+    pub client: Client,
+    pub tenant: TestNamespace,
+    pub stranger: TestNamespace,
+    pub class: String,
+    pub cidrs: Vec<String>,
+    _cleanup: Cleanup,
+}
+
+impl World {
+    pub async fn new(node: &Node, driver: Driver, cidrs: &[&str]) -> World {
+        ready(node);
+        let client = node.cluster.client().await.unwrap();
+        let tenant = TestNamespace::create(&client, "wire-tenant").await.unwrap();
+        let stranger = TestNamespace::create(&client, "wire-stranger")
+            .await
+            .unwrap();
+        let class = format!("wire-{}", random_suffix());
+        apply(
+            node,
+            &json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddressClass",
+                "metadata": {"name": class},
+                "spec": {"provisioner": driver.provisioner(), "reclaimPolicy": "Retain",
+                         "releaseDelay": "24h", "parameters": driver.parameters(cidrs)}}),
+        )
+        .unwrap();
+        let mut cleanup = Cleanup::default();
+        cleanup.add("ipaddressclasses.local.sdn.cozystack.io", &class);
+        for cidr in cidrs {
+            route(node, cidr, driver.route());
+        }
+        World {
+            client,
+            tenant,
+            stranger,
+            class,
+            cidrs: cidrs.iter().map(|c| c.to_string()).collect(),
+            _cleanup: cleanup,
+        }
+    }
+
+    pub fn claims(&self) -> Api<IPAddressClaim> {
+        Api::namespaced(self.client.clone(), &self.tenant.name)
+    }
+
+    pub async fn create_claim(&self, name: &str, extra: Value) {
+        let mut spec = json!({"className": self.class});
+        if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+            s.extend(e.clone());
+        }
+        self.claims()
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Waits until the claim is Bound; its (first) address.
+    pub async fn bound(&self, name: &str) -> String {
+        self.bound_all(name).await.remove(0)
+    }
+
+    /// Waits until the claim is Bound; all its addresses.
+    pub async fn bound_all(&self, name: &str) -> Vec<String> {
+        let api = self.claims();
+        wait_for(&format!("claim {name} Bound"), WAIT, || {
+            let api = api.clone();
+            async move {
+                let st = api.get(name).await?.status.unwrap_or_default();
+                let bound = st.phase.map(|p| format!("{p:?}")).as_deref() == Some("Bound");
+                Ok((bound && !st.addresses.is_empty())
+                    .then(|| st.addresses.iter().map(|a| a.address.clone()).collect()))
+            }
+        })
+        .await
+        .unwrap()
+    }
+
+    pub async fn check(&self, node: &Node) {
+        assert_invariants(
+            &self.client,
+            &Scope::of(
+                &[self.tenant.name.as_str(), self.stranger.name.as_str()],
+                &[self.class.as_str()],
+            ),
+            &replicas(node),
+        )
+        .await;
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if let Some(node) = node::current() {
+            for cidr in &self.cidrs {
+                route(node, cidr, "none");
+            }
+            // The tenants' Services go before the class (its MetalLB pool goes with it): a
+            // Service still showing an address of a deleted pool makes MetalLB's speaker
+            // reject every new configuration ("service has no configuration under new
+            // config"), and a speaker restarted meanwhile announces nothing until its
+            // retries get through — the wire test that waited 60 s for an answer once.
+            let _ = node.cluster.kubectl_ok(&[
+                "delete",
+                "namespace",
+                &self.tenant.name,
+                &self.stranger.name,
+                "--wait=true",
+                "--timeout=60s",
+                "--ignore-not-found",
+            ]);
+            // So do the class's retained addresses: over MetalLB each is held by a hold
+            // Service showing it, which would outlive the pool the same way (the driver lets
+            // go of a hold behind its finalizer when the address is deleted).
+            let _ = node.cluster.kubectl_ok(&[
+                "delete",
+                "ipaddresses.local.sdn.cozystack.io",
+                "--field-selector",
+                &format!("spec.className={}", self.class),
+                "--wait=true",
+                "--timeout=60s",
+            ]);
+        }
+    }
 }
