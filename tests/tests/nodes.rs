@@ -139,6 +139,26 @@ fn leave(
     (new, took, failed)
 }
 
+/// A claim `web` of W's class on a Service `web` (SPEC's fields on top) of the workload
+/// PODS: waits until the address answers from them; the address.
+async fn claimed(node: &Node, w: &World, pods: &[String], spec: serde_json::Value) -> String {
+    let t = &w.tenant.name;
+    w.create_claim("web", json!({})).await;
+    service(node, t, "web", "web", claim_annotation("web"), spec).unwrap();
+    let ip = w.bound("web").await;
+    until_answered(&ip, 80, pods, MOVE);
+    ip
+}
+
+/// One pod of `app: web` in W's tenant, on node 1 (node 2 cordoned while it is scheduled).
+fn one_pod_on_node1(node: &Node, w: &World) -> Vec<String> {
+    kubectl(node, &["cordon", NODE_NAMES[1]]);
+    let pods = workload(node, &w.tenant.name, "web", 1).unwrap();
+    kubectl(node, &["uncordon", NODE_NAMES[1]]);
+    assert_eq!(node_of(node, &w.tenant.name, &pods[0]), NODE_NAMES[0]);
+    pods
+}
+
 /// MetalLB (L2, `externalTrafficPolicy: Local`): the tenant's one pod moves from node 1 to
 /// node 2 (cordon + delete), then back (a drain). Each time the address answers from the new
 /// pod, announced by the speaker of its node (the client's neighbour entry is that node's
@@ -146,23 +166,8 @@ fn leave(
 async fn metallb_follows(node: &'static Node) {
     let w = World::new(node, Driver::MetalLb, &["192.0.2.64/28"]).await;
     let t = &w.tenant.name;
-    // The pod starts on node 1: node 2 is cordoned while it is scheduled.
-    kubectl(node, &["cordon", NODE_NAMES[1]]);
-    let pods = workload(node, t, "web", 1).unwrap();
-    kubectl(node, &["uncordon", NODE_NAMES[1]]);
-    assert_eq!(node_of(node, t, &pods[0]), NODE_NAMES[0]);
-    w.create_claim("web", json!({})).await;
-    service(
-        node,
-        t,
-        "web",
-        "web",
-        claim_annotation("web"),
-        json!({"externalTrafficPolicy": "Local"}),
-    )
-    .unwrap();
-    let ip = w.bound("web").await;
-    until_answered(&ip, 80, &pods, MOVE);
+    let pods = one_pod_on_node1(node, &w);
+    let ip = claimed(node, &w, &pods, json!({"externalTrafficPolicy": "Local"})).await;
     assert_eq!(
         announcer(&ip),
         Some(0),
@@ -208,21 +213,8 @@ async fn metallb_follows(node: &'static Node) {
 async fn range_follows(node: &'static Node) {
     let w = World::new(node, Driver::Range, &["198.51.100.64/28"]).await;
     let t = &w.tenant.name;
-    kubectl(node, &["cordon", NODE_NAMES[1]]);
-    let pods = workload(node, t, "web", 1).unwrap();
-    kubectl(node, &["uncordon", NODE_NAMES[1]]);
-    w.create_claim("web", json!({})).await;
-    service(
-        node,
-        t,
-        "web",
-        "web",
-        claim_annotation("web"),
-        Driver::Range.spec(),
-    )
-    .unwrap();
-    let ip = w.bound("web").await;
-    until_answered(&ip, 80, &pods, MOVE);
+    let pods = one_pod_on_node1(node, &w);
+    let ip = claimed(node, &w, &pods, Driver::Range.spec()).await;
     let (new, took, failed) = leave(node, t, "web", &pods[0], 0, Leave::CordonDelete, &ip);
     assert_eq!(node_of(node, t, &new), NODE_NAMES[1]);
     figure(&format!(
@@ -240,18 +232,7 @@ async fn metallb_node_lost(node: &'static Node) {
     let w = World::new(node, Driver::MetalLb, &["192.0.2.80/28"]).await;
     let t = &w.tenant.name;
     let pods = workload_spread(node, t, "web", 2).unwrap();
-    w.create_claim("web", json!({})).await;
-    service(
-        node,
-        t,
-        "web",
-        "web",
-        claim_annotation("web"),
-        json!({"externalTrafficPolicy": "Local"}),
-    )
-    .unwrap();
-    let ip = w.bound("web").await;
-    until_answered(&ip, 80, &pods, MOVE);
+    let ip = claimed(node, &w, &pods, json!({"externalTrafficPolicy": "Local"})).await;
     let lost = announcer(&ip).expect("the client has the announcing node's MAC");
     let other = 1 - lost;
     let theirs: Vec<String> = pods
