@@ -56,6 +56,16 @@ fn cable(i: usize, plugged: bool) {
     assert!(st.success(), "ip link set acw-port{} failed", i + 1);
 }
 
+/// Node I uncordoned when this goes, however the test ends (a failed step must not leave a
+/// node cordoned for the file's later tests). A drain cordons too: its guard is this one.
+struct Uncordon<'a>(&'a Node, usize);
+
+impl Drop for Uncordon<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.cluster.kubectl_ok(&["uncordon", NODE_NAMES[self.1]]);
+    }
+}
+
 /// How a pod leaves its node.
 #[derive(Clone, Copy)]
 enum Leave {
@@ -88,6 +98,7 @@ fn leave(
     ip: &str,
 ) -> (String, Duration, u32) {
     let t0 = Instant::now();
+    let _uncordon = Uncordon(node, from);
     let mut drain: Option<Child> = None;
     match how {
         Leave::CordonDelete => {
@@ -135,7 +146,6 @@ fn leave(
         let st = d.wait().unwrap();
         assert!(st.success(), "kubectl drain {} failed", NODE_NAMES[from]);
     }
-    kubectl(node, &["uncordon", NODE_NAMES[from]]);
     (new, took, failed)
 }
 
@@ -153,8 +163,10 @@ async fn claimed(node: &Node, w: &World, pods: &[String], spec: serde_json::Valu
 /// One pod of `app: web` in W's tenant, on node 1 (node 2 cordoned while it is scheduled).
 fn one_pod_on_node1(node: &Node, w: &World) -> Vec<String> {
     kubectl(node, &["cordon", NODE_NAMES[1]]);
-    let pods = workload(node, &w.tenant.name, "web", 1).unwrap();
-    kubectl(node, &["uncordon", NODE_NAMES[1]]);
+    let pods = {
+        let _uncordon = Uncordon(node, 1);
+        workload(node, &w.tenant.name, "web", 1).unwrap()
+    };
     assert_eq!(node_of(node, &w.tenant.name, &pods[0]), NODE_NAMES[0]);
     pods
 }
