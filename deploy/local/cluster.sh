@@ -274,9 +274,7 @@ up() {
   # Service's endpoints (there is no kube-proxy).
   local -a kas_mode ns=()
   if [ -n "$node" ]; then
-    local i
-    for i in $(seq 1 "$(node_count)"); do node_use "$i"; node_netns_up; done
-    node_use 1
+    each_node node_netns_up
     if [ "$(node_count)" -gt 1 ]; then node_routes; fi
     ns=(nsenter --net="/run/netns/$NODE_NETNS" --)
     kas_port=443
@@ -487,12 +485,7 @@ metallb_speaker() {
   if [ ! -s "$dir/metallb/memberlist-key/secretkey" ]; then
     head -c 32 /dev/urandom | base64 > "$dir/metallb/memberlist-key/secretkey"
   fi
-  local i
-  for i in $(seq 1 "$(node_count)"); do
-    node_use "$i"
-    metallb_speaker_one
-  done
-  node_use 1
+  each_node metallb_speaker_one
 }
 
 metallb_speaker_one() {

@@ -93,6 +93,41 @@ node_use() {
 }
 # node_count: how many nodes the cluster in DIR has (NODES in DIR/env; 1 before it exists).
 node_count() { echo "${NODES:-1}"; }
+# The most nodes a cluster here has: what a cleanup of a cluster it cannot count covers.
+NODES_MAX=2
+
+# each_node CMD...: CMD once per node of the cluster, first to last, that node chosen
+# (node_use); node 1 chosen again after. Stops at the first CMD that fails, failing. CMD runs
+# as a plain statement, never left of `||`: that would turn `set -e` off inside it.
+each_node() {
+  local i rc
+  for i in $(seq 1 "$(node_count)"); do
+    node_use "$i"
+    "$@"
+    rc=$?
+    if [ "$rc" -ne 0 ]; then node_use 1; return "$rc"; fi
+  done
+  node_use 1
+}
+
+# each_node_last_first CMD...: CMD for every node a cluster here may have, last first (a
+# second node goes before the first, which holds the control plane); node 1 chosen after.
+each_node_last_first() {
+  local i
+  for i in $(seq "$NODES_MAX" -1 1); do
+    node_use "$i"
+    "$@"
+  done
+  node_use 1
+}
+
+# netns_remove NAME: kills what runs in the network namespace NAME and deletes it; no
+# namespace of that name is no error.
+netns_remove() {
+  [ -e "/run/netns/$1" ] || return 0
+  ip netns pids "$1" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+  ip netns delete "$1"
+}
 
 # in_netns CMD...: CMD in the cluster's network namespace.
 in_netns() { nsenter --net="/run/netns/$NODE_NETNS" -- "$@"; }
@@ -167,21 +202,16 @@ node_preflight() {
   fi
   echo "$dir" > "$NODE_LOCK"
   # Leftovers of nodes that were killed without `down`: their namespaces and cgroups.
-  local i
-  for i in 2 1; do
-    node_use "$i"
-    if [ -e "/run/netns/$N_NETNS" ]; then
-      log "removing a stale network namespace $N_NETNS (a previous node not stopped)"
-      node_cgroups_remove
-      ip netns pids "$N_NETNS" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
-      ip netns delete "$N_NETNS" || die "cannot delete the stale network namespace $N_NETNS"
-    fi
-  done
-  node_use 1
-  if [ -e "/run/netns/$CLIENT_NETNS" ]; then
-    ip netns pids "$CLIENT_NETNS" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
-    ip netns delete "$CLIENT_NETNS" || die "cannot delete the stale network namespace $CLIENT_NETNS"
-  fi
+  each_node_last_first node_stale_remove
+  netns_remove "$CLIENT_NETNS" || die "cannot delete the stale network namespace $CLIENT_NETNS"
+}
+
+# The chosen node's namespace and cgroups, left by a node killed without `down`.
+node_stale_remove() {
+  [ -e "/run/netns/$N_NETNS" ] || return 0
+  log "removing a stale network namespace $N_NETNS (a previous node not stopped)"
+  node_cgroups_remove
+  netns_remove "$N_NETNS" || die "cannot delete the stale network namespace $N_NETNS"
 }
 
 # node_netns_up: the chosen node's network namespace: its addresses on loopback (the
@@ -264,19 +294,20 @@ node_pki() {
   local client_ext='basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth'
-  local i
-  for i in $(seq 1 "$(node_count)"); do
-    node_use "$i"
-    cert "kubelet-client$N_SFX" ca "/O=system:nodes/CN=system:node:$N_NAME" "$client_ext"
-    cert "kubelet$N_SFX" ca "/CN=$N_NAME" "basicConstraints=critical,CA:FALSE
-keyUsage=critical,digitalSignature,keyEncipherment
-extendedKeyUsage=serverAuth
-subjectAltName=IP:$N_IP,IP:$N_IP6,DNS:$N_NAME"
-  done
-  node_use 1
+  each_node node_kubelet_certs "$client_ext"
   cert apiserver-kubelet-client ca "/CN=kube-apiserver-kubelet-client" "$client_ext"
   # kube-proxy's identity: the user the built-in binding system:node-proxier names.
   cert kube-proxy ca "/CN=system:kube-proxy" "$client_ext"
+}
+
+# node_kubelet_certs CLIENT_EXT: the chosen node's kubelet certificates — its client identity
+# (system:node:NAME in system:nodes, for the Node authorizer) and its serving certificate.
+node_kubelet_certs() {
+  cert "kubelet-client$N_SFX" ca "/O=system:nodes/CN=system:node:$N_NAME" "$1"
+  cert "kubelet$N_SFX" ca "/CN=$N_NAME" "basicConstraints=critical,CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:$N_IP,IP:$N_IP6,DNS:$N_NAME"
 }
 
 node_images() {
@@ -469,12 +500,7 @@ node_start() {
     --authentication-kubeconfig="$dir/admin.kubeconfig" --authorization-kubeconfig="$dir/admin.kubeconfig" \
     --leader-elect=false --bind-address=127.0.0.1 --secure-port=10259
   if [ "$(node_count)" -gt 1 ]; then node_kubernetes_endpoint; fi
-  local i
-  for i in $(seq 1 "$(node_count)"); do
-    node_use "$i"
-    node_start_one || return 1
-  done
-  node_use 1
+  each_node node_start_one
 }
 
 # The `kubernetes` Service's endpoint, kube-apiserver at the first node's address. Its own
@@ -566,23 +592,15 @@ node_start_one() {
 # the name its index gives (io.containerd.image.name).
 node_import() {
   [ -f "$1" ] || die "no image archive $1"
-  local i
-  for i in $(seq 1 "$(node_count)"); do
-    node_use "$i"
-    ctr --address "$N_DIR/containerd/containerd.sock" -n k8s.io images import "$1"
-  done
-  node_use 1
+  each_node node_import_one "$1"
 }
+
+node_import_one() { ctr --address "$N_DIR/containerd/containerd.sock" -n k8s.io images import "$1"; }
 
 # Stops the nodes and removes everything they made outside DIR.
 node_down() {
   [ -d "$dir/node" ] || [ -f "$dir/pids/node-holder" ] || return 0
-  local i
-  for i in 2 1; do
-    node_use "$i"
-    node_down_one
-  done
-  node_use 1
+  each_node_last_first node_down_one
   stop_one kube-scheduler
 }
 
@@ -607,18 +625,14 @@ node_down_one() {
   fi
 }
 
+node_netns_remove() { netns_remove "$N_NETNS" 2>/dev/null || true; }
+
 # After the control plane stopped: the namespace itself, and the lock.
 node_netns_down() {
   [ -e "/run/netns/$NODE_NETNS" ] || return 0
   [ "$(cat "$NODE_LOCK" 2>/dev/null)" = "$dir" ] || return 0
-  local ns
-  for ns in "$NODE_NETNS-2" "$NODE_NETNS"; do
-    [ -e "/run/netns/$ns" ] || continue
-    ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
-    ip netns delete "$ns" 2>/dev/null || true
-  done
-  ip netns pids "$CLIENT_NETNS" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
-  ip netns delete "$CLIENT_NETNS" 2>/dev/null || true
+  each_node_last_first node_netns_remove
+  netns_remove "$CLIENT_NETNS" 2>/dev/null || true
   # `ip netns add` made /run/netns (a mount point of its own) if there was none.
   if [ -f "$dir/created-run-netns" ] && [ -z "$(ls -A /run/netns 2>/dev/null)" ]; then
     umount /run/netns 2>/dev/null || true
