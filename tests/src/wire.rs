@@ -132,18 +132,12 @@ pub fn restart(node: &Node, component: &str) {
 
 /// Stops a component of the node for good (a mutation check: what the wire does without it).
 pub fn kill(node: &Node, component: &str) {
-    kill_with(node, component, "TERM");
-}
-
-/// Sends SIGNAL to a component's process group: `KILL` is a node lost at once, with no
-/// goodbye to anyone (the component's own shutdown never runs).
-pub fn kill_with(node: &Node, component: &str, signal: &str) {
     let pid = std::fs::read_to_string(node.cluster.dir.join(format!("pids/{component}")))
         .unwrap()
         .trim()
         .to_string();
     let _ = Command::new("kill")
-        .args([&format!("-{signal}"), "--", &format!("-{pid}")])
+        .args(["-TERM", "--", &format!("-{pid}")])
         .status();
 }
 
@@ -152,11 +146,18 @@ pub fn curl(ip: &str, port: u16) -> std::result::Result<String, String> {
     curl_path(ip, port, "/")
 }
 
+/// A command run in the network namespace NETNS (`nsenter --net=/run/netns/NETNS --`); its
+/// program and arguments are added by the caller.
+pub fn in_netns(netns: &str) -> Command {
+    let mut c = Command::new("nsenter");
+    c.arg(format!("--net=/run/netns/{netns}")).arg("--");
+    c
+}
+
 /// The client host's neighbour entry for IP: its link-layer address, if it has one.
 pub fn client_neighbour(ip: &str) -> Option<String> {
-    let out = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{CLIENT_NETNS}"))
-        .args(["--", "ip", "-j", "neigh", "show", ip])
+    let out = in_netns(CLIENT_NETNS)
+        .args(["ip", "-j", "neigh", "show", ip])
         .output()
         .ok()?;
     let v: Value = serde_json::from_slice(&out.stdout).ok()?;
@@ -167,9 +168,8 @@ pub fn client_neighbour(ip: &str) -> Option<String> {
 
 /// Forgets the client host's neighbour entries (a customer's host whose cache expired).
 pub fn client_flush_neighbours() {
-    let _ = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{CLIENT_NETNS}"))
-        .args(["--", "ip", "neigh", "flush", "all"])
+    let _ = in_netns(CLIENT_NETNS)
+        .args(["ip", "neigh", "flush", "all"])
         .status();
 }
 
@@ -181,9 +181,8 @@ pub fn node_mac() -> String {
 
 /// The MAC address of the segment's side of the node whose network namespace is NETNS.
 pub fn node_mac_of(netns: &str) -> String {
-    let out = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{netns}"))
-        .args(["--", "ip", "-j", "link", "show", NODE_IF])
+    let out = in_netns(netns)
+        .args(["ip", "-j", "link", "show", NODE_IF])
         .output()
         .unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -229,17 +228,13 @@ fn workload_spec(
         "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
         "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
                             "capabilities": {"drop": ["ALL"]}}});
-    if let (Some(h), Some(extra)) = (hello.as_object_mut(), container.as_object()) {
-        h.extend(extra.clone());
-    }
+    overlay(&mut hello, &container);
     let mut spec = json!({
         "automountServiceAccountToken": false,
         "securityContext": {"runAsNonRoot": true, "runAsUser": 65535,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [hello]});
-    if let (Some(s), Some(extra)) = (spec.as_object_mut(), pod.as_object()) {
-        s.extend(extra.clone());
-    }
+    overlay(&mut spec, &pod);
     let d = json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "namespace": ns},
@@ -262,9 +257,7 @@ pub fn service(
 ) -> Result<()> {
     let mut s = json!({"type": "LoadBalancer", "selector": {"app": app},
                        "ports": [{"name": "http", "port": 80, "targetPort": "http"}]});
-    if let (Some(s), Some(extra)) = (s.as_object_mut(), spec.as_object()) {
-        s.extend(extra.clone());
-    }
+    overlay(&mut s, &spec);
     apply(
         node,
         &json!({
@@ -273,6 +266,13 @@ pub fn service(
             "spec": s
         }),
     )
+}
+
+/// The fields of EXTRA (an object) set on BASE (an object), replacing BASE's of the same name.
+fn overlay(base: &mut Value, extra: &Value) {
+    if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
+        b.extend(e.clone());
+    }
 }
 
 /// The claim annotation of a Service.
@@ -504,9 +504,7 @@ pub fn vm_service(
     let mut s = json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
                        "allocateLoadBalancerNodePorts": false,
                        "selector": {"app": app}, "ports": ports});
-    if let (Some(s), Some(extra)) = (s.as_object_mut(), spec.as_object()) {
-        s.extend(extra.clone());
-    }
+    overlay(&mut s, &spec);
     apply(
         node,
         &json!({
@@ -526,9 +524,8 @@ pub fn curl_path(ip: &str, port: u16, path: &str) -> std::result::Result<String,
     } else {
         ip.to_string()
     };
-    let out = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{CLIENT_NETNS}"))
-        .args(["--", "curl", "-sS", "--max-time", "2"])
+    let out = in_netns(CLIENT_NETNS)
+        .args(["curl", "-sS", "--max-time", "2"])
         .arg(format!("http://{host}:{port}{path}"))
         .output()
         .map_err(|e| e.to_string())?;
@@ -541,9 +538,8 @@ pub fn curl_path(ip: &str, port: u16, path: &str) -> std::result::Result<String,
 
 /// Python in the client host's namespace (UDP and ICMP probes: nothing to install).
 fn client_python(code: &str, args: &[&str]) -> std::result::Result<String, String> {
-    let out = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{CLIENT_NETNS}"))
-        .args(["--", "python3", "-c", code])
+    let out = in_netns(CLIENT_NETNS)
+        .args(["python3", "-c", code])
         .args(args)
         .output()
         .map_err(|e| e.to_string())?;
@@ -590,9 +586,7 @@ pub struct ClientListener {
 impl ClientListener {
     pub fn start(node: &Node, port: u16) -> Result<ClientListener> {
         let hello = node.cluster.dir.join("node/hello");
-        let child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{CLIENT_NETNS}"))
-            .arg("--")
+        let child = in_netns(CLIENT_NETNS)
             .arg(&hello)
             .arg(port.to_string())
             .stdout(std::process::Stdio::null())
@@ -639,8 +633,8 @@ pub fn egress_source(
     };
     let mut cmd = match netns {
         Some(ns) => {
-            let mut c = Command::new("nsenter");
-            c.arg(format!("--net=/run/netns/{ns}")).args(["--", "curl"]);
+            let mut c = in_netns(ns);
+            c.arg("curl");
             c
         }
         None => Command::new("curl"),
@@ -770,9 +764,7 @@ impl World {
 
     pub async fn create_claim(&self, name: &str, extra: Value) {
         let mut spec = json!({"className": self.class});
-        if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
-            s.extend(e.clone());
-        }
+        overlay(&mut spec, &extra);
         self.claims()
             .create(
                 &PostParams::default(),

@@ -156,7 +156,7 @@ pub async fn wire_churn(node: &'static Node) {
     };
     for round in 0..rounds {
         type Event<'a> = (&'static str, Box<dyn Fn() + 'a>);
-        let events: Vec<Event<'_>> = vec![
+        let mut events: Vec<Event<'_>> = vec![
             (
                 "core leader killed",
                 Box::new(|| kill_leader(node, "address-controller", node::CONTROLLER)),
@@ -211,7 +211,6 @@ pub async fn wire_churn(node: &'static Node) {
                 }),
             ),
         ];
-        let mut events = events;
         if node_count() == 2 {
             events.push((
                 "node 2's speaker restarted",

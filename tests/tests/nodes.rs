@@ -10,13 +10,13 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use address_controller_tests::node::{self, NETNS_OF, NODE_NAMES, Node, figure};
 use address_controller_tests::wire::{
-    CLIENT_NETNS, Driver, World, claim_annotation, client_neighbour, curl, node_mac_of, service,
-    until_answered, workload, workload_spread,
+    CLIENT_NETNS, Driver, World, claim_annotation, client_neighbour, curl, in_netns, node_mac_of,
+    service, until_answered, workload, workload_spread,
 };
 use serde_json::json;
 
@@ -47,9 +47,8 @@ fn announcer(ip: &str) -> Option<usize> {
 /// bridge, `acw-port<I+1>`, up or down): the node, its speaker and memberlist lose the
 /// segment — the client, the other node — and nothing on the node itself is told.
 fn cable(i: usize, plugged: bool) {
-    let st = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{CLIENT_NETNS}"))
-        .args(["--", "ip", "link", "set", &format!("acw-port{}", i + 1)])
+    let st = in_netns(CLIENT_NETNS)
+        .args(["ip", "link", "set", &format!("acw-port{}", i + 1)])
         .arg(if plugged { "up" } else { "down" })
         .status()
         .unwrap();
