@@ -3,7 +3,7 @@
 # Go module proxy) into a version-keyed cache outside the repository. A binary that is already
 # cached at the pinned version is not rebuilt. Prints where the binaries are.
 #
-# Usage: deploy/local/build-binaries.sh [--print-env] [etcd|helm|kube|prometheus|metallb|node|wire ...]   (default: all)
+# Usage: deploy/local/build-binaries.sh [--print-env] [etcd|helm|unittest|grafana|kube|prometheus|metallb|node|wire|cozy ...]   (default: all)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=build-times.sh
@@ -96,6 +96,47 @@ build_helm() {
   rm -rf "$out" && mv "$out.tmp" "$out" && touch "$out/.complete"
 }
 
+# helm-unittest as a helm plugin: the binary built from its Go module, beside the module's own
+# plugin.yaml (which names it untt-<os>-<arch>), in a plugins directory of its own — tests run
+# `helm unittest` with HELM_PLUGINS pointing there, as the platform runs it per package.
+build_unittest() {
+  local out="$HELM_PLUGINS_DIR"
+  if cached "$out"; then log "helm-unittest $HELM_UNITTEST_VERSION: cached in $out"; return; fi
+  log "helm-unittest $HELM_UNITTEST_VERSION: building"
+  local dir os arch
+  dir="$(cd "$here/tools/helm-unittest" && go list -mod=readonly -m -f '{{.Dir}}' github.com/helm-unittest/helm-unittest)"
+  os="$(go env GOOS)"; arch="$(go env GOARCH)"
+  [ "$os" = darwin ] && os=macos
+  mkdir -p "$out.tmp/unittest"
+  # Inside the module: its go.mod replaces a dependency (yaml-jsonpath) with its own fork.
+  (cd "$dir" && CGO_ENABLED=0 go build -mod=readonly -trimpath \
+     -ldflags "-s -w -X github.com/helm-unittest/helm-unittest/internal/build.version=${HELM_UNITTEST_VERSION#v}" \
+     -o "$out.tmp/unittest/untt-$os-$arch" ./cmd/helm-unittest)
+  # The plugin's manifest as the module ships it, without its install hooks (they download
+  # a release; the binary is already here).
+  sed '/^platformHooks:/,$d' "$dir/plugin.yaml" > "$out.tmp/unittest/plugin.yaml"
+  rm -rf "$out" && mv "$out.tmp" "$out" && touch "$out/.complete"
+}
+
+# grafana-operator's GrafanaDashboard schema, compiled to a validator (npm's
+# @kubernetes-models/grafana-operator, pinned by tools/grafana-schema/package-lock.json):
+# grafana-operator's Go module is not served by the module proxy, so its CRD comes this way.
+# Without node and npm it is not built, and the test that needs it reports itself skipped.
+build_grafana() {
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    log "grafana-schema: no node/npm; not built (the GrafanaDashboard schema test is skipped)"
+    return
+  fi
+  local out
+  out="$(grafana_schema_dir)"
+  if cached "$out"; then log "grafana-schema: cached in $out"; return; fi
+  log "grafana-schema: npm ci"
+  mkdir -p "$out.tmp"
+  cp "$here/tools/grafana-schema/"{package.json,package-lock.json,validate.mjs} "$out.tmp/"
+  (cd "$out.tmp" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >&2)
+  rm -rf "$out" && mv "$out.tmp" "$out" && touch "$out/.complete"
+}
+
 build_prometheus() {
   local out="$PROMETHEUS_BIN"
   if cached "$out"; then log "prometheus $PROMETHEUS_VERSION: cached in $out"; return; fi
@@ -149,15 +190,15 @@ components=()
 for arg in "$@"; do
   case "$arg" in
     --print-env) print_env=1 ;;
-    etcd|helm|kube|prometheus|metallb|node|wire|cozy) components+=("$arg") ;;
-    *) log "unknown argument: $arg (expected --print-env, etcd, helm, kube, prometheus, metallb, node, wire or cozy)"; exit 2 ;;
+    etcd|helm|unittest|grafana|kube|prometheus|metallb|node|wire|cozy) components+=("$arg") ;;
+    *) log "unknown argument: $arg (expected --print-env, etcd, helm, unittest, grafana, kube, prometheus, metallb, node, wire or cozy)"; exit 2 ;;
   esac
 done
 # Small ones first so a failure in the module graph shows up quickly.
-[ ${#components[@]} -gt 0 ] || components=(etcd helm metallb prometheus kube node wire cozy)
+[ ${#components[@]} -gt 0 ] || components=(etcd helm unittest grafana metallb prometheus kube node wire cozy)
 for c in "${components[@]}"; do "build_$c"; done
 log "done in $(( $(date +%s) - start ))s"
 if [ -n "$print_env" ]; then
-  printf 'KUBE_BIN=%s\nETCD_BIN=%s\nHELM_BIN=%s\nPROMETHEUS_BIN=%s\nMETALLB_BIN=%s\nMETALLB_SPEAKER_BIN=%s\n' \
-    "$KUBE_BIN" "$ETCD_BIN" "$HELM_BIN" "$PROMETHEUS_BIN" "$METALLB_BIN" "$METALLB_SPEAKER_BIN"
+  printf 'KUBE_BIN=%s\nETCD_BIN=%s\nHELM_BIN=%s\nHELM_PLUGINS_DIR=%s\nPROMETHEUS_BIN=%s\nMETALLB_BIN=%s\nMETALLB_SPEAKER_BIN=%s\n' \
+    "$KUBE_BIN" "$ETCD_BIN" "$HELM_BIN" "$HELM_PLUGINS_DIR" "$PROMETHEUS_BIN" "$METALLB_BIN" "$METALLB_SPEAKER_BIN"
 fi

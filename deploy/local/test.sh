@@ -9,8 +9,15 @@ here="$root/deploy/local"
 # shellcheck source=build-times.sh
 . "$here/build-times.sh"
 
-step() { printf '\n==> %s\n' "$*"; }
 t0=$(date +%s)
+# Each step says when it starts (seconds since make test began) and how long the one before
+# it took: where the time goes, in CI's log.
+t_step=$t0
+step() {
+  local now; now=$(date +%s)
+  printf '\n==> [%ss, previous step %ss] %s\n' "$(( now - t0 ))" "$(( now - t_step ))" "$*"
+  t_step=$now
+}
 out="$(mktemp -d)"
 cluster="$(mktemp -d "${TMPDIR:-/tmp}/address-controller-test.XXXXXX")"
 cleanup() { "$here/cluster.sh" down "$cluster" >/dev/null 2>&1 || true; rm -rf "$out"; }
@@ -78,6 +85,7 @@ if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
   grep -E '^ *Running |has been running for over' "$out/cargo-test.log" | tail -5 | sed 's/^/  /'
 fi
 
+step "results"
 passed=$(grep -Eo 'test result: .* ([0-9]+) passed' "$out/cargo-test.log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$out/cargo-test.log" | awk '{s+=$1} END {print s+0}')
 ignored=$(grep -Eo '[0-9]+ ignored;' "$out/cargo-test.log" | awk '{s+=$1} END {print s+0}')

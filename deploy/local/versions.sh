@@ -9,6 +9,9 @@ PROMETHEUS_VERSION=v0.316.0
 # The MetalLB controller (the IPAM half of MetalLB), for the MetalLB driver's tests. v0.16.2
 # needs frr-k8s v0.0.27, whose zip the module proxy refuses; v0.16.1 builds as is.
 METALLB_VERSION=v0.16.1
+# helm-unittest, the helm plugin the platform runs per package (`helm unittest .`): the
+# wrapper packages' suites (packaging/).
+HELM_UNITTEST_VERSION=v1.1.2
 
 # Built binaries live outside the repository, keyed by version, so CI runs and later
 # sessions on the same machine reuse them. Override with ADDRESS_CONTROLLER_CACHE.
@@ -17,6 +20,8 @@ KUBE_BIN="$AC_CACHE/bin/kubernetes-$KUBE_VERSION"
 ETCD_BIN="$AC_CACHE/bin/etcd-$ETCD_VERSION"
 HELM_BIN="$AC_CACHE/bin/helm-$HELM_VERSION"
 PROMETHEUS_BIN="$AC_CACHE/bin/prometheus-$PROMETHEUS_VERSION"
+# A helm plugins directory (HELM_PLUGINS) holding helm-unittest as the plugin `unittest`.
+HELM_PLUGINS_DIR="$AC_CACHE/bin/helm-plugins-unittest-$HELM_UNITTEST_VERSION"
 METALLB_BIN="$AC_CACHE/bin/metallb-$METALLB_VERSION"
 # kubelet and kube-scheduler of the same Kubernetes version: the node tier (deploy/local/node.sh).
 NODE_BIN="$AC_CACHE/bin/kubernetes-node-$KUBE_VERSION"
@@ -24,6 +29,13 @@ NODE_BIN="$AC_CACHE/bin/kubernetes-node-$KUBE_VERSION"
 KUBE_PROXY_BIN="$AC_CACHE/bin/kube-proxy-$KUBE_VERSION"
 # MetalLB's speaker of the same MetalLB version: the node tier's L2 announcements.
 METALLB_SPEAKER_BIN="$AC_CACHE/bin/metallb-speaker-$METALLB_VERSION"
+# grafana-operator's CRD schemas as validators (npm, tools/grafana-schema): the chart's
+# GrafanaDashboard is checked against them. Keyed by a hash of that directory's files.
+grafana_schema_dir() {
+  local h
+  h="$(cd "$(dirname "${BASH_SOURCE[0]}")/tools/grafana-schema" && cat package.json package-lock.json validate.mjs | sha256sum | cut -c1-12)"
+  echo "$AC_CACHE/bin/grafana-schema-$h"
+}
 # cozy-proxy's upstream source (not in this repository; see build-binaries.sh) and its
 # cache directory, keyed by a hash of that source.
 COZY_PROXY_SRC="${COZY_PROXY_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)/shared/third_party/cozy-proxy}"
