@@ -24,13 +24,18 @@ test: ## Run all tests (fmt, clippy, unit, integration on a real local control p
 	@deploy/local/test.sh
 
 .PHONY: manifests
-manifests: ## Regenerate the CRDs, the ClusterRoles (controller, range and MetalLB drivers) and the views' OpenAPI documents from the code
-	$(CARGO) run -q -p address-controller -- manifests --crds-dir chart/address-controller/crds --role chart/address-controller/templates/role.yaml --openapi-dir openapi
+manifests: ## Regenerate the CRDs, the ClusterRoles (controller, range and MetalLB drivers) and the views' OpenAPI documents from the code, and vendor the chart into packaging/
+	$(CARGO) run -q -p address-controller -- manifests --crds-dir chart/address-controller/crds --role chart/address-controller/files/controller-role.yaml --openapi-dir openapi
 	mkdir -p chart/address-controller/files
 	$(CARGO) run -q -p address-controller-range-driver -- --print-cluster-role > chart/address-controller/files/range-driver-role.yaml
 	@echo "wrote chart/address-controller/files/range-driver-role.yaml"
 	$(CARGO) run -q -p address-controller-metallb-driver -- --print-cluster-role > chart/address-controller/files/metallb-driver-role.yaml
 	@echo "wrote chart/address-controller/files/metallb-driver-role.yaml"
+	@packaging/vendor.sh
+
+.PHONY: packages
+packages: ## Vendor chart/ into the platform's wrapper packages (packaging/cozystack/*/charts/); DIGEST=dist/address-controller-<version>.digest also pins their image to that build
+	@packaging/vendor.sh $(if $(DIGEST),--digest $(DIGEST))
 
 .PHONY: build-binaries
 build-binaries: ## Build kube-apiserver, kube-controller-manager, etcd and helm (cached by version)

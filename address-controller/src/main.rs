@@ -84,7 +84,7 @@ enum Command {
         #[arg(
             long,
             env = "ADDRESS_CONTROLLER_MANIFESTS_ROLE",
-            default_value = "chart/address-controller/templates/role.yaml"
+            default_value = "chart/address-controller/files/controller-role.yaml"
         )]
         role: PathBuf,
         /// Directory the OpenAPI documents of the views are written to.

@@ -101,7 +101,7 @@ pub fn cluster_role() -> ClusterRole {
 }
 
 /// The ClusterRole and the Role of its own namespace (its Lease) as committed under
-/// `chart/address-controller/templates/role.yaml`, with a comment per rule saying why it is
+/// `chart/address-controller/files/controller-role.yaml`, with a comment per rule saying why it is
 /// needed.
 pub fn cluster_role_yaml() -> Result<String, serde_yaml::Error> {
     let own: Vec<&Rule> = LEADER_ELECTION_RULES.iter().collect();
@@ -118,7 +118,7 @@ mod tests {
     #[test]
     fn committed_cluster_role_is_up_to_date() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../chart/address-controller/templates/role.yaml");
+            .join("../chart/address-controller/files/controller-role.yaml");
         let got = std::fs::read_to_string(&path).unwrap_or_default();
         assert!(
             got == super::cluster_role_yaml().unwrap(),

@@ -73,9 +73,49 @@ pub fn parse_docs(text: &str) -> Vec<Value> {
         .collect()
 }
 
+/// Clears what a release of the chart owns cluster-wide and another test file (the views'
+/// APIService) or an aborted run may have left: an install would fail on its ownership.
+pub fn clear_leftovers() {
+    let cluster = Cluster::get();
+    // Cluster-scoped objects left by another test file (the views' APIService) or by an
+    // aborted run would make the install fail on ownership.
+    cluster
+        .kubectl_ok(&["delete", "apiservice", APISERVICE, "--ignore-not-found"])
+        .unwrap();
+    // The generated ClusterRole carries no Helm labels.
+    cluster
+        .kubectl_ok(&[
+            "delete",
+            "clusterrole",
+            "address-controller",
+            "--ignore-not-found",
+        ])
+        .unwrap();
+    cluster
+            .kubectl_ok(&[
+                "delete",
+                "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings,mutatingadmissionpolicies,mutatingadmissionpolicybindings",
+                "-l",
+                "app.kubernetes.io/name=address-controller,app.kubernetes.io/managed-by=Helm",
+            ])
+            .unwrap();
+    cluster
+        .kubectl_ok(&[
+            "delete",
+            "rolebindings",
+            "-n",
+            "kube-system",
+            "-l",
+            "app.kubernetes.io/name=address-controller,app.kubernetes.io/managed-by=Helm",
+        ])
+        .unwrap();
+}
+
 /// An installed release of the chart, uninstalled (and its namespace deleted) on drop.
 pub struct Release {
     pub ns: String,
+    /// The release's name (`address-controller`, as the platform names the core's).
+    pub name: String,
     /// The output of the first install, NOTES included.
     pub notes: String,
 }
@@ -83,14 +123,35 @@ pub struct Release {
 impl Release {
     /// `helm upgrade --install` with `values`; the API Service points at localhost:`port`.
     pub fn install(ns: &str, port: u16, values: &Value) -> Result<String, String> {
+        Self::install_chart(&chart_dir(), ns, &Self::local_values(port, values))
+    }
+
+    /// `values` with the APIService's Service pointed at localhost:`port` (there is no
+    /// kubelet: the tests run the binary on the host).
+    pub fn local_values(port: u16, values: &Value) -> Value {
         let mut v = json!({"apiService": {"service": {"externalName": "localhost", "port": port}}});
         crate::env::merge(&mut v, values.clone());
-        let (_dir, file) = values_file(&v);
+        v
+    }
+
+    /// `helm upgrade --install address-controller CHART` into `ns` with `values`.
+    pub fn install_chart(chart: &Path, ns: &str, values: &Value) -> Result<String, String> {
+        Self::install_named(chart, "address-controller", ns, values)
+    }
+
+    /// `helm upgrade --install NAME CHART` into `ns` with `values`.
+    pub fn install_named(
+        chart: &Path,
+        name: &str,
+        ns: &str,
+        values: &Value,
+    ) -> Result<String, String> {
+        let (_dir, file) = values_file(values);
         run_helm(&[
             "upgrade",
             "--install",
-            "address-controller",
-            chart_dir().to_str().unwrap(),
+            name,
+            chart.to_str().unwrap(),
             "--namespace",
             ns,
             "--create-namespace",
@@ -106,46 +167,29 @@ impl Release {
     /// [`Release::new`] into the namespace `ns` (made by helm unless it exists, e.g.
     /// labelled for Pod Security admission by the test).
     pub async fn new_in(ns: &str, port: u16, values: &Value) -> Release {
-        let cluster = Cluster::get();
-        // Cluster-scoped objects left by another test file (the views' APIService) or by an
-        // aborted run would make the install fail on ownership.
-        cluster
-            .kubectl_ok(&["delete", "apiservice", APISERVICE, "--ignore-not-found"])
-            .unwrap();
-        // The generated ClusterRole carries no Helm labels.
-        cluster
-            .kubectl_ok(&[
-                "delete",
-                "clusterrole",
-                "address-controller",
-                "--ignore-not-found",
-            ])
-            .unwrap();
-        cluster
-            .kubectl_ok(&[
-                "delete",
-                "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings,mutatingadmissionpolicies,mutatingadmissionpolicybindings",
-                "-l",
-                "app.kubernetes.io/name=address-controller,app.kubernetes.io/managed-by=Helm",
-            ])
-            .unwrap();
-        cluster
-            .kubectl_ok(&[
-                "delete",
-                "rolebindings",
-                "-n",
-                "kube-system",
-                "-l",
-                "app.kubernetes.io/name=address-controller,app.kubernetes.io/managed-by=Helm",
-            ])
-            .unwrap();
+        clear_leftovers();
+        Self::installed(ns, "address-controller", || Self::install(ns, port, values))
+    }
+
+    /// A wrapper package of the platform (`packaging/…`, holding this chart under `charts/`)
+    /// installed as release `name` in `ns`, as [`Release::new_in`] installs the chart;
+    /// `values` are the wrapper's. Leftovers are the caller's to clear ([`clear_leftovers`]).
+    pub fn new_package(chart: &Path, name: &str, ns: &str, values: &Value) -> Release {
+        Self::installed(ns, name, || Self::install_named(chart, name, ns, values))
+    }
+
+    fn installed(
+        ns: &str,
+        name: &str,
+        install: impl FnOnce() -> Result<String, String>,
+    ) -> Release {
         let mut release = Release {
             ns: ns.to_string(),
+            name: name.to_string(),
             notes: String::new(),
         };
         // The guard exists before the install: a failed install is uninstalled too.
-        release.notes = Self::install(&release.ns, port, values)
-            .unwrap_or_else(|e| panic!("helm install: {e}"));
+        release.notes = install().unwrap_or_else(|e| panic!("helm install: {e}"));
         assert!(
             release.notes.contains("STATUS: deployed"),
             "{}",
@@ -155,11 +199,11 @@ impl Release {
     }
 
     pub fn manifest(&self) -> Vec<Value> {
-        parse_docs(&run_helm(&["get", "manifest", "address-controller", "-n", &self.ns]).unwrap())
+        parse_docs(&run_helm(&["get", "manifest", &self.name, "-n", &self.ns]).unwrap())
     }
 
     pub fn uninstall(&self) -> Result<String, String> {
-        run_helm(&["uninstall", "address-controller", "-n", &self.ns])
+        run_helm(&["uninstall", &self.name, "-n", &self.ns])
     }
 }
 
@@ -267,7 +311,8 @@ pub struct Runner {
     pub ns: String,
     /// Holds the certificate files and kubeconfigs; removed on drop.
     dir: TempDir,
-    controller_kubeconfig: PathBuf,
+    /// None for a release of the drivers alone (`core.enabled: false`).
+    controller_kubeconfig: Option<PathBuf>,
     driver_kubeconfig: Option<PathBuf>,
     driver: DriverKind,
 }
@@ -289,6 +334,7 @@ impl Runner {
             &create_token("address-controller", &ns),
             &controller_kubeconfig,
         );
+        let controller_kubeconfig = Some(controller_kubeconfig);
         let driver_kubeconfig = with_driver.then(|| {
             let p = dir.join("driver.kubeconfig");
             token_kubeconfig(&create_token(driver.deployment, &ns), &p);
@@ -303,6 +349,21 @@ impl Runner {
             dir,
             controller_kubeconfig,
             driver_kubeconfig,
+            driver,
+        }
+    }
+
+    /// A runner for a release of `driver` alone (`core.enabled: false`, as the platform's
+    /// driver package): its driver only.
+    pub fn driver_only(release: &Release, driver: DriverKind) -> Runner {
+        let dir = tempdir();
+        let p = dir.join("driver.kubeconfig");
+        token_kubeconfig(&create_token(driver.deployment, &release.ns), &p);
+        Runner {
+            ns: release.ns.clone(),
+            dir,
+            controller_kubeconfig: None,
+            driver_kubeconfig: Some(p),
             driver,
         }
     }
@@ -335,14 +396,11 @@ impl Runner {
         // What the pod gets from the downward API.
         argv.extend(["--lease-namespace", &self.ns, "--identity", identity].map(str::to_string));
         argv.extend(extra.iter().map(|s| s.to_string()));
-        ControllerProcess::launch(
-            "address-controller",
-            identity,
-            &self.controller_kubeconfig,
-            &argv,
-            &probe,
-        )
-        .await
+        let kubeconfig = self
+            .controller_kubeconfig
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("the release has no core"))?;
+        ControllerProcess::launch("address-controller", identity, kubeconfig, &argv, &probe).await
     }
 
     /// A replica of the release's driver named `identity`.

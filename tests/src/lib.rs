@@ -1041,6 +1041,7 @@ pub use address_controller_driver_conformance::{
     wait_for_every,
 };
 
+pub mod access;
 pub mod bench;
 pub mod chaos;
 pub mod chart;
@@ -1049,6 +1050,7 @@ pub mod flood;
 pub mod image;
 pub mod metallb;
 pub mod node;
+pub mod packaging;
 pub mod wire;
 pub mod wire_churn;
 

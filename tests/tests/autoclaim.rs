@@ -333,7 +333,8 @@ async fn name_collisions_are_never_taken_over() {
 /// The generated ClusterRole, bound to `user`: the controller runs with nothing else.
 async fn grant_generated_role(e: &Env, user: &str) {
     let yaml = std::fs::read_to_string(
-        address_controller_tests::repo_root().join("chart/address-controller/templates/role.yaml"),
+        address_controller_tests::repo_root()
+            .join("chart/address-controller/files/controller-role.yaml"),
     )
     .unwrap();
     // The first document is the ClusterRole (the Role of the release namespace follows).

@@ -11,12 +11,12 @@
 #![allow(clippy::unwrap_used)] // test helpers fail loudly by design
 
 use std::collections::BTreeSet;
-use std::io::Write;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use address_controller_api::{ClaimPhase, IPAddressClaim};
+use address_controller_tests::access::{allowed, kubectl_as};
 use address_controller_tests::chart::{
     INSTALL, Release, Runner, chart_dir, create_token, run_helm, secret_data, values_file,
 };
@@ -359,7 +359,7 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
 }
 
 #[test]
-fn image_digest_wins_over_tag_and_knobs_reach_the_pod() {
+fn image_pinned_by_tag_and_digest_and_knobs_reach_the_pod() {
     let digest = format!("sha256:{}", "ab".repeat(32));
     let objs = render(
         &json!({"image": {"tag": "v9", "digest": digest}, "replicaCount": 3,
@@ -373,8 +373,15 @@ fn image_digest_wins_over_tag_and_knobs_reach_the_pod() {
         &[],
     )
     .unwrap();
+    // Both: the tag for a reader, the digest for the runtime (the platform's pin).
     assert_eq!(
         container(&objs)["image"],
+        format!("ghcr.io/cozystack/address-controller:v9@{digest}")
+    );
+    // The digest alone: repository@digest.
+    let by_digest = render(&json!({"image": {"digest": digest}}), &[]).unwrap();
+    assert_eq!(
+        container(&by_digest)["image"],
         format!("ghcr.io/cozystack/address-controller@{digest}")
     );
     let deploy = find(&objs, "Deployment", "address-controller");
@@ -996,33 +1003,6 @@ fn assert_all_exist(manifest: &[Value]) {
     assert_eq!(names.lines().count(), manifest.len(), "{names}");
 }
 
-/// `kubectl ARGS` as `user` in `groups`, with `stdin`: Ok(stdout) or Err(stderr).
-fn kubectl_as(user: &str, groups: &[&str], args: &[&str], stdin: &str) -> Result<String, String> {
-    let mut cmd = Cluster::get().kubectl();
-    cmd.args(args).args(["--as", user]);
-    for g in groups {
-        cmd.args(["--as-group", g]);
-    }
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
-
 #[tokio::test]
 async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and_apiservice() {
     let _one = INSTALL.lock().await;
@@ -1569,25 +1549,6 @@ async fn the_admission_policy_reserves_address_name_to_the_allowlist() {
     run(&core, &["system:masters"], point("")).unwrap();
     drop(cleanup);
     drop(release);
-}
-
-/// Whether `user` (in `groups`) may `verb` `resource` (`plural[.group][/subresource]`) in
-/// namespace `ns` (empty: the cluster scope), by a SubjectAccessReview with these explicit
-/// attributes (no discovery involved, so the answer does not depend on an aggregated API).
-fn allowed(user: &str, groups: &[String], verb: &str, resource: &str, ns: &str) -> bool {
-    let (resource, sub) = resource.split_once('/').unwrap_or((resource, ""));
-    let (resource, group) = resource.split_once('.').unwrap_or((resource, ""));
-    let sar = json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-        "spec": {"user": user, "groups": groups, "resourceAttributes": {"verb": verb,
-            "group": group, "resource": resource, "subresource": sub, "namespace": ns}}});
-    kubectl_as(
-        "admin",
-        &["system:masters"],
-        &["create", "-f", "-", "-o", "jsonpath={.status.allowed}"],
-        &sar.to_string(),
-    )
-    .unwrap()
-        == "true"
 }
 
 /// The component policy (on by default): each component's own ServiceAccount changes on a
@@ -2615,6 +2576,9 @@ fn every_schema_valid_value_form_starts_the_binaries() {
             "containerPorts": {"apiserver": 10443, "metrics": 10444, "probes": 10081}}),
         json!({"rangeDriver": {"enabled": true, "probePort": 9099},
             "metallbDriver": {"enabled": true, "lbClass": "metallb.example/lb", "metallbNamespace": "lb-system"}}),
+        // The platform's driver package: the driver alone.
+        json!({"core": {"enabled": false}, "metallbDriver": {"enabled": true, "metallbNamespace": "cozy-metallb",
+            "admissionPolicy": {"namespacePrefixes": ["tenant-"]}}}),
     ];
     let kubeconfig = tempdir();
     let missing = kubeconfig.join("absent.kubeconfig");

@@ -138,6 +138,7 @@ async fn an_upgrade_from_the_previous_chart_keeps_every_binding_and_writes_nothi
     assert!(out.contains("STATUS: deployed"), "{out}");
     let release = Release {
         ns: ns.to_string(),
+        name: "address-controller".to_string(),
         notes: out,
     };
     // The previous release's controller: a stand-in with admin rights (this binary needs

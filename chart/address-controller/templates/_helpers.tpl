@@ -3,6 +3,14 @@ Names are fixed: the chart is a cluster singleton and the generated ClusterRole
 (templates/role.yaml) is named `address-controller`.
 */}}
 {{- define "address-controller.name" -}}address-controller{{- end -}}
+
+{{- /*
+"true" unless core.enabled is false: a release of the drivers alone (core.enabled: false) renders
+none of the core — a platform installs the core and each driver as packages of their own.
+*/ -}}
+{{- define "address-controller.core" -}}
+{{- if ne (toString ((.Values.core | default dict).enabled)) "false" -}}true{{- end -}}
+{{- end -}}
 {{- define "address-controller.apiServiceName" -}}address-controller-api{{- end -}}
 {{- define "address-controller.metricsServiceName" -}}address-controller-metrics{{- end -}}
 {{- define "address-controller.tlsSecretName" -}}
@@ -38,6 +46,7 @@ app.kubernetes.io/component: controller
 {{- if not (hasKey .Values "entitlementPolicy") }}{{ $missing = append $missing "entitlementPolicy" }}{{ end -}}
 {{- if not (hasKey ((.Values.metrics | default dict).prometheusRule | default dict) "quotaReached") }}{{ $missing = append $missing "metrics.prometheusRule.quotaReached" }}{{ end -}}
 {{- if not (hasKey .Values "protectionPolicy") }}{{ $missing = append $missing "protectionPolicy" }}{{ end -}}
+{{- if not (hasKey .Values "core") }}{{ $missing = append $missing "core" }}{{ end -}}
 {{- if $missing -}}
 {{- fail (printf "values lack %s, which this chart version added: the values come from an older chart (helm upgrade --reuse-values keeps only the previous release's). Upgrade with --reset-then-reuse-values (Helm >= 3.14) or pass your values file again." (join ", " $missing)) -}}
 {{- end -}}
@@ -52,7 +61,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{- define "address-controller.image" -}}
-{{- if .Values.image.digest -}}
+{{- if and .Values.image.digest .Values.image.tag -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag }}@{{ .Values.image.digest }}
+{{- else if .Values.image.digest -}}
 {{ .Values.image.repository }}@{{ .Values.image.digest }}
 {{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
