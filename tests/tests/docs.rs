@@ -1,5 +1,8 @@
 //! The documentation against the files it quotes: the README's cold build figures are
-//! the ones `deploy/local/build-times.sh` holds (and the scripts print).
+//! the ones `deploy/local/build-times.sh` holds (and the scripts print); every repository
+//! path and make target README.md and docs/ name exists.
+
+#![allow(clippy::unwrap_used)] // test helpers fail loudly by design
 
 use std::collections::BTreeMap;
 
@@ -129,24 +132,37 @@ fn named_paths(text: &str) -> Vec<String> {
     out
 }
 
-/// The maps cannot go stale: every repository path README.md and docs/ name exists (a path
-/// under docs/ may also be relative to docs/).
-#[test]
-fn every_path_the_documents_name_exists() {
+/// README.md (and the chart's, with `chart`) and every Markdown file of docs/.
+fn documents(chart: bool) -> Vec<std::path::PathBuf> {
     let root = repo_root();
-    let mut docs = vec![
-        root.join("README.md"),
-        root.join("chart/address-controller/README.md"),
-    ];
+    let mut docs = vec![root.join("README.md")];
+    if chart {
+        docs.push(root.join("chart/address-controller/README.md"));
+    }
     for e in std::fs::read_dir(root.join("docs")).unwrap() {
         let p = e.unwrap().path();
         if p.extension().is_some_and(|x| x == "md") {
             docs.push(p);
         }
     }
+    docs
+}
+
+/// Fails naming every entry of `missing` (sorted, once each).
+fn assert_none_missing(what: &str, mut missing: Vec<String>) {
+    missing.sort();
+    missing.dedup();
+    assert!(missing.is_empty(), "{what}:\n{}", missing.join("\n"));
+}
+
+/// The maps cannot go stale: every repository path README.md and docs/ name exists (a path
+/// under docs/ may also be relative to docs/).
+#[test]
+fn every_path_the_documents_name_exists() {
+    let root = repo_root();
     let mut missing = Vec::new();
-    for doc in &docs {
-        let text = std::fs::read_to_string(doc).unwrap();
+    for doc in documents(true) {
+        let text = std::fs::read_to_string(&doc).unwrap();
         for path in named_paths(&text) {
             let here = doc.parent().unwrap().join(&path);
             if !root.join(&path).exists() && !here.exists() {
@@ -157,13 +173,7 @@ fn every_path_the_documents_name_exists() {
             }
         }
     }
-    missing.sort();
-    missing.dedup();
-    assert!(
-        missing.is_empty(),
-        "paths named that do not exist:\n{}",
-        missing.join("\n")
-    );
+    assert_none_missing("paths named that do not exist", missing);
 }
 
 /// The make targets a Markdown text names as commands: `make TARGET…` in a code span, or a
@@ -201,16 +211,9 @@ fn every_make_target_the_documents_name_exists() {
         .lines()
         .filter_map(|l| l.split_once(':').map(|(t, _)| t))
         .collect();
-    let mut docs = vec![root.join("README.md")];
-    for e in std::fs::read_dir(root.join("docs")).unwrap() {
-        let p = e.unwrap().path();
-        if p.extension().is_some_and(|x| x == "md") {
-            docs.push(p);
-        }
-    }
     let mut missing = Vec::new();
-    for doc in &docs {
-        let text = std::fs::read_to_string(doc).unwrap();
+    for doc in documents(false) {
+        let text = std::fs::read_to_string(&doc).unwrap();
         for target in make_targets_named(&text) {
             if !targets.contains(&target.as_str()) {
                 missing.push(format!(
@@ -220,11 +223,5 @@ fn every_make_target_the_documents_name_exists() {
             }
         }
     }
-    missing.sort();
-    missing.dedup();
-    assert!(
-        missing.is_empty(),
-        "make targets named that do not exist:\n{}",
-        missing.join("\n")
-    );
+    assert_none_missing("make targets named that do not exist", missing);
 }
