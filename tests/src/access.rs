@@ -3,12 +3,9 @@
 
 #![allow(clippy::unwrap_used)] // test support: a failed step fails the test loudly
 
-use std::io::Write;
-use std::process::Stdio;
-
 use serde_json::json;
 
-use crate::Cluster;
+use crate::{Cluster, output_with_stdin};
 
 /// `kubectl ARGS` as `user` in `groups`, with `stdin`: Ok(stdout) or Err(stderr).
 pub fn kubectl_as(
@@ -22,19 +19,7 @@ pub fn kubectl_as(
     for g in groups {
         cmd.args(["--as-group", g]);
     }
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = output_with_stdin(&mut cmd, stdin.as_bytes()).unwrap();
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {

@@ -66,6 +66,15 @@ pub fn values_file(values: &Value) -> (TempDir, PathBuf) {
     (dir, f)
 }
 
+/// An object's `Kind/name`, as the chart tests name what a release renders.
+pub fn kind_name(o: &Value) -> String {
+    format!(
+        "{}/{}",
+        o["kind"].as_str().unwrap(),
+        o["metadata"]["name"].as_str().unwrap()
+    )
+}
+
 pub fn parse_docs(text: &str) -> Vec<Value> {
     serde_yaml::Deserializer::from_str(text)
         .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())

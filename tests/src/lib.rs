@@ -1002,6 +1002,23 @@ pub fn audited_writes(
         .collect())
 }
 
+/// Runs `cmd` with `stdin` written to its standard input, capturing stdout and stderr.
+pub fn output_with_stdin(cmd: &mut Command, stdin: &[u8]) -> std::io::Result<std::process::Output> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .ok_or_else(|| std::io::Error::other("no stdin"))?
+        .write_all(stdin)?;
+    child.wait_with_output()
+}
+
 // ---- cluster-scoped cleanup ---------------------------------------------------------------
 
 /// Deletes the cluster-scoped objects a test created when dropped, so a failing test does

@@ -18,7 +18,8 @@ use std::time::Duration;
 use address_controller_api::{ClaimPhase, IPAddressClaim};
 use address_controller_tests::access::{allowed, kubectl_as};
 use address_controller_tests::chart::{
-    INSTALL, Release, Runner, chart_dir, create_token, run_helm, secret_data, values_file,
+    INSTALL, Release, Runner, chart_dir, create_token, kind_name, run_helm, secret_data,
+    values_file,
 };
 use address_controller_tests::env::{
     APISERVICE, apiservice_available, assert_holdings_bound, b64decode, phase, tempdir,
@@ -39,15 +40,7 @@ fn render(values: &Value, extra: &[&str]) -> Result<Vec<Value>, String> {
 }
 
 fn kind_names(objs: &[Value]) -> BTreeSet<String> {
-    objs.iter()
-        .map(|o| {
-            format!(
-                "{}/{}",
-                o["kind"].as_str().unwrap(),
-                o["metadata"]["name"].as_str().unwrap()
-            )
-        })
-        .collect()
+    objs.iter().map(kind_name).collect()
 }
 
 fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {

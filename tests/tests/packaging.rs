@@ -14,13 +14,17 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use address_controller_tests::access::{allowed, kubectl_as};
-use address_controller_tests::chart::{METALLB, Release, Runner, chart_dir, clear_leftovers};
+use address_controller_tests::chart::{
+    METALLB, Release, Runner, chart_dir, clear_leftovers, kind_name,
+};
 use address_controller_tests::env::apiservice_available;
 use address_controller_tests::metallb::{MetalLb, NAMESPACE as METALLB_NS};
 use address_controller_tests::packaging::{
     PACKAGES, ROLES, helm_unittest, package_copy, package_dir, platform_dir, tenant_bindings,
 };
-use address_controller_tests::{Cleanup, Cluster, free_port, random_suffix, setup, wait_for};
+use address_controller_tests::{
+    Cleanup, Cluster, free_port, output_with_stdin, random_suffix, setup, wait_for,
+};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -73,16 +77,7 @@ fn rendered(values: &Value, extra: &[&str]) -> Vec<(String, Value)> {
     address_controller_tests::chart::render("platform-system", values, extra)
         .unwrap()
         .into_iter()
-        .map(|o| {
-            (
-                format!(
-                    "{}/{}",
-                    o["kind"].as_str().unwrap(),
-                    o["metadata"]["name"].as_str().unwrap()
-                ),
-                o,
-            )
-        })
+        .map(|o| (kind_name(&o), o))
         .collect()
 }
 
@@ -216,21 +211,13 @@ fn grafana_schema() -> Result<PathBuf, String> {
 
 /// Validates `doc` against grafana-operator's GrafanaDashboard schema: Ok, or what is wrong.
 fn validate_grafana_dashboard(schema: &Path, doc: &Value) -> Result<(), String> {
-    use std::io::Write;
-    let mut child = std::process::Command::new("node")
-        .arg(schema.join("validate.mjs"))
-        .current_dir(schema)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(doc.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = output_with_stdin(
+        std::process::Command::new("node")
+            .arg(schema.join("validate.mjs"))
+            .current_dir(schema),
+        doc.to_string().as_bytes(),
+    )
+    .unwrap();
     let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if out.status.success() && said == "valid" {
         Ok(())
@@ -296,22 +283,14 @@ fn the_grafana_dashboard_is_valid_for_grafana_operator_and_is_the_charts_dashboa
     assert!(err.contains("instanceSelector"), "{err}");
 }
 
-/// Every file below `dir`, relative to it, sorted.
+/// Every file below `dir`, relative to it, sorted (the image test's walk, without the
+/// directories).
 fn files(dir: &Path) -> Vec<PathBuf> {
-    fn walk(base: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
-        for e in std::fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                walk(base, &p, out);
-            } else {
-                out.push(p.strip_prefix(base).unwrap().to_path_buf());
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(dir, dir, &mut out);
-    out.sort();
-    out
+    address_controller_tests::image::walk(dir)
+        .into_iter()
+        .filter(|(_, meta)| !meta.is_dir())
+        .map(|(rel, _)| PathBuf::from(rel))
+        .collect()
 }
 
 /// One source of truth: `charts/address-controller` of each package is `chart/` byte for
@@ -630,11 +609,10 @@ fn the_platform_has_its_roles_and_tenants(
         cleanup.add("namespaces", ns);
     }
     for ns in tenants {
-        let name = ns.trim_start_matches("tenant-");
-        for doc in tenant_bindings(platform_files, name) {
-            platform(&["apply", "-f", "-"], &doc.to_string())
-                .unwrap_or_else(|e| panic!("applying the tenant's {}: {e}", doc["kind"]));
-        }
+        let docs = tenant_bindings(platform_files, ns.trim_start_matches("tenant-"));
+        cluster
+            .apply(&docs)
+            .unwrap_or_else(|e| panic!("applying {ns}'s bindings: {e:#}"));
     }
 }
 
@@ -642,16 +620,7 @@ fn the_platform_has_its_roles_and_tenants(
 /// nothing of the core (no APIService, no controller, no tenant roles of its own).
 fn the_driver_package_renders_the_driver_and_the_fence_and_none_of_the_core(driver: &Release) {
     let objs = driver.manifest();
-    let names: Vec<String> = objs
-        .iter()
-        .map(|o| {
-            format!(
-                "{}/{}",
-                o["kind"].as_str().unwrap(),
-                o["metadata"]["name"].as_str().unwrap()
-            )
-        })
-        .collect();
+    let names: Vec<String> = objs.iter().map(kind_name).collect();
     for want in [
         "Deployment/address-controller-metallb-driver",
         "ValidatingAdmissionPolicy/address-controller-metallb-pins",

@@ -212,13 +212,7 @@ spec:
         .as_array()
         .unwrap()
         .iter()
-        .map(|o| {
-            format!(
-                "{}/{}",
-                o["kind"].as_str().unwrap(),
-                o["metadata"]["name"].as_str().unwrap()
-            )
-        })
+        .map(address_controller_tests::chart::kind_name)
         .collect();
     kinds.sort();
     assert_eq!(
