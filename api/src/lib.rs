@@ -6,6 +6,7 @@ pub mod duration;
 pub mod entitlement;
 pub mod family;
 pub mod history;
+pub mod kubevirt;
 pub mod manifests;
 pub mod names;
 pub mod ranges;

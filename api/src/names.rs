@@ -202,6 +202,12 @@ pub mod driver {
     // Association (SPEC §8): events on the Service.
     /// The claim's addresses were put on the Service.
     pub const ASSOCIATED: &str = "Associated";
+    /// The VM behind a Service cozy-proxy serves began to move between nodes; its address
+    /// stays on the Service.
+    pub const MIGRATING: &str = "Migrating";
+    /// More than one workload is behind a Service cozy-proxy serves that holds its
+    /// address: it keeps it for the hold-down.
+    pub const HELD_DOWN: &str = "HeldDown";
     /// The Service names a claim that does not exist in its namespace.
     pub const CLAIM_NOT_FOUND: &str = "ClaimNotFound";
     /// The Service names a claim that is not Bound (Pending or Lost).

@@ -59,9 +59,18 @@ pub mod reason {
     /// A Service handed to cozy-proxy names another namespace's claim: its pods' outbound
     /// traffic would leave from someone else's address.
     pub const EGRESS_NOT_OWN: &str = "EgressNotOwn";
-    /// A Service handed to cozy-proxy selects more than one ready pod: cozy-proxy forwards
-    /// the address to one.
+    /// A Service handed to cozy-proxy selects more than one workload (ready pods not of one
+    /// VM): cozy-proxy forwards the address to one. Refused — after the hold-down
+    /// ([`HELD_DOWN`]) when the Service held the address already.
     pub const MULTIPLE_ENDPOINTS: &str = "MultipleEndpoints";
+    /// True: a Service handed to cozy-proxy that holds its address selects more than one
+    /// workload; the address stays on it for the hold-down
+    /// ([`crate::kubevirt::MULTIPLE_WORKLOADS_HOLD_DOWN`]), then it is refused
+    /// ([`MULTIPLE_ENDPOINTS`]) unless one workload remains.
+    pub const HELD_DOWN: &str = "HeldDown";
+    /// True: the VM behind a Service handed to cozy-proxy is moving between nodes (two pods
+    /// of one VirtualMachineInstance are ready): it is one backend, the address stays.
+    pub const MIGRATING: &str = "Migrating";
     /// A Service handed to cozy-proxy whose EndpointSlices are not known yet: how many pods
     /// it selects is not known, so nothing is put on it (a new Service's slices follow it
     /// within moments).

@@ -24,7 +24,7 @@
 #                                             With --node, also MetalLB's speaker on the node (L2 mode)
 #   cluster.sh cozy-proxy DIR                 (--node) run cozy-proxy — the platform's data plane for
 #                                             whole-address Services, built from its upstream source
-#                                             (build-binaries.sh cozy) — on the node, as its DaemonSet
+#                                             (build-binaries.sh cozy) — on every node, as its DaemonSet
 #                                             runs it (host network); stopped by `down`. Exits 3 when
 #                                             its source is not there (the tests say skipped)
 #   cluster.sh client DIR CMD...              (--node) CMD on the client host, the far end of the wire
@@ -35,7 +35,7 @@
 #
 # A component restarted by `restart` (etcd, kube-apiserver, and with --node kube-proxy,
 # metallb-speaker, metallb-controller, cozy-proxy; with --nodes 2 also the second node's
-# kube-proxy-2 and metallb-speaker-2) runs the same command again and is waited for.
+# kube-proxy-2, metallb-speaker-2 and cozy-proxy-2) runs the same command again and is waited for.
 #
 # SERVICE_CIDR (IPv4, default 10.0.0.0/24) sizes the Services' ClusterIP range (the latency
 # bench keeps hundreds of LoadBalancer Services alive at once); AC_ETCD_QUOTA_BYTES
@@ -196,9 +196,9 @@ restart() {
   local name="$1"
   case "$name" in
     etcd|kube-apiserver) ;;
-    kube-proxy|kube-proxy-2|metallb-speaker|metallb-speaker-2|metallb-controller|cozy-proxy)
+    kube-proxy|kube-proxy-2|metallb-speaker|metallb-speaker-2|metallb-controller|cozy-proxy|cozy-proxy-2)
       [ -f "$dir/pids/$name" ] || die "$name does not run in $dir"; restart_with_health "$name"; return ;;
-    *) die "restart: etcd, kube-apiserver, kube-proxy[-2], metallb-speaker[-2], metallb-controller or cozy-proxy, not '$name'" ;;
+    *) die "restart: etcd, kube-apiserver, kube-proxy[-2], metallb-speaker[-2], metallb-controller or cozy-proxy[-2], not '$name'" ;;
   esac
   [ -f "$dir/cmds/$name" ] || die "no recorded command for $name in $dir"
   # shellcheck disable=SC1091
@@ -240,7 +240,7 @@ stop_all() {
   # Reverse start order: controller-manager, apiserver, etcd; watcher last.
   local name
   node_down
-  for name in cozy-proxy metallb-speaker metallb-controller kube-controller-manager kube-apiserver etcd watcher; do
+  for name in cozy-proxy-2 cozy-proxy metallb-speaker metallb-controller kube-controller-manager kube-apiserver etcd watcher; do
     stop_one "$name"
   done
 }
@@ -516,29 +516,35 @@ metallb_speaker_one() {
   log "$name $METALLB_VERSION ready on node $N_NAME (L2; announces on $WIRE_NODE_IF${ml:+; memberlist at $N_IP})"
 }
 
-# cozy-proxy on the node, as its DaemonSet runs it: in the node's network namespace (its
+# cozy-proxy on every node, as its DaemonSet runs it: in the node's network namespace (its
 # host network, where it writes the nftables table `ip cozy_proxy`), watching every Service
 # and keeping those labelled service.kubernetes.io/service-proxy-name=cozy-proxy — its only
 # selector. Health on loopback, metrics off. It watches Services and Endpoints cluster-wide
 # and writes nothing to the API, like the speaker it runs on the cluster's admin credentials.
+# On the second node it is cozy-proxy-2.
 cozy_proxy() {
   load_env || die "no cluster in $dir; run: cluster.sh up $dir"
   [ -n "$node" ] || die "$dir has no node (cluster.sh up DIR --node)"
-  if [ -f "$dir/pids/cozy-proxy" ] && kill -0 "$(cat "$dir/pids/cozy-proxy")" 2>/dev/null; then
-    log "cozy-proxy already running"; return
-  fi
   [ -f "$COZY_PROXY_SRC/go.mod" ] || { log "no cozy-proxy source at $COZY_PROXY_SRC"; exit 3; }
   local bin
   bin="$(cozy_proxy_bin)"
   [ -f "$bin/.complete" ] || "$here/build-binaries.sh" cozy
-  local health
+  each_node cozy_proxy_one "$bin"
+}
+
+cozy_proxy_one() {
+  local bin="$1" name="cozy-proxy$N_SFX" health kubeconfig="$dir/admin.kubeconfig"
+  if [ -f "$dir/pids/$name" ] && kill -0 "$(cat "$dir/pids/$name")" 2>/dev/null; then
+    log "$name already running"; return
+  fi
+  if [ "$N_INDEX" != 1 ]; then kubeconfig="$N_DIR/admin.kubeconfig"; fi
   health="$(free_ports 1)"
-  start cozy-proxy nsenter --net="/run/netns/$NODE_NETNS" -- "$bin/cozy-proxy" \
-    --kubeconfig="$dir/admin.kubeconfig" --health-probe-bind-address="127.0.0.1:$health" \
+  start "$name" nsenter --net="/run/netns/$N_NETNS" -- "$bin/cozy-proxy" \
+    --kubeconfig="$kubeconfig" --health-probe-bind-address="127.0.0.1:$health" \
     --metrics-bind-address=0 --zap-devel=false
-  echo "http://127.0.0.1:$health/healthz" > "$dir/pids/cozy-proxy.health"
-  wait_health cozy-proxy 30
-  log "cozy-proxy ready on node $NODE_NAME (table ip cozy_proxy)"
+  health_url "$name" "http://127.0.0.1:$health/healthz"
+  wait_health "$name" 30
+  log "$name ready on node $N_NAME (table ip cozy_proxy)"
 }
 
 case "$cmd" in

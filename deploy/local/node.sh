@@ -606,6 +606,7 @@ node_down() {
 
 node_down_one() {
   local nd="$N_DIR" p
+  stop_one "cozy-proxy$N_SFX"
   stop_one "metallb-speaker$N_SFX"
   stop_one "kube-proxy$N_SFX"
   stop_one "kubelet$N_SFX"

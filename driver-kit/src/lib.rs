@@ -197,6 +197,12 @@ pub const KIT_RULES: &[Rule] = &[
         why: "the ready pods of a Service cozy-proxy serves (its label selects the slices): cozy-proxy forwards the address to one",
     },
     Rule {
+        group: "kubevirt.io",
+        resources: &["virtualmachineinstances"],
+        verbs: &["list", "watch"],
+        why: "which pods run one VM (status.activePods): a VM moving between nodes is one backend of its Service, not two (read only where KubeVirt is installed)",
+    },
+    Rule {
         group: "",
         resources: &["services/status"],
         verbs: &["patch"],

@@ -74,6 +74,14 @@ pub(crate) fn register<D: Driver>(ctx: &Arc<runner::Ctx<D>>) {
                 }
             }
         });
+        // ... and when a VMI its pods run changes (a move starts, the target takes over).
+        let c = ctx.clone();
+        let index = Arc::downgrade(slices);
+        slices.vmis.on_change(move |ch| {
+            for svc in index.upgrade().iter().flat_map(|i| i.services_of_vmi(ch)) {
+                c.queues.services.add(svc);
+            }
+        });
     }
 }
 

@@ -173,7 +173,7 @@ impl World {
             );
         }
         if let Some(e) = &self.proxied_endpoints {
-            let cfg = WatchConfig {
+            let slices = WatchConfig {
                 labels: Some(format!(
                     "{}={}",
                     address_controller_api::service::SERVICE_PROXY_NAME_LABEL,
@@ -183,7 +183,12 @@ impl World {
             };
             tasks.spawn_forever(
                 "watch EndpointSlices (cozy-proxy)",
-                e.cache.clone().run(Api::all(client.clone()), cfg),
+                e.cache.clone().run(Api::all(client.clone()), slices),
+            );
+            // Every VMI: they carry no label of cozy-proxy's.
+            tasks.spawn_forever(
+                "watch VirtualMachineInstances (where KubeVirt is installed)",
+                watch_where_served(e.vmis.clone(), client.clone(), cfg.clone()),
             );
         }
         if let Some(l) = &self.driver_leases {
@@ -205,5 +210,30 @@ impl World {
     /// Every class (classes are few).
     pub fn classes(&self) -> Vec<Arc<IPAddressClass>> {
         self.classes.store.all()
+    }
+}
+
+/// How often a watch of a kind whose API may not be installed (KubeVirt's VMIs) asks the
+/// discovery whether it is served now.
+const DISCOVERY_RECHECK: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Runs the watch of `cache` once its API is served (asked of the discovery, every
+/// [`DISCOVERY_RECHECK`] until it is): a cluster without KubeVirt is a cluster where no VM
+/// moves, not a failing watch — its health is not part of the process's readiness.
+async fn watch_where_served<K>(cache: Arc<Cache<K>>, client: Client, cfg: WatchConfig)
+where
+    K: crate::cache::Object + kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    let api_version = K::api_version(&()).to_string();
+    let plural = K::plural(&()).to_string();
+    loop {
+        match client.list_api_group_resources(&api_version).await {
+            Ok(list) if list.resources.iter().any(|r| r.name == plural) => {
+                tracing::info!("{api_version} {plural} served: watching them");
+                cache.run(Api::all(client), cfg).await;
+                return;
+            }
+            Ok(_) | Err(_) => tokio::time::sleep(DISCOVERY_RECHECK).await,
+        }
     }
 }

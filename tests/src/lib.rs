@@ -1066,6 +1066,7 @@ pub mod env;
 pub mod flood;
 pub mod image;
 pub mod metallb;
+pub mod migration;
 pub mod node;
 pub mod packaging;
 pub mod wire;

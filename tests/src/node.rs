@@ -58,9 +58,9 @@ pub fn node_count() -> u8 {
 }
 
 /// [`main`] for a test file whose cluster has NODES nodes (`cluster.sh up --nodes`).
-pub fn main_on_nodes(nodes: u8, tests: Vec<(&'static str, fn())>) {
+pub fn main_on_nodes(nodes: u8, tests: Vec<(&'static str, fn())>, cozy: Vec<(&'static str, fn())>) {
     let _ = NODE_COUNT.set(nodes);
-    main(tests, vec![]);
+    main(tests, cozy);
 }
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -292,6 +292,12 @@ impl Node {
         let version = crate::image::app_version();
         let image = format!("ghcr.io/cozystack/address-controller:{version}");
         let node = Node { cluster, image };
+        if node_count() > 1 {
+            // The two-node tier is where VMs move: KubeVirt's VMI CRD is there before the
+            // drivers start, as on the platform (they also find it later, within a
+            // discovery recheck).
+            crate::migration::install_vmi_crd(&node);
+        }
         timed(
             "rollout (helm upgrade --install → both Deployments Available)",
             || {
@@ -567,4 +573,14 @@ pub fn file_fingerprint(path: &std::path::Path) -> Result<String> {
         bail!("openssl x509 {}", path.display());
     }
     Ok(String::from_utf8(out.stdout)?.trim().to_string())
+}
+
+/// Node I uncordoned when this goes, however the test ends (a failed step must not leave a
+/// node cordoned for the file's later tests). A drain cordons too: its guard is this one.
+pub struct Uncordon<'a>(pub &'a Node, pub usize);
+
+impl Drop for Uncordon<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.cluster.kubectl_ok(&["uncordon", NODE_NAMES[self.1]]);
+    }
 }

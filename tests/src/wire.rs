@@ -24,8 +24,8 @@ use crate::invariants::{Scope, assert_invariants};
 use crate::node::{self, Node, replicas, values};
 use crate::{Cleanup, TestNamespace, random_suffix, repo_root, wait_for};
 
-/// How long a wire test waits for a claim to bind.
-const WAIT: Duration = Duration::from_secs(60);
+/// How long a wire test waits for a claim to bind, or for a condition.
+pub const WAIT: Duration = Duration::from_secs(60);
 
 /// The client host's network namespace.
 pub const CLIENT_NETNS: &str = "address-controller-client";
@@ -841,4 +841,53 @@ impl Drop for World {
             ]);
         }
     }
+}
+
+// ---- what the node tier reads of the API -------------------------------------------------
+
+/// The IPAddress object holding IP (by spec.address), as JSON.
+pub fn address_object(node: &Node, ip: &str) -> Option<Value> {
+    let list = node
+        .json(&["get", "ipaddresses.local.sdn.cozystack.io"])
+        .unwrap();
+    list["items"]
+        .as_array()?
+        .iter()
+        .find(|a| a["spec"]["address"] == ip)
+        .cloned()
+}
+
+/// The AddressAttached condition of a Service: (status, reason, message).
+pub fn attached_condition(node: &Node, ns: &str, name: &str) -> Option<(String, String, String)> {
+    let s = node.json(&["get", "service", "-n", ns, name]).ok()?;
+    s["status"]["conditions"].as_array()?.iter().find_map(|c| {
+        (c["type"] == "local.sdn.cozystack.io/AddressAttached").then(|| {
+            (
+                c["status"].as_str().unwrap_or_default().to_string(),
+                c["reason"].as_str().unwrap_or_default().to_string(),
+                c["message"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+    })
+}
+
+/// Waits until the Service's condition has STATUS and REASON; its message.
+pub async fn until_condition(
+    node: &Node,
+    ns: &str,
+    name: &str,
+    status: &str,
+    reason: &str,
+) -> String {
+    wait_for(
+        &format!("Service {ns}/{name} AddressAttached={status} {reason}"),
+        WAIT,
+        || async {
+            Ok(attached_condition(node, ns, name)
+                .filter(|(s, r, _)| s == status && r == reason)
+                .map(|(_, _, m)| m))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; last {:?}", attached_condition(node, ns, name)))
 }

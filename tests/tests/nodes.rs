@@ -13,7 +13,8 @@
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use address_controller_tests::node::{self, NETNS_OF, NODE_NAMES, Node, figure};
+use address_controller_tests::migration;
+use address_controller_tests::node::{self, NETNS_OF, NODE_NAMES, Node, Uncordon, figure};
 use address_controller_tests::wire::{
     CLIENT_NETNS, Driver, World, claim_annotation, client_neighbour, curl, in_netns, node_mac_of,
     service, until_answered, workload, workload_spread,
@@ -53,16 +54,6 @@ fn cable(i: usize, plugged: bool) {
         .status()
         .unwrap();
     assert!(st.success(), "ip link set acw-port{} failed", i + 1);
-}
-
-/// Node I uncordoned when this goes, however the test ends (a failed step must not leave a
-/// node cordoned for the file's later tests). A drain cordons too: its guard is this one.
-struct Uncordon<'a>(&'a Node, usize);
-
-impl Drop for Uncordon<'_> {
-    fn drop(&mut self) {
-        let _ = self.0.cluster.kubectl_ok(&["uncordon", NODE_NAMES[self.1]]);
-    }
 }
 
 /// How a pod leaves its node.
@@ -308,6 +299,21 @@ fn the_announcing_node_unplugged_the_other_node_answers() {
     node::run(metallb_node_lost);
 }
 
+fn a_vm_keeps_its_address_while_both_pods_are_ready() {
+    node::run(|n| {
+        migration::both_ready_another_ip(n, Driver::MetalLb, "192.0.2.96/28", "metallb l2")
+    });
+}
+fn a_vm_keeps_its_address_while_neither_pod_is_ready() {
+    node::run(|n| migration::neither_ready(n, Driver::MetalLb, "192.0.2.112/28", "metallb l2"));
+}
+fn two_workloads_behind_a_vm_service_are_refused_after_the_hold_down() {
+    node::run(|n| migration::two_workloads(n, Driver::MetalLb, "192.0.2.128/28", "metallb l2"));
+}
+fn a_drain_moves_the_vm_and_its_address_answers_from_the_other_node() {
+    node::run(|n| migration::drain(n, Driver::MetalLb, "192.0.2.144/28", "metallb l2"));
+}
+
 fn the_wire_under_day_two_churn() {
     node::run(address_controller_tests::wire_churn::wire_churn);
 }
@@ -331,6 +337,24 @@ fn main() {
             (
                 "the_announcing_node_unplugged_the_other_node_answers",
                 the_announcing_node_unplugged_the_other_node_answers,
+            ),
+        ],
+        vec![
+            (
+                "a_vm_keeps_its_address_while_both_pods_are_ready",
+                a_vm_keeps_its_address_while_both_pods_are_ready as fn(),
+            ),
+            (
+                "a_vm_keeps_its_address_while_neither_pod_is_ready",
+                a_vm_keeps_its_address_while_neither_pod_is_ready,
+            ),
+            (
+                "two_workloads_behind_a_vm_service_are_refused_after_the_hold_down",
+                two_workloads_behind_a_vm_service_are_refused_after_the_hold_down,
+            ),
+            (
+                "a_drain_moves_the_vm_and_its_address_answers_from_the_other_node",
+                a_drain_moves_the_vm_and_its_address_answers_from_the_other_node,
             ),
         ],
     );

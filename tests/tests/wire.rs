@@ -11,31 +11,18 @@ use std::time::{Duration, Instant};
 
 use address_controller_tests::node::{self, Node, figure};
 use address_controller_tests::wire::{
-    self, Ask, ClientListener, Driver, Method, NODE_WIRE_IP, World, apply, claim_annotation,
-    client_flush_neighbours, client_neighbour, curl, egress_source, node_mac, percentile, ping,
-    pod_ip_of, route, service, udp, until_answered, until_silent, vm_service, vm_workload,
-    workload,
+    self, Ask, ClientListener, Driver, Method, NODE_WIRE_IP, WAIT, World, address_object, apply,
+    claim_annotation, client_flush_neighbours, client_neighbour, curl, egress_source, node_mac,
+    percentile, ping, pod_ip_of, route, service, udp, until_answered, until_condition,
+    until_silent, vm_service, vm_workload, workload,
 };
 use address_controller_tests::{random_suffix, wait_for};
 use kube::api::DeleteParams;
-use serde_json::{Value, json};
+use serde_json::json;
 
-const WAIT: Duration = Duration::from_secs(60);
 /// How long an address may keep answering, or stay silent, after a change (a bound, not a
 /// target: the figures say how long it took).
 const SETTLE: Duration = Duration::from_secs(30);
-
-/// The IPAddress object holding IP (by spec.address), as JSON.
-fn address_object(node: &Node, ip: &str) -> Option<Value> {
-    let list = node
-        .json(&["get", "ipaddresses.local.sdn.cozystack.io"])
-        .unwrap();
-    list["items"]
-        .as_array()?
-        .iter()
-        .find(|a| a["spec"]["address"] == ip)
-        .cloned()
-}
 
 fn kubectl(node: &Node, args: &[&str]) {
     node.cluster.kubectl_ok(args).unwrap();
@@ -437,35 +424,6 @@ async fn shared(node: &'static Node) {
 
 // ---- whole addresses through cozy-proxy (#55) ---------------------------------------------
 
-/// The AddressAttached condition of a Service: (status, reason, message).
-fn attached_condition(node: &Node, ns: &str, name: &str) -> Option<(String, String, String)> {
-    let s = node.json(&["get", "service", "-n", ns, name]).ok()?;
-    s["status"]["conditions"].as_array()?.iter().find_map(|c| {
-        (c["type"] == "local.sdn.cozystack.io/AddressAttached").then(|| {
-            (
-                c["status"].as_str().unwrap_or_default().to_string(),
-                c["reason"].as_str().unwrap_or_default().to_string(),
-                c["message"].as_str().unwrap_or_default().to_string(),
-            )
-        })
-    })
-}
-
-/// Waits until the Service's condition has STATUS and REASON; its message.
-async fn until_condition(node: &Node, ns: &str, name: &str, status: &str, reason: &str) -> String {
-    wait_for(
-        &format!("Service {ns}/{name} AddressAttached={status} {reason}"),
-        WAIT,
-        || async {
-            Ok(attached_condition(node, ns, name)
-                .filter(|(s, r, _)| s == status && r == reason)
-                .map(|(_, _, m)| m))
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}; last {:?}", attached_condition(node, ns, name)))
-}
-
 /// Polls a probe from the client host until it fails (the time it took), failing after
 /// TIMEOUT while it still succeeds.
 fn until_refused(what: &str, timeout: Duration, probe: impl Fn() -> bool) -> Duration {
@@ -758,7 +716,7 @@ async fn cozy_refusals(node: &'static Node) {
     .unwrap();
     let ip = w.bound("two").await;
     let m = until_condition(node, t, "two", "False", "MultipleEndpoints").await;
-    assert!(m.contains("2 ready pods"), "{m}");
+    assert!(m.contains("2 workloads"), "{m}");
     assert!(curl(&ip, 2222).is_err(), "nothing half-served");
     // One pod again: attached.
     kubectl(

@@ -31,8 +31,10 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use address_controller_api::family::parse_address;
+use address_controller_api::kubevirt::{Backends, MULTIPLE_WORKLOADS_HOLD_DOWN};
 use address_controller_api::names::driver as reason;
 use address_controller_api::sharing::{self, Candidate, Refusal};
 use address_controller_api::{
@@ -168,9 +170,13 @@ pub struct ServiceSnapshot<'a> {
     pub shown_elsewhere: &'a dyn Fn(IpAddr) -> Vec<String>,
     /// Why the backend cannot put an address on a Service ([`crate::Driver::servable`]).
     pub unservable: &'a dyn Fn(&IPAddress) -> Option<String>,
-    /// For a Service cozy-proxy serves: how many ready pods it selects (its EndpointSlices;
-    /// `None`: not known yet — such a Service waits — or not such a Service).
-    pub ready_endpoints: Option<usize>,
+    /// For a Service cozy-proxy serves: who is behind it (its EndpointSlices and the VMIs
+    /// their pods run; `None`: not known yet — such a Service waits — or not such a
+    /// Service).
+    pub backends: Option<Backends>,
+    /// How long more than one workload has been behind it, by the driver's clock (`None`:
+    /// not now).
+    pub multiple_for: Option<Duration>,
     /// The backend shows what it pins at once (it is the load balancer: the range driver);
     /// otherwise the condition waits until the Service shows the address.
     pub pin_shows: bool,
@@ -210,6 +216,8 @@ pub struct ServicePlan {
     /// For the owner of another namespace's claim the Service was refused: an event on the
     /// claim, in the owner's namespace.
     pub owner_notice: Option<PlannedEvent>,
+    /// Look at the Service again after this long (the hold-down ends then).
+    pub recheck: Option<Duration>,
 }
 
 fn refused(plan: &mut ServicePlan, event: &'static str, condition: &'static str, why: String) {
@@ -229,6 +237,12 @@ pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
     }
     withdraw(s, &mut plan, &wanted, &pinnable);
     until_shown(s, &mut plan, &pinnable);
+    if let Some(svc) = s
+        .service
+        .filter(|svc| address_controller_api::service::cozy_proxy(svc).is_some())
+    {
+        say_moving(&mut plan, s, svc);
+    }
     plan.not_ours = !s.served && s.marked.is_empty() && s.associated_here.is_empty();
     plan
 }
@@ -502,7 +516,7 @@ fn admitted(
     wanted: &mut Vec<Arc<IPAddress>>,
 ) {
     let proxied = address_controller_api::service::cozy_proxy(svc);
-    if proxied.is_some() && !one_ready_pod(plan, s, claim_ref) {
+    if proxied.is_some() && !one_backend(plan, s, claim_ref) {
         return;
     }
     let mut families = service_families(svc);
@@ -578,33 +592,85 @@ fn admitted(
     }
 }
 
-/// A Service cozy-proxy serves gets its address only while it selects one ready pod
-/// (cozy-proxy forwards the address to one): whether it does; else the plan says why not.
-fn one_ready_pod(plan: &mut ServicePlan, s: &ServiceSnapshot<'_>, claim_ref: &str) -> bool {
-    if s.ready_endpoints.is_none() {
-        // Pinned before the pods are counted, the address could be forwarded to the first
-        // of two pods for as long as the count takes (seen on the node tier): it waits.
-        plan.condition = Some((
-            false,
-            sharing::reason::WAITING_FOR_ENDPOINTS,
-            format!(
-                "cozy-proxy forwards the address of IPAddressClaim {claim_ref} to one pod; how many this Service selects is not known yet, nothing is put on it until it is"
-            ),
-        ));
-        return false;
+/// A Service cozy-proxy serves gets its address while one workload is behind it — a VM
+/// moving between nodes is one ([`Backends::Migrating`]) — and keeps it: an address on the
+/// Service is never taken off because its endpoints went to zero, are not known for a
+/// moment, or are more than one for less than the hold-down. Whether it may hold it; else
+/// the plan says why not.
+fn one_backend(plan: &mut ServicePlan, s: &ServiceSnapshot<'_>, claim_ref: &str) -> bool {
+    let holds = !s.associated_here.is_empty();
+    match &s.backends {
+        None if holds => true,
+        None => {
+            // Pinned before the pods are counted, the address could be forwarded to the
+            // first of two pods for as long as the count takes (seen on the node tier): it
+            // waits.
+            plan.condition = Some((
+                false,
+                sharing::reason::WAITING_FOR_ENDPOINTS,
+                format!(
+                    "cozy-proxy forwards the address of IPAddressClaim {claim_ref} to one pod; how many this Service selects is not known yet, nothing is put on it until it is"
+                ),
+            ));
+            false
+        }
+        Some(Backends::Many(n)) => {
+            let held = s.multiple_for.unwrap_or_default();
+            if holds && held < MULTIPLE_WORKLOADS_HOLD_DOWN {
+                plan.recheck = Some(MULTIPLE_WORKLOADS_HOLD_DOWN - held);
+                return true;
+            }
+            refused(
+                plan,
+                reason::ASSOCIATION_REJECTED,
+                sharing::reason::MULTIPLE_ENDPOINTS,
+                format!(
+                    "cozy-proxy forwards the address of IPAddressClaim {claim_ref} to one pod and sends that pod's traffic from it; {n} workloads are behind this Service (ready pods not of one VirtualMachineInstance), nothing is put on it until one is"
+                ),
+            );
+            false
+        }
+        Some(Backends::None | Backends::One | Backends::Migrating { .. }) => true,
     }
-    if let Some(n) = s.ready_endpoints.filter(|n| *n > 1) {
-        refused(
-            plan,
-            reason::ASSOCIATION_REJECTED,
-            sharing::reason::MULTIPLE_ENDPOINTS,
-            format!(
-                "cozy-proxy forwards the address of IPAddressClaim {claim_ref} to one pod and sends that pod's traffic from it; {n} ready pods are behind this Service, nothing is put on it until one is"
-            ),
-        );
-        return false;
+}
+
+/// While the address is on the Service, the condition says what it holds through: a VM
+/// moving (`Migrating`, and an event when the move is first seen) or more than one
+/// workload within the hold-down (`HeldDown`).
+fn say_moving(plan: &mut ServicePlan, s: &ServiceSnapshot<'_>, svc: &Service) {
+    let Some((true, why, message)) = plan.condition.as_mut() else {
+        return;
+    };
+    let was = sharing::condition(svc).map(|c| c.reason.as_str());
+    match &s.backends {
+        Some(Backends::Migrating { vmi, nodes, node }) => {
+            let on = node.as_deref().unwrap_or("(not said yet)");
+            let note = format!(
+                "VirtualMachineInstance {vmi} is moving: ready on {}, running on {on} by its word; one backend, the address stays on the Service",
+                nodes.join(" and ")
+            );
+            message.push_str(&format!("; {note}"));
+            *why = sharing::reason::MIGRATING;
+            if was != Some(sharing::reason::MIGRATING) {
+                plan.events
+                    .push(PlannedEvent::normal(reason::MIGRATING, note));
+            }
+        }
+        Some(Backends::Many(n)) if plan.recheck.is_some() => {
+            let left = plan.recheck.unwrap_or_default().as_secs();
+            let note = format!(
+                "{n} workloads are behind the Service (ready pods not of one VirtualMachineInstance); cozy-proxy forwards the address to one; it stays on the Service for the hold-down of {} s ({left} s left), then it is taken off unless one workload remains",
+                MULTIPLE_WORKLOADS_HOLD_DOWN.as_secs()
+            );
+            message.push_str(&format!("; {note}"));
+            *why = sharing::reason::HELD_DOWN;
+            if was != Some(sharing::reason::HELD_DOWN) {
+                plan.events
+                    .push(PlannedEvent::warning(reason::HELD_DOWN, note));
+            }
+        }
+        _ => {}
     }
-    true
 }
 
 /// How the address is attached, as the condition says it.
@@ -645,7 +711,8 @@ mod tests {
         elsewhere: Vec<(&'static str, IpAddr)>,
         /// Addresses the backend cannot serve.
         unservable: Vec<&'static str>,
-        ready_endpoints: Option<usize>,
+        backends: Option<Backends>,
+        multiple_for: Option<Duration>,
         pin_shows: bool,
         /// The backend serves the Service (false: another driver's).
         serves: bool,
@@ -666,7 +733,8 @@ mod tests {
                 shown: vec![],
                 elsewhere: vec![],
                 unservable: vec![],
-                ready_endpoints: None,
+                backends: None,
+                multiple_for: None,
                 pin_shows: true,
                 serves: true,
             }
@@ -696,7 +764,8 @@ mod tests {
                         .contains(&a.spec.address.as_str())
                         .then(|| format!("{} is outside the pool", a.spec.address))
                 },
-                ready_endpoints: self.ready_endpoints,
+                backends: self.backends.clone(),
+                multiple_for: self.multiple_for,
                 pin_shows: self.pin_shows,
             })
         }
@@ -810,7 +879,7 @@ mod tests {
             addr("x", "192.0.2.1", json!({})),
             addr("y", "2001:db8::1", json!({})),
         ];
-        c.ready_endpoints = Some(1);
+        c.backends = Some(Backends::One);
         let p = c.plan();
         assert_eq!(names(&p.associate), ["x"]);
         let record = p.attachment.clone().unwrap();
@@ -822,26 +891,117 @@ mod tests {
         assert!(message.contains("whole, by cozy-proxy"), "{message}");
         assert!(message.contains("cozy-proxy serves IPv4 only"), "{message}");
         // Two ready pods: nothing is put on it; one again: attached.
-        c.ready_endpoints = Some(2);
+        c.backends = Some(Backends::Many(2));
         let p = c.plan();
         assert!(p.associate.is_empty());
         assert_eq!(p.pin, Some((vec![], vec![])));
         let (on, why, _) = p.condition.unwrap();
         assert_eq!((on, why), (false, sharing::reason::MULTIPLE_ENDPOINTS));
         // Its slices not known yet: nothing is put on it, and no event — it waits.
-        c.ready_endpoints = None;
+        c.backends = None;
         let p = c.plan();
         assert!(p.associate.is_empty() && p.problem.is_none(), "{p:?}");
         assert_eq!(p.pin, Some((vec![], vec![])));
         let (on, why, _) = p.condition.unwrap();
         assert_eq!((on, why), (false, sharing::reason::WAITING_FOR_ENDPOINTS));
         // An IPv6 claim: refused readably.
-        c.ready_endpoints = Some(1);
+        c.backends = Some(Backends::One);
         c.claim = Some(claim("Bound", &[("y", "2001:db8::1")]));
         c.addresses = vec![addr("y", "2001:db8::1", json!({}))];
         let (on, why, message) = c.plan().condition.unwrap();
         assert_eq!((on, why), (false, sharing::reason::FAMILY_MISMATCH));
         assert!(message.contains("IPv4 only"), "{message}");
+    }
+
+    /// The VM Service `t/web` holding 192.0.2.1 whole (the ledger and the pin say so).
+    fn vm_holding() -> Case {
+        let mut c = Case::new();
+        let s = vm("web", "true");
+        c.service = Some(s.clone());
+        c.rivals = vec![s];
+        let held = addr(
+            "x",
+            "192.0.2.1",
+            json!({"status": {"associatedTo": {"kind": "Service", "namespace": "t", "name": "web"},
+                "attachments": [{"kind": "Service", "namespace": "t", "name": "web", "method": "WholeIP"}]}}),
+        );
+        c.addresses = vec![held.clone()];
+        c.associated_here = vec![held];
+        c.marked = vec!["192.0.2.1".parse().unwrap()];
+        c.shown = c.marked.clone();
+        c
+    }
+
+    fn kept(p: &ServicePlan) -> bool {
+        p.disassociate.is_empty()
+            && p.pin.as_ref().is_some_and(|(_, want)| want.len() == 1)
+            && p.condition.as_ref().is_some_and(|(on, ..)| *on)
+    }
+
+    #[test]
+    fn a_vm_moving_keeps_its_address_and_says_so_once() {
+        let mut c = vm_holding();
+        c.backends = Some(Backends::Migrating {
+            vmi: "t/vm".into(),
+            nodes: vec!["n1".into(), "n2".into()],
+            node: Some("n1".into()),
+        });
+        let p = c.plan();
+        assert!(kept(&p), "{p:?}");
+        let (_, why, message) = p.condition.clone().unwrap();
+        assert_eq!(why, sharing::reason::MIGRATING);
+        assert!(message.contains("t/vm is moving"), "{message}");
+        assert_eq!(
+            p.events.iter().map(|e| e.reason).collect::<Vec<_>>(),
+            [reason::MIGRATING]
+        );
+        // The Service says Migrating already: no second event.
+        let mut said = (*vm("web", "true")).clone();
+        said.status = Some(serde_json::from_value(json!({"conditions": [{"type": sharing::CONDITION,
+            "status": "True", "reason": "Migrating", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]})).unwrap());
+        c.service = Some(Arc::new(said));
+        assert!(c.plan().events.is_empty());
+        // Positive control: the same two pods read as two workloads are refused at once
+        // past the hold-down.
+        c.backends = Some(Backends::Many(2));
+        c.multiple_for = Some(MULTIPLE_WORKLOADS_HOLD_DOWN);
+        assert!(!kept(&c.plan()));
+    }
+
+    #[test]
+    fn a_service_holding_its_address_keeps_it_for_the_hold_down_only() {
+        let mut c = vm_holding();
+        c.backends = Some(Backends::Many(2));
+        c.multiple_for = Some(Duration::from_secs(10));
+        let p = c.plan();
+        assert!(kept(&p), "{p:?}");
+        assert_eq!(p.condition.as_ref().unwrap().1, sharing::reason::HELD_DOWN);
+        assert_eq!(
+            p.recheck,
+            Some(MULTIPLE_WORKLOADS_HOLD_DOWN - Duration::from_secs(10))
+        );
+        // The hold-down over: refused, the pin withdrawn.
+        c.multiple_for = Some(MULTIPLE_WORKLOADS_HOLD_DOWN);
+        let p = c.plan();
+        assert_eq!(p.pin, Some((vec!["192.0.2.1".parse().unwrap()], vec![])));
+        let (on, why, _) = p.condition.unwrap();
+        assert_eq!((on, why), (false, sharing::reason::MULTIPLE_ENDPOINTS));
+        // Not known, or nobody ready, for a moment: kept.
+        for b in [None, Some(Backends::None)] {
+            c.backends = b;
+            c.multiple_for = None;
+            assert!(kept(&c.plan()));
+        }
+        // A Service that does not hold it yet gets no hold-down.
+        let mut fresh = vm_holding();
+        fresh.associated_here = vec![];
+        fresh.marked = vec![];
+        fresh.shown = vec![];
+        fresh.addresses = vec![addr("x", "192.0.2.1", json!({}))];
+        fresh.backends = Some(Backends::Many(2));
+        fresh.multiple_for = Some(Duration::ZERO);
+        let (on, why, _) = fresh.plan().condition.unwrap();
+        assert_eq!((on, why), (false, sharing::reason::MULTIPLE_ENDPOINTS));
     }
 
     #[test]

@@ -160,6 +160,11 @@ pub(crate) async fn service_pass<D: Driver>(
         Some(Ok(p)) => ctx.driver.servable(&p, a).err(),
         _ => None,
     };
+    let backends = svc
+        .as_deref()
+        .and_then(address_controller_api::service::cozy_proxy)
+        .and_then(|_| ctx.world.proxied_endpoints.as_ref())
+        .and_then(|e| e.backends(&key));
     let plan = plan_service(&ServiceSnapshot {
         key: &key,
         service: svc.as_deref(),
@@ -173,11 +178,8 @@ pub(crate) async fn service_pass<D: Driver>(
         shown: &shown,
         shown_elsewhere: &shown_elsewhere,
         unservable: &unservable,
-        ready_endpoints: svc
-            .as_deref()
-            .and_then(address_controller_api::service::cozy_proxy)
-            .and_then(|_| ctx.world.proxied_endpoints.as_ref())
-            .and_then(|e| e.ready(&key)),
+        backends: backends.clone(),
+        multiple_for: ctx.multiple_since(&key, backends.as_ref()),
         pin_shows: ctx.driver.pin_shows(),
     });
     apply_service(&ctx, &key, svc, claim, plan).await
@@ -262,7 +264,13 @@ async fn apply_service<D: Driver>(
     // The condition last, once the backend has been asked: written before the pin, it put
     // one more Service update in front of the load balancer's reaction (the node tier's
     // MetalLB speaker, which reprocesses on every Service event, fell a minute behind).
-    let (condition, outcome) = while_waiting(ctx, &svc, plan.condition.clone()).await;
+    let (condition, mut outcome) = while_waiting(ctx, &svc, plan.condition.clone()).await;
+    if let Some(after) = plan.recheck {
+        outcome = match outcome {
+            Outcome::RequeueAfter(d) => Outcome::RequeueAfter(d.min(after)),
+            _ => Outcome::RequeueAfter(after),
+        };
+    }
     if !plan.not_ours {
         write_condition(ctx, &svc, condition.as_ref()).await?;
     }

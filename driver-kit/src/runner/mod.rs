@@ -123,6 +123,9 @@ pub(crate) struct Ctx<D: Driver> {
     pub create_delay: Option<Duration>,
     /// Paces the writes that only move an older version's spans to records.
     pub moves: address_controller_runtime::records::Pacer,
+    /// Service (`namespace/name`) → since when this process has seen more than one workload
+    /// behind it (the hold-down counts from there); only Services that have them now.
+    multiple: Mutex<HashMap<String, Instant>>,
 }
 
 fn fresh<K: std::hash::Hash + Eq + Clone>(
@@ -162,6 +165,30 @@ impl<D: Driver> Ctx<D> {
             in_flight_ips: Mutex::new(HashMap::new()),
             create_delay: None,
             moves: address_controller_runtime::records::Pacer::new(5.0),
+            multiple: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// How long more than one workload has been behind Service `key`, by this process's
+    /// clock: counted from the first pass that saw them; forgotten when they are not.
+    pub fn multiple_since(
+        &self,
+        key: &str,
+        backends: Option<&address_controller_api::kubevirt::Backends>,
+    ) -> Option<Duration> {
+        let mut m = self.multiple.lock().unwrap_or_else(PoisonError::into_inner);
+        if matches!(
+            backends,
+            Some(address_controller_api::kubevirt::Backends::Many(_))
+        ) {
+            Some(
+                m.entry(key.to_string())
+                    .or_insert_with(Instant::now)
+                    .elapsed(),
+            )
+        } else {
+            m.remove(key);
+            None
         }
     }
 
