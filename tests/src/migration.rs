@@ -493,7 +493,7 @@ pub async fn neither_ready(node: &'static Node, driver: Driver, cidr: &str, labe
     take_over(&vm, &source, &target, &migration);
     let mut lost = 0;
     let mut samples = 0;
-    while !target_answers_for(&ip, &target.name, Duration::from_millis(300)) {
+    while probe(&ip, 2222).as_deref() != Some(target.name.as_str()) {
         let (shown, ledger) = pinned(node, &ip, &t, "vm");
         samples += 1;
         if !(shown && ledger) {

@@ -314,6 +314,18 @@ fn a_drain_moves_the_vm_and_its_address_answers_from_the_other_node() {
     node::run(|n| migration::drain(n, Driver::MetalLb, "192.0.2.144/28", "metallb l2"));
 }
 
+fn a_range_vm_keeps_its_address_while_both_pods_are_ready() {
+    node::run(|n| {
+        migration::both_ready_another_ip(n, Driver::Range, "198.51.100.96/28", "range routed")
+    });
+}
+fn a_range_vm_keeps_its_address_while_neither_pod_is_ready() {
+    node::run(|n| migration::neither_ready(n, Driver::Range, "198.51.100.112/28", "range routed"));
+}
+fn a_drain_moves_the_range_vm_and_its_address_answers_from_the_other_node() {
+    node::run(|n| migration::drain(n, Driver::Range, "198.51.100.144/28", "range routed"));
+}
+
 fn the_wire_under_day_two_churn() {
     node::run(address_controller_tests::wire_churn::wire_churn);
 }
@@ -355,6 +367,18 @@ fn main() {
             (
                 "a_drain_moves_the_vm_and_its_address_answers_from_the_other_node",
                 a_drain_moves_the_vm_and_its_address_answers_from_the_other_node,
+            ),
+            (
+                "a_range_vm_keeps_its_address_while_both_pods_are_ready",
+                a_range_vm_keeps_its_address_while_both_pods_are_ready,
+            ),
+            (
+                "a_range_vm_keeps_its_address_while_neither_pod_is_ready",
+                a_range_vm_keeps_its_address_while_neither_pod_is_ready,
+            ),
+            (
+                "a_drain_moves_the_range_vm_and_its_address_answers_from_the_other_node",
+                a_drain_moves_the_range_vm_and_its_address_answers_from_the_other_node,
             ),
         ],
     );
