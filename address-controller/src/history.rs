@@ -237,11 +237,13 @@ fn holders_of(t: &Timeline, at: Option<Time>) -> bool {
                     .is_none_or(|t| history::attached_at(std::slice::from_ref(s), t).len() == 1)
             })
             .map(|s| {
+                let node = at.as_ref().and_then(|t| s.node_at(t));
                 format!(
-                    "{}/{}{}",
+                    "{}/{}{}{}",
                     s.namespace.as_deref().unwrap_or(""),
                     s.name,
-                    if s.egress { " (egress)" } else { "" }
+                    if s.egress { " (egress)" } else { "" },
+                    node.map(|n| format!(" (on {n})")).unwrap_or_default()
                 )
             })
             .collect();

@@ -106,7 +106,26 @@ pub struct AttachmentSpan {
     /// asks). A holder that stops or starts being one ends its span and begins another.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub egress: bool,
+    /// The nodes its workload ran on, each from when the driver saw it there (a VM's live
+    /// migration is a move within the span, not a new span): "from which node" at T is the
+    /// last one that began before T. The last [`NODES_KEEP`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub nodes: Vec<NodeStay>,
 }
+
+/// A holder's workload on a node, from a moment (see [`AttachmentSpan::nodes`]).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct NodeStay {
+    /// The node's name.
+    #[schemars(length(max = 253))]
+    pub node: String,
+    /// When the driver first saw the workload there.
+    pub from: Time,
+}
+
+/// How many moves a span keeps (the oldest go first; a VM moves on every drain).
+pub const NODES_KEEP: usize = 16;
 
 impl AttachmentSpan {
     fn same_holder(&self, a: &Attachment) -> bool {
@@ -182,6 +201,33 @@ impl AttachmentSpan {
                 .until
                 .as_ref()
                 .is_none_or(|u| h.from.as_ref().is_none_or(|f| u.0 > f.0))
+    }
+}
+
+impl AttachmentSpan {
+    /// The node its workload ran on at `t`, as far as the span knows.
+    pub fn node_at(&self, t: &Time) -> Option<&str> {
+        self.nodes
+            .iter()
+            .rev()
+            .find(|n| n.from.0 <= t.0)
+            .map(|n| n.node.as_str())
+    }
+
+    /// Records that its holder's workload runs on `node` from `now`, when that is a move;
+    /// whether it was.
+    fn moved_to(&mut self, node: Option<&str>, now: &Time) -> bool {
+        let Some(node) = node else { return false };
+        if self.nodes.last().map(|n| n.node.as_str()) == Some(node) {
+            return false;
+        }
+        self.nodes.push(NodeStay {
+            node: node.to_string(),
+            from: now.clone(),
+        });
+        let over = self.nodes.len().saturating_sub(NODES_KEEP);
+        self.nodes.drain(..over);
+        true
     }
 }
 
@@ -298,6 +344,7 @@ impl AddressMeta {
             ended: None,
             found: false,
             egress: false,
+            nodes: Vec::new(),
         }
     }
 
@@ -327,6 +374,7 @@ impl AddressMeta {
             until: sp.until.clone(),
             found: sp.found,
             egress: sp.egress,
+            nodes: sp.nodes.clone(),
             ..self.base(
                 RecordOf::Attachment,
                 ordinal,
@@ -389,6 +437,7 @@ impl Record {
             until: self.until.clone(),
             found: self.found,
             egress: self.egress,
+            nodes: self.nodes.clone(),
         })
     }
 }
@@ -772,15 +821,26 @@ pub fn spans_after(
     let mut changed = false;
     let mut closes = false;
     for s in out.iter_mut().filter(|s| s.until.is_none()) {
-        if !after.iter().any(|a| s.same_holder(a)) {
-            s.until = Some(now.clone());
-            changed = true;
-            closes = true;
+        match after.iter().find(|a| s.same_holder(a)) {
+            None => {
+                s.until = Some(now.clone());
+                changed = true;
+                closes = true;
+            }
+            Some(a) => changed |= s.moved_to(a.node.as_deref(), now),
         }
     }
     for a in after {
         if !out.iter().any(|s| s.until.is_none() && s.same_holder(a)) {
             out.push(AttachmentSpan {
+                nodes: a
+                    .node
+                    .iter()
+                    .map(|n| NodeStay {
+                        node: n.clone(),
+                        from: now.clone(),
+                    })
+                    .collect(),
                 kind: a.kind.clone(),
                 namespace: a.namespace.clone(),
                 name: a.name.clone(),
@@ -986,6 +1046,7 @@ mod tests {
             ports: vec!["TCP/80".into()],
             method: None,
             allow_icmp: false,
+            node: None,
         }
     }
 
@@ -1187,6 +1248,78 @@ mod tests {
     }
 
     #[test]
+    fn a_holders_move_to_another_node_is_the_same_span() {
+        let on = |n: Option<&str>| Attachment {
+            node: n.map(str::to_string),
+            ..svc("vm")
+        };
+        let (a, b) = (on(Some("n1")), on(Some("n2")));
+        let s = spans_after(
+            &[],
+            Counts::default(),
+            &[],
+            std::slice::from_ref(&a),
+            &t(10),
+        )
+        .unwrap()
+        .list;
+        assert_eq!(s.len(), 1);
+        // Moved: one span, two stays; the node at each time is answerable.
+        let s = spans_after(
+            &s,
+            Counts::default(),
+            std::slice::from_ref(&a),
+            std::slice::from_ref(&b),
+            &t(20),
+        )
+        .unwrap()
+        .list;
+        assert_eq!(s.len(), 1, "{s:?}");
+        assert!(s[0].until.is_none());
+        assert_eq!(s[0].node_at(&t(15)), Some("n1"));
+        assert_eq!(s[0].node_at(&t(25)), Some("n2"));
+        assert_eq!(s[0].node_at(&t(5)), None);
+        // Not known for a moment (no node): nothing written, nothing moved.
+        assert!(
+            spans_after(
+                &s,
+                Counts::default(),
+                std::slice::from_ref(&b),
+                &[on(None)],
+                &t(30)
+            )
+            .is_none()
+        );
+        // The same node again: nothing written.
+        assert!(
+            spans_after(
+                &s,
+                Counts::default(),
+                std::slice::from_ref(&b),
+                std::slice::from_ref(&b),
+                &t(30)
+            )
+            .is_none()
+        );
+        // Bounded: the last NODES_KEEP moves.
+        let mut s = s;
+        for i in 0..40 {
+            let n = on(Some(&format!("m{i}")));
+            s = spans_after(
+                &s,
+                Counts::default(),
+                &[],
+                std::slice::from_ref(&n),
+                &t(100 + i),
+            )
+            .unwrap()
+            .list;
+        }
+        assert_eq!(s[0].nodes.len(), NODES_KEEP);
+        assert_eq!(s[0].node_at(&t(200)), Some("m39"));
+    }
+
+    #[test]
     fn an_older_versions_spans_move_a_batch_at_a_time_and_never_past_an_open_one() {
         let span = |i: i64, open: bool| AttachmentSpan {
             kind: "Service".into(),
@@ -1196,6 +1329,7 @@ mod tests {
             until: (!open).then(|| t(2 * i + 1)),
             found: false,
             egress: false,
+            nodes: vec![],
         };
         let mut l: Vec<AttachmentSpan> = (0..SPANS_LIMIT as i64).map(|i| span(i, false)).collect();
         l.push(span(SPANS_LIMIT as i64, true));
@@ -1240,6 +1374,7 @@ mod tests {
             until: until.map(t),
             found: false,
             egress: false,
+            nodes: vec![],
         };
         st.attachment_history = vec![
             span("x", 10, Some(60)),

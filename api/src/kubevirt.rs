@@ -126,8 +126,9 @@ pub struct VmiOf {
 pub enum Backends {
     /// No ready endpoint.
     None,
-    /// One workload: one address, or one VMI on one pod.
-    One,
+    /// One workload: one address, or one VMI on one pod; the node it runs on (the VMI's
+    /// word, else its endpoint's), when known.
+    One { node: Option<String> },
     /// One VMI with two (or more) ready pods: it is moving. The nodes its ready pods are
     /// on, and the node the VMI says it runs on.
     Migrating {
@@ -145,7 +146,8 @@ pub enum Backends {
 /// addresses they have; any other endpoint is one workload per address (as before — two
 /// endpoints with one address are one).
 pub fn backends(endpoints: &[Endpoint], vmi_of: &dyn Fn(&str) -> Option<VmiOf>) -> Backends {
-    let mut addresses: BTreeSet<&str> = BTreeSet::new();
+    // Address → the node of its endpoints (the first given).
+    let mut addresses: BTreeMap<&str, Option<&str>> = BTreeMap::new();
     /// What the endpoints say of one VMI: its pods, the nodes they are on, its own word.
     #[derive(Default)]
     struct Seen<'a> {
@@ -165,7 +167,8 @@ pub fn backends(endpoints: &[Endpoint], vmi_of: &dyn Fn(&str) -> Option<VmiOf>) 
                 seen.node = v.node;
             }
             None => {
-                addresses.insert(e.ip.as_str());
+                let node = addresses.entry(e.ip.as_str()).or_default();
+                *node = node.or(e.node.as_deref());
             }
         }
     }
@@ -175,7 +178,7 @@ pub fn backends(endpoints: &[Endpoint], vmi_of: &dyn Fn(&str) -> Option<VmiOf>) 
         .filter(|e| e.pod_uid.as_deref().and_then(vmi_of).is_some())
         .map(|e| e.ip.as_str())
         .collect();
-    addresses.retain(|a| !vmi_addresses.contains(a));
+    addresses.retain(|a, _| !vmi_addresses.contains(a));
     match (addresses.len() + vmis.len(), vmis.into_iter().next()) {
         (0, _) => Backends::None,
         (1, Some((vmi, seen))) if seen.pods.len() > 1 => Backends::Migrating {
@@ -183,8 +186,25 @@ pub fn backends(endpoints: &[Endpoint], vmi_of: &dyn Fn(&str) -> Option<VmiOf>) 
             nodes: seen.nodes.into_iter().map(str::to_string).collect(),
             node: seen.node,
         },
-        (1, _) => Backends::One,
+        (1, Some((_, seen))) => Backends::One {
+            node: seen
+                .node
+                .or_else(|| seen.nodes.first().map(|n| n.to_string())),
+        },
+        (1, None) => Backends::One {
+            node: addresses.into_values().next().flatten().map(str::to_string),
+        },
         (n, _) => Backends::Many(n),
+    }
+}
+
+impl Backends {
+    /// The node the one workload runs on (a VM moving: where its VMI says it runs).
+    pub fn node(&self) -> Option<&str> {
+        match self {
+            Backends::One { node } | Backends::Migrating { node, .. } => node.as_deref(),
+            Backends::None | Backends::Many(_) => None,
+        }
     }
 }
 
@@ -236,9 +256,12 @@ mod tests {
                 }
             );
         }
+        // One pod of the VMI: where the VMI says it runs.
         assert_eq!(
             backends(&[ep("10.0.0.1", Some("p1"), "n1")], &vmi_of),
-            Backends::One
+            Backends::One {
+                node: Some("n2".into())
+            }
         );
     }
 
@@ -277,7 +300,12 @@ mod tests {
             &[ep("10.0.0.1", None, "n1"), ep("10.0.0.1", None, "n2")],
             &none,
         );
-        assert_eq!(b, Backends::One);
+        assert_eq!(
+            b,
+            Backends::One {
+                node: Some("n1".into())
+            }
+        );
         assert_eq!(backends(&[], &none), Backends::None);
     }
 

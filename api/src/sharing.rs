@@ -175,6 +175,7 @@ pub fn attachment(key: &str, service: Option<&Service>) -> Attachment {
             .unwrap_or_default(),
         method: proxied.map(|p| p.method),
         allow_icmp: proxied.is_some_and(|p| p.allow_icmp && p.method == AttachmentMethod::PortList),
+        node: None,
     }
 }
 

@@ -374,7 +374,8 @@ POLICY
   done
 
   # With a node, also what pods need: Deployments and ReplicaSets, the node's lifecycle
-  # (its not-ready taint), EndpointSlices (the aggregator routes by them), PodDisruptionBudgets,
+  # (its not-ready taint), EndpointSlices (the aggregator routes by them) and their mirrors of
+  # a selector-less Service's Endpoints (as every cluster runs it), PodDisruptionBudgets,
   # ServiceAccounts and the kube-root-ca.crt ConfigMap every pod's token volume mounts.
   # The token controller fills kubernetes.io/service-account-token Secrets (the chart's
   # Prometheus scraper token), signed with the key kube-apiserver verifies.
@@ -382,7 +383,8 @@ POLICY
   local -a kcm_mode=(--service-account-private-key-file="$dir/pki/sa.key")
   if [ -n "$node" ]; then
     controllers+=,deployment-controller,replicaset-controller,node-lifecycle-controller,taint-eviction-controller
-    controllers+=,endpointslice-controller,endpoints-controller,disruption-controller,serviceaccount-controller
+    controllers+=,endpointslice-controller,endpointslice-mirroring-controller,endpoints-controller
+    controllers+=,disruption-controller,serviceaccount-controller
     controllers+=,root-ca-certificate-publisher-controller,pod-garbage-collector-controller
     kcm_mode+=(--root-ca-file="$dir/pki/ca.crt")
   fi

@@ -10,6 +10,8 @@
 //! node when the target takes over; a PodDisruptionBudget on the VMI's pods, so that a drain
 //! waits for the move as it does on the platform.
 
+#![allow(clippy::unwrap_used)] // test support: a failed step fails the test loudly
+
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::sync::Arc;
@@ -332,21 +334,45 @@ impl Probes {
     }
 }
 
-/// The Service spans the address's history holds for Service NS/NAME: (from, until).
-pub fn spans_of(node: &Node, ip: &str, ns: &str, name: &str) -> Vec<(String, Option<String>)> {
+/// One span of the address's history for a Service: whether it is still open, and the
+/// nodes it records its workload on, in order.
+#[derive(Debug)]
+pub struct Span {
+    pub open: bool,
+    pub nodes: Vec<String>,
+}
+
+/// The Service spans the address's history holds for Service NS/NAME.
+pub fn spans_of(node: &Node, ip: &str, ns: &str, name: &str) -> Vec<Span> {
     let a = address_object(node, ip).unwrap_or_default();
     a["status"]["attachmentHistory"]
         .as_array()
         .into_iter()
         .flatten()
         .filter(|s| s["namespace"] == ns && s["name"] == name)
-        .map(|s| {
-            (
-                s["from"].as_str().unwrap_or_default().to_string(),
-                s["until"].as_str().map(str::to_string),
-            )
+        .map(|s| Span {
+            open: s["until"].is_null(),
+            nodes: s["nodes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|n| n["node"].as_str().map(str::to_string))
+                .collect(),
         })
         .collect()
+}
+
+/// The history holds one open span of the VM's Service, which records the move from node 1
+/// to node 2.
+fn one_holding_moved(node: &Node, ip: &str, ns: &str) {
+    let spans = spans_of(node, ip, ns, "vm");
+    assert_eq!(spans.len(), 1, "one holding through the move: {spans:?}");
+    assert!(spans[0].open, "still open: {spans:?}");
+    assert_eq!(
+        spans[0].nodes,
+        [NODE_NAMES[0], NODE_NAMES[1]],
+        "the holding records the move: {spans:?}"
+    );
 }
 
 /// The address the Service shows (`status.loadBalancer.ingress`), and whether the ledger
@@ -419,10 +445,15 @@ pub async fn both_ready_another_ip(node: &'static Node, driver: Driver, cidr: &s
     let both = Instant::now();
     let m = until_condition(node, &t, "vm", "True", "Migrating").await;
     assert!(m.contains("is moving"), "{m}");
-    // Both Ready for 10 s, as a migration's memory copy takes.
+    // Both Ready for 10 s, as a migration's memory copy takes; which node the client
+    // reaches (MetalLB's announcer) is noted.
+    let mut announced = std::collections::BTreeSet::new();
     while both.elapsed() < Duration::from_secs(10) {
         let (shown, ledger) = pinned(node, &ip, &t, "vm");
         assert!(shown && ledger, "{ip} left the Service while the VM moves");
+        if let Some(n) = wire::announcer(&ip) {
+            announced.insert(n + 1);
+        }
         std::thread::sleep(Duration::from_millis(500));
     }
     let handover = Instant::now();
@@ -449,7 +480,7 @@ pub async fn both_ready_another_ip(node: &'static Node, driver: Driver, cidr: &s
         .first_answer_by(&target.name, both)
         .map(|t| t.saturating_duration_since(both).as_secs_f64());
     figure(&format!(
-        "VM live migration ({label}), both Ready, another IP: {failed_both} of {n_both} probes failed while both were Ready (10 s); after the source went: {failed_after} of {n_after} failed, longest outage {:.2}s; first answer from the target {} s after it was Ready",
+        "VM live migration ({label}), both Ready, another IP: {failed_both} of {n_both} probes failed while both were Ready (10 s; the client reached node(s) {announced:?}); after the source went: {failed_after} of {n_after} failed, longest outage {:.2}s; first answer from the target {} s after it was Ready",
         outage.as_secs_f64(),
         first.map_or("never".to_string(), |f| format!("{f:.2}"))
     ));
@@ -458,9 +489,7 @@ pub async fn both_ready_another_ip(node: &'static Node, driver: Driver, cidr: &s
         outage < Duration::from_secs(2),
         "{ip} out for {outage:?} after the source went"
     );
-    let spans = spans_of(node, &ip, &t, "vm");
-    assert_eq!(spans.len(), 1, "one holding through the move: {spans:?}");
-    assert!(spans[0].1.is_none(), "still open: {spans:?}");
+    one_holding_moved(node, &ip, &t);
     w.check(node).await;
 }
 
@@ -641,8 +670,129 @@ pub async fn drain(node: &'static Node, driver: Driver, cidr: &str, label: &str)
         drained.as_secs_f64(),
         probes.longest_outage(t0, end).as_secs_f64()
     ));
-    let spans = spans_of(node, &ip, &t, "vm");
-    assert_eq!(spans.len(), 1, "one holding through the drain: {spans:?}");
-    assert!(spans[0].1.is_none(), "still open: {spans:?}");
+    one_holding_moved(node, &ip, &t);
+    w.check(node).await;
+}
+
+/// The Endpoints of a selector-less VM Service as kube-ovn's keep-IP option leaves them
+/// during a move: one IP — the VM's, which it keeps — on each node whose launcher pod runs
+/// it. The EndpointSlice mirroring controller writes the EndpointSlices from them (they
+/// carry cozy-proxy's label, as the Service's own slices would); cozy-proxy reads them.
+fn keep_ip_endpoints(node: &Node, vm: &Vm<'_>, ip: &str, on: &[&Launcher]) {
+    let addresses: Vec<Value> = on
+        .iter()
+        .map(|l| {
+            json!({"ip": ip, "nodeName": NODE_NAMES[l.on],
+                "targetRef": {"kind": "Pod", "namespace": vm.ns, "name": l.name, "uid": l.uid}})
+        })
+        .collect();
+    wire::apply(
+        node,
+        &json!({"apiVersion": "v1", "kind": "Endpoints",
+            "metadata": {"name": vm.name, "namespace": vm.ns,
+                "labels": {"service.kubernetes.io/service-proxy-name": "cozy-proxy"}},
+            "subsets": [{"addresses": addresses,
+                "ports": [{"name": "placeholder", "port": 65535, "protocol": "TCP"}]}]}),
+    )
+    .unwrap();
+}
+
+/// Both pods Ready with the same IP (the platform's kube-ovn with its keep-VM-IP option;
+/// emulated with a selector-less Service whose Endpoints list the VM's one IP on both
+/// nodes — the node tier's CNI cannot give two pods one IP, so the source pod keeps
+/// answering for the VM's IP and only the endpoints say where it runs): the address stays
+/// (`Migrating`), and when the VMI names the target's node and the source's endpoint goes,
+/// MetalLB announces the address from that node — the address follows the node the VMI
+/// names — and the history records the move. Probes lost are reported; after the move they
+/// cannot be answered here (the emulated IP stays on node 1).
+pub async fn both_ready_same_ip(node: &'static Node, cidr: &str) {
+    assert!(
+        wire::cozy_proxy(node),
+        "cozy-proxy runs (the harness skips this test without its source)"
+    );
+    install_vmi_crd(node);
+    let w = World::new(node, Driver::MetalLb, &[cidr]).await;
+    let t = w.tenant.name.clone();
+    let vm = Vm::create(node, &t, "vm");
+    let source = vm.launcher(0, None, 0);
+    vm.status(0, &[&source], None, false);
+    let vm_ip = crate::node::pod_ip(&node.json(&["get", "pod", "-n", &t, &source.name]).unwrap());
+    keep_ip_endpoints(node, &vm, &vm_ip, &[&source]);
+    w.create_claim("vm", json!({})).await;
+    vm_service(
+        node,
+        &t,
+        "vm",
+        "vm",
+        "vm",
+        Method::WholeIp,
+        json!({"selector": null}),
+    )
+    .unwrap();
+    let ip = w.bound("vm").await;
+    let slices = node
+        .cluster
+        .kubectl_ok(&[
+            "get",
+            "endpointslices",
+            "-n",
+            &t,
+            "--show-labels",
+            "-o",
+            "wide",
+        ])
+        .unwrap_or_default();
+    println!("the mirrored slices:\n{slices}");
+    until_condition(node, &t, "vm", "True", "Attached").await;
+    until_answered(&ip, 2222, std::slice::from_ref(&source.name), WAIT);
+    let probes = Prober::start(&ip, 2222);
+    std::thread::sleep(Duration::from_secs(1));
+    let before = wire::announcer(&ip);
+    let migration = format!("mig-{}", random_suffix());
+    let target = vm.launcher(1, Some(&migration), 0);
+    keep_ip_endpoints(node, &vm, &vm_ip, &[&source, &target]);
+    vm.status(0, &[&source, &target], Some((&target, &migration)), false);
+    let both = Instant::now();
+    let m = until_condition(node, &t, "vm", "True", "Migrating").await;
+    assert!(
+        m.contains(NODE_NAMES[0]) && m.contains(NODE_NAMES[1]),
+        "{m}"
+    );
+    while both.elapsed() < Duration::from_secs(5) {
+        let (shown, ledger) = pinned(node, &ip, &t, "vm");
+        assert!(shown && ledger, "{ip} left the Service while the VM moves");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // The target takes over: the VMI names node 2, the source's endpoint goes.
+    let handover = Instant::now();
+    vm.status(1, &[&source, &target], Some((&target, &migration)), true);
+    keep_ip_endpoints(node, &vm, &vm_ip, &[&target]);
+    vm.status(1, &[&target], None, true);
+    let deadline = Instant::now() + WAIT;
+    while wire::announcer(&ip) != Some(1) {
+        assert!(
+            Instant::now() < deadline,
+            "{ip} still announced from node {:?}, not from the node the VMI names",
+            wire::announcer(&ip).map(|n| n + 1)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let followed = handover.elapsed();
+    // Three seconds more of probes. Answers are not expected: the emulated VM's IP stays
+    // on node 1 (where kube-ovn would have moved it to node 2), and cozy-proxy's stateless
+    // NAT does not carry a connection across nodes — what they say is reported.
+    std::thread::sleep(Duration::from_secs(3));
+    let end = Instant::now();
+    let probes = probes.stop();
+    let (n_both, failed_both) = probes.failed(both, handover);
+    let (n_after, failed_after) = probes.failed(handover, end);
+    figure(&format!(
+        "VM live migration (metallb l2), both Ready, the same IP (keep-IP, emulated): {failed_both} of {n_both} probes failed while both were Ready (the client reached node {:?}); the VMI named node 2 → announced from node 2 in {:.2}s; then {failed_after} of {n_after} probes failed (the emulated IP stays on node 1: cozy-proxy on node 2 forwards across nodes)",
+        before.map(|n| n + 1),
+        followed.as_secs_f64(),
+    ));
+    assert_eq!(failed_both, 0, "probes failed while both pods were Ready");
+    until_condition(node, &t, "vm", "True", "Attached").await;
+    one_holding_moved(node, &ip, &t);
     w.check(node).await;
 }

@@ -179,6 +179,14 @@ pub fn node_mac() -> String {
     node_mac_of(crate::node::NETNS)
 }
 
+/// Which node's MAC the client host holds for IP (the node whose speaker answered ARP).
+pub fn announcer(ip: &str) -> Option<usize> {
+    let mac = client_neighbour(ip)?;
+    crate::node::NETNS_OF
+        .iter()
+        .position(|ns| node_mac_of(ns) == mac)
+}
+
 /// The MAC address of the segment's side of the node whose network namespace is NETNS.
 pub fn node_mac_of(netns: &str) -> String {
     let out = in_netns(netns)

@@ -1822,6 +1822,35 @@ async fn each_components_service_account_has_exactly_its_written_rights() {
             t,
             false,
         ),
+        // ... and KubeVirt's VMIs (which pods run one VM), and write none; the core neither.
+        (
+            &metallb,
+            "watch",
+            "virtualmachineinstances.kubevirt.io",
+            t,
+            true,
+        ),
+        (
+            &range,
+            "list",
+            "virtualmachineinstances.kubevirt.io",
+            t,
+            true,
+        ),
+        (
+            &range,
+            "patch",
+            "virtualmachineinstances.kubevirt.io",
+            t,
+            false,
+        ),
+        (
+            &core,
+            "list",
+            "virtualmachineinstances.kubevirt.io",
+            t,
+            false,
+        ),
         // Services: the MetalLB driver's holds in the release namespace only; nobody else
         // creates or deletes any.
         (&metallb, "create", "services", rel, true),

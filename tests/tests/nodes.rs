@@ -14,10 +14,10 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use address_controller_tests::migration;
-use address_controller_tests::node::{self, NETNS_OF, NODE_NAMES, Node, Uncordon, figure};
+use address_controller_tests::node::{self, NODE_NAMES, Node, Uncordon, figure};
 use address_controller_tests::wire::{
-    CLIENT_NETNS, Driver, World, claim_annotation, client_neighbour, curl, in_netns, node_mac_of,
-    service, until_answered, workload, workload_spread,
+    CLIENT_NETNS, Driver, World, announcer, claim_annotation, curl, in_netns, service,
+    until_answered, workload, workload_spread,
 };
 use serde_json::json;
 
@@ -36,12 +36,6 @@ fn node_of(node: &Node, ns: &str, pod: &str) -> String {
         .as_str()
         .unwrap_or_default()
         .to_string()
-}
-
-/// Which node's MAC the client host holds for IP (the node whose speaker answered ARP).
-fn announcer(ip: &str) -> Option<usize> {
-    let mac = client_neighbour(ip)?;
-    NETNS_OF.iter().position(|ns| node_mac_of(ns) == mac)
 }
 
 /// Plugs node I's cable into the segment's switch, or pulls it (its port on the client's
@@ -314,18 +308,9 @@ fn a_drain_moves_the_vm_and_its_address_answers_from_the_other_node() {
     node::run(|n| migration::drain(n, Driver::MetalLb, "192.0.2.144/28", "metallb l2"));
 }
 
-fn a_range_vm_keeps_its_address_while_both_pods_are_ready() {
-    node::run(|n| {
-        migration::both_ready_another_ip(n, Driver::Range, "198.51.100.96/28", "range routed")
-    });
+fn a_vm_with_one_ip_on_two_nodes_keeps_its_address_and_follows_the_vmi() {
+    node::run(|n| migration::both_ready_same_ip(n, "192.0.2.160/28"));
 }
-fn a_range_vm_keeps_its_address_while_neither_pod_is_ready() {
-    node::run(|n| migration::neither_ready(n, Driver::Range, "198.51.100.112/28", "range routed"));
-}
-fn a_drain_moves_the_range_vm_and_its_address_answers_from_the_other_node() {
-    node::run(|n| migration::drain(n, Driver::Range, "198.51.100.144/28", "range routed"));
-}
-
 fn the_wire_under_day_two_churn() {
     node::run(address_controller_tests::wire_churn::wire_churn);
 }
@@ -369,16 +354,8 @@ fn main() {
                 a_drain_moves_the_vm_and_its_address_answers_from_the_other_node,
             ),
             (
-                "a_range_vm_keeps_its_address_while_both_pods_are_ready",
-                a_range_vm_keeps_its_address_while_both_pods_are_ready,
-            ),
-            (
-                "a_range_vm_keeps_its_address_while_neither_pod_is_ready",
-                a_range_vm_keeps_its_address_while_neither_pod_is_ready,
-            ),
-            (
-                "a_drain_moves_the_range_vm_and_its_address_answers_from_the_other_node",
-                a_drain_moves_the_range_vm_and_its_address_answers_from_the_other_node,
+                "a_vm_with_one_ip_on_two_nodes_keeps_its_address_and_follows_the_vmi",
+                a_vm_with_one_ip_on_two_nodes_keeps_its_address_and_follows_the_vmi,
             ),
         ],
     );

@@ -416,6 +416,7 @@ async fn the_retention_prunes_exactly_what_is_older() {
         ended: Some(ended::RELEASED.into()),
         found: false,
         egress: false,
+        nodes: vec![],
     };
     let old = make(0, 2 * 3600).to_object();
     let young = make(1, 600).to_object();
@@ -710,6 +711,7 @@ async fn an_older_versions_service_spans_move_to_records_by_the_driver() {
             until: Some(at(10 * i + 5)),
             found: false,
             egress: false,
+            nodes: vec![],
         })
         .collect();
     older_version_wrote(&e, &a, json!({"attachmentHistory": spans})).await;

@@ -249,6 +249,12 @@ pub struct Attachment {
         skip_serializing_if = "std::ops::Not::not"
     )]
     pub allow_icmp: bool,
+    /// The node its one workload runs on, as the driver last saw it (a Service cozy-proxy
+    /// serves: the node its VirtualMachineInstance names, else its endpoint's); absent when
+    /// not known. A change is a move, kept in the open span's `nodes` (the same holding).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub node: Option<String>,
 }
 
 /// How cozy-proxy serves an address's holder (see [`Attachment::method`]).

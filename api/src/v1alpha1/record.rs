@@ -107,6 +107,10 @@ pub struct RecordSpec {
     pub found: bool,
     #[serde(default)]
     pub egress: bool,
+    /// An attachment span's nodes (see the span's `nodes`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub nodes: Vec<crate::history::NodeStay>,
 }
 
 /// Labels of a record: the lookups "what did namespace N hold" (`namespace`), "the history

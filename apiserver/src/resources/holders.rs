@@ -64,6 +64,10 @@ pub struct HoldingService {
     /// cozy-proxy served it: its pod's outbound traffic left from the address meanwhile.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub egress: bool,
+    /// The nodes its workload ran on, each from when it was seen there (a VM's live
+    /// migration is a move within the holding); only for a Service of the namespace.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<address_controller_api::history::NodeStay>,
 }
 
 /// One holding of an address by a claim of the namespace.
@@ -209,6 +213,7 @@ pub fn holding(
                 from: s.from.clone(),
                 until: s.until.clone(),
                 egress: s.egress,
+                nodes: if own { s.nodes.clone() } else { Vec::new() },
             }
         })
         .collect();

@@ -229,7 +229,11 @@ fn refused(plan: &mut ServicePlan, event: &'static str, condition: &'static str,
 pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
     let mut plan = ServicePlan::default();
     let (wanted, co_holders) = judge(s, &mut plan);
-    plan.attachment = s.service.map(|svc| sharing::attachment(s.key, Some(svc)));
+    plan.attachment = s.service.map(|svc| {
+        let mut a = sharing::attachment(s.key, Some(svc));
+        a.node = node_now(s);
+        a
+    });
     let pinnable = ledger_first(s, &mut plan, &wanted, &co_holders);
     say_associated(s, &mut plan, &wanted, &pinnable);
     if s.service.is_some() {
@@ -362,6 +366,22 @@ fn judge(s: &ServiceSnapshot<'_>, plan: &mut ServicePlan) -> (Vec<Arc<IPAddress>
     (wanted, co_holders)
 }
 
+/// The node the Service's one workload runs on, for its ledger record: what its backends
+/// say now, else what the ledger recorded (not known for a moment is not a move).
+fn node_now(s: &ServiceSnapshot<'_>) -> Option<String> {
+    s.backends
+        .as_ref()
+        .and_then(|b| b.node().map(str::to_string))
+        .or_else(|| {
+            s.addresses
+                .iter()
+                .filter_map(|a| a.status.as_ref())
+                .flat_map(|st| &st.attachments)
+                .find(|h| h.association().service_key().as_deref() == Some(s.key))
+                .and_then(|h| h.node.clone())
+        })
+}
+
 /// Ledger first: this Service joins the holders of what it should hold, unless a Service
 /// that is not a co-holder still shows it (the handoff waits for it to let go). What it
 /// may be pinned, IPv4 first.
@@ -382,11 +402,11 @@ fn ledger_first(
                     .iter()
                     .find(|h| h.association().service_key().as_deref() == Some(s.key))
             })
-            .map(|h| (&h.ports, h.method, h.allow_icmp));
+            .map(|h| (&h.ports, h.method, h.allow_icmp, &h.node));
         let want = plan
             .attachment
             .as_ref()
-            .map(|h| (&h.ports, h.method, h.allow_icmp));
+            .map(|h| (&h.ports, h.method, h.allow_icmp, &h.node));
         if recorded.is_some() && recorded == want {
             pinnable.push(ip);
             continue;
@@ -630,7 +650,7 @@ fn one_backend(plan: &mut ServicePlan, s: &ServiceSnapshot<'_>, claim_ref: &str)
             );
             false
         }
-        Some(Backends::None | Backends::One | Backends::Migrating { .. }) => true,
+        Some(Backends::None | Backends::One { .. } | Backends::Migrating { .. }) => true,
     }
 }
 
@@ -879,7 +899,7 @@ mod tests {
             addr("x", "192.0.2.1", json!({})),
             addr("y", "2001:db8::1", json!({})),
         ];
-        c.backends = Some(Backends::One);
+        c.backends = Some(Backends::One { node: None });
         let p = c.plan();
         assert_eq!(names(&p.associate), ["x"]);
         let record = p.attachment.clone().unwrap();
@@ -905,7 +925,7 @@ mod tests {
         let (on, why, _) = p.condition.unwrap();
         assert_eq!((on, why), (false, sharing::reason::WAITING_FOR_ENDPOINTS));
         // An IPv6 claim: refused readably.
-        c.backends = Some(Backends::One);
+        c.backends = Some(Backends::One { node: None });
         c.claim = Some(claim("Bound", &[("y", "2001:db8::1")]));
         c.addresses = vec![addr("y", "2001:db8::1", json!({}))];
         let (on, why, message) = c.plan().condition.unwrap();

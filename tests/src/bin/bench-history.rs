@@ -55,6 +55,7 @@ fn address(i: u32, holdings: usize, spans: usize) -> IPAddress {
             until: (k + 1 < spans as i64).then(|| at(43_200 * k + 40_000)),
             found: false,
             egress: false,
+            nodes: vec![],
         })
         .collect();
     let v = serde_json::json!({
