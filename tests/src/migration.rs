@@ -187,35 +187,21 @@ impl<'a> Vm<'a> {
                 target_label = json!(NODE_NAMES[target.on]);
             }
         }
-        let vmi = format!("virtualmachineinstances.kubevirt.io/{}", self.name);
-        self.node
-            .cluster
-            .kubectl_ok(&[
-                "patch",
-                &vmi,
-                "-n",
-                &self.ns,
-                "--subresource=status",
-                "--type=merge",
-                "-p",
-                &json!({"status": status}).to_string(),
-            ])
-            .unwrap();
-        self.node
-            .cluster
-            .kubectl_ok(&[
-                "patch",
-                &vmi,
-                "-n",
-                &self.ns,
-                "--type=merge",
-                "-p",
-                &json!({"metadata": {"labels": {
-                    "kubevirt.io/nodeName": NODE_NAMES[on],
-                    "kubevirt.io/migrationTargetNodeName": target_label}}})
-                .to_string(),
-            ])
-            .unwrap();
+        let patch = |sub: &[&str], body: Value| {
+            let vmi = format!("virtualmachineinstances.kubevirt.io/{}", self.name);
+            let body = body.to_string();
+            let mut args = vec!["patch", vmi.as_str(), "-n", &self.ns, "--type=merge", "-p"];
+            args.push(&body);
+            args.extend(sub);
+            self.node.cluster.kubectl_ok(&args).unwrap();
+        };
+        patch(&["--subresource=status"], json!({"status": status}));
+        patch(
+            &[],
+            json!({"metadata": {"labels": {
+                "kubevirt.io/nodeName": NODE_NAMES[on],
+                "kubevirt.io/migrationTargetNodeName": target_label}}}),
+        );
     }
 
     /// Deletes a launcher pod (the source, once the target took over: KubeVirt's source
@@ -415,6 +401,25 @@ async fn vm_with_address<'a>(
     (vm, source, ip)
 }
 
+/// The tenant's VM with its address ([`vm_with_address`]), probed from the client host;
+/// then the move begins as KubeVirt begins it: the target pod on node 2 (Ready READY_AFTER
+/// seconds after it starts) and the VMI listing both pods, labelled with the target node.
+/// (the VM, the source, the target, the migration's UID, the address, the prober)
+async fn begin_move<'a>(
+    node: &'a Node,
+    w: &World,
+    driver: Driver,
+    ready_after: u32,
+) -> (Vm<'a>, Launcher, Launcher, String, String, Prober) {
+    let (vm, source, ip) = vm_with_address(node, w, driver).await;
+    let probes = Prober::start(&ip, 2222);
+    std::thread::sleep(Duration::from_secs(1));
+    let migration = format!("mig-{}", random_suffix());
+    let target = vm.launcher(1, Some(&migration), ready_after);
+    vm.status(0, &[&source, &target], Some((&target, &migration)), false);
+    (vm, source, target, migration, ip, probes)
+}
+
 /// The target took over: KubeVirt says so on the VMI, and the source leaves.
 fn take_over(vm: &Vm<'_>, source: &Launcher, target: &Launcher, migration: &str) {
     vm.status(
@@ -434,14 +439,7 @@ fn take_over(vm: &Vm<'_>, source: &Launcher, target: &Launcher, migration: &str)
 pub async fn both_ready_another_ip(node: &'static Node, driver: Driver, cidr: &str, label: &str) {
     let w = World::new(node, driver, &[cidr]).await;
     let t = w.tenant.name.clone();
-    let (vm, source, ip) = vm_with_address(node, &w, driver).await;
-    let probes = Prober::start(&ip, 2222);
-    std::thread::sleep(Duration::from_secs(1));
-    // The move: KubeVirt labels the VMI with the target node, starts the target pod, and
-    // lists it among the VMI's pods.
-    let migration = format!("mig-{}", random_suffix());
-    let target = vm.launcher(1, Some(&migration), 0);
-    vm.status(0, &[&source, &target], Some((&target, &migration)), false);
+    let (vm, source, target, migration, ip, probes) = begin_move(node, &w, driver, 0).await;
     let both = Instant::now();
     let m = until_condition(node, &t, "vm", "True", "Migrating").await;
     assert!(m.contains("is moving"), "{m}");
@@ -511,14 +509,9 @@ fn target_answers_for(ip: &str, who: &str, d: Duration) -> bool {
 pub async fn neither_ready(node: &'static Node, driver: Driver, cidr: &str, label: &str) {
     let w = World::new(node, driver, &[cidr]).await;
     let t = w.tenant.name.clone();
-    let (vm, source, ip) = vm_with_address(node, &w, driver).await;
-    let probes = Prober::start(&ip, 2222);
-    std::thread::sleep(Duration::from_secs(1));
-    let migration = format!("mig-{}", random_suffix());
-    // Ready 3 s after it starts.
-    let target = vm.launcher(1, Some(&migration), 3);
+    // The target is Ready 3 s after it starts.
+    let (vm, source, target, migration, ip, probes) = begin_move(node, &w, driver, 3).await;
     let t0 = Instant::now();
-    vm.status(0, &[&source, &target], Some((&target, &migration)), false);
     take_over(&vm, &source, &target, &migration);
     let mut lost = 0;
     let mut samples = 0;
