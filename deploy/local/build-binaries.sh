@@ -3,7 +3,8 @@
 # Go module proxy) into a version-keyed cache outside the repository. A binary that is already
 # cached at the pinned version is not rebuilt. Prints where the binaries are.
 #
-# Usage: deploy/local/build-binaries.sh [--print-env] [etcd|helm|unittest|grafana|kube|prometheus|metallb|node|wire|cozy ...]   (default: all)
+# Usage: deploy/local/build-binaries.sh [--print-env] [etcd|helm|unittest|grafana|kube|prometheus|metallb|node|wire|cozy|cilium ...]
+#        (default: all but cilium, which is built when asked for)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=build-times.sh
@@ -163,6 +164,22 @@ build_metallb() {
   rm -rf "$out" && mv "$out.tmp" "$out" && touch "$out/.complete"
 }
 
+# The cilium-operator (its generic build: LB-IPAM without a cloud's IPAM), built inside the
+# downloaded module github.com/cilium/cilium as its own Makefile builds it (the module's
+# `replace` directives hold only there, so not with `go install`). Cached by version.
+build_cilium() {
+  local out="$CILIUM_BIN" dir
+  if cached "$out"; then log "cilium-operator $CILIUM_VERSION: cached in $out"; return; fi
+  log "cilium-operator $CILIUM_VERSION: building (cold: ~$COLD_CILIUM_MIN min on 2 cores)"
+  dir="$(cd "$here" && go mod download -json "github.com/cilium/cilium@$CILIUM_VERSION" \
+    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [ -n "$dir" ] && [ -f "$dir/go.mod" ] || { log "github.com/cilium/cilium@$CILIUM_VERSION: not downloaded"; exit 1; }
+  mkdir -p "$out.tmp"
+  (cd "$dir" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" \
+     -tags ipam_provider_operator -o "$out.tmp/cilium-operator" ./operator)
+  rm -rf "$out" && mv "$out.tmp" "$out" && touch "$out/.complete"
+}
+
 # cozy-proxy, the platform's own data plane for whole-address Services (the node tier's
 # cozy-proxy tests): no registry serves it, so it is built from its upstream source beside
 # this repository ($COZY_PROXY_SRC, default ../shared/third_party/cozy-proxy; never copied
@@ -190,8 +207,8 @@ components=()
 for arg in "$@"; do
   case "$arg" in
     --print-env) print_env=1 ;;
-    etcd|helm|unittest|grafana|kube|prometheus|metallb|node|wire|cozy) components+=("$arg") ;;
-    *) log "unknown argument: $arg (expected --print-env, etcd, helm, unittest, grafana, kube, prometheus, metallb, node, wire or cozy)"; exit 2 ;;
+    etcd|helm|unittest|grafana|kube|prometheus|metallb|node|wire|cozy|cilium) components+=("$arg") ;;
+    *) log "unknown argument: $arg (expected --print-env, etcd, helm, unittest, grafana, kube, prometheus, metallb, node, wire, cozy or cilium)"; exit 2 ;;
   esac
 done
 # Small ones first so a failure in the module graph shows up quickly.

@@ -22,6 +22,10 @@
 #                                             half of MetalLB) against the cluster: its CRDs, namespace
 #                                             metallb-system and the Pod object it reads; stopped by `down`.
 #                                             With --node, also MetalLB's speaker on the node (L2 mode)
+#   cluster.sh cilium DIR                     run the real cilium-operator (v$CILIUM_VERSION, LB-IPAM; built on
+#                                             first use, build-binaries.sh cilium) against the cluster: it
+#                                             installs Cilium's CRDs itself; stopped by `down`. No agent
+#                                             (L2 announcements and BGP are the agent's, not run here)
 #   cluster.sh cozy-proxy DIR                 (--node) run cozy-proxy — the platform's data plane for
 #                                             whole-address Services, built from its upstream source
 #                                             (build-binaries.sh cozy) — on every node, as its DaemonSet
@@ -196,9 +200,9 @@ restart() {
   local name="$1"
   case "$name" in
     etcd|kube-apiserver) ;;
-    kube-proxy|kube-proxy-2|metallb-speaker|metallb-speaker-2|metallb-controller|cozy-proxy|cozy-proxy-2)
+    kube-proxy|kube-proxy-2|metallb-speaker|metallb-speaker-2|metallb-controller|cilium-operator|cozy-proxy|cozy-proxy-2)
       [ -f "$dir/pids/$name" ] || die "$name does not run in $dir"; restart_with_health "$name"; return ;;
-    *) die "restart: etcd, kube-apiserver, kube-proxy[-2], metallb-speaker[-2], metallb-controller or cozy-proxy[-2], not '$name'" ;;
+    *) die "restart: etcd, kube-apiserver, kube-proxy[-2], metallb-speaker[-2], metallb-controller, cilium-operator or cozy-proxy[-2], not '$name'" ;;
   esac
   [ -f "$dir/cmds/$name" ] || die "no recorded command for $name in $dir"
   # shellcheck disable=SC1091
@@ -240,7 +244,7 @@ stop_all() {
   # Reverse start order: controller-manager, apiserver, etcd; watcher last.
   local name
   node_down
-  for name in cozy-proxy-2 cozy-proxy metallb-speaker metallb-controller kube-controller-manager kube-apiserver etcd watcher; do
+  for name in cozy-proxy-2 cozy-proxy cilium-operator metallb-speaker metallb-controller kube-controller-manager kube-apiserver etcd watcher; do
     stop_one "$name"
   done
 }
@@ -435,6 +439,37 @@ metallb() {
   if [ -n "$node" ]; then metallb_speaker; fi
 }
 
+# The cilium-operator, out of cluster, with LB-IPAM on (its default) and nothing a node
+# would need: identities in CRDs (no kvstore), IPv6 off as the control plane is IPv4, its
+# API (health) and metrics on loopback ports of their own. It creates Cilium's CRDs when it
+# becomes leader; ready once the pool CRD is Established.
+cilium() {
+  load_env || die "no cluster in $dir; run: cluster.sh up $dir"
+  [ -f "$CILIUM_BIN/.complete" ] || "$here/build-binaries.sh" cilium
+  export KUBECONFIG="$dir/admin.kubeconfig"
+  if [ -f "$dir/pids/cilium-operator" ] && kill -0 "$(cat "$dir/pids/cilium-operator")" 2>/dev/null; then
+    log "cilium-operator already running"; return
+  fi
+  local -a ns=()
+  if [ -n "$node" ]; then ns=(nsenter --net="/run/netns/$NODE_NETNS" --); fi
+  local api metrics
+  { read -r api; read -r metrics; } < <(free_ports 2)
+  start cilium-operator "${ns[@]}" "$CILIUM_BIN/cilium-operator" \
+    --k8s-kubeconfig-path="$dir/admin.kubeconfig" --cluster-name=local \
+    --identity-allocation-mode=crd --enable-ipv6=false --enable-gops=false \
+    --operator-api-serve-addr="127.0.0.1:$api" --operator-prometheus-serve-addr="127.0.0.1:$metrics"
+  echo "http://127.0.0.1:$api/healthz" > "$dir/pids/cilium-operator.health"
+  wait_health cilium-operator 60
+  local _
+  for _ in $(seq 1 120); do
+    netns kubectl wait --for=condition=Established --timeout=1s crd/ciliumloadbalancerippools.cilium.io >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  netns kubectl wait --for=condition=Established --timeout=1s crd/ciliumloadbalancerippools.cilium.io >/dev/null \
+    || die "cilium-operator: no CiliumLoadBalancerIPPool CRD after 60 s (see $dir/logs/cilium-operator.log)"
+  log "cilium-operator $CILIUM_VERSION ready (LB-IPAM)"
+}
+
 # metallb_pod_object COMPONENT [NAME]: the Pod object a MetalLB process reads at start (it
 # owns that process's status objects), named NAME (default COMPONENT). Never scheduled (a
 # node selector nothing matches): with --node, a kubelet would pull its image.
@@ -557,6 +592,7 @@ case "$cmd" in
   exec) load_env || die "no cluster in $dir"; [ ${#rest[@]} -gt 0 ] || die "exec DIR CMD..."
     KUBECONFIG="$dir/admin.kubeconfig" netns "${rest[@]}" ;;
   metallb) metallb ;;
+  cilium) cilium ;;
   client) load_env || die "no cluster in $dir"; [ -n "$node" ] || die "$dir has no node (cluster.sh up DIR --node)"
     [ ${#rest[@]} -gt 0 ] || die "client DIR CMD..."; in_client "${rest[@]}" ;;
   route) load_env || die "no cluster in $dir"; [ -n "$node" ] || die "$dir has no node (cluster.sh up DIR --node)"

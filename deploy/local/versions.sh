@@ -12,6 +12,12 @@ METALLB_VERSION=v0.16.1
 # helm-unittest, the helm plugin the platform runs per package (`helm unittest .`): the
 # wrapper packages' suites (packaging/).
 HELM_UNITTEST_VERSION=v1.1.2
+# The cilium-operator (LB-IPAM; the Cilium driver's tests, issue #65), built inside the
+# downloaded module github.com/cilium/cilium. v1.20.x does not build here: the module proxy
+# refuses the zips of sigs.k8s.io/mcs-api/controllers v0.5.2 and of the gobgp/v4
+# pseudo-version it requires (403); v1.19.5 builds as is and has LB-IPAM's v1.20 surface
+# (lbipam.cilium.io/ips, sharing-key, sharing-cross-namespace, IPAMRequestSatisfied).
+CILIUM_VERSION=v1.19.5
 
 # Built binaries live outside the repository, keyed by version, so CI runs and later
 # sessions on the same machine reuse them. Override with ADDRESS_CONTROLLER_CACHE.
@@ -23,6 +29,7 @@ PROMETHEUS_BIN="$AC_CACHE/bin/prometheus-$PROMETHEUS_VERSION"
 # A helm plugins directory (HELM_PLUGINS) holding helm-unittest as the plugin `unittest`.
 HELM_PLUGINS_DIR="$AC_CACHE/bin/helm-plugins-unittest-$HELM_UNITTEST_VERSION"
 METALLB_BIN="$AC_CACHE/bin/metallb-$METALLB_VERSION"
+CILIUM_BIN="$AC_CACHE/bin/cilium-operator-$CILIUM_VERSION"
 # kubelet and kube-scheduler of the same Kubernetes version: the node tier (deploy/local/node.sh).
 NODE_BIN="$AC_CACHE/bin/kubernetes-node-$KUBE_VERSION"
 # kube-proxy of the same Kubernetes version: the node tier's Services (iptables mode).
