@@ -440,7 +440,8 @@ metallb() {
 }
 
 # The cilium-operator, out of cluster, with LB-IPAM on (its default) and nothing a node
-# would need: identities in CRDs (no kvstore), IPv6 off as the control plane is IPv4, its
+# would need: identities in CRDs (no kvstore), the pods' IPAM left to Kubernetes (the
+# operator's default cluster-pool mode exits without a pod CIDR), IPv6 off as the control plane is IPv4, its
 # API (health) and metrics on loopback ports of their own. It creates Cilium's CRDs when it
 # becomes leader; ready once the pool CRD is Established.
 cilium() {
@@ -456,7 +457,7 @@ cilium() {
   { read -r api; read -r metrics; } < <(free_ports 2)
   start cilium-operator "${ns[@]}" "$CILIUM_BIN/cilium-operator" \
     --k8s-kubeconfig-path="$dir/admin.kubeconfig" --cluster-name=local \
-    --identity-allocation-mode=crd --enable-ipv6=false --enable-gops=false \
+    --identity-allocation-mode=crd --ipam=kubernetes --enable-ipv6=false --enable-gops=false \
     --operator-api-serve-addr="127.0.0.1:$api" --operator-prometheus-serve-addr="127.0.0.1:$metrics"
   echo "http://127.0.0.1:$api/healthz" > "$dir/pids/cilium-operator.health"
   wait_health cilium-operator 60
