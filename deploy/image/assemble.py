@@ -329,7 +329,7 @@ def main():
     args = ap.parse_args()
 
     epoch = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
-    created = datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    created = datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     binaries = [tuple(b.split(":", 1)) for b in args.binary]
 
     base, debs = base_layer(epoch, sorted(args.deb))

@@ -40,7 +40,8 @@ download() { # name version -> path of the cached .deb
 if [ "${1:-}" = "--update-packages" ]; then
   tmp="$(mktemp)"
   sed -n '/^#/p' "$lock" > "$tmp"
-  for pkg in $(grep -v '^#' "$lock" | awk '{print $1}'); do
+  mapfile -t pkgs < <(grep -v '^#' "$lock" | awk '{print $1}')
+  for pkg in "${pkgs[@]}"; do
     pkg_version="$(apt-cache policy "$pkg" | awk '/Candidate:/ {print $2}')"
     file="$(download "$pkg" "$pkg_version")"
     echo "$pkg $pkg_version $(sha256sum "$file" | cut -d' ' -f1)" >> "$tmp"

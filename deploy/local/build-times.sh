@@ -1,3 +1,5 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2034 # sourced: its variables are the sourcing script's
 # Cold build times measured on the 2-core / 24 GiB build machine, in minutes: the one place
 # the scripts' messages and the README's table take them from (tests/tests/docs.rs checks
 # the README against this file). Re-measure and change them here.

@@ -282,6 +282,7 @@ up() {
     if [ "$(node_count)" -gt 1 ]; then node_routes; fi
     ns=(nsenter --net="/run/netns/$NODE_NETNS" --)
     kas_port=443
+    # shellcheck disable=SC2054 # commas inside one flag's value (Node,RBAC)
     kas_mode=(--bind-address=0.0.0.0 --advertise-address="$NODE_IP"
       --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction
       --kubelet-client-certificate="$dir/pki/apiserver-kubelet-client.crt"
@@ -538,12 +539,14 @@ metallb_speaker_one() {
   if [ "$(node_count)" -gt 1 ]; then
     netns kubectl patch pod -n metallb-system "$pod" --subresource=status --type=merge \
       -p "{\"status\":{\"hostIP\":\"$N_IP\",\"podIP\":\"$N_IP\",\"podIPs\":[{\"ip\":\"$N_IP\"}]}}" >/dev/null
+    # shellcheck disable=SC2054 # commas inside one flag's value (a label selector)
     ml=(--ml-bindaddr="$N_IP" --ml-labels=app=metallb,component=speaker
         --ml-secret-key-path="$dir/metallb/memberlist-key")
   fi
   local health metrics_port kubeconfig="$dir/admin.kubeconfig"
   if [ "$N_INDEX" != 1 ]; then kubeconfig="$N_DIR/admin.kubeconfig"; fi
   { read -r health; read -r metrics_port; } < <(free_ports 2)
+  # shellcheck disable=SC2016 # the inner script's "$1" is its own argument, not expanded here
   start "$name" nsenter --net="/run/netns/$N_NETNS" -- unshare --mount --propagation slave -- \
     bash -c 'mkdir -p /etc/metallb && mount --bind "$1" /etc/metallb && shift && exec "$@"' _ "$dir/metallb" \
     "$METALLB_SPEAKER_BIN/metallb-speaker" --kubeconfig="$kubeconfig" \

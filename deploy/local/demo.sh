@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2154 # api, metrics, probe, driver_probe: from $dir/demo-ports, sourced below
 # `make demo` / `make demo-down`: the quickstart on the local control plane.
 #
 # Builds what is needed, starts etcd + kube-apiserver + kube-controller-manager on
@@ -28,9 +29,9 @@ target="${CARGO_TARGET_DIR:-$root/target}"
 metallb="${METALLB:-}"
 if [ -n "$node" ]; then
   # The cluster answers inside its network namespace only: so do this script's clients.
-  kubectl() { nsenter --net=/run/netns/address-controller-node -- kubectl "$@"; }
+  kubectl() { nsenter "--net=/run/netns/address-controller-node" -- kubectl "$@"; }
 fi
-if [ -n "$metallb" ]; then driver=metallb-driver; else driver=range-driver; fi
+if [ -n "$metallb" ]; then driver="metallb-driver"; else driver="range-driver"; fi
 
 n=0
 step() { n=$((n+1)); printf '\n[demo %d] %s\n' "$n" "$*"; }
@@ -55,6 +56,7 @@ sa_kubeconfig() {
   token="$(kubectl create token "$1" -n address-controller-system --duration 8760h)" || fail "TokenRequest for $1"
   server="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
   rm -f "$2"
+  # shellcheck disable=SC2030 # the kubeconfig being written is this subshell's alone
   ( export KUBECONFIG="$2"
     kubectl config set-cluster local --server="$server" --certificate-authority="$dir/pki/ca.crt" --embed-certs
     kubectl config set-credentials "$1" --token="$token"
@@ -93,6 +95,7 @@ up() {
     step "start etcd, kube-apiserver and kube-controller-manager on 127.0.0.1"
     kubeconfig="$("$here/cluster.sh" up "$dir")" || fail "cluster up"
   fi
+  # shellcheck disable=SC2031 # the script's own kubeconfig, not the subshell's above
   export KUBECONFIG="$kubeconfig"
   if [ -n "$metallb" ]; then
     step "start the MetalLB controller ($METALLB_VERSION, built from Go modules)"
@@ -106,6 +109,7 @@ up() {
     free_ports 4 | paste -d= <(printf '%s\n' api metrics probe driver_probe) - > "$dir/demo-ports"
   fi
   # shellcheck disable=SC1091
+  # shellcheck source=/dev/null # written above: api, metrics, probe, driver_probe
   . "$dir/demo-ports"
 
   if [ -n "$node" ]; then node_install; else local_install; fi
@@ -270,7 +274,8 @@ YAML
 # The chart installed as on any cluster: its pods run on the node, from the imported image.
 node_install() {
   local ns=address-controller-system archive
-  archive="$(ls "$root"/dist/address-controller-*.oci.tar | head -1)"
+  local -a archives=("$root"/dist/address-controller-*.oci.tar)
+  archive="${archives[0]}"
   step "import the image into the node's containerd ($(basename "$archive"), named by its index)"
   "$here/cluster.sh" import "$dir" "$archive" >/dev/null || fail "image import"
   step "install the chart (helm upgrade --install, the chart's defaults + the $driver)"

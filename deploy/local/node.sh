@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# shellcheck disable=SC2154 # dir and here are cluster.sh's, which sources this file
 # The node of `cluster.sh up DIR --node`: sourced by cluster.sh, not run by itself.
 #
 # A real node beside the local control plane: containerd (Debian's, with a config of its
@@ -146,8 +147,8 @@ node_cgroup_dirs() { # every hierarchy's directory of the chosen node's cgroup
 # Kills what still runs under the chosen node's cgroup and removes its directories,
 # deepest first.
 node_cgroups_remove() {
-  local d pid tries
-  for tries in 1 2 3 4 5 6 7 8 9 10; do
+  local d pid
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
     local left=0
     for d in $(node_cgroup_dirs); do
       [ -d "$d" ] || continue

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the local scripts (cluster.sh, demo.sh).
 # free_ports N: N distinct free loopback ports, one per line. The sockets stay bound until all
 # N are chosen: ports picked one at a time (each socket closed before the next bind) can come

@@ -4,7 +4,7 @@
 # "N passed, N failed" summary line.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-cd "$root"
+cd "$root" || exit 1
 here="$root/deploy/local"
 # shellcheck source=build-times.sh
 . "$here/build-times.sh"
@@ -28,6 +28,9 @@ fail() { printf '\nmake test: FAILED at step "%s"\n' "$1"; exit 1; }
 step "rustfmt"
 cargo fmt --all -- --check || fail "rustfmt (run cargo fmt)"
 
+step "scripts: shellcheck and ruff (deploy/local/lint.sh)"
+"$here/lint.sh" || fail "shellcheck / ruff (deploy/local/lint.sh)"
+
 step "control-plane binaries (cached by version; cold build ~$COLD_GO_BINARIES_MIN min)"
 # Started in the background: the Rust build and the Go build share the two cores.
 "$here/build-binaries.sh" >"$out/build-binaries.log" 2>&1 &
@@ -37,7 +40,7 @@ step "clippy"
 cargo clippy --workspace --all-targets -- -D warnings || fail "clippy"
 
 step "build tests"
-cargo build --workspace --bins && cargo test --workspace --no-run || fail "cargo build"
+{ cargo build --workspace --bins && cargo test --workspace --no-run; } || fail "cargo build"
 
 step "build the container image (release binaries; make image)"
 "$root/deploy/image/build.sh" --out "$out/image" || fail "make image"

@@ -1,4 +1,6 @@
+# shellcheck shell=bash
 # Pinned versions of the local control plane. Sourced by the scripts in this directory.
+# shellcheck disable=SC2034 # sourced: its variables are the sourcing script's
 # Changing a version here changes the cache key, so the next run rebuilds that binary.
 KUBE_VERSION=v1.36.3
 ETCD_VERSION=v3.6.16
