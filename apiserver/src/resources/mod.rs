@@ -4,9 +4,9 @@
 //! routing and the view store are derived from the registry ([`all`]); adding a view is
 //! adding a module.
 
-pub mod holders;
-pub mod holdings;
-pub mod pools;
+pub mod addressholdings;
+pub mod namespaceaddresses;
+pub mod poolavailabilities;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -173,9 +173,9 @@ pub trait View: Send + Sync + 'static {
 /// Every served resource, in discovery order.
 pub fn all() -> Vec<Arc<dyn View>> {
     vec![
-        Arc::new(holdings::Holdings::default()),
-        Arc::new(pools::Pools::default()),
-        Arc::new(holders::Holders::default()),
+        Arc::new(namespaceaddresses::NamespaceAddressesView::default()),
+        Arc::new(poolavailabilities::PoolAvailabilitiesView::default()),
+        Arc::new(addressholdings::AddressHoldingsView::default()),
     ]
 }
 

@@ -263,7 +263,7 @@ pub static INFO: ResourceInfo = ResourceInfo {
 
 /// The view, with its indexes: claims and addresses by namespace.
 #[derive(Default)]
-pub struct Holdings {
+pub struct NamespaceAddressesView {
     index: Mutex<Index>,
 }
 
@@ -280,7 +280,7 @@ fn key(ns: &str) -> String {
     format!("{ns}/{ns}")
 }
 
-impl Holdings {
+impl NamespaceAddressesView {
     fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
         self.index.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -629,7 +629,7 @@ pub fn address_records(
     }
 }
 
-impl View for Holdings {
+impl View for NamespaceAddressesView {
     fn info(&self) -> &'static ResourceInfo {
         &INFO
     }

@@ -149,7 +149,7 @@ pub static INFO: ResourceInfo = ResourceInfo {
 /// The view, and its index of the records by address uid: the keys of the holdings
 /// recorded, and the names of the span records (a holding's Services).
 #[derive(Default)]
-pub struct Holders {
+pub struct AddressHoldingsView {
     by_uid: Mutex<HashMap<String, Recorded>>,
     /// Holdings that left their address (moved to a record, or the address deleted, whose
     /// finalizer records them) before this process saw the record: the record is created
@@ -315,7 +315,7 @@ fn held_at(fields: &BTreeMap<&'static str, String>, t: i64) -> bool {
     from.is_none_or(|f| f <= t) && until.is_none_or(|u| t < u)
 }
 
-impl View for Holders {
+impl View for AddressHoldingsView {
     fn info(&self) -> &'static ResourceInfo {
         &INFO
     }
@@ -456,7 +456,7 @@ fn cached(world: &World, name: &str, uid: &str) -> Option<std::sync::Arc<IPAddre
         .filter(|a| a.metadata.uid.as_deref() == Some(uid))
 }
 
-impl Holders {
+impl AddressHoldingsView {
     /// Keeps a copy of each holding that left the address `old` in this change (`new`: the
     /// address after it, `None` when deleted) and whose record this process has not seen;
     /// drops copies past [`IN_FLIGHT_FOR`] (their keys made dirty, so the view says so).
@@ -557,7 +557,7 @@ mod tests {
     #[test]
     fn a_holding_on_its_way_to_its_record_never_leaves_the_view() {
         let world = World::new(false, Health::new(Bounds::default())).with_records_for(true);
-        let view = Holders::default();
+        let view = AddressHoldingsView::default();
         let key = "old/ipv4-192-0-2-1.01234567.0";
         let (before, after) = (address(0), address(1));
         world
@@ -577,7 +577,9 @@ mod tests {
             "shown as it was while its record is on its way"
         );
         assert!(
-            Holders::default().compute(key, &world).is_none(),
+            AddressHoldingsView::default()
+                .compute(key, &world)
+                .is_none(),
             "positive control: without the copy the holding vanished (a DELETED in a watch)"
         );
         // The record arrives: read from it, the copy let go.
@@ -596,7 +598,7 @@ mod tests {
     #[test]
     fn a_deleted_addresss_holdings_wait_for_their_records_but_not_forever() {
         let world = World::new(false, Health::new(Bounds::default())).with_records_for(true);
-        let view = Holders::default();
+        let view = AddressHoldingsView::default();
         let a = address(0);
         world.addresses.apply(a.name_any(), None);
         let mut dirty = Vec::new();

@@ -155,7 +155,7 @@ struct Numbers {
 }
 
 #[derive(Default)]
-pub struct Pools {
+pub struct PoolAvailabilitiesView {
     numbers: Mutex<HashMap<String, Numbers>>,
     admission: Mutex<Admission>,
 }
@@ -224,7 +224,7 @@ fn family_cells(allocated: Option<i64>, capacity: Option<i64>, free: Option<i64>
     ]
 }
 
-impl View for Pools {
+impl View for PoolAvailabilitiesView {
     fn info(&self) -> &'static ResourceInfo {
         &INFO
     }
