@@ -6,11 +6,11 @@
 //! finalizer, probes. It never touches what the core owns. `docs/drivers.md` has the
 //! contract; `tests/` has a conformance suite any driver can run.
 
-pub mod decide;
+pub(crate) mod decide;
 pub mod driver;
 mod inventory;
 pub mod metrics;
-pub mod runner;
+pub(crate) mod runner;
 /// Address ranges (CIDRs and `a-b` ranges): the api crate's, where `address-controller adopt`
 /// reads them too.
 pub use address_controller_api::ranges;
@@ -36,6 +36,7 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 pub use address_controller_runtime::flags;
 /// RBAC rule type, for [`Info::extra_rules`].
 pub use address_controller_runtime::rbac as runtime_rbac;
+pub use decide::service::render_marker;
 pub use driver::{
     AllocateError, Allocation, Capacity, ClassesInUse, Driver, Presence, Request, ingress,
     object_name,

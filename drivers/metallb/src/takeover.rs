@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use address_controller_api::family::{ipv4_first, parse_address, sort_ipv4_first};
 use address_controller_api::{IPAddress, IPAddressClass};
-use address_controller_driver_kit::decide::service::render_marker;
 use address_controller_driver_kit::ingress;
+use address_controller_driver_kit::render_marker;
 use address_controller_runtime::client::ClientArgs;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
