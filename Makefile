@@ -68,11 +68,12 @@ image: ## The container image without a container engine: release binaries + Deb
 	@deploy/image/build.sh
 
 .PHONY: lint
-lint: ## cargo fmt --check, clippy with warnings as errors, shellcheck and ruff over the scripts (deploy/local/lint.sh), no product function over 100 lines (fn-length)
+lint: ## cargo fmt --check, clippy with warnings as errors, shellcheck and ruff over the scripts (deploy/local/lint.sh), no product function over 100 lines (fn-length), no broken intra-doc link (cargo doc)
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@deploy/local/lint.sh
 	$(CARGO) run -q -p address-controller-tests --bin fn-length
+	RUSTDOCFLAGS="-D rustdoc::broken_intra_doc_links" $(CARGO) doc -q --no-deps --workspace
 
 .PHONY: chaos
 chaos: ## The chaos suite on a fresh local control plane: churn, leader kills, kube-apiserver/etcd restarts, then the invariants (CHAOS_DURATION, default 10m; CHAOS_DRIVER=metallb with the real MetalLB)

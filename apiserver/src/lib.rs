@@ -5,12 +5,12 @@
 //! shape (list options, selectors, paging, watch, content negotiation, errors).
 //!
 //! The generic half — TLS, delegated authentication and authorization, limits, what a
-//! request asks for, Status errors, negotiation — is the [`serving`] crate, shared with the
-//! drivers. Here, one module per concern of the views: [`front`] (the views' request
-//! metrics and readiness on serving's front door), [`request`] (list options),
+//! request asks for, Status errors, negotiation — is the [`serving`](address_controller_serving) crate, shared with the
+//! drivers. Here, one module per concern of the views: [`metering`] (the views' request
+//! metrics and readiness on serving's front door), [`list_options`],
 //! [`selector`], [`render`], [`serve`] (list/get/subresources), [`watch`], [`store`]
 //! (materialized views and their change history), [`resources`] (one module per view),
-//! [`discovery`] (and the OpenAPI documents' handlers), [`openapi`], [`metrics`],
+//! [`discovery`] (and the OpenAPI documents' handlers), [`openapi`], [`view_metrics`],
 //! [`group`], [`state`]. This file only assembles the router and spawns the server.
 
 pub mod discovery;
@@ -42,8 +42,9 @@ use tower::ServiceExt;
 pub use crate::group::{API_VERSION, GROUP, VERSION};
 pub use crate::state::State;
 
-/// The router. Requests carry the TLS peer's certificates as a [`authn::PeerCerts`]
-/// extension. Probes answer anonymously; everything else passes the [`front`] layers.
+/// The router. Requests carry the TLS peer's certificates as a
+/// [`PeerCerts`](address_controller_serving::authn::PeerCerts) extension. Probes answer
+/// anonymously; everything else passes the [`front`](address_controller_serving::front) layers.
 pub fn router(state: Arc<State>, access: door::Access) -> Router {
     let api = Router::new()
         .route("/apis", any(discovery::apis))

@@ -5,7 +5,7 @@
 //!
 //! **Who is woken when an address becomes free.** Not every waiting claim (that is N passes
 //! per free address, N² in all): the index keeps, per (class, family), a set of *woken*
-//! claims — queued or running, in age order — and [`Index::pump`] tops it up to
+//! claims — queued or running, in age order — and `Index::pump_locked` tops it up to
 //! `min(free − being bound, waiting)`. It is called whenever the free set grows, the waiting
 //! set grows, or a woken claim's pass ends. Liveness: after every pump, if a free address
 //! and a waiting claim of one (class, family) coexist, at least one waiting claim is in

@@ -39,6 +39,9 @@ build_pid=$!
 step "clippy"
 cargo clippy --workspace --all-targets -- -D warnings || fail "clippy"
 
+step "cargo doc: no broken intra-doc link"
+RUSTDOCFLAGS="-D rustdoc::broken_intra_doc_links" cargo doc -q --no-deps --workspace || fail "cargo doc (a doc link names an item that is not there)"
+
 step "build tests"
 { cargo build --workspace --bins && cargo test --workspace --no-run; } || fail "cargo build"
 
