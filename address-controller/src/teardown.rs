@@ -55,7 +55,7 @@ pub struct TeardownArgs {
     #[arg(long)]
     objects: Option<usize>,
     /// Where the YAML backup of the ledger is written before anything changes [default:
-    /// ./address-controller-ledger-<time>.yaml].
+    /// ./address-controller-ledger-TIME.yaml, TIME the Unix time of the run in seconds].
     #[arg(long, env = "ADDRESS_CONTROLLER_TEARDOWN_BACKUP_FILE")]
     backup_file: Option<PathBuf>,
 }

@@ -26,7 +26,7 @@ use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
 /// One invariant: its name, what it means, and the function that finds its violations in
-/// one snapshot (`None`: judged from the replicas' `/metrics`, see [`gauge_violations`]).
+/// one snapshot (`None`: judged from the replicas' `/metrics`, see `gauge_violations`).
 pub struct Rule {
     pub name: &'static str,
     pub meaning: &'static str,

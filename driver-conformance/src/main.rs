@@ -1,10 +1,12 @@
 //! `driver-conformance`: the driver conformance suite against any cluster where the core
 //! controller and the driver run. See `docs/drivers.md`.
 //!
-//!     driver-conformance --class NAME [--kubeconfig FILE] [--timeout 60s]
-//!                        [--invalid-parameters JSON] [--race-address IP]
-//!                        [--restart-command 'kubectl -n X rollout restart deploy/Y']
-//!                        [--lose-parameters JSON] [--associate [--service-class LB]]
+//! ```text
+//! driver-conformance --class NAME [--kubeconfig FILE] [--timeout 60s]
+//!                    [--invalid-parameters JSON] [--race-address IP]
+//!                    [--restart-command 'kubectl -n X rollout restart deploy/Y']
+//!                    [--lose-parameters JSON] [--associate [--service-class LB]]
+//! ```
 //!
 //! Prints a line per case and `N passed, N failed, N skipped`; exits 1 when a case fails.
 

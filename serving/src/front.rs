@@ -45,12 +45,12 @@ impl Described {
             .unwrap_or_else(|| Arc::new(Described::of(method, uri)))
     }
 
-    /// [`Described::attached`] to a request's parts.
+    /// `Described::attached` to a request's parts.
     pub fn from_parts(parts: &Parts) -> Arc<Described> {
         Self::attached(&parts.extensions, &parts.method, &parts.uri)
     }
 
-    /// [`Described::attached`] to a whole request.
+    /// `Described::attached` to a whole request.
     pub fn of_request(req: &Request) -> Arc<Described> {
         Self::attached(req.extensions(), req.method(), req.uri())
     }

@@ -462,7 +462,7 @@ pub async fn lease_holder_in(
 pub const APISERVICE: &str = "v1alpha1.view.local.sdn.cozystack.io";
 
 /// Registers the views through an APIService whose ExternalName Service points at
-/// localhost:<port>, and waits until it is Available.
+/// `localhost:<port>`, and waits until it is Available.
 pub async fn register_views(e: &mut Env, port: u16) {
     register_views_at(port).await;
     e.cleanup

@@ -502,7 +502,7 @@ pub fn pod_ip(pod: &Value) -> String {
 }
 
 /// The host PID of a pod's (first) container: the process whose cgroup ends with the
-/// container's id (the kubelet's cgroupfs layout, …/pod<uid>/<container id>).
+/// container's id (the kubelet's cgroupfs layout, `…/pod<uid>/<container id>`).
 pub fn container_pid(pod: &Value) -> Result<u32> {
     let id = pod["status"]["containerStatuses"][0]["containerID"]
         .as_str()

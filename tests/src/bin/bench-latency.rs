@@ -19,9 +19,11 @@
 //! Service's annotation, the driver's bind, `associatedTo`, the Service's ingress). Asserts
 //! nothing about speed.
 //!
-//!     bench-latency [--base 10000] [--rates 5,10,20,50,100] [--step 20] [--no-protection-policy]
-//!                   [--kube-api-qps Q]   (the core's and drivers' client limit; 0: none)
-//!                   [--takeover RATE]    (then a step at RATE through four leader takeovers)
+//! ```text
+//! bench-latency [--base 10000] [--rates 5,10,20,50,100] [--step 20] [--no-protection-policy]
+//!               [--kube-api-qps Q]   (the core's and drivers' client limit; 0: none)
+//!               [--takeover RATE]    (then a step at RATE through four leader takeovers)
+//! ```
 //!
 //! As a default install has it, the chart's protection policy puts the core's finalizers on
 //! at creation (`--no-protection-policy`: the core writes them).

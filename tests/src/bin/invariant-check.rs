@@ -1,8 +1,10 @@
 //! `invariant-check`: checks the ledger's invariants on any cluster and prints the table.
 //! Exits 1 when something is violated.
 //!
-//!     invariant-check [--kubeconfig FILE] [--settle 30s] [--namespace NS]... [--class C]...
-//!                     [--metrics https://HOST:PORT/metrics]... [--token-file FILE]
+//! ```text
+//! invariant-check [--kubeconfig FILE] [--settle 30s] [--namespace NS]... [--class C]...
+//!                 [--metrics https://HOST:PORT/metrics]... [--token-file FILE]
+//! ```
 
 use std::time::Duration;
 
