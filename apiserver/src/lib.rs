@@ -5,13 +5,14 @@
 //! shape (list options, selectors, paging, watch, content negotiation, errors).
 //!
 //! The generic half — TLS, delegated authentication and authorization, limits, what a
-//! request asks for, Status errors, negotiation — is the [`serving`](address_controller_serving) crate, shared with the
-//! drivers. Here, one module per concern of the views: [`metering`] (the views' request
-//! metrics and readiness on serving's front door), [`list_options`],
-//! [`selector`], [`render`], [`serve`] (list/get/subresources), [`watch`], [`store`]
-//! (materialized views and their change history), [`resources`] (one module per view),
-//! [`discovery`] (and the OpenAPI documents' handlers), [`openapi`], [`view_metrics`],
-//! [`group`], [`state`]. This file only assembles the router and spawns the server.
+//! request asks for, Status errors, negotiation — is the
+//! [`serving`](address_controller_serving) crate, shared with the drivers. Here, one module
+//! per concern of the views: [`metering`] (the views' request metrics and readiness on
+//! serving's front door), [`list_options`], [`selector`], [`render`], [`serve`]
+//! (list/get/subresources), [`watch`], [`store`] (materialized views and their change
+//! history), [`resources`] (one module per view), [`discovery`] (and the OpenAPI documents'
+//! handlers), [`openapi`], [`view_metrics`], [`group`], [`state`]. This file only assembles
+//! the router and spawns the server.
 
 pub mod discovery;
 pub mod group;

@@ -1,8 +1,9 @@
 //! Wiring: what each cache change updates and wakes, and the workers.
 //!
 //! Every change runs, on its watch's task and in this order: the recent-writes overlay
-//! forgets what the cache now shows, the [`Index`](crate::index::Index) takes the change in, and the keys it
-//! concerns are queued. Queueing only inserts into a set: nothing here can block a watch.
+//! forgets what the cache now shows, the [`Index`](crate::index::Index) takes the change
+//! in, and the keys it concerns are queued. Queueing only inserts into a set: nothing here
+//! can block a watch.
 //!
 //! | change | passes |
 //! |---|---|

@@ -462,13 +462,10 @@ cilium() {
     --operator-api-serve-addr="127.0.0.1:$api" --operator-prometheus-serve-addr="127.0.0.1:$metrics"
   echo "http://127.0.0.1:$api/healthz" > "$dir/pids/cilium-operator.health"
   wait_health cilium-operator 60
-  local _
-  for _ in $(seq 1 120); do
-    netns kubectl wait --for=condition=Established --timeout=1s crd/ciliumloadbalancerippools.cilium.io >/dev/null 2>&1 && break
-    sleep 0.5
-  done
-  netns kubectl wait --for=condition=Established --timeout=1s crd/ciliumloadbalancerippools.cilium.io >/dev/null \
-    || die "cilium-operator: no CiliumLoadBalancerIPPool CRD after 60 s (see $dir/logs/cilium-operator.log)"
+  local crd=crd/ciliumloadbalancerippools.cilium.io
+  { netns kubectl wait --for=create --timeout=60s "$crd" &&
+    netns kubectl wait --for=condition=Established --timeout=30s "$crd"; } >/dev/null \
+    || die "cilium-operator: no Established CiliumLoadBalancerIPPool CRD (see $dir/logs/cilium-operator.log)"
   log "cilium-operator $CILIUM_VERSION ready (LB-IPAM)"
 }
 

@@ -109,7 +109,6 @@ up() {
     free_ports 4 | paste -d= <(printf '%s\n' api metrics probe driver_probe) - > "$dir/demo-ports"
   fi
   # shellcheck disable=SC1091
-  # shellcheck source=/dev/null # written above: api, metrics, probe, driver_probe
   . "$dir/demo-ports"
 
   if [ -n "$node" ]; then node_install; else local_install; fi

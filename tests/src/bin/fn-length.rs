@@ -100,7 +100,7 @@ impl<'ast> Visit<'ast> for Lengths<'_> {
             return;
         }
         let ty = &i.self_ty;
-        self.owner.push(quote_type(ty));
+        self.owner.push(type_name(ty));
         syn::visit::visit_item_impl(self, i);
         self.owner.pop();
     }
@@ -126,8 +126,9 @@ impl<'ast> Visit<'ast> for Lengths<'_> {
     }
 }
 
-/// A type's name as written, for messages (`Foo`, `Foo<'_>`).
-fn quote_type(ty: &syn::Type) -> String {
+/// The name of an impl's type, for messages (`Foo` of `a::Foo<'_>`; another kind of type
+/// by its line).
+fn type_name(ty: &syn::Type) -> String {
     match ty {
         syn::Type::Path(p) => p
             .path
