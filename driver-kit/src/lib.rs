@@ -8,6 +8,7 @@
 
 pub(crate) mod decide;
 pub mod driver;
+pub mod holds;
 mod inventory;
 pub mod metrics;
 pub(crate) mod runner;

@@ -39,7 +39,7 @@ pub const GO_MARKER: &str = "metallb.drivers.local.sdn.cozystack.io/pinned";
 pub const GO_PLACEHOLDER_LABEL: &str = "metallb.drivers.local.sdn.cozystack.io/placeholder";
 pub const GO_ADDRESS_LABEL: &str = "metallb.drivers.local.sdn.cozystack.io/ip-address";
 /// The port a Go placeholder moves to while it shares the address with the hold (the hold's
-/// is [`crate::metallb::HOLD_PORT`]; MetalLB shares an address only between Services of
+/// is [`address_controller_driver_kit::holds::HOLD_PORT`]; MetalLB shares an address only between Services of
 /// distinct ports).
 pub const MOVED_PLACEHOLDER_PORT: i32 = 65533;
 
