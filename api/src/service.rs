@@ -132,6 +132,35 @@ pub mod metallb {
     pub const ALLOCATED_FROM_POOL: &str = "metallb.io/ip-allocated-from-pool";
 }
 
+/// Cilium LB-IPAM's annotations and condition on a Service, as the cilium-operator v1.19
+/// reads and writes them: one spelling for the Cilium driver, its fence and the core.
+pub mod cilium {
+    /// Asks for these addresses (comma-separated).
+    pub const IPS: &str = "lbipam.cilium.io/ips";
+    /// The sharing key: Services with the same key may share an address.
+    pub const SHARING_KEY: &str = "lbipam.cilium.io/sharing-key";
+    /// Namespaces (or `*`) a Service may share its address with under its key; both sides
+    /// must name each other's.
+    pub const SHARING_CROSS_NAMESPACE: &str = "lbipam.cilium.io/sharing-cross-namespace";
+    /// The older spellings the operator still reads.
+    pub const IPS_ALIAS: &str = "io.cilium/lb-ipam-ips";
+    pub const SHARING_KEY_ALIAS: &str = "io.cilium/lb-ipam-sharing-key";
+    pub const SHARING_CROSS_NAMESPACE_ALIAS: &str = "io.cilium/lb-ipam-sharing-cross-namespace";
+    /// Every annotation that asks LB-IPAM for an address or a share of one.
+    pub const PIN_ANNOTATIONS: [&str; 6] = [
+        IPS,
+        SHARING_KEY,
+        SHARING_CROSS_NAMESPACE,
+        IPS_ALIAS,
+        SHARING_KEY_ALIAS,
+        SHARING_CROSS_NAMESPACE_ALIAS,
+    ];
+    /// LB-IPAM's answer on the Service (`status.conditions`): `True` once it allocated what
+    /// the Service asks for, else `False` with its reason (`no_pool`, `out_of_ips`,
+    /// `already_allocated_incompatible_service`, ...).
+    pub const REQUEST_SATISFIED: &str = "cilium.io/IPAMRequestSatisfied";
+}
+
 /// The `ip` values of a Service's `status.loadBalancer.ingress`, as written (entries with
 /// only a hostname give none).
 pub fn ingress_ips(s: &Service) -> impl Iterator<Item = &str> {

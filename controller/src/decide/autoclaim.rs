@@ -6,7 +6,7 @@ use std::sync::Arc;
 use address_controller_api::names::{
     AUTO_CLAIM_CLASS_ANNOTATION, SERVICE_AUTO_CLAIM_ANNOTATION, SERVICE_CLASS_ANNOTATION,
 };
-use address_controller_api::service::metallb;
+use address_controller_api::service::{cilium, metallb};
 use address_controller_api::validation::is_dns1123_subdomain;
 use address_controller_api::{ClaimFamily, IPAddressClaim, IPAddressClass, Marked};
 use k8s_openapi::api::core::v1::Service;
@@ -57,6 +57,9 @@ pub enum Skip {
     LoadBalancerClass,
     LoadBalancerIp,
     MetalLb,
+    /// A Cilium LB-IPAM pin or sharing annotation: the Service already says where its
+    /// address comes from.
+    Cilium,
     HasIngress,
     NoAutoClaimClass,
 }
@@ -183,6 +186,12 @@ fn skip_rules(s: &ServiceSnapshot<'_>) -> Result<(), ServicePlan> {
         .any(|a| annotations.contains_key(*a))
     {
         return Err(ServicePlan::Skip(Skip::MetalLb));
+    }
+    if cilium::PIN_ANNOTATIONS
+        .iter()
+        .any(|a| annotations.contains_key(*a))
+    {
+        return Err(ServicePlan::Skip(Skip::Cilium));
     }
     let has_ingress = svc
         .status

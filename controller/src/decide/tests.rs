@@ -1475,6 +1475,14 @@ mod autoclaim {
                 "{a}"
             );
         }
+        for a in address_controller_api::service::cilium::PIN_ANNOTATIONS {
+            let s = svc(json!({"metadata": {"annotations": {a: "x"}}}));
+            assert_eq!(
+                plan(&s, &classes, None),
+                ServicePlan::Skip(Skip::Cilium),
+                "{a}"
+            );
+        }
         assert_eq!(
             plan(&svc(json!({})), &[class("plain", json!({}))], None),
             ServicePlan::Skip(Skip::NoAutoClaimClass)
