@@ -185,6 +185,10 @@ pub mod driver {
     /// The provisioner of the MetalLB driver this project ships (`drivers/metallb`) — the
     /// same as the Go driver's it replaces.
     pub const METALLB_PROVISIONER: &str = "metallb.drivers.local.sdn.cozystack.io";
+    /// The provisioner of the Cilium LB-IPAM driver this project ships (`drivers/cilium`):
+    /// its classes take the MetalLB driver's parameters (`addresses`), so a class moves
+    /// between the two by its provisioner alone.
+    pub const CILIUM_PROVISIONER: &str = "cilium.drivers.local.sdn.cozystack.io";
 
     /// Class condition: the parameters can be allocated from.
     pub const PARAMETERS_VALID: &str = "ParametersValid";

@@ -190,7 +190,7 @@ pub fn parse_parameters(parameters: Option<&serde_json::Value>) -> Result<Vec<Ci
     parse_blocks(parameters, "cidrs", false)
 }
 
-/// Parses `spec.parameters` of a MetalLB driver's class: `{"addresses": [...]}`, CIDRs and
+/// Parses `spec.parameters` of a MetalLB or Cilium driver's class: `{"addresses": [...]}`, CIDRs and
 /// `a-b` ranges as MetalLB's `IPAddressPool.spec.addresses`.
 pub fn parse_metallb_addresses(
     parameters: Option<&serde_json::Value>,
@@ -204,10 +204,10 @@ pub fn shipped_class_blocks(
     provisioner: &str,
     parameters: Option<&serde_json::Value>,
 ) -> Option<Result<Vec<Cidr>, ParamError>> {
-    use crate::names::driver::{METALLB_PROVISIONER, RANGE_PROVISIONER};
+    use crate::names::driver::{CILIUM_PROVISIONER, METALLB_PROVISIONER, RANGE_PROVISIONER};
     match provisioner {
         RANGE_PROVISIONER => Some(parse_parameters(parameters)),
-        METALLB_PROVISIONER => Some(parse_metallb_addresses(parameters)),
+        METALLB_PROVISIONER | CILIUM_PROVISIONER => Some(parse_metallb_addresses(parameters)),
         _ => None,
     }
 }

@@ -11,6 +11,7 @@ pub mod driver;
 pub mod holds;
 mod inventory;
 pub mod metrics;
+pub mod objects;
 pub(crate) mod runner;
 /// Address ranges (CIDRs and `a-b` ranges): the api crate's, where `address-controller adopt`
 /// reads them too.

@@ -30,6 +30,7 @@ use address_controller_api::service::SERVICE_PROXY_NAME_LABEL;
 use address_controller_api::{Family, IPAddress, IPAddressClass};
 use address_controller_driver_kit::holds::{HOLD_PROXY_NAME, backend_source, hold_port};
 pub use address_controller_driver_kit::holds::{hold_name, sharing_key};
+use address_controller_driver_kit::objects::{ensure, owner};
 use address_controller_driver_kit::ranges::{self, Cidr, ParamError};
 use address_controller_driver_kit::{
     AllocateError, Allocation, Capacity, ClassesInUse, Driver, Presence, Request, ingress,
@@ -162,49 +163,9 @@ fn annotations(s: &Service) -> &BTreeMap<String, String> {
     s.metadata.annotations.as_ref().unwrap_or(&EMPTY)
 }
 
-fn owner<K: Resource<DynamicType = ()>>(o: &K) -> Value {
-    json!({"apiVersion": K::api_version(&()), "kind": K::kind(&()),
-        "name": o.meta().name, "uid": o.meta().uid})
-}
-
 fn metallb_api(client: &Client, ns: &str, kind: &str) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("metallb.io", "v1beta1", kind);
     Api::namespaced_with(client.clone(), ns, &ApiResource::from_gvk(&gvk))
-}
-
-/// Creates `body` or, when it exists and differs in what we own (`spec`, labels, owner),
-/// patches it — nothing when it already is so.
-async fn ensure(api: &Api<DynamicObject>, name: &str, body: Value) -> Result<(), String> {
-    match api.get_opt(name).await.map_err(|e| e.to_string())? {
-        None => {
-            let obj: DynamicObject = serde_json::from_value(body).map_err(|e| e.to_string())?;
-            match api.create(&PostParams::default(), &obj).await {
-                Ok(_) => Ok(()),
-                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-                Err(e) => Err(format!("creating {name}: {e}")),
-            }
-        }
-        // Being deleted (its class went): left alone until it is gone (see POOL_FINALIZER);
-        // the class, if it is back, is synced anew then.
-        Some(have) if have.metadata.deletion_timestamp.is_some() => Ok(()),
-        Some(have) => {
-            let have = serde_json::to_value(&have).map_err(|e| e.to_string())?;
-            let same = have.get("spec") == body.get("spec")
-                && have["metadata"]["ownerReferences"] == body["metadata"]["ownerReferences"]
-                && have["metadata"]["finalizers"] == body["metadata"]["finalizers"];
-            if same {
-                return Ok(());
-            }
-            let patch = json!({"metadata": {"resourceVersion": have["metadata"]["resourceVersion"],
-                "ownerReferences": body["metadata"]["ownerReferences"],
-                "finalizers": body["metadata"]["finalizers"],
-                "labels": body["metadata"]["labels"]}, "spec": body["spec"]});
-            api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
-                .await
-                .map(|_| ())
-                .map_err(|e| format!("updating {name}: {e}"))
-        }
-    }
 }
 
 impl MetalLb {
@@ -511,45 +472,14 @@ impl Driver for MetalLb {
         in_use: &ClassesInUse,
     ) -> Result<Vec<String>, String> {
         let api = metallb_api(client, &self.metallb_namespace, "IPAddressPool");
-        let ours = ListParams::default().labels(&format!("{MANAGED_BY}={MANAGER}"));
-        let pools = match api.list(&ours).await {
-            Ok(l) => l.items,
-            Err(e) => return Err(format!("listing IPAddressPools: {e}")),
-        };
-        let mut released = Vec::new();
-        for pool in pools {
-            let class = pool.labels().get(CLASS_LABEL).cloned().unwrap_or_default();
-            let owner = pool
-                .owner_references()
-                .iter()
-                .find(|o| o.kind == "IPAddressClass")
-                .map(|o| o.uid.as_str());
-            if in_use.keeps(&class, owner) || !pool.finalizers().iter().any(|f| f == POOL_FINALIZER)
-            {
-                continue;
-            }
-            let keep: Vec<&String> = pool
-                .finalizers()
-                .iter()
-                .filter(|f| *f != POOL_FINALIZER)
-                .collect();
-            let body = json!({"metadata": {"resourceVersion": pool.resource_version(), "finalizers": keep}});
-            let done = api
-                .patch(
-                    &pool.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(body),
-                )
-                .await;
-            match done {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(format!("releasing IPAddressPool {}: {e}", pool.name_any())),
-            }
-            tracing::info!(pool = %pool.name_any(), %class, "no address of the class is left: its IPAddressPool goes");
-            released.push(class);
-        }
-        Ok(released)
+        address_controller_driver_kit::objects::release_pools(
+            &api,
+            &format!("{MANAGED_BY}={MANAGER}"),
+            CLASS_LABEL,
+            POOL_FINALIZER,
+            in_use,
+        )
+        .await
     }
 
     async fn sync_address(
