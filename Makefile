@@ -24,13 +24,15 @@ test: ## Run all tests (fmt, clippy, unit, integration on a real local control p
 	@deploy/local/test.sh
 
 .PHONY: manifests
-manifests: ## Regenerate the CRDs, the ClusterRoles (controller, range and MetalLB drivers) and the views' OpenAPI documents from the code, and vendor the chart into packaging/
+manifests: ## Regenerate the CRDs, the ClusterRoles (controller, range, MetalLB and Cilium drivers) and the views' OpenAPI documents from the code, and vendor the chart into packaging/
 	$(CARGO) run -q -p address-controller -- manifests --crds-dir chart/address-controller/crds --role chart/address-controller/files/controller-role.yaml --openapi-dir openapi
 	mkdir -p chart/address-controller/files
 	$(CARGO) run -q -p address-controller-range-driver -- --print-cluster-role > chart/address-controller/files/range-driver-role.yaml
 	@echo "wrote chart/address-controller/files/range-driver-role.yaml"
 	$(CARGO) run -q -p address-controller-metallb-driver -- --print-cluster-role > chart/address-controller/files/metallb-driver-role.yaml
 	@echo "wrote chart/address-controller/files/metallb-driver-role.yaml"
+	$(CARGO) run -q -p address-controller-cilium-driver -- --print-cluster-role > chart/address-controller/files/cilium-driver-role.yaml
+	@echo "wrote chart/address-controller/files/cilium-driver-role.yaml"
 	@packaging/vendor.sh
 
 .PHONY: packages

@@ -80,6 +80,43 @@ pub enum AllocateError {
     Failed(String),
 }
 
+/// Each class's parsed parameters (`parsed`, in the order of `classes`), with an error on
+/// each of two classes whose `blocks` overlap: one address in two classes would be handed
+/// out twice, and a backend (MetalLB, LB-IPAM) refuses overlapping pools. The one rule of
+/// the drivers this project ships.
+pub fn without_overlaps<P: Clone>(
+    classes: &[Arc<IPAddressClass>],
+    parsed: &[Result<P, String>],
+    blocks: impl Fn(&P) -> &[address_controller_api::ranges::Cidr],
+) -> Vec<Result<P, String>> {
+    use kube::ResourceExt;
+    classes
+        .iter()
+        .zip(parsed)
+        .map(|(class, mine)| {
+            let mine = mine.clone()?;
+            for (other, theirs) in classes.iter().zip(parsed) {
+                if other.name_any() == class.name_any() {
+                    continue;
+                }
+                if let Ok(theirs) = theirs
+                    && let Some((a, b)) = address_controller_api::ranges::overlap_between(
+                        blocks(&mine),
+                        blocks(theirs),
+                    )
+                {
+                    return Err(address_controller_api::ranges::ParamError::Overlap(
+                        a.to_string(),
+                        format!("{b} of class {}", other.name_any()),
+                    )
+                    .to_string());
+                }
+            }
+            Ok(mine)
+        })
+        .collect()
+}
+
 /// A driver. `Params` is what the class's `spec.parameters` parse into.
 pub trait Driver: Send + Sync + 'static {
     type Params: Send + Sync + 'static;

@@ -352,24 +352,9 @@ impl Driver for MetalLb {
             .iter()
             .map(|c| parse(c.spec.parameters.as_ref()))
             .collect();
-        classes
-            .iter()
-            .zip(&parsed)
-            .map(|(class, mine)| {
-                let mine = mine.clone()?;
-                for (other, theirs) in classes.iter().zip(&parsed) {
-                    if other.name_any() == class.name_any() {
-                        continue;
-                    }
-                    if let Ok(theirs) = theirs
-                        && let Some((a, b)) = ranges::overlap_between(&mine.blocks, &theirs.blocks)
-                    {
-                        return Err(format!("{a} overlaps {b} of class {}", other.name_any()));
-                    }
-                }
-                Ok(mine)
-            })
-            .collect()
+        address_controller_driver_kit::driver::without_overlaps(classes, &parsed, |p| {
+            p.blocks.as_slice()
+        })
     }
 
     fn capacity(&self, p: &Params) -> Capacity {

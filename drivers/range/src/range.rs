@@ -16,7 +16,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-use address_controller_driver_kit::ranges::{self as allocator, Cidr, ParamError};
+use address_controller_driver_kit::ranges::{self as allocator, Cidr};
 
 /// The provisioner name this driver answers to.
 pub const PROVISIONER: &str = address_controller_api::names::driver::RANGE_PROVISIONER;
@@ -80,32 +80,13 @@ impl Driver for Range {
 
     /// Each class's CIDRs; a range overlapping another class's is an error on both.
     fn parameters(&self, classes: &[Arc<IPAddressClass>]) -> Vec<Result<Vec<Cidr>, String>> {
-        let parsed: Vec<Result<Vec<Cidr>, ParamError>> = classes
+        let parsed: Vec<Result<Vec<Cidr>, String>> = classes
             .iter()
-            .map(|c| allocator::parse_parameters(c.spec.parameters.as_ref()))
-            .collect();
-        classes
-            .iter()
-            .zip(&parsed)
-            .map(|(class, mine)| {
-                let mine = mine.clone().map_err(|e| e.to_string())?;
-                for (other, theirs) in classes.iter().zip(&parsed) {
-                    if other.name_any() == class.name_any() {
-                        continue;
-                    }
-                    if let Ok(theirs) = theirs
-                        && let Some((a, b)) = allocator::overlap_between(&mine, theirs)
-                    {
-                        return Err(ParamError::Overlap(
-                            a.to_string(),
-                            format!("{b} of class {}", other.name_any()),
-                        )
-                        .to_string());
-                    }
-                }
-                Ok(mine)
+            .map(|c| {
+                allocator::parse_parameters(c.spec.parameters.as_ref()).map_err(|e| e.to_string())
             })
-            .collect()
+            .collect();
+        address_controller_driver_kit::driver::without_overlaps(classes, &parsed, |c| c.as_slice())
     }
 
     fn capacity(&self, cidrs: &Vec<Cidr>) -> Capacity {
