@@ -212,7 +212,7 @@ for arg in "$@"; do
   esac
 done
 # Small ones first so a failure in the module graph shows up quickly.
-[ ${#components[@]} -gt 0 ] || components=(etcd helm unittest grafana metallb prometheus kube node wire cozy)
+[ ${#components[@]} -gt 0 ] || components=(etcd helm unittest grafana metallb prometheus kube node wire cozy cilium)
 for c in "${components[@]}"; do "build_$c"; done
 log "done in $(( $(date +%s) - start ))s"
 if [ -n "$print_env" ]; then

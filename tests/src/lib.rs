@@ -586,6 +586,21 @@ impl ControllerProcess {
         Self::metallb_driver(user, &args).await
     }
 
+    /// The Cilium driver (`cilium-driver`) as user `user` (group `system:masters`), holding
+    /// its addresses in `holds`, one replica unless `extra` says otherwise.
+    pub async fn cilium_driver_holding(
+        user: &str,
+        holds: &str,
+        extra: &[&str],
+    ) -> Result<ControllerProcess> {
+        let mut args = vec!["--hold-namespace", holds];
+        if !extra.iter().any(|a| a.starts_with("--leader-elect")) {
+            args.push("--leader-elect=false");
+        }
+        args.extend_from_slice(extra);
+        Self::spawn("cilium-driver", &[], user, &["system:masters"], &args).await
+    }
+
     async fn spawn(
         bin: &str,
         pre: &[&str],
@@ -1062,9 +1077,11 @@ pub mod access;
 pub mod bench;
 pub mod chaos;
 pub mod chart;
+pub mod cilium;
 pub mod env;
 pub mod flood;
 pub mod image;
+pub mod lb;
 pub mod metallb;
 pub mod migration;
 pub mod node;

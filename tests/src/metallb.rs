@@ -12,15 +12,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
-use serde_json::Value;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 
-use crate::env::{Env, WAIT};
+use crate::env::Env;
 use serde_json::json;
 use tokio::sync::{Mutex, MutexGuard};
 
-use crate::{Cluster, FIELD_MANAGER, TempDir, free_port, http_get, wait_for};
+use crate::{Cluster, FIELD_MANAGER, TempDir, free_port, http_get};
 
 /// One MetalLB controller per cluster at a time.
 pub static METALLB: Mutex<()> = Mutex::const_new(());
@@ -196,47 +194,7 @@ impl Drop for MetalLb {
 
 // Helpers of the tests that run MetalLB.
 
-pub fn services(e: &Env, ns: &str) -> Api<Service> {
-    Api::namespaced(e.client.clone(), ns)
-}
-
-pub fn ingress(s: &Service) -> Vec<String> {
-    address_controller_api::service::ingress_ips(s)
-        .map(str::to_string)
-        .collect()
-}
-
-pub async fn service(e: &Env, ns: &str, name: &str, annotations: Value, spec: Value) -> Service {
-    let mut v = json!({"metadata": {"name": name, "annotations": annotations},
-        "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}});
-    crate::env::merge(&mut v, json!({"spec": spec}));
-    services(e, ns)
-        .create(&PostParams::default(), &serde_json::from_value(v).unwrap())
-        .await
-        .unwrap()
-}
-
-pub async fn wait_ingress(e: &Env, ns: &str, name: &str, want: &[&str]) -> Service {
-    let api = services(e, ns);
-    wait_for(
-        &format!("Service {ns}/{name} ingress {want:?}"),
-        WAIT,
-        || async {
-            let s = api.get(name).await?;
-            let mut got = ingress(&s);
-            got.sort();
-            let mut w: Vec<String> = want.iter().map(|s| s.to_string()).collect();
-            w.sort();
-            if got == w {
-                Ok(Some(s))
-            } else {
-                Err(anyhow::anyhow!("ingress {got:?}"))
-            }
-        },
-    )
-    .await
-    .unwrap()
-}
+pub use crate::lb::{ingress, service, services, wait_ingress};
 
 pub fn pools(e: &Env) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("metallb.io", "v1beta1", "IPAddressPool");

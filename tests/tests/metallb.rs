@@ -10,6 +10,7 @@ use std::time::Duration;
 use address_controller_api::names::SERVICE_CLAIM_ANNOTATION;
 use address_controller_api::{AddressPhase, ClaimPhase};
 use address_controller_tests::env::{Env, WAIT, aphase, env, phase, purge};
+use address_controller_tests::lb::{ports_spec, wait_attached};
 use address_controller_tests::metallb::{
     MetalLb, NAMESPACE, core_events, ingress, pools, service, services, wait_ingress,
 };
@@ -1113,35 +1114,6 @@ async fn a_tenants_own_pin_is_never_handed_to_another_and_a_forged_record_is_no_
 }
 
 /// A Service with `ports` (`"TCP/443"`) naming `claim`.
-fn ports_spec(ports: &[&str]) -> Value {
-    let ports: Vec<Value> = ports
-        .iter()
-        .map(|p| {
-            let (proto, port) = p.split_once('/').unwrap();
-            json!({"name": format!("{}-{port}", proto.to_lowercase()), "protocol": proto,
-                "port": port.parse::<i32>().unwrap()})
-        })
-        .collect();
-    json!({"ports": ports})
-}
-
-/// The Service's `AddressAttached` condition reason once it has `status`.
-async fn wait_attached(e: &Env, ns: &str, name: &str, status: &str, reason: &str) -> String {
-    let api = services(e, ns);
-    wait_for(
-        &format!("Service {ns}/{name} AddressAttached={status} {reason}"),
-        WAIT,
-        || async {
-            let s = api.get(name).await?;
-            Ok(address_controller_api::sharing::condition(&s)
-                .filter(|c| c.status == status && c.reason == reason)
-                .map(|c| c.message.clone()))
-        },
-    )
-    .await
-    .unwrap()
-}
-
 /// An admin's static address of a MetalLB class outside the class's pool: MetalLB refuses
 /// to assign it ("is not allowed in config"), so the driver never pins it and says why on the
 /// Service — the chaos run found holders in the ledger that MetalLB never showed.

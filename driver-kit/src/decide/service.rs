@@ -225,6 +225,26 @@ fn refused(plan: &mut ServicePlan, event: &'static str, condition: &'static str,
     plan.condition = Some((false, condition, why));
 }
 
+impl ServicePlan {
+    /// The events the ledger write alone makes true (`Associated`: the address is the
+    /// Service's from then on): published right after it, before anything on the Service
+    /// can fail — a pass that failed after the ledger write (a load balancer's status write
+    /// in between makes the kit's Service patch a 409) was retried with the Service already
+    /// in the ledger, had nothing fresh to say, and the event was never published.
+    pub fn ledger_events(&self) -> impl Iterator<Item = &PlannedEvent> {
+        self.events
+            .iter()
+            .filter(|e| e.reason == reason::ASSOCIATED)
+    }
+
+    /// The other events: published once the pass has done everything else.
+    pub fn closing_events(&self) -> impl Iterator<Item = &PlannedEvent> {
+        self.events
+            .iter()
+            .filter(|e| e.reason != reason::ASSOCIATED)
+    }
+}
+
 /// Plans one pass over a Service.
 pub fn plan_service(s: &ServiceSnapshot<'_>) -> ServicePlan {
     let mut plan = ServicePlan::default();
@@ -821,6 +841,8 @@ mod tests {
         assert_eq!(p.marker, Some(vec![ip("192.0.2.1")]));
         assert_eq!(p.pin, Some((vec![ip("192.0.2.1")], vec![ip("192.0.2.1")])));
         assert_eq!(p.events[0].reason, reason::ASSOCIATED);
+        assert_eq!(p.ledger_events().count(), 1);
+        assert_eq!(p.closing_events().count(), 0);
         assert!(p.problem.is_none() && p.disassociate.is_empty());
 
         // Steady: the backend is asked (it writes nothing when it already says so); the

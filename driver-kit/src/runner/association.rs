@@ -221,6 +221,10 @@ async fn apply_service<D: Driver>(
         }
         return Ok(Outcome::Done);
     };
+    for ev in plan.ledger_events() {
+        tracing::info!(service = %key, reason = ev.reason, "{}", ev.note);
+        ctx.events.publish(&svc, ev).await;
+    }
     let ns = svc.namespace().unwrap_or_default();
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
     // A new pin on the ledger's word that this pass did not write itself: the word is
@@ -274,7 +278,7 @@ async fn apply_service<D: Driver>(
     if !plan.not_ours {
         write_condition(ctx, &svc, condition.as_ref()).await?;
     }
-    for ev in &plan.events {
+    for ev in plan.closing_events() {
         tracing::info!(service = %key, reason = ev.reason, "{}", ev.note);
         ctx.events.publish(&svc, ev).await;
     }

@@ -34,9 +34,7 @@ use address_controller_api::service::cilium::{
     IPS, REQUEST_SATISFIED, SHARING_CROSS_NAMESPACE, SHARING_KEY,
 };
 use address_controller_api::{Family, IPAddress, IPAddressClass};
-use address_controller_driver_kit::holds::{
-    HOLD_PROXY_NAME, backend_source, hold_name, hold_port, sharing_key,
-};
+use address_controller_driver_kit::holds::{backend_source, hold_name, hold_port, sharing_key};
 use address_controller_driver_kit::objects::{ensure, owner, release_pools};
 use address_controller_driver_kit::ranges::{self, Cidr};
 use address_controller_driver_kit::{
@@ -150,13 +148,27 @@ pub fn lbipam_refusal(service: &Service) -> Option<String> {
         .map(|c| format!("LB-IPAM {}: {}", c.reason, c.message))
 }
 
+/// Why LB-IPAM never answers `service`: it names a service proxy
+/// (`service.kubernetes.io/service-proxy-name`), and the cilium-operator watches only
+/// Services without one.
+pub fn unseen(service: &Service) -> Option<String> {
+    service.labels().get(SERVICE_PROXY_NAME_LABEL).map(|proxy| {
+        format!(
+            "LB-IPAM does not see Services labelled {SERVICE_PROXY_NAME_LABEL}={proxy} (the cilium-operator watches only Services without a proxy name); a whole-address VM Service of cozy-proxy needs the MetalLB or the range driver"
+        )
+    })
+}
+
 impl Cilium {
     fn holds(&self, client: &Client) -> Api<Service> {
         Api::namespaced(client.clone(), &self.hold_namespace)
     }
 
     /// The hold of `a` as it should be; `backend` is the Service whose backend key it must
-    /// match (the kit's [`backend_source`]). kube-proxy skips it (its service-proxy-name).
+    /// match (the kit's [`backend_source`]). Unlike the MetalLB driver's, it carries no
+    /// `service.kubernetes.io/service-proxy-name`: the cilium-operator watches only Services
+    /// without one (its `--k8s-service-proxy-name`, empty by default), so a hold with it
+    /// would hold nothing — observed with v1.19.5.
     fn hold_body(&self, a: &IPAddress, ip: IpAddr, backend: Option<&Service>, port: i32) -> Value {
         let family = match family_of_ip(ip) {
             Family::IPv4 => "IPv4",
@@ -183,7 +195,6 @@ impl Cilium {
         json!({"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": hold_name(&a.name_any()), "namespace": self.hold_namespace,
                 "labels": {MANAGED_BY: MANAGER, COMPONENT: "hold",
-                    SERVICE_PROXY_NAME_LABEL: HOLD_PROXY_NAME,
                     POOL_LABEL: pool_name(&a.spec.class_name)},
                 "annotations": {IPS: ip.to_string(), SHARING_KEY: sharing_key(a),
                     SHARING_CROSS_NAMESPACE: "*", HOLDS: a.name_any()},
@@ -260,7 +271,7 @@ impl Cilium {
             Some(first) if !ips.is_empty() => (
                 json!({IPS: ips.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
                     SHARING_KEY: sharing_key(first),
-                    SHARING_CROSS_NAMESPACE: self.hold_namespace}),
+                    SHARING_CROSS_NAMESPACE: "*"}),
                 json!({POOL_LABEL: pool_name(&first.spec.class_name)}),
             ),
             _ => (
@@ -434,9 +445,11 @@ impl Driver for Cilium {
             .map_err(|e| format!("pinning through LB-IPAM's annotations: {e}"))
     }
 
-    /// LB-IPAM says why it did not satisfy a Service in the Service's own condition.
+    /// LB-IPAM says why it did not satisfy a Service in the Service's own condition; a
+    /// Service it does not see at all (one naming a service proxy, cozy-proxy's VM Services
+    /// among them) never gets one, and is told so.
     async fn refusal(&self, _client: &Client, service: &Service) -> Option<String> {
-        lbipam_refusal(service)
+        lbipam_refusal(service).or_else(|| unseen(service))
     }
 
     /// In the class's current addresses (its pool), or gone from it: LB-IPAM gives a
@@ -536,9 +549,11 @@ mod tests {
         assert_eq!(ann[SHARING_KEY], "ac-cu");
         assert_eq!(ann[SHARING_CROSS_NAMESPACE], "*");
         assert_eq!(body["metadata"]["labels"][POOL_LABEL], "ipaddressclass-a");
-        assert_eq!(
-            body["metadata"]["labels"][SERVICE_PROXY_NAME_LABEL],
-            HOLD_PROXY_NAME
+        assert!(
+            body["metadata"]["labels"]
+                .get(SERVICE_PROXY_NAME_LABEL)
+                .is_none(),
+            "the operator never sees a Service with a proxy name"
         );
         let hold: Service = serde_json::from_value(body).unwrap();
         assert!(d.internal(&hold) && !d.serves(&hold));
@@ -584,5 +599,10 @@ mod tests {
                 "reason": "satisfied", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}))
         .unwrap();
         assert_eq!(lbipam_refusal(&ok), None);
+        let vm: Service = serde_json::from_value(json!({"metadata": {"name": "vm",
+            "labels": {SERVICE_PROXY_NAME_LABEL: "cozy-proxy"}}}))
+        .unwrap();
+        assert!(unseen(&vm).is_some_and(|m| m.contains("cozy-proxy")));
+        assert_eq!(unseen(&ok), None);
     }
 }

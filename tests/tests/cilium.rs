@@ -1,0 +1,399 @@
+//! The Cilium LB-IPAM driver against the real cilium-operator (v1.19.5, built from its Go
+//! module, LB-IPAM on) on the real control plane: LB-IPAM writes the ingress, holds every
+//! address of the driver's classes in its own books, refuses thieves and says why.
+
+#![allow(clippy::unwrap_used)] // test helpers fail loudly by design
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use address_controller_api::ClaimPhase;
+use address_controller_api::names::SERVICE_CLAIM_ANNOTATION;
+use address_controller_tests::cilium::{Operator, operator};
+use address_controller_tests::env::{Env, WAIT, env, phase, purge};
+use address_controller_tests::lb::{
+    ingress, ports_spec, service, services, wait_attached, wait_ingress,
+};
+use address_controller_tests::{ControllerProcess, TestNamespace, wait_for};
+use k8s_openapi::api::core::v1::Service;
+use kube::ResourceExt;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind};
+use serde_json::{Value, json};
+
+const PROVISIONER: &str = "cilium.drivers.local.sdn.cozystack.io";
+const POOL_LABEL: &str = "cilium.drivers.local.sdn.cozystack.io/pool";
+const SATISFIED: &str = "cilium.io/IPAMRequestSatisfied";
+
+struct Setup {
+    e: Env,
+    _operator: Arc<Operator>,
+    _driver: ControllerProcess,
+    holds: TestNamespace,
+    class: String,
+}
+
+/// The core (the test env's), the cilium-operator, the Cilium driver, and a class of it
+/// over `addresses`.
+async fn setup(prefix: &str, addresses: Value) -> Setup {
+    let mut e = env(prefix).await;
+    let op = operator().await.unwrap();
+    let holds = TestNamespace::create(&e.client, &format!("{prefix}-holds"))
+        .await
+        .unwrap();
+    let driver = ControllerProcess::cilium_driver_holding(
+        &format!("drv-{prefix}-{}", e.sfx),
+        &holds.name,
+        &[],
+    )
+    .await
+    .unwrap();
+    let class = e
+        .class(
+            prefix,
+            json!({"spec": {"provisioner": PROVISIONER, "parameters": {"addresses": addresses}}}),
+        )
+        .await;
+    Setup {
+        e,
+        _operator: op,
+        _driver: driver,
+        holds,
+        class,
+    }
+}
+
+fn pools(e: &Env) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("cilium.io", "v2", "CiliumLoadBalancerIPPool");
+    Api::all_with(e.client.clone(), &ApiResource::from_gvk(&gvk))
+}
+
+fn listed(c: &address_controller_api::IPAddressClaim) -> Vec<(String, String)> {
+    c.status
+        .iter()
+        .flat_map(|s| &s.addresses)
+        .map(|a| (a.name.clone(), a.address.clone()))
+        .collect()
+}
+
+/// LB-IPAM's condition on a Service, as (status, reason).
+fn satisfied(s: &Service) -> Option<(String, String)> {
+    s.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == SATISFIED)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+async fn wait_satisfied(e: &Env, ns: &str, name: &str, status: &str) -> String {
+    let api = services(e, ns);
+    wait_for(
+        &format!("Service {ns}/{name} {SATISFIED}={status}"),
+        WAIT,
+        || async {
+            let s = api.get(name).await?;
+            Ok(satisfied(&s)
+                .filter(|(st, _)| st == status)
+                .map(|(_, reason)| reason))
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// The class's pool serves only what the driver marks; a claim's address is held by LB-IPAM
+/// at once and put on its Service by LB-IPAM; a thief asking for it, or an unmarked Service,
+/// gets nothing and LB-IPAM's reason; a withdrawn pin leaves the address held.
+#[tokio::test]
+async fn lbipam_puts_the_claims_address_on_its_service_and_refuses_a_thief() {
+    let mut s = setup("cil", json!(["198.18.73.0/28"])).await;
+    purge(&s.e, &["198.18.73."]).await;
+    let e = &mut s.e;
+    let class = s.class.clone();
+    let ns = e.ns.name.clone();
+    let pool_name = format!("ipaddressclass-{class}");
+    let pool = wait_for("the class's LB-IPAM pool", WAIT, || async {
+        Ok(pools(e).get_opt(&pool_name).await?)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        pool.data["spec"]["serviceSelector"],
+        json!({"matchLabels": {POOL_LABEL: pool_name}})
+    );
+    assert_eq!(
+        pool.metadata.owner_references.as_ref().unwrap()[0].name,
+        class
+    );
+
+    e.claim("web", json!({"className": class})).await;
+    let c = e
+        .wait_claim("web", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    let (name, x) = listed(&c).remove(0);
+    // Held in LB-IPAM's books before any Service of the tenant names the claim.
+    wait_ingress(e, &s.holds.name, &format!("hold-{name}"), &[&x]).await;
+    wait_satisfied(e, &s.holds.name, &format!("hold-{name}"), "True").await;
+
+    // The claim's Service gets X — written by the cilium-operator.
+    service(
+        e,
+        &ns,
+        "web",
+        json!({SERVICE_CLAIM_ANNOTATION: "web"}),
+        json!({}),
+    )
+    .await;
+    let svc = wait_ingress(e, &ns, "web", &[&x]).await;
+    let writers: Vec<String> = svc
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| m.subresource.as_deref() == Some("status"))
+        .filter(|m| {
+            m.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0.to_string().contains("f:loadBalancer"))
+        })
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert!(
+        !writers.is_empty() && writers.iter().all(|w| w.contains("cilium-operator")),
+        "the cilium-operator wrote the ingress: {writers:?}"
+    );
+    wait_attached(e, &ns, "web", "True", "Attached").await;
+    e.wait_address(&name, "associated", |a| {
+        a.and_then(|a| a.status.as_ref()?.associated_to.as_ref())
+            .is_some_and(|t| t.name == "web")
+    })
+    .await;
+
+    // A plain LoadBalancer Service: no pool selects it.
+    service(e, &ns, "plain", json!({}), json!({})).await;
+    assert_eq!(wait_satisfied(e, &ns, "plain", "False").await, "no_pool");
+    // A thief copying the pool's label and asking for X (no fence here): refused, X stays.
+    let thieves = TestNamespace::create(&e.client, "cil-thief").await.unwrap();
+    let thief = json!({"metadata": {"name": "thief", "labels": {POOL_LABEL: pool_name},
+        "annotations": {"lbipam.cilium.io/ips": x}},
+        "spec": {"type": "LoadBalancer", "ports": [{"port": 8080}]}});
+    services(e, &thieves.name)
+        .create(&Default::default(), &serde_json::from_value(thief).unwrap())
+        .await
+        .unwrap();
+    let why = wait_satisfied(e, &thieves.name, "thief", "False").await;
+    assert!(why.starts_with("already_allocated"), "{why}");
+    assert!(ingress(&services(e, &thieves.name).get("thief").await.unwrap()).is_empty());
+    assert_eq!(
+        ingress(&services(e, &ns).get("web").await.unwrap()),
+        [x.clone()]
+    );
+
+    // The claim named no more: the pin is withdrawn, LB-IPAM takes X off the Service, the
+    // hold keeps it.
+    let api = services(e, &ns);
+    api.patch(
+        "web",
+        &Default::default(),
+        &kube::api::Patch::Merge(
+            json!({"metadata": {"annotations": {SERVICE_CLAIM_ANNOTATION: null}}}),
+        ),
+    )
+    .await
+    .unwrap();
+    wait_ingress(e, &ns, "web", &[]).await;
+    let web = api.get("web").await.unwrap();
+    assert!(!web.labels().contains_key(POOL_LABEL), "{:?}", web.labels());
+    assert!(
+        !web.annotations().contains_key("lbipam.cilium.io/ips"),
+        "{:?}",
+        web.annotations()
+    );
+    let hold = services(e, &s.holds.name)
+        .get(&format!("hold-{name}"))
+        .await
+        .unwrap();
+    assert_eq!(ingress(&hold), [x.clone()]);
+    for n in ["web", "plain"] {
+        api.delete(n, &DeleteParams::default()).await.unwrap();
+    }
+    drop(thieves);
+    e.check().await;
+}
+
+/// Sharing by port through LB-IPAM: one key from the claim's uid on every holder; a port
+/// collision is the kit's refusal; a Service LB-IPAM cannot share with (another
+/// externalTrafficPolicy) gets LB-IPAM's own words on its `AddressAttached`.
+#[tokio::test]
+async fn a_shared_claim_gives_lbipams_address_to_each_holder_and_lbipams_refusal_is_readable() {
+    let mut s = setup("cil-share", json!(["198.18.74.0/28"])).await;
+    purge(&s.e, &["198.18.74."]).await;
+    let e = &mut s.e;
+    let class = s.class.clone();
+    let ns = e.ns.name.clone();
+    e.claim(
+        "shop",
+        json!({"className": class, "sharing": {"policy": "SameNamespace"}}),
+    )
+    .await;
+    let c = e
+        .wait_claim("shop", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    let key = format!("ac-{}", c.metadata.uid.clone().unwrap());
+    let (name, x) = listed(&c).remove(0);
+    wait_ingress(e, &s.holds.name, &format!("hold-{name}"), &[&x]).await;
+    let claim = json!({SERVICE_CLAIM_ANNOTATION: "shop"});
+    service(e, &ns, "web", claim.clone(), ports_spec(&["TCP/80"])).await;
+    service(e, &ns, "dns", claim.clone(), ports_spec(&["UDP/53"])).await;
+    for n in ["web", "dns"] {
+        let svc = wait_ingress(e, &ns, n, &[&x]).await;
+        assert_eq!(
+            svc.annotations().get("lbipam.cilium.io/sharing-key"),
+            Some(&key)
+        );
+        assert_eq!(
+            svc.annotations()
+                .get("lbipam.cilium.io/sharing-cross-namespace"),
+            Some(&"*".to_string()),
+            "LB-IPAM's namespace switch open: the key, which only the driver writes, is the guard"
+        );
+        wait_attached(e, &ns, n, "True", "Attached").await;
+    }
+    e.wait_address(&name, "two holders", |a| {
+        a.and_then(|a| a.status.as_ref()?.holder_count) == Some(2)
+    })
+    .await;
+    // A colliding port: the kit's refusal; LB-IPAM never gets a pin for it.
+    service(e, &ns, "clash", claim.clone(), ports_spec(&["TCP/80"])).await;
+    let m = wait_attached(e, &ns, "clash", "False", "PortConflict").await;
+    assert!(m.contains("TCP/80"), "{m}");
+    let clash = services(e, &ns).get("clash").await.unwrap();
+    assert!(!clash.annotations().contains_key("lbipam.cilium.io/ips"));
+    // Another externalTrafficPolicy: the kit's refusal, before LB-IPAM sees a pin.
+    service(
+        e,
+        &ns,
+        "local",
+        claim.clone(),
+        json!({"ports": [{"port": 8443}], "externalTrafficPolicy": "Local",
+            "selector": {"app": "local"}}),
+    )
+    .await;
+    wait_attached(e, &ns, "local", "False", "BackendMismatch").await;
+    // What only LB-IPAM refuses: under `Local`, it shares an address only between Services
+    // that select pods, and the hold must share with the Service. A Service without a
+    // selector (its endpoints written by hand) is refused — in LB-IPAM's words.
+    e.claim("manual", json!({"className": class})).await;
+    let m = e
+        .wait_claim("manual", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+        .await;
+    let (_, y) = listed(&m).remove(0);
+    service(
+        e,
+        &ns,
+        "manual",
+        json!({SERVICE_CLAIM_ANNOTATION: "manual"}),
+        json!({"externalTrafficPolicy": "Local"}),
+    )
+    .await;
+    let m = wait_attached(e, &ns, "manual", "False", "LoadBalancerRefused").await;
+    assert!(m.contains("LB-IPAM already_allocated"), "{m}");
+    let manual = services(e, &ns).get("manual").await.unwrap();
+    assert!(ingress(&manual).is_empty());
+    assert_eq!(
+        manual.annotations().get("lbipam.cilium.io/ips"),
+        Some(&y),
+        "pinned: the refusal is LB-IPAM's"
+    );
+    // The holders kept X throughout.
+    for n in ["web", "dns"] {
+        assert_eq!(
+            ingress(&services(e, &ns).get(n).await.unwrap()),
+            [x.clone()]
+        );
+    }
+    for n in ["web", "dns", "clash", "local", "manual"] {
+        services(e, &ns)
+            .delete(n, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    e.check().await;
+}
+
+/// The driver conformance suite, every case, for a Cilium class — with the real
+/// cilium-operator writing the ingress.
+#[tokio::test]
+async fn the_cilium_driver_passes_the_driver_conformance_suite() {
+    use address_controller_tests::conformance::{Options, Restart, run};
+    use tokio::sync::Mutex;
+    let mut e = env("cil-conf").await;
+    purge(&e, &["198.18.75.", "198.18.76.", "198.18.77."]).await;
+    let _op = operator().await.unwrap();
+    let holds = TestNamespace::create(&e.client, "cil-conf-holds")
+        .await
+        .unwrap();
+    let class = e
+        .class(
+            "cilconf",
+            json!({"spec": {"provisioner": PROVISIONER,
+                "parameters": {"addresses": ["198.18.75.0/29"]}}}),
+        )
+        .await;
+    let lease = format!("drv-cilconf-{}", e.sfx);
+    let driver = Arc::new(Mutex::new(
+        ControllerProcess::cilium_driver_holding(
+            &lease,
+            &holds.name,
+            &[
+                "--leader-elect=true",
+                "--lease-name",
+                &lease,
+                "--testing-create-delay",
+                "1500ms",
+            ],
+        )
+        .await
+        .unwrap(),
+    ));
+    let restart: Restart = {
+        let driver = driver.clone();
+        Box::new(move || {
+            let driver = driver.clone();
+            Box::pin(async move {
+                tokio::time::sleep(Duration::from_millis(700)).await;
+                driver.lock().await.restart().await?;
+                Ok(())
+            })
+        })
+    };
+    let report = run(
+        &e.client,
+        &Options {
+            class: class.clone(),
+            invalid_parameters: Some(json!({"addresses": "not a list"})),
+            restart: Some(restart),
+            race_address: Some("198.18.76.1".into()),
+            timeout: Duration::from_secs(60),
+            lose_parameters: Some(json!({"addresses": ["198.18.77.0/29"]})),
+            associate: true,
+            service_class: None,
+        },
+    )
+    .await
+    .unwrap();
+    println!("{}", report.table());
+    assert!(report.ok(), "{}", report.table());
+    let skipped: Vec<_> = report
+        .cases
+        .iter()
+        .filter(|c| c.skipped.is_some())
+        .collect();
+    // IPv6: the control plane's Services are IPv4 only, so the dual-stack cases say so.
+    for c in &skipped {
+        println!("skipped: {} ({:?})", c.case, c.skipped);
+    }
+    drop(driver);
+    e.check().await;
+}
