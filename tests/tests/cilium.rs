@@ -187,7 +187,7 @@ async fn lbipam_puts_the_claims_address_on_its_service_and_refuses_a_thief() {
     assert!(ingress(&services(e, &thieves.name).get("thief").await.unwrap()).is_empty());
     assert_eq!(
         ingress(&services(e, &ns).get("web").await.unwrap()),
-        [x.clone()]
+        vec![x.clone()]
     );
 
     // The claim named no more: the pin is withdrawn, LB-IPAM takes X off the Service, the
@@ -214,7 +214,7 @@ async fn lbipam_puts_the_claims_address_on_its_service_and_refuses_a_thief() {
         .get(&format!("hold-{name}"))
         .await
         .unwrap();
-    assert_eq!(ingress(&hold), [x.clone()]);
+    assert_eq!(ingress(&hold), vec![x.clone()]);
     for n in ["web", "plain"] {
         api.delete(n, &DeleteParams::default()).await.unwrap();
     }
@@ -310,7 +310,7 @@ async fn a_shared_claim_gives_lbipams_address_to_each_holder_and_lbipams_refusal
     for n in ["web", "dns"] {
         assert_eq!(
             ingress(&services(e, &ns).get(n).await.unwrap()),
-            [x.clone()]
+            vec![x.clone()]
         );
     }
     for n in ["web", "dns", "clash", "local", "manual"] {
