@@ -411,7 +411,7 @@ def main():
     stem = os.path.join(args.out, f"{args.name}-{args.version}")
     with open(stem + ".oci.tar", "wb") as f:
         f.write(archive.tar())
-    bom = sbom(args, digest, created, debs, crates(args.workspace, {"address-controller", "address-controller-range-driver", "address-controller-metallb-driver"}))
+    bom = sbom(args, digest, created, debs, crates(args.workspace, {"address-controller", "address-controller-range-driver", "address-controller-metallb-driver", "address-controller-cilium-driver"}))
     with open(stem + ".spdx.json", "wb") as f:
         f.write(json.dumps(bom, sort_keys=True, indent=1).encode() + b"\n")
     with open(stem + ".digest", "w") as f:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make image`: the container image, built without a container engine.
-#   1. the release binaries (address-controller, range-driver, metallb-driver), with paths remapped so
+#   1. the release binaries (address-controller, range-driver, metallb-driver, cilium-driver), with paths remapped so
 #      that the bytes do not depend on where the repository or ~/.cargo live;
 #   2. the Debian packages of the run-time root, pinned in deploy/image/packages.lock;
 #   3. deploy/image/assemble.py: the OCI archive, its SBOM and its digest, in dist/.
@@ -68,7 +68,7 @@ env -i HOME="$HOME" PATH="$PATH" \
   ${CARGO_HOME:+CARGO_HOME="$CARGO_HOME"} ${RUSTUP_HOME:+RUSTUP_HOME="$RUSTUP_HOME"} \
   RUSTFLAGS="--remap-path-prefix=$root=/src --remap-path-prefix=$cargo_home=/cargo" \
   cargo build -q --release --locked --target-dir "$root/target/image" \
-  --bin address-controller --bin range-driver --bin metallb-driver
+  --bin address-controller --bin range-driver --bin metallb-driver --bin cilium-driver
 
 say "Debian packages (deploy/image/packages.lock)"
 deb_args=()
@@ -94,6 +94,7 @@ SOURCE_DATE_EPOCH="$epoch" python3 "$root/deploy/image/assemble.py" \
   --binary "$bin/address-controller:usr/local/bin/address-controller" \
   --binary "$bin/range-driver:usr/local/bin/range-driver" \
   --binary "$bin/metallb-driver:usr/local/bin/metallb-driver" \
+  --binary "$bin/cilium-driver:usr/local/bin/cilium-driver" \
   --entrypoint /usr/local/bin/address-controller \
   --cmd=run --cmd=--log-format=json \
   "${deb_args[@]}"

@@ -397,3 +397,225 @@ async fn the_cilium_driver_passes_the_driver_conformance_suite() {
     drop(driver);
     e.check().await;
 }
+
+/// The fence, on by default with the driver (the chart's policies, installed by helm): a
+/// tenant can neither ask LB-IPAM for an address (`lbipam.cilium.io/ips`, naming another
+/// tenant's), nor share one, nor mark its Service for a class's pool, nor create a pool; the
+/// driver's ServiceAccount can, and the tenant edits the rest of its Service freely.
+#[tokio::test]
+async fn the_fence_keeps_tenants_off_lbipams_annotations_and_pools() {
+    use address_controller_tests::access::{allowed, kubectl_as};
+    use address_controller_tests::chart::Release;
+    use address_controller_tests::{free_port, setup as cluster_setup};
+    let _op = operator().await.unwrap();
+    let (cluster, client) = cluster_setup().await;
+    let release = Release::new(
+        free_port(),
+        &json!({"ciliumDriver": {"enabled": true, "admissionPolicy": {
+            "namespaceSelector": {"matchLabels": {"address-controller.test/cilium": "guarded"}}}}}),
+    )
+    .await;
+    for policy in [
+        "address-controller-cilium-pins",
+        "address-controller-cilium-pools",
+    ] {
+        let checked = wait_for("policy type-checked", WAIT, || async {
+            let p: Value = serde_json::from_str(&cluster.kubectl_ok(&[
+                "get",
+                "validatingadmissionpolicy",
+                policy,
+                "-o",
+                "json",
+            ])?)?;
+            Ok((p["status"]["observedGeneration"] == p["metadata"]["generation"]).then_some(p))
+        })
+        .await
+        .unwrap();
+        assert!(
+            checked["status"]["typeChecking"]
+                .get("expressionWarnings")
+                .is_none(),
+            "{policy}: {:#}",
+            checked["status"]
+        );
+    }
+    let guarded = TestNamespace::create(&client, "cil-fence").await.unwrap();
+    cluster
+        .kubectl_ok(&[
+            "label",
+            "namespace",
+            &guarded.name,
+            "address-controller.test/cilium=guarded",
+        ])
+        .unwrap();
+    let g = guarded.name.as_str();
+    let svc = |name: &str, ann: Value, labels: Value, spec: Value| {
+        let mut v = json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": g, "annotations": ann, "labels": labels},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}});
+        for (k, x) in spec.as_object().unwrap() {
+            v["spec"][k] = x.clone();
+        }
+        v.to_string()
+    };
+    let create = ["create", "-f", "-"];
+    let tenant =
+        |args: &[&str], stdin: &str| kubectl_as("tenant", &["system:masters"], args, stdin);
+    let driver_sa = format!(
+        "system:serviceaccount:{}:address-controller-cilium-driver",
+        release.ns
+    );
+    // Another tenant's address, asked for by name: refused (each attempt a fresh name while
+    // the policy becomes active).
+    let ask = json!({"lbipam.cilium.io/ips": "198.18.73.1"});
+    let attempt = std::sync::atomic::AtomicU32::new(0);
+    let denied = wait_for("the policy denies a tenant's ask", WAIT, || async {
+        let n = attempt.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        match tenant(
+            &create,
+            &svc(&format!("ask-{n}"), ask.clone(), json!({}), json!({})),
+        ) {
+            Ok(_) => Ok(None),
+            Err(e) if e.contains("ValidatingAdmissionPolicy") => Ok(Some(e)),
+            Err(e) => Err(anyhow::anyhow!(e)),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        denied.contains("may not set, change or remove Cilium LB-IPAM annotations"),
+        "{denied}"
+    );
+    for (name, ann, labels, spec) in [
+        (
+            "share",
+            json!({"lbipam.cilium.io/sharing-key": "ac-x"}),
+            json!({}),
+            json!({}),
+        ),
+        (
+            "cross",
+            json!({"lbipam.cilium.io/sharing-cross-namespace": "*"}),
+            json!({}),
+            json!({}),
+        ),
+        (
+            "alias",
+            json!({"io.cilium/lb-ipam-ips": "198.18.73.1"}),
+            json!({}),
+            json!({}),
+        ),
+        (
+            "marked",
+            json!({}),
+            json!({POOL_LABEL: "ipaddressclass-x"}),
+            json!({}),
+        ),
+        (
+            "byip",
+            json!({}),
+            json!({}),
+            json!({"loadBalancerIP": "198.18.73.2"}),
+        ),
+    ] {
+        let err = tenant(&create, &svc(name, ann, labels, spec)).unwrap_err();
+        assert!(err.contains("Cilium LB-IPAM annotations"), "{name}: {err}");
+    }
+    tenant(&create, &svc("plain", json!({}), json!({}), json!({}))).unwrap();
+    // The driver's ServiceAccount pins the tenant's Service; the tenant edits the rest, not
+    // the pin nor the pool label.
+    tenant(&create, &svc("web", json!({}), json!({}), json!({}))).unwrap();
+    kubectl_as(
+        &driver_sa,
+        &["system:serviceaccounts"],
+        &[
+            "patch",
+            "svc",
+            "web",
+            "-n",
+            g,
+            "--type=merge",
+            "-p",
+            &json!({"metadata": {"annotations": ask.clone(),
+                "labels": {POOL_LABEL: "ipaddressclass-x"}}})
+            .to_string(),
+        ],
+        "",
+    )
+    .unwrap();
+    let patch = |body: Value| {
+        tenant(
+            &[
+                "patch",
+                "svc",
+                "web",
+                "-n",
+                g,
+                "--type=merge",
+                "-p",
+                &body.to_string(),
+            ],
+            "",
+        )
+    };
+    patch(json!({"metadata": {"labels": {"tier": "web"}}})).unwrap();
+    let err = patch(json!({"metadata": {"annotations": {"lbipam.cilium.io/ips": "198.18.73.9"}}}))
+        .unwrap_err();
+    assert!(err.contains("Cilium LB-IPAM annotations"), "{err}");
+    let err = patch(json!({"metadata": {"labels": {POOL_LABEL: null}}})).unwrap_err();
+    assert!(err.contains("Cilium LB-IPAM annotations"), "{err}");
+
+    // Pools: a user whom RBAC lets create one (the positive control) is refused by the
+    // fence; the driver's ServiceAccount is not.
+    let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": format!("{}-pools", guarded.name)},
+        "rules": [{"apiGroups": ["cilium.io"], "resources": ["ciliumloadbalancerippools"],
+            "verbs": ["create", "delete"]}]});
+    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": format!("{}-pools", guarded.name)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+            "name": format!("{}-pools", guarded.name)},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "pool-tenant"}]});
+    for o in [&role, &binding] {
+        kubectl_as("admin", &["system:masters"], &create, &o.to_string()).unwrap();
+    }
+    wait_for("RBAC lets pool-tenant create pools", WAIT, || async {
+        Ok(allowed(
+            "pool-tenant",
+            &[],
+            "create",
+            "ciliumloadbalancerippools.cilium.io",
+            "",
+        )
+        .then_some(()))
+    })
+    .await
+    .unwrap();
+    let pool = |name: &str| {
+        json!({"apiVersion": "cilium.io/v2", "kind": "CiliumLoadBalancerIPPool",
+            "metadata": {"name": name},
+            "spec": {"blocks": [{"cidr": "198.18.78.0/30"}]}})
+        .to_string()
+    };
+    let tenant_pool = format!("{}-tenant", guarded.name);
+    let err = kubectl_as("pool-tenant", &[], &create, &pool(&tenant_pool)).unwrap_err();
+    assert!(
+        err.contains("may not create, change or delete a CiliumLoadBalancerIPPool"),
+        "{err}"
+    );
+    let driver_pool = format!("{}-driver", guarded.name);
+    kubectl_as(
+        &driver_sa,
+        &["system:serviceaccounts"],
+        &create,
+        &pool(&driver_pool),
+    )
+    .unwrap();
+    cluster
+        .kubectl_ok(&["delete", "ciliumloadbalancerippool", &driver_pool])
+        .unwrap();
+    for kind in ["clusterrolebinding", "clusterrole"] {
+        let _ = cluster.kubectl_ok(&["delete", kind, &format!("{}-pools", guarded.name)]);
+    }
+    drop(release);
+}
