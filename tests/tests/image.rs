@@ -74,7 +74,12 @@ fn shells(root: &Path) -> Vec<String> {
 fn make_image_twice_from_one_commit_gives_one_digest() {
     let first = image();
     // Again, from scratch, with the binaries' file times changed: only content counts.
-    for bin in ["address-controller", "range-driver", "metallb-driver", "cilium-driver"] {
+    for bin in [
+        "address-controller",
+        "range-driver",
+        "metallb-driver",
+        "cilium-driver",
+    ] {
         let status = Command::new("touch")
             .arg(repo_root().join("target/image/release").join(bin))
             .status()
@@ -221,7 +226,12 @@ fn the_image_is_labelled_minimal_and_described_by_its_sbom() {
     assert!(certs > 100, "{certs} CA certificates");
 
     // Every library the binaries need is in the root: the root's own loader resolves them.
-    for bin in ["address-controller", "range-driver", "metallb-driver", "cilium-driver"] {
+    for bin in [
+        "address-controller",
+        "range-driver",
+        "metallb-driver",
+        "cilium-driver",
+    ] {
         let out = Command::new("chroot")
             .arg(&img.root)
             .args(["/lib64/ld-linux-x86-64.so.2", "--list"])
