@@ -185,14 +185,13 @@ pub(crate) async fn service_pass<D: Driver>(
     apply_service(&ctx, &key, svc, claim, plan).await
 }
 
-async fn apply_service<D: Driver>(
+/// Ledger first: the Service `key` on every address the plan associates (its record
+/// replaced where the ledger had one).
+async fn record_holder<D: Driver>(
     ctx: &Ctx<D>,
     key: &str,
-    svc: Option<Arc<Service>>,
-    claim: Option<Arc<IPAddressClaim>>,
-    plan: ServicePlan,
-) -> Result<Outcome, Error> {
-    // Ledger first.
+    plan: &ServicePlan,
+) -> Result<(), Error> {
     for a in &plan.associate {
         let mut list = a.attachments();
         let me = plan
@@ -209,6 +208,17 @@ async fn apply_service<D: Driver>(
         patch_address_status(ctx, a, ledger(ctx, a, list).await?).await?;
         tracing::info!(address = %a.name_any(), service = %key, "associated");
     }
+    Ok(())
+}
+
+async fn apply_service<D: Driver>(
+    ctx: &Ctx<D>,
+    key: &str,
+    svc: Option<Arc<Service>>,
+    claim: Option<Arc<IPAddressClaim>>,
+    plan: ServicePlan,
+) -> Result<Outcome, Error> {
+    record_holder(ctx, key, &plan).await?;
     let Some(mut svc) = svc.map(|s| s.as_ref().clone()) else {
         if !plan.disassociate.is_empty() && !service_gone(ctx, key).await? {
             // The cache has not seen the Service created again under this name yet: its
