@@ -179,6 +179,21 @@ pub mod event {
 
 /// What a driver reports (SPEC §8): the driver kit publishes these and the driver
 /// conformance suite expects them.
+/// The MetalLB driver's own marks on what it keeps (`drivers/metallb`): one spelling for the
+/// driver and for the Cilium driver's `takeover --from metallb`, which moves them.
+pub mod metallb_driver {
+    /// On each IPAddress: the driver lets go of MetalLB's hold behind it.
+    pub const FINALIZER: &str = "metallb.drivers.local.sdn.cozystack.io/hold";
+    /// On each class's IPAddressPool while addresses of the class are left.
+    pub const POOL_FINALIZER: &str = "metallb.drivers.local.sdn.cozystack.io/pool";
+    /// `app.kubernetes.io/managed-by` of its holds, pools and advertisements.
+    pub const MANAGER: &str = "address-controller-metallb-driver";
+    /// On a hold: the IPAddress it holds.
+    pub const HOLDS: &str = "metallb.drivers.local.sdn.cozystack.io/address";
+    /// Its binary's name (the kit's record of its pins is named after it).
+    pub const NAME: &str = "metallb-driver";
+}
+
 pub mod driver {
     /// The provisioner of the range driver this project ships (`drivers/range`).
     pub const RANGE_PROVISIONER: &str = "range.drivers.local.sdn.cozystack.io";

@@ -58,18 +58,21 @@ pub const POOL_FINALIZER: &str = "cilium.drivers.local.sdn.cozystack.io/pool";
 /// it pins, naming the pool. Only the driver writes it (the fence).
 pub const POOL_LABEL: &str = "cilium.drivers.local.sdn.cozystack.io/pool";
 /// Labels of the driver's own objects.
-const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-const MANAGER: &str = "address-controller-cilium-driver";
+pub(crate) const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub(crate) const MANAGER: &str = "address-controller-cilium-driver";
 const COMPONENT: &str = "app.kubernetes.io/component";
 /// The class a pool is made for.
 const CLASS_LABEL: &str = "local.sdn.cozystack.io/class";
 /// The IPAddress a hold holds.
-const HOLDS: &str = "cilium.drivers.local.sdn.cozystack.io/address";
+pub(crate) const HOLDS: &str = "cilium.drivers.local.sdn.cozystack.io/address";
 
 /// A class's parsed parameters: its blocks.
 pub type Params = Vec<Cidr>;
 
 pub struct Cilium {
+    /// The provisioner it answers to: its own, or the MetalLB driver's after a takeover
+    /// (the classes, their claims and addresses name it, and it cannot change).
+    pub provisioner: String,
     /// Where the holds live (the driver's own namespace).
     pub hold_namespace: String,
     /// The `spec.loadBalancerClass` LB-IPAM serves for the driver (`None`: Services without
@@ -80,6 +83,15 @@ pub struct Cilium {
 /// The Cilium driver's own flags.
 #[derive(clap::Args, Clone, Debug)]
 pub struct CiliumArgs {
+    /// The provisioner it answers to: `cilium.drivers.local.sdn.cozystack.io`, or the MetalLB
+    /// driver's (`metallb.drivers.local.sdn.cozystack.io`) once `takeover --from metallb` has
+    /// moved that driver's classes into LB-IPAM — the classes keep their provisioner.
+    #[arg(
+        long,
+        env = "ADDRESS_CONTROLLER_CILIUM_DRIVER_PROVISIONER",
+        default_value = PROVISIONER
+    )]
+    pub provisioner: String,
     /// Where the holds (placeholder Services) live: the driver's own namespace.
     #[arg(
         long,
@@ -97,6 +109,7 @@ impl CiliumArgs {
     /// The driver these flags describe.
     pub fn driver(&self) -> Cilium {
         Cilium {
+            provisioner: self.provisioner.clone(),
             hold_namespace: self.hold_namespace.clone(),
             lb_class: self.lb_class.clone(),
         }
@@ -108,7 +121,7 @@ pub fn pool_name(class: &str) -> String {
     format!("ipaddressclass-{class}")
 }
 
-fn pools(client: &Client) -> Api<DynamicObject> {
+pub(crate) fn pools(client: &Client) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("cilium.io", "v2", "CiliumLoadBalancerIPPool");
     Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk))
 }
@@ -297,7 +310,7 @@ impl Driver for Cilium {
     type Params = Params;
 
     fn provisioner(&self) -> &str {
-        PROVISIONER
+        &self.provisioner
     }
 
     /// Each class's addresses; one overlapping another class's is an error on both (LB-IPAM
@@ -489,6 +502,7 @@ mod tests {
 
     fn driver() -> Cilium {
         Cilium {
+            provisioner: PROVISIONER.into(),
             hold_namespace: "ac".into(),
             lb_class: None,
         }
@@ -560,18 +574,18 @@ mod tests {
     }
 
     #[test]
-    fn a_pin_names_the_holds_namespace_and_a_withdrawal_removes_every_key() {
+    fn a_pin_opens_the_namespace_switch_and_a_withdrawal_removes_every_key() {
         let d = driver();
         let a = Arc::new(address());
         let (ann, labels) = d.pin_keys(std::slice::from_ref(&a));
         assert_eq!(
             ann,
-            json!({IPS: "192.0.2.0", SHARING_KEY: "ac-cu", SHARING_CROSS_NAMESPACE: "ac"})
+            json!({IPS: "192.0.2.0", SHARING_KEY: "ac-cu", SHARING_CROSS_NAMESPACE: "*"})
         );
         assert_eq!(labels, json!({POOL_LABEL: "ipaddressclass-a"}));
         let mut svc: Service =
             serde_json::from_value(json!({"metadata": {"name": "s", "namespace": "t",
-            "annotations": {IPS: "192.0.2.0", SHARING_KEY: "ac-cu", SHARING_CROSS_NAMESPACE: "ac"},
+            "annotations": {IPS: "192.0.2.0", SHARING_KEY: "ac-cu", SHARING_CROSS_NAMESPACE: "*"},
             "labels": {POOL_LABEL: "ipaddressclass-a"}}}))
             .unwrap();
         assert!(carries(&svc, &ann, &labels));

@@ -6,6 +6,7 @@
 //! the Cilium objects is the driver kit's.
 
 mod cilium;
+mod takeover;
 
 use address_controller_driver_kit::Info;
 use address_controller_driver_kit::runtime_rbac::Rule;
@@ -34,17 +35,32 @@ const INFO: Info = Info {
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-fn main() -> anyhow::Result<()> {
-    address_controller_driver_kit::main_with(INFO, cilium::CiliumArgs::driver)
+/// The driver's one-shot subcommands.
+#[derive(clap::Subcommand, Clone, Debug)]
+enum Command {
+    /// Move the MetalLB driver's classes, holds and pinned Services into Cilium LB-IPAM in
+    /// place, no Service without its address at any moment (--undo: back). A dry run unless
+    /// --yes.
+    Takeover(takeover::TakeoverArgs),
+}
+
+fn main() -> anyhow::Result<std::process::ExitCode> {
+    address_controller_driver_kit::main_with_commands(
+        INFO,
+        cilium::CiliumArgs::driver,
+        |command: Command| match command {
+            Command::Takeover(args) => takeover::main(&args, INFO.name),
+        },
+    )
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
-    fn every_flag_has_an_env() {
+    fn every_flag_has_an_env_the_takeover_too() {
         let cmd = address_controller_driver_kit::command_line::<
             super::cilium::CiliumArgs,
-            address_controller_driver_kit::NoCommands,
+            super::Command,
         >(&super::INFO);
         let missing = address_controller_driver_kit::flags::without_env(&cmd);
         assert!(missing.is_empty(), "flags without env: {missing:?}");

@@ -12,7 +12,7 @@ use address_controller_driver_kit::runtime_rbac::Rule;
 
 /// Who this driver is: the binary, its default Lease, its ClusterRole.
 const INFO: Info = Info {
-    name: "metallb-driver",
+    name: address_controller_api::names::metallb_driver::NAME,
     cluster_role: "address-controller-metallb-driver",
     source: "drivers/metallb/src/main.rs (the driver kit's rules and MetalLB's)",
     extra_rules: &[

@@ -46,24 +46,24 @@ use serde_json::{Value, json};
 /// The provisioner name this driver answers to (the same as the Go driver's).
 pub const PROVISIONER: &str = address_controller_api::names::driver::METALLB_PROVISIONER;
 /// The finalizer behind which the driver lets go of MetalLB's hold.
-pub const FINALIZER: &str = "metallb.drivers.local.sdn.cozystack.io/hold";
+pub const FINALIZER: &str = address_controller_api::names::metallb_driver::FINALIZER;
 
 /// The finalizer that keeps a class's IPAddressPool while addresses of the class are left:
 /// MetalLB's speaker refuses every new configuration while a Service shows an address of a
 /// pool that is gone (its `SetConfig`, v0.16.1), so a class deleted before its retained
 /// addresses would stop every announcement change of the cluster.
-pub const POOL_FINALIZER: &str = "metallb.drivers.local.sdn.cozystack.io/pool";
+pub const POOL_FINALIZER: &str = address_controller_api::names::metallb_driver::POOL_FINALIZER;
 
 /// MetalLB's annotations.
 pub use address_controller_api::service::metallb::{ALLOW_SHARED_IP, LOAD_BALANCER_IPS};
 /// Labels of the driver's own objects.
 const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-const MANAGER: &str = "address-controller-metallb-driver";
+const MANAGER: &str = address_controller_api::names::metallb_driver::MANAGER;
 const COMPONENT: &str = "app.kubernetes.io/component";
 /// The class a pool or advertisement is made for.
 const CLASS_LABEL: &str = "local.sdn.cozystack.io/class";
 /// The IPAddress a hold holds.
-const HOLDS: &str = "metallb.drivers.local.sdn.cozystack.io/address";
+const HOLDS: &str = address_controller_api::names::metallb_driver::HOLDS;
 /// On a hold: the Service (`name@resourceVersion`) for which the driver last asked MetalLB
 /// to try the hold again.
 const RETRIED_FOR: &str = "metallb.drivers.local.sdn.cozystack.io/retried-for";
