@@ -121,3 +121,41 @@ impl Drop for Operator {
         }
     }
 }
+
+/// Deletes the CiliumLoadBalancerIPPools over addresses starting with one of `prefixes`
+/// (their finalizers first): a previous run's pool, kept by the driver's finalizer after its
+/// class went, would take the range from a new class's pool (LB-IPAM marks the later one
+/// conflicting, and the earlier one selects none of the new Services).
+pub fn purge_pools(prefixes: &[&str]) -> Result<()> {
+    let cluster = Cluster::get();
+    let Ok(out) = cluster.kubectl_ok(&["get", "ciliumloadbalancerippools", "-o", "json"]) else {
+        return Ok(()); // no CRD yet: nothing to purge
+    };
+    let list: serde_json::Value = serde_json::from_str(&out)?;
+    for p in list["items"].as_array().into_iter().flatten() {
+        let over = p["spec"]["blocks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|b| b["cidr"].as_str().or(b["start"].as_str()))
+            .any(|b| prefixes.iter().any(|x| b.starts_with(x)));
+        let Some(name) = p["metadata"]["name"].as_str().filter(|_| over) else {
+            continue;
+        };
+        cluster.kubectl_ok(&[
+            "patch",
+            "ciliumloadbalancerippool",
+            name,
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"finalizers":null}}"#,
+        ])?;
+        let _ = cluster.kubectl_ok(&[
+            "delete",
+            "ciliumloadbalancerippool",
+            name,
+            "--ignore-not-found",
+        ]);
+    }
+    Ok(())
+}

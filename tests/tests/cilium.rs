@@ -37,6 +37,7 @@ struct Setup {
 async fn setup(prefix: &str, addresses: Value) -> Setup {
     let mut e = env(prefix).await;
     let op = operator().await.unwrap();
+    address_controller_tests::cilium::purge_pools(&[&match_prefix(&addresses)]).unwrap();
     let holds = TestNamespace::create(&e.client, &format!("{prefix}-holds"))
         .await
         .unwrap();
@@ -60,6 +61,14 @@ async fn setup(prefix: &str, addresses: Value) -> Setup {
         holds,
         class,
     }
+}
+
+/// The first three octets (and the dot) of a class's first block: its test's own range.
+fn match_prefix(addresses: &Value) -> String {
+    let first = addresses[0].as_str().unwrap_or_default();
+    let mut parts: Vec<&str> = first.split('.').take(3).collect();
+    parts.push("");
+    parts.join(".")
 }
 
 fn pools(e: &Env) -> Api<DynamicObject> {
@@ -331,6 +340,7 @@ async fn the_cilium_driver_passes_the_driver_conformance_suite() {
     let mut e = env("cil-conf").await;
     purge(&e, &["198.18.75.", "198.18.76.", "198.18.77."]).await;
     let _op = operator().await.unwrap();
+    address_controller_tests::cilium::purge_pools(&["198.18.75.", "198.18.77."]).unwrap();
     let holds = TestNamespace::create(&e.client, "cil-conf-holds")
         .await
         .unwrap();
@@ -398,27 +408,10 @@ async fn the_cilium_driver_passes_the_driver_conformance_suite() {
     e.check().await;
 }
 
-/// The fence, on by default with the driver (the chart's policies, installed by helm): a
-/// tenant can neither ask LB-IPAM for an address (`lbipam.cilium.io/ips`, naming another
-/// tenant's), nor share one, nor mark its Service for a class's pool, nor create a pool; the
-/// driver's ServiceAccount can, and the tenant edits the rest of its Service freely.
-#[tokio::test]
-async fn the_fence_keeps_tenants_off_lbipams_annotations_and_pools() {
-    use address_controller_tests::access::{allowed, kubectl_as};
-    use address_controller_tests::chart::Release;
-    use address_controller_tests::{free_port, setup as cluster_setup};
-    let _op = operator().await.unwrap();
-    let (cluster, client) = cluster_setup().await;
-    let release = Release::new(
-        free_port(),
-        &json!({"ciliumDriver": {"enabled": true, "admissionPolicy": {
-            "namespaceSelector": {"matchLabels": {"address-controller.test/cilium": "guarded"}}}}}),
-    )
-    .await;
-    for policy in [
-        "address-controller-cilium-pins",
-        "address-controller-cilium-pools",
-    ] {
+/// Each of `policies` type-checked by kube-apiserver, without a warning.
+async fn type_checked(policies: &[&str]) {
+    let cluster = address_controller_tests::Cluster::get();
+    for policy in policies {
         let checked = wait_for("policy type-checked", WAIT, || async {
             let p: Value = serde_json::from_str(&cluster.kubectl_ok(&[
                 "get",
@@ -439,6 +432,102 @@ async fn the_fence_keeps_tenants_off_lbipams_annotations_and_pools() {
             checked["status"]
         );
     }
+}
+
+/// Pools: a user whom RBAC lets create one (the positive control) is refused by the fence;
+/// the driver's ServiceAccount is not. `prefix` names what the step creates.
+async fn pools_are_the_drivers_and_the_admins(driver_sa: &str, prefix: &str) {
+    use address_controller_tests::Cluster;
+    use address_controller_tests::access::{allowed, kubectl_as};
+    let cluster = Cluster::get();
+    // Pools: a user whom RBAC lets create one (the positive control) is refused by the
+    // fence; the driver's ServiceAccount is not.
+    let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": format!("{}-pools", prefix)},
+        "rules": [{"apiGroups": ["cilium.io"], "resources": ["ciliumloadbalancerippools"],
+            "verbs": ["create", "delete"]}]});
+    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": format!("{}-pools", prefix)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+            "name": format!("{}-pools", prefix)},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "pool-tenant"}]});
+    for o in [&role, &binding] {
+        kubectl_as(
+            "admin",
+            &["system:masters"],
+            &["create", "-f", "-"],
+            &o.to_string(),
+        )
+        .unwrap();
+    }
+    wait_for("RBAC lets pool-tenant create pools", WAIT, || async {
+        Ok(allowed(
+            "pool-tenant",
+            &[],
+            "create",
+            "ciliumloadbalancerippools.cilium.io",
+            "",
+        )
+        .then_some(()))
+    })
+    .await
+    .unwrap();
+    let pool = |name: &str| {
+        json!({"apiVersion": "cilium.io/v2", "kind": "CiliumLoadBalancerIPPool",
+            "metadata": {"name": name},
+            "spec": {"blocks": [{"cidr": "198.18.78.0/30"}]}})
+        .to_string()
+    };
+    let tenant_pool = format!("{}-tenant", prefix);
+    let err = kubectl_as(
+        "pool-tenant",
+        &[],
+        &["create", "-f", "-"],
+        &pool(&tenant_pool),
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("may not create, change or delete a CiliumLoadBalancerIPPool"),
+        "{err}"
+    );
+    let driver_pool = format!("{}-driver", prefix);
+    kubectl_as(
+        driver_sa,
+        &["system:serviceaccounts"],
+        &["create", "-f", "-"],
+        &pool(&driver_pool),
+    )
+    .unwrap();
+    cluster
+        .kubectl_ok(&["delete", "ciliumloadbalancerippool", &driver_pool])
+        .unwrap();
+    for kind in ["clusterrolebinding", "clusterrole"] {
+        let _ = cluster.kubectl_ok(&["delete", kind, &format!("{}-pools", prefix)]);
+    }
+}
+
+/// The fence, on by default with the driver (the chart's policies, installed by helm): a
+/// tenant can neither ask LB-IPAM for an address (`lbipam.cilium.io/ips`, naming another
+/// tenant's), nor share one, nor mark its Service for a class's pool, nor create a pool; the
+/// driver's ServiceAccount can, and the tenant edits the rest of its Service freely.
+#[tokio::test]
+async fn the_fence_keeps_tenants_off_lbipams_annotations_and_pools() {
+    use address_controller_tests::access::kubectl_as;
+    use address_controller_tests::chart::Release;
+    use address_controller_tests::{free_port, setup as cluster_setup};
+    let _op = operator().await.unwrap();
+    let (cluster, client) = cluster_setup().await;
+    let release = Release::new(
+        free_port(),
+        &json!({"ciliumDriver": {"enabled": true, "admissionPolicy": {
+            "namespaceSelector": {"matchLabels": {"address-controller.test/cilium": "guarded"}}}}}),
+    )
+    .await;
+    type_checked(&[
+        "address-controller-cilium-pins",
+        "address-controller-cilium-pools",
+    ])
+    .await;
     let guarded = TestNamespace::create(&client, "cil-fence").await.unwrap();
     cluster
         .kubectl_ok(&[
@@ -565,57 +654,6 @@ async fn the_fence_keeps_tenants_off_lbipams_annotations_and_pools() {
     let err = patch(json!({"metadata": {"labels": {POOL_LABEL: null}}})).unwrap_err();
     assert!(err.contains("Cilium LB-IPAM annotations"), "{err}");
 
-    // Pools: a user whom RBAC lets create one (the positive control) is refused by the
-    // fence; the driver's ServiceAccount is not.
-    let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": format!("{}-pools", guarded.name)},
-        "rules": [{"apiGroups": ["cilium.io"], "resources": ["ciliumloadbalancerippools"],
-            "verbs": ["create", "delete"]}]});
-    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": format!("{}-pools", guarded.name)},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-            "name": format!("{}-pools", guarded.name)},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "pool-tenant"}]});
-    for o in [&role, &binding] {
-        kubectl_as("admin", &["system:masters"], &create, &o.to_string()).unwrap();
-    }
-    wait_for("RBAC lets pool-tenant create pools", WAIT, || async {
-        Ok(allowed(
-            "pool-tenant",
-            &[],
-            "create",
-            "ciliumloadbalancerippools.cilium.io",
-            "",
-        )
-        .then_some(()))
-    })
-    .await
-    .unwrap();
-    let pool = |name: &str| {
-        json!({"apiVersion": "cilium.io/v2", "kind": "CiliumLoadBalancerIPPool",
-            "metadata": {"name": name},
-            "spec": {"blocks": [{"cidr": "198.18.78.0/30"}]}})
-        .to_string()
-    };
-    let tenant_pool = format!("{}-tenant", guarded.name);
-    let err = kubectl_as("pool-tenant", &[], &create, &pool(&tenant_pool)).unwrap_err();
-    assert!(
-        err.contains("may not create, change or delete a CiliumLoadBalancerIPPool"),
-        "{err}"
-    );
-    let driver_pool = format!("{}-driver", guarded.name);
-    kubectl_as(
-        &driver_sa,
-        &["system:serviceaccounts"],
-        &create,
-        &pool(&driver_pool),
-    )
-    .unwrap();
-    cluster
-        .kubectl_ok(&["delete", "ciliumloadbalancerippool", &driver_pool])
-        .unwrap();
-    for kind in ["clusterrolebinding", "clusterrole"] {
-        let _ = cluster.kubectl_ok(&["delete", kind, &format!("{}-pools", guarded.name)]);
-    }
+    pools_are_the_drivers_and_the_admins(&driver_sa, &guarded.name).await;
     drop(release);
 }

@@ -26,9 +26,7 @@ use std::time::Duration;
 use address_controller_api::names::driver::pinned_annotation;
 use address_controller_api::names::metallb_driver as mlb;
 use address_controller_api::service::SERVICE_PROXY_NAME_LABEL;
-use address_controller_api::service::cilium::{
-    IPS, REQUEST_SATISFIED, SHARING_CROSS_NAMESPACE, SHARING_KEY,
-};
+use address_controller_api::service::cilium::{IPS, SHARING_CROSS_NAMESPACE, SHARING_KEY};
 use address_controller_api::service::metallb::{ALLOW_SHARED_IP, LOAD_BALANCER_IPS};
 use address_controller_api::{IPAddress, IPAddressClass};
 use address_controller_driver_kit::holds::{HOLD_PROXY_NAME, hold_name};
@@ -88,8 +86,14 @@ pub struct TakeoverArgs {
     pub yes: bool,
     /// Move back: MetalLB's pins, holds and finalizers again, LB-IPAM's taken off, the
     /// classes' LB-IPAM pools deleted (MetalLB's controller and pools must be there).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "finish")]
     pub undo: bool,
+    /// The last step, once MetalLB's controller is stopped: MetalLB's pin annotations off the
+    /// moved Services and holds, the MetalLB driver's pools deleted. Before it, they are
+    /// inert beside LB-IPAM's — and taking them off while MetalLB runs makes MetalLB refuse
+    /// a shared address (measured).
+    #[arg(long)]
+    pub finish: bool,
 }
 
 /// `cilium-driver takeover …`: its logging, a runtime, [`run`]; exit 1 when something was
@@ -191,6 +195,17 @@ pub fn swapped(finalizers: &[String], from: &str, to: &str) -> Option<Vec<String
     Some(out)
 }
 
+/// The `cilium.io/IPsUsed` count a pool's status reports.
+pub fn ips_used(pool: &Value) -> Option<usize> {
+    pool["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "cilium.io/IPsUsed")?["message"]
+        .as_str()?
+        .parse()
+        .ok()
+}
+
 /// Whether `s` carries every mark already.
 fn carries(s: &Service, m: &Marks) -> bool {
     let fits = |have: &BTreeMap<String, String>, want: &Value| {
@@ -244,12 +259,23 @@ pub async fn run(args: &TakeoverArgs, controller: &str) -> anyhow::Result<bool> 
         rows: Vec::new(),
     };
     let (ours, theirs) = (pinned_annotation(controller), pinned_annotation(mlb::NAME));
-    let mut moved = Vec::new();
-    if !args.undo {
-        for c in &classes {
-            t.pool(c).await;
+    if args.finish {
+        for s in &services {
+            let hold = s.namespace().as_deref() == Some(args.cilium.hold_namespace.as_str())
+                && holds.contains(&s.name_any());
+            let ann = s.annotations();
+            if ann.contains_key(IPS)
+                && (hold || ann.contains_key(&ours))
+                && (ann.contains_key(LOAD_BALANCER_IPS) || ann.contains_key(ALLOW_SHARED_IP))
+            {
+                t.strip_metallb(s).await;
+            }
         }
+        t.delete_metallb_pools().await;
+        return Ok(t.report(&addresses, &classes));
     }
+    let mut moved = Vec::new();
+    let mut others = Vec::new();
     for s in &services {
         let hold = s.namespace().as_deref() == Some(args.cilium.hold_namespace.as_str())
             && holds.contains(&s.name_any());
@@ -269,6 +295,7 @@ pub async fn run(args: &TakeoverArgs, controller: &str) -> anyhow::Result<bool> 
                 .annotations()
                 .contains_key(if args.undo { &ours } else { &theirs })
         {
+            others.push(s);
             continue; // not pinned by the driver being moved from
         }
         let marks = if args.undo {
@@ -282,11 +309,24 @@ pub async fn run(args: &TakeoverArgs, controller: &str) -> anyhow::Result<bool> 
             moved.push(s);
         }
     }
+    if !args.undo {
+        // The pools after the pins: LB-IPAM is dormant while no pool exists, and imports
+        // each Service's address as it wakes up; a pool first would have it take the address
+        // off every Service not yet marked for it.
+        t.bystanders(&others);
+        for c in &classes {
+            t.pool(c).await;
+        }
+        if args.yes {
+            t.pools_seen(&classes).await;
+        }
+    }
     if args.yes && !args.undo {
-        if t.satisfied(&moved).await {
-            for s in &moved {
-                t.strip_metallb(s).await;
-            }
+        let mut held: BTreeMap<String, usize> = BTreeMap::new();
+        for a in &addresses {
+            *held.entry(a.spec.class_name.clone()).or_default() += 1;
+        }
+        if t.satisfied(&moved, &held).await {
             for a in &addresses {
                 t.finalizer(a, mlb::FINALIZER, FINALIZER).await;
             }
@@ -298,32 +338,39 @@ pub async fn run(args: &TakeoverArgs, controller: &str) -> anyhow::Result<bool> 
         }
         t.delete_pools(&classes).await;
     }
-    if t.rows.is_empty() {
-        t.rows.push(Row::new(
-            "-",
-            true,
-            format!(
-                "nothing to move ({} addresses of {} classes)",
-                addresses.len(),
-                classes.len()
-            ),
-        ));
-    }
-    print!(
-        "{}",
-        address_controller_runtime::report::status_table("OBJECT", "ACTION", &t.rows)
-    );
-    if !args.yes {
-        println!("(dry run: nothing written; --yes to act)");
-    } else if !args.undo {
-        println!(
-            "then: run cilium-driver --provisioner {} in the MetalLB driver's place; stop MetalLB's controller; then kubectl delete ipaddresspools.metallb.io -n {} -l {MANAGED_BY}={}",
-            address_controller_api::names::driver::METALLB_PROVISIONER,
-            args.metallb_namespace,
-            mlb::MANAGER
+    Ok(t.report(&addresses, &classes))
+}
+
+impl Takeover<'_> {
+    /// Prints the report and what is left to do; whether every step succeeded.
+    fn report(&mut self, addresses: &[IPAddress], classes: &[IPAddressClass]) -> bool {
+        let args = self.args;
+        let t = self;
+        if t.rows.is_empty() {
+            t.rows.push(Row::new(
+                "-",
+                true,
+                format!(
+                    "nothing to move ({} addresses of {} classes)",
+                    addresses.len(),
+                    classes.len()
+                ),
+            ));
+        }
+        print!(
+            "{}",
+            address_controller_runtime::report::status_table("OBJECT", "ACTION", &t.rows)
         );
+        if !args.yes {
+            println!("(dry run: nothing written; --yes to act)");
+        } else if !args.undo && !args.finish {
+            println!(
+                "then: run cilium-driver --provisioner {} in the MetalLB driver's place; stop MetalLB's controller; then takeover --from metallb --finish --yes",
+                address_controller_api::names::driver::METALLB_PROVISIONER,
+            );
+        }
+        t.rows.iter().all(|r| r.ok)
     }
-    Ok(t.rows.iter().all(|r| r.ok))
 }
 
 impl Takeover<'_> {
@@ -358,6 +405,62 @@ impl Takeover<'_> {
             Ok(())
         };
         self.push(object, result, "create the class's LB-IPAM pool".into());
+    }
+
+    /// Warns of the LoadBalancer Services with an address that LB-IPAM will answer once a
+    /// pool exists and that do not move (not the MetalLB driver's): LB-IPAM takes off every
+    /// address outside a pool that selects the Service (measured with v1.19.5), and their
+    /// load balancer puts it back — they flap until they move or get a `loadBalancerClass`.
+    fn bystanders(&mut self, others: &[&Service]) {
+        for s in others {
+            let spec = s.spec.as_ref();
+            let lb = spec.and_then(|x| x.type_.as_deref()) == Some("LoadBalancer");
+            let class = spec.and_then(|x| x.load_balancer_class.as_ref());
+            if !lb
+                || class != self.args.cilium.lb_class.as_ref()
+                || address_controller_driver_kit::ingress(s).is_empty()
+            {
+                continue;
+            }
+            self.rows.push(Row::new(
+                format!("service/{}/{}", s.namespace().unwrap_or_default(), s.name_any()),
+                true,
+                "WARNING: not the MetalLB driver's; LB-IPAM will take its address off once a pool exists (give it a loadBalancerClass, or a claim first)".to_string(),
+            ));
+        }
+    }
+
+    /// Waits until LB-IPAM has taken in every class's pool (its `IPsTotal` condition, of
+    /// the pool's generation): a Service that asks for an address of a pool LB-IPAM does not
+    /// know yet is answered `no_pool` — and its address taken off the Service.
+    async fn pools_seen(&mut self, classes: &[IPAddressClass]) {
+        let deadline = tokio::time::Instant::now() + self.args.wait;
+        let api = pools(self.client);
+        for c in classes {
+            let name = pool_name(&c.name_any());
+            let seen = loop {
+                let p = api.get_opt(&name).await.ok().flatten();
+                let seen = p.as_ref().is_some_and(|p| {
+                    p.data["status"]["conditions"].as_array().is_some_and(|cs| {
+                        cs.iter().any(|c| {
+                            c["type"] == "cilium.io/IPsTotal"
+                                && c["observedGeneration"].as_i64() == p.metadata.generation
+                        })
+                    })
+                });
+                if seen || tokio::time::Instant::now() > deadline {
+                    break seen;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
+            if !seen {
+                self.push(
+                    format!("ciliumloadbalancerippool/{name}"),
+                    Err("LB-IPAM did not take the pool in (is the cilium-operator running with LB-IPAM?)".into()),
+                    "wait for LB-IPAM".into(),
+                );
+            }
+        }
     }
 
     /// Sets `m` on `s` (nothing when it carries it); whether it carries it now (or would).
@@ -397,12 +500,30 @@ impl Takeover<'_> {
             .map_err(|e| e.to_string())
     }
 
-    /// Whether LB-IPAM satisfied every Service moved, within `--wait`.
-    async fn satisfied(&mut self, moved: &[&Service]) -> bool {
+    /// Whether LB-IPAM took in every Service moved, within `--wait`: its books hold every
+    /// address of the classes (each pool's `IPsUsed`), and each Service still shows what it
+    /// asks for (LB-IPAM takes an address off a Service it does not accept). Its condition
+    /// alone does not tell: a Service whose address LB-IPAM *imported* gets none, and one
+    /// from before the move can be stale.
+    async fn satisfied(&mut self, moved: &[&Service], held: &BTreeMap<String, usize>) -> bool {
         let deadline = tokio::time::Instant::now() + self.args.wait;
         let mut waiting: Vec<String> = Vec::new();
         loop {
             waiting.clear();
+            for (class, count) in held {
+                let name = pool_name(class);
+                let used = pools(self.client)
+                    .get_opt(&name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|p| ips_used(&p.data));
+                if used.is_none_or(|u| u < *count) {
+                    waiting.push(format!(
+                        "pool {name}: {used:?} of {count} addresses in LB-IPAM's books"
+                    ));
+                }
+            }
             for s in moved {
                 let ns = s.namespace().unwrap_or_default();
                 let live = Api::<Service>::namespaced(self.client.clone(), &ns)
@@ -410,17 +531,18 @@ impl Takeover<'_> {
                     .await
                     .ok()
                     .flatten();
-                let ok = live.as_ref().is_some_and(|l| {
-                    l.status
-                        .as_ref()
-                        .and_then(|st| st.conditions.as_ref())
-                        .is_some_and(|c| {
-                            c.iter()
-                                .any(|c| c.type_ == REQUEST_SATISFIED && c.status == "True")
-                        })
-                });
-                if !ok && live.is_some() {
-                    waiting.push(format!("{ns}/{}", s.name_any()));
+                let Some(live) = live else { continue };
+                let asks: Vec<String> = live
+                    .annotations()
+                    .get(IPS)
+                    .map(|v| v.split(',').map(|x| x.trim().to_string()).collect())
+                    .unwrap_or_default();
+                let shows: Vec<String> = address_controller_api::service::ingress_ips(&live)
+                    .map(str::to_string)
+                    .collect();
+                if !asks.iter().all(|ip| shows.contains(ip)) {
+                    let said = crate::cilium::lbipam_refusal(&live).unwrap_or_default();
+                    waiting.push(format!("{ns}/{} shows {shows:?} {said}", s.name_any()));
                 }
             }
             if waiting.is_empty() || tokio::time::Instant::now() > deadline {
@@ -434,11 +556,10 @@ impl Takeover<'_> {
             if ok {
                 Ok(())
             } else {
-                Err(format!("not satisfied: {}", waiting.join(", ")))
+                Err(format!("not yet LB-IPAM's: {}", waiting.join(", ")))
             },
             format!(
-                "LB-IPAM satisfied {} of {} Services",
-                moved.len() - waiting.len(),
+                "LB-IPAM holds every address and {} Services show theirs",
                 moved.len()
             ),
         );
@@ -518,6 +639,43 @@ impl Takeover<'_> {
                 format!("ipaddresspool/{}", p.name_any()),
                 result,
                 "kept, without the MetalLB driver's finalizer: delete it once MetalLB's controller is stopped".into(),
+            );
+        }
+    }
+
+    /// `--finish`: MetalLB's pools of the MetalLB driver go (its finalizer first) — only once
+    /// MetalLB's controller is stopped: deleting them while it runs makes MetalLB and LB-IPAM
+    /// take the address from each other every second (measured).
+    async fn delete_metallb_pools(&mut self) {
+        let api = self.metallb_pools();
+        let lp = ListParams::default().labels(&format!("{MANAGED_BY}={}", mlb::MANAGER));
+        let Ok(list) = api.list(&lp).await else {
+            return;
+        };
+        for p in list.items {
+            let result = if self.args.yes {
+                let cleared = api
+                    .patch(
+                        &p.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await;
+                match cleared {
+                    Ok(_) => api
+                        .delete(&p.name_any(), &Default::default())
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            } else {
+                Ok(())
+            };
+            self.push(
+                format!("ipaddresspool/{}", p.name_any()),
+                result,
+                "deleted".into(),
             );
         }
     }
@@ -626,6 +784,15 @@ mod tests {
             "LB-IPAM ignores a proxy-named Service"
         );
         assert_eq!(m.annotations[HOLDS], "ipv4-192-0-2-1");
+    }
+
+    #[test]
+    fn lbipams_books_are_read_from_the_pools_ips_used() {
+        let pool = json!({"status": {"conditions": [
+            {"type": "cilium.io/IPsTotal", "message": "32"},
+            {"type": "cilium.io/IPsUsed", "message": "20"}]}});
+        assert_eq!(ips_used(&pool), Some(20));
+        assert_eq!(ips_used(&json!({"status": {}})), None);
     }
 
     #[test]
