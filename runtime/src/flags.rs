@@ -6,7 +6,7 @@
 /// Flags without a variable by design (their clap ids):
 /// * a confirmation of a write that destroys or overrides (`--yes`, `--force`,
 ///   `--delete-crds`, `--objects`, `--over-quota`): an environment never says yes;
-/// * a one-shot mode (`--undo`, `--print-cluster-role`);
+/// * a one-shot mode (`--undo`, `--finish`, `--print-cluster-role`);
 /// * `--kubeconfig`: `$KUBECONFIG` keeps kubectl's meaning (a list of files), read by the
 ///   client itself;
 /// * `help`, `version`, and hidden `testing_*` flags.
@@ -17,6 +17,7 @@ pub const NO_ENV_BY_DESIGN: &[&str] = &[
     "objects",
     "over_quota",
     "undo",
+    "finish",
     "print_cluster_role",
     "kubeconfig",
     "help",
