@@ -826,6 +826,48 @@ fn admission_policy_renders_only_when_enabled() {
     );
 }
 
+/// The Cilium driver: off by default; on, its Deployment, ClusterRole and both fences; its
+/// provisioner set for the move from MetalLB, never beside the MetalLB driver.
+#[test]
+fn the_cilium_driver_renders_with_its_fence_and_answers_a_named_provisioner() {
+    let off = render(&json!({}), &[]).unwrap();
+    assert!(!kind_names(&off).iter().any(|k| k.contains("cilium")));
+    let on = render(&json!({"ciliumDriver": {"enabled": true}}), &[]).unwrap();
+    let names = kind_names(&on);
+    for want in [
+        "Deployment/address-controller-cilium-driver",
+        "ClusterRole/address-controller-cilium-driver",
+        "ValidatingAdmissionPolicy/address-controller-cilium-pins",
+        "ValidatingAdmissionPolicy/address-controller-cilium-pools",
+    ] {
+        assert!(names.contains(want), "{want} missing: {names:?}");
+    }
+    let args = |objs: &[Value]| {
+        find(objs, "Deployment", "address-controller-cilium-driver")["spec"]["template"]["spec"]
+            ["containers"][0]["args"]
+            .to_string()
+    };
+    assert!(!args(&on).contains("--provisioner"), "{}", args(&on));
+    let moved = render(
+        &json!({"ciliumDriver": {"enabled": true,
+            "provisioner": "metallb.drivers.local.sdn.cozystack.io"}}),
+        &[],
+    )
+    .unwrap();
+    assert!(
+        args(&moved).contains("--provisioner=metallb.drivers.local.sdn.cozystack.io"),
+        "{}",
+        args(&moved)
+    );
+    let both = render(
+        &json!({"metallbDriver": {"enabled": true}, "ciliumDriver": {"enabled": true,
+            "provisioner": "metallb.drivers.local.sdn.cozystack.io"}}),
+        &[],
+    )
+    .unwrap_err();
+    assert!(both.contains("disable metallbDriver first"), "{both}");
+}
+
 /// The protection policy: off by default (#56: it makes kube-apiserver refuse creates for a
 /// second after each start); enabled, rendered where the cluster serves
 /// MutatingAdmissionPolicy (helm asks the cluster; `helm template` is told), never where not.
