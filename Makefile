@@ -78,7 +78,7 @@ lint: ## cargo fmt --check, clippy with warnings as errors, shellcheck and ruff 
 	RUSTDOCFLAGS="-D rustdoc::broken_intra_doc_links" $(CARGO) doc -q --no-deps --workspace
 
 .PHONY: chaos
-chaos: ## The chaos suite on a fresh local control plane: churn, leader kills, kube-apiserver/etcd restarts, then the invariants (CHAOS_DURATION, default 10m; CHAOS_DRIVER=metallb with the real MetalLB)
+chaos: ## The chaos suite on a fresh local control plane: churn, leader kills, kube-apiserver/etcd restarts, then the invariants (CHAOS_DURATION, default 10m; CHAOS_DRIVER=metallb with the real MetalLB, CHAOS_DRIVER=cilium with the real cilium-operator)
 	@deploy/local/build-binaries.sh
 	$(CARGO) build --bins --quiet
 	$(CARGO) run --quiet -p address-controller-tests --bin chaos -- --duration $(or $(CHAOS_DURATION),10m) --driver $(or $(CHAOS_DRIVER),range)

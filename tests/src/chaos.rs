@@ -42,8 +42,8 @@ pub struct Config {
     pub etcd_restarts: usize,
     /// Settle time of the invariant check.
     pub settle: Duration,
-    /// The driver of the run's classes: the range driver, or the MetalLB driver with the
-    /// real MetalLB controller beside it.
+    /// The driver of the run's classes: the range driver, the MetalLB driver with the real
+    /// MetalLB controller beside it, or the Cilium driver with the real cilium-operator.
     pub driver: Driver,
 }
 
@@ -52,6 +52,7 @@ pub struct Config {
 pub enum Driver {
     Range,
     MetalLb,
+    Cilium,
 }
 
 impl Driver {
@@ -59,19 +60,21 @@ impl Driver {
         match self {
             Driver::Range => crate::chart::RANGE,
             Driver::MetalLb => crate::chart::METALLB,
+            Driver::Cilium => crate::chart::CILIUM,
         }
     }
     fn provisioner(self) -> &'static str {
         match self {
             Driver::Range => "range.drivers.local.sdn.cozystack.io",
             Driver::MetalLb => "metallb.drivers.local.sdn.cozystack.io",
+            Driver::Cilium => "cilium.drivers.local.sdn.cozystack.io",
         }
     }
     /// A class's parameters over `ranges`.
     fn parameters(self, ranges: &[&str]) -> serde_json::Value {
         match self {
             Driver::Range => json!({"cidrs": ranges}),
-            Driver::MetalLb => json!({"addresses": ranges}),
+            Driver::MetalLb | Driver::Cilium => json!({"addresses": ranges}),
         }
     }
 }
@@ -401,11 +404,21 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
     let values = match cfg.driver {
         Driver::Range => json!({"rangeDriver": {"enabled": true}}),
         Driver::MetalLb => json!({"metallbDriver": {"enabled": true}}),
+        Driver::Cilium => json!({"ciliumDriver": {"enabled": true}}),
     };
     // With the MetalLB driver, the real MetalLB controller (one per cluster).
     let _metallb = match cfg.driver {
         Driver::MetalLb => Some(crate::metallb::MetalLb::start(None).await?),
-        Driver::Range => None,
+        Driver::Range | Driver::Cilium => None,
+    };
+    // With the Cilium driver, the real cilium-operator (LB-IPAM), no pool of an earlier run.
+    let _cilium = match cfg.driver {
+        Driver::Cilium => {
+            let op = crate::cilium::operator().await?;
+            crate::cilium::purge_pools(&["10.201.", "10.202."])?;
+            Some(op)
+        }
+        Driver::Range | Driver::MetalLb => None,
     };
     let release = Release::new(port, &values).await;
     let ns = release.ns.clone();
@@ -603,7 +616,9 @@ pub async fn run(cfg: &Config) -> Result<Outcome> {
             let annotations: Vec<String> = svc
                 .annotations()
                 .iter()
-                .filter(|(k, _)| k.contains("metallb") || k.contains("cozystack"))
+                .filter(|(k, _)| {
+                    k.contains("metallb") || k.contains("lbipam") || k.contains("cozystack")
+                })
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect();
             eprintln!(
@@ -1102,7 +1117,7 @@ async fn association_events(
             || (kind == "IPAddress"
                 && matches!(
                     e.reporting_controller.as_deref(),
-                    Some("range-driver" | "metallb-driver")
+                    Some("range-driver" | "metallb-driver" | "cilium-driver")
                 ));
         let recent = e.event_time.as_ref().is_some_and(|t| t.0 >= since);
         let reason = e.reason.clone().unwrap_or_default();
@@ -1117,9 +1132,10 @@ async fn association_events(
 /// address of `classes` into its status; `None` when there is no such address right now.
 /// The records the kit keeps on a Service of its pins, for both shipped drivers: what a
 /// hostile tenant forges.
-const FORGED_RECORDS: [&str; 2] = [
+const FORGED_RECORDS: [&str; 3] = [
     "range-driver.drivers.local.sdn.cozystack.io/pinned",
     "metallb-driver.drivers.local.sdn.cozystack.io/pinned",
+    "cilium-driver.drivers.local.sdn.cozystack.io/pinned",
 ];
 
 /// A claim of the hostile tenant pinned to an address another namespace's claim holds: it

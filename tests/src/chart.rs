@@ -314,6 +314,13 @@ pub const METALLB: DriverKind = DriverKind {
     probe: "0.0.0.0:8083",
 };
 
+/// The Cilium LB-IPAM driver (`ciliumDriver.enabled`).
+pub const CILIUM: DriverKind = DriverKind {
+    deployment: "address-controller-cilium-driver",
+    binary: "cilium-driver",
+    probe: "0.0.0.0:8084",
+};
+
 /// The chart's binaries running on the host for a release: as its ServiceAccounts, with
 /// the Deployments' arguments, the chart's serving certificate, their own loopback ports.
 pub struct Runner {

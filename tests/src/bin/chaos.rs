@@ -1,6 +1,6 @@
 //! `make chaos`: the chaos suite on a fresh local control plane of its own.
 //!
-//!     chaos [--duration 10m] [--driver range|metallb]
+//!     chaos [--duration 10m] [--driver range|metallb|cilium]
 //!
 //! Prints what it did, the failover figures and the invariants table; exits 1 on any
 //! violation.
@@ -27,11 +27,14 @@ async fn main() -> Result<()> {
                 driver = match args.next().as_deref() {
                     Some("range") => address_controller_tests::chaos::Driver::Range,
                     Some("metallb") => address_controller_tests::chaos::Driver::MetalLb,
-                    other => bail!("--driver range|metallb, not {other:?}"),
+                    Some("cilium") => address_controller_tests::chaos::Driver::Cilium,
+                    other => bail!("--driver range|metallb|cilium, not {other:?}"),
                 }
             }
             other => {
-                bail!("unknown argument {other} (expected --duration D, --driver range|metallb)")
+                bail!(
+                    "unknown argument {other} (expected --duration D, --driver range|metallb|cilium)"
+                )
             }
         }
     }
