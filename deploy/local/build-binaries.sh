@@ -52,10 +52,18 @@ build_node() {
   go_build_kube "$NODE_BIN" kubelet/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler
 }
 
-# The directory of the MetalLB module tools/metallb pins (its CRDs and manifests).
-metallb_module_dir() {
-  (cd "$here/tools/metallb" && go list -mod=readonly -m -f '{{.Dir}}' go.universe.tf/metallb)
+# pinned_module_dir TOOL MODULE: the directory of MODULE as tools/TOOL's go.mod pins it,
+# downloaded first (`go list -m` alone answers an empty directory for a module not yet in
+# the module cache, as on a fresh machine).
+pinned_module_dir() {
+  local dir
+  dir="$(cd "$here/tools/$1" && go mod download "$2" && go list -mod=readonly -m -f '{{.Dir}}' "$2")"
+  [ -n "$dir" ] && [ -f "$dir/go.mod" ] || { log "$2 (tools/$1): not downloaded"; exit 1; }
+  printf '%s\n' "$dir"
 }
+
+# The directory of the MetalLB module tools/metallb pins (its CRDs and manifests).
+metallb_module_dir() { pinned_module_dir metallb go.universe.tf/metallb; }
 
 # kube-proxy (iptables mode) and MetalLB's speaker for the node tier's wire: separate cache
 # directories, so a node cache built before them stays valid and only these two are added.
@@ -105,7 +113,7 @@ build_unittest() {
   if cached "$out"; then log "helm-unittest $HELM_UNITTEST_VERSION: cached in $out"; return; fi
   log "helm-unittest $HELM_UNITTEST_VERSION: building"
   local dir os arch
-  dir="$(cd "$here/tools/helm-unittest" && go list -mod=readonly -m -f '{{.Dir}}' github.com/helm-unittest/helm-unittest)"
+  dir="$(pinned_module_dir helm-unittest github.com/helm-unittest/helm-unittest)"
   os="$(go env GOOS)"; arch="$(go env GOARCH)"
   [ "$os" = darwin ] && os=macos
   mkdir -p "$out.tmp/unittest"
