@@ -223,122 +223,170 @@ struct Takeover<'a> {
     rows: Vec<Row>,
 }
 
+/// What the takeover reads before it acts: the MetalLB driver's classes, their addresses,
+/// and every Service.
+struct Books {
+    classes: Vec<IPAddressClass>,
+    addresses: Vec<IPAddress>,
+    /// The class of each address, by its address: a pinned Service names addresses.
+    class_of: BTreeMap<String, String>,
+    /// The holds' names (one per address).
+    holds: BTreeSet<String>,
+    services: Vec<Service>,
+}
+
+impl Books {
+    async fn read(client: &Client) -> anyhow::Result<Books> {
+        let classes: Vec<IPAddressClass> = Api::<IPAddressClass>::all(client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|c| {
+                c.spec.provisioner == address_controller_api::names::driver::METALLB_PROVISIONER
+            })
+            .collect();
+        let names: BTreeSet<String> = classes.iter().map(|c| c.name_any()).collect();
+        let addresses: Vec<IPAddress> = Api::<IPAddress>::all(client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|a| names.contains(&a.spec.class_name))
+            .collect();
+        let class_of = addresses
+            .iter()
+            .map(|a| (a.spec.address.clone(), a.spec.class_name.clone()))
+            .collect();
+        let holds = addresses.iter().map(|a| hold_name(&a.name_any())).collect();
+        let services = Api::<Service>::all(client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items;
+        Ok(Books {
+            classes,
+            addresses,
+            class_of,
+            holds,
+            services,
+        })
+    }
+
+    /// Whether `s` is the hold of one of the addresses, in the drivers' hold namespace.
+    fn is_hold(&self, s: &Service, hold_namespace: &str) -> bool {
+        s.namespace().as_deref() == Some(hold_namespace) && self.holds.contains(&s.name_any())
+    }
+
+    /// The number of addresses of each class.
+    fn held(&self) -> BTreeMap<String, usize> {
+        let mut held: BTreeMap<String, usize> = BTreeMap::new();
+        for a in &self.addresses {
+            *held.entry(a.spec.class_name.clone()).or_default() += 1;
+        }
+        held
+    }
+}
+
 /// Runs the takeover (or its undo); whether every step succeeded.
 pub async fn run(args: &TakeoverArgs, controller: &str) -> anyhow::Result<bool> {
     let client = args.client.client().await?;
-    let classes: Vec<IPAddressClass> = Api::<IPAddressClass>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|c| {
-            c.spec.provisioner == address_controller_api::names::driver::METALLB_PROVISIONER
-        })
-        .collect();
-    let names: BTreeSet<String> = classes.iter().map(|c| c.name_any()).collect();
-    let addresses: Vec<IPAddress> = Api::<IPAddress>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|a| names.contains(&a.spec.class_name))
-        .collect();
-    // The class of each address, by its address: a pinned Service names addresses.
-    let class_of: BTreeMap<String, String> = addresses
-        .iter()
-        .map(|a| (a.spec.address.clone(), a.spec.class_name.clone()))
-        .collect();
-    let holds: BTreeSet<String> = addresses.iter().map(|a| hold_name(&a.name_any())).collect();
-    let services = Api::<Service>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
+    let books = Books::read(&client).await?;
     let mut t = Takeover {
         args,
         client: &client,
         rows: Vec::new(),
     };
-    let (ours, theirs) = (pinned_annotation(controller), pinned_annotation(mlb::NAME));
+    let ours = pinned_annotation(controller);
     if args.finish {
-        for s in &services {
-            let hold = s.namespace().as_deref() == Some(args.cilium.hold_namespace.as_str())
-                && holds.contains(&s.name_any());
-            let ann = s.annotations();
-            if ann.contains_key(IPS)
-                && (hold || ann.contains_key(&ours))
-                && (ann.contains_key(LOAD_BALANCER_IPS) || ann.contains_key(ALLOW_SHARED_IP))
-            {
-                t.strip_metallb(s).await;
-            }
-        }
-        t.delete_metallb_pools().await;
-        return Ok(t.report(&addresses, &classes));
+        t.finish(&books, &ours).await;
+        return Ok(t.report(&books.addresses, &books.classes));
     }
-    let mut moved = Vec::new();
-    let mut others = Vec::new();
-    for s in &services {
-        let hold = s.namespace().as_deref() == Some(args.cilium.hold_namespace.as_str())
-            && holds.contains(&s.name_any());
-        let first = if args.undo {
-            s.annotations().get(IPS)
-        } else {
-            s.annotations().get(LOAD_BALANCER_IPS)
-        };
-        let Some(class) = first
-            .and_then(|v| v.split(',').next())
-            .and_then(|ip| class_of.get(ip.trim()))
-        else {
-            continue;
-        };
-        if !hold
-            && !s
-                .annotations()
-                .contains_key(if args.undo { &ours } else { &theirs })
-        {
-            others.push(s);
-            continue; // not pinned by the driver being moved from
-        }
-        let marks = if args.undo {
-            to_metallb(s, hold, &ours, &theirs)
-        } else {
-            to_cilium(s, class, hold, &theirs, &ours)
-        };
-        if let Some(m) = marks
-            && t.mark(s, &m).await
-        {
-            moved.push(s);
-        }
-    }
+    let (moved, others) = t.mark_all(&books, &ours).await;
     if !args.undo {
         // The pools after the pins: LB-IPAM is dormant while no pool exists, and imports
         // each Service's address as it wakes up; a pool first would have it take the address
         // off every Service not yet marked for it.
         t.bystanders(&others);
-        for c in &classes {
+        for c in &books.classes {
             t.pool(c).await;
         }
         if args.yes {
-            t.pools_seen(&classes).await;
+            t.pools_seen(&books.classes).await;
         }
     }
     if args.yes && !args.undo {
-        let mut held: BTreeMap<String, usize> = BTreeMap::new();
-        for a in &addresses {
-            *held.entry(a.spec.class_name.clone()).or_default() += 1;
-        }
-        if t.satisfied(&moved, &held).await {
-            for a in &addresses {
+        if t.satisfied(&moved, &books.held()).await {
+            for a in &books.addresses {
                 t.finalizer(a, mlb::FINALIZER, FINALIZER).await;
             }
             t.release_metallb_pools().await;
         }
     } else if args.undo {
-        for a in &addresses {
+        for a in &books.addresses {
             t.finalizer(a, FINALIZER, mlb::FINALIZER).await;
         }
-        t.delete_pools(&classes).await;
+        t.delete_pools(&books.classes).await;
     }
-    Ok(t.report(&addresses, &classes))
+    Ok(t.report(&books.addresses, &books.classes))
+}
+
+impl<'b> Takeover<'_> {
+    /// `--finish`: MetalLB's pins off every Service LB-IPAM holds for the Cilium driver, and
+    /// the MetalLB driver's pools deleted (MetalLB's controller stopped first).
+    async fn finish(&mut self, books: &Books, ours: &str) {
+        for s in &books.services {
+            let hold = books.is_hold(s, &self.args.cilium.hold_namespace);
+            let ann = s.annotations();
+            if ann.contains_key(IPS)
+                && (hold || ann.contains_key(ours))
+                && (ann.contains_key(LOAD_BALANCER_IPS) || ann.contains_key(ALLOW_SHARED_IP))
+            {
+                self.strip_metallb(s).await;
+            }
+        }
+        self.delete_metallb_pools().await;
+    }
+
+    /// Marks every hold and every Service the driver being moved from pinned for the other
+    /// side; the ones marked, and the Services with one of the addresses that driver did
+    /// not pin (bystanders).
+    async fn mark_all(
+        &mut self,
+        books: &'b Books,
+        ours: &str,
+    ) -> (Vec<&'b Service>, Vec<&'b Service>) {
+        let (undo, theirs) = (self.args.undo, pinned_annotation(mlb::NAME));
+        let mut moved = Vec::new();
+        let mut others = Vec::new();
+        for s in &books.services {
+            let hold = books.is_hold(s, &self.args.cilium.hold_namespace);
+            let first = s
+                .annotations()
+                .get(if undo { IPS } else { LOAD_BALANCER_IPS });
+            let Some(class) = first
+                .and_then(|v| v.split(',').next())
+                .and_then(|ip| books.class_of.get(ip.trim()))
+            else {
+                continue;
+            };
+            let from = if undo { ours } else { theirs.as_str() };
+            if !hold && !s.annotations().contains_key(from) {
+                others.push(s);
+                continue; // not pinned by the driver being moved from
+            }
+            let marks = if undo {
+                to_metallb(s, hold, ours, &theirs)
+            } else {
+                to_cilium(s, class, hold, &theirs, ours)
+            };
+            if let Some(m) = marks
+                && self.mark(s, &m).await
+            {
+                moved.push(s);
+            }
+        }
+        (moved, others)
+    }
 }
 
 impl Takeover<'_> {
