@@ -80,6 +80,16 @@ pub enum AllocateError {
     Failed(String),
 }
 
+/// Whether `service` asks for the load balancer of `class` by its `spec.loadBalancerClass`
+/// (`None`: a Service without one, the default load balancer's).
+pub fn of_load_balancer_class(service: &Service, class: Option<&String>) -> bool {
+    service
+        .spec
+        .as_ref()
+        .and_then(|s| s.load_balancer_class.as_ref())
+        == class
+}
+
 /// Each class's parsed parameters (`parsed`, in the order of `classes`), with an error on
 /// each of two classes whose `blocks` overlap: one address in two classes would be handed
 /// out twice, and a backend (MetalLB, LB-IPAM) refuses overlapping pools. The one rule of
@@ -358,5 +368,22 @@ mod tests {
             "gone: recreated by uid u2"
         );
         assert!(!in_use.keeps("gone", None));
+    }
+
+    #[test]
+    fn a_service_asks_for_the_load_balancer_of_its_class() {
+        let svc = |class: Option<&str>| -> Service {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "s"},
+                "spec": {"type": "LoadBalancer", "loadBalancerClass": class}}))
+            .unwrap()
+        };
+        let lb = Some("example.com/lb".to_string());
+        assert!(of_load_balancer_class(&svc(None), None));
+        assert!(!of_load_balancer_class(&svc(None), lb.as_ref()));
+        assert!(of_load_balancer_class(
+            &svc(Some("example.com/lb")),
+            lb.as_ref()
+        ));
+        assert!(!of_load_balancer_class(&svc(Some("example.com/lb")), None));
     }
 }

@@ -14,6 +14,16 @@ use kube::ResourceExt;
 
 use crate::ingress;
 
+/// The label naming the driver that made an object (its holds, pools and the like).
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+
+/// Whether `service` is one of the holds of the driver `manager` (`MANAGED_BY`): in its
+/// hold namespace and labelled as its own. A tenant cannot make one there.
+pub fn is_hold(service: &Service, hold_namespace: &str, manager: &str) -> bool {
+    service.namespace().as_deref() == Some(hold_namespace)
+        && service.labels().get(MANAGED_BY).map(String::as_str) == Some(manager)
+}
+
 /// The `service.kubernetes.io/service-proxy-name` of a hold: no proxy serves it — kube-proxy
 /// skips a Service that names another proxy, and cozy-proxy serves only its own name.
 pub const HOLD_PROXY_NAME: &str = "address-controller-hold";
@@ -238,5 +248,19 @@ mod tests {
             {"kind": "Service", "namespace": "t", "name": "y", "ports": ["TCP/65533"]}]}))
         .unwrap();
         assert_eq!(hold_port(&a, Some(&tenant), Some(65534)), 65532);
+    }
+
+    #[test]
+    fn a_hold_is_the_drivers_own_in_its_namespace_only() {
+        let svc = |ns: &str, manager: &str| -> Service {
+            serde_json::from_value(
+                json!({"metadata": {"name": "hold-192.0.2.1", "namespace": ns,
+                "labels": {MANAGED_BY: manager}}}),
+            )
+            .unwrap()
+        };
+        assert!(is_hold(&svc("system", "d"), "system", "d"));
+        assert!(!is_hold(&svc("tenant", "d"), "system", "d"));
+        assert!(!is_hold(&svc("system", "another"), "system", "d"));
     }
 }

@@ -34,7 +34,10 @@ use address_controller_api::service::cilium::{
     IPS, REQUEST_SATISFIED, SHARING_CROSS_NAMESPACE, SHARING_KEY,
 };
 use address_controller_api::{Family, IPAddress, IPAddressClass};
-use address_controller_driver_kit::holds::{backend_source, hold_name, hold_port, sharing_key};
+use address_controller_driver_kit::driver::of_load_balancer_class;
+use address_controller_driver_kit::holds::{
+    backend_source, hold_name, hold_port, is_hold, sharing_key,
+};
 use address_controller_driver_kit::objects::{ensure, owner, release_pools};
 use address_controller_driver_kit::ranges::{self, Cidr};
 use address_controller_driver_kit::{
@@ -58,7 +61,7 @@ pub const POOL_FINALIZER: &str = "cilium.drivers.local.sdn.cozystack.io/pool";
 /// it pins, naming the pool. Only the driver writes it (the fence).
 pub const POOL_LABEL: &str = "cilium.drivers.local.sdn.cozystack.io/pool";
 /// Labels of the driver's own objects.
-pub(crate) const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub(crate) use address_controller_driver_kit::holds::MANAGED_BY;
 pub(crate) const MANAGER: &str = "address-controller-cilium-driver";
 const COMPONENT: &str = "app.kubernetes.io/component";
 /// The class a pool is made for.
@@ -400,17 +403,11 @@ impl Driver for Cilium {
     }
 
     fn serves(&self, service: &Service) -> bool {
-        !self.internal(service)
-            && service
-                .spec
-                .as_ref()
-                .and_then(|s| s.load_balancer_class.as_ref())
-                == self.lb_class.as_ref()
+        !self.internal(service) && of_load_balancer_class(service, self.lb_class.as_ref())
     }
 
     fn internal(&self, service: &Service) -> bool {
-        service.namespace().as_deref() == Some(self.hold_namespace.as_str())
-            && service.labels().get(MANAGED_BY).map(String::as_str) == Some(MANAGER)
+        is_hold(service, &self.hold_namespace, MANAGER)
     }
 
     /// Pins `want` on the tenant Service with LB-IPAM's annotations (IPv4 first), the

@@ -28,7 +28,10 @@ use std::sync::Arc;
 use address_controller_api::family::{family_of_ip, parse_address};
 use address_controller_api::service::SERVICE_PROXY_NAME_LABEL;
 use address_controller_api::{Family, IPAddress, IPAddressClass};
-use address_controller_driver_kit::holds::{HOLD_PROXY_NAME, backend_source, hold_port};
+use address_controller_driver_kit::driver::of_load_balancer_class;
+use address_controller_driver_kit::holds::{
+    HOLD_PROXY_NAME, MANAGED_BY, backend_source, hold_port, is_hold,
+};
 pub use address_controller_driver_kit::holds::{hold_name, sharing_key};
 use address_controller_driver_kit::objects::{ensure, owner};
 use address_controller_driver_kit::ranges::{self, Cidr, ParamError};
@@ -57,7 +60,6 @@ pub const POOL_FINALIZER: &str = address_controller_api::names::metallb_driver::
 /// MetalLB's annotations.
 pub use address_controller_api::service::metallb::{ALLOW_SHARED_IP, LOAD_BALANCER_IPS};
 /// Labels of the driver's own objects.
-const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 const MANAGER: &str = address_controller_api::names::metallb_driver::MANAGER;
 const COMPONENT: &str = "app.kubernetes.io/component";
 /// The class a pool or advertisement is made for.
@@ -477,17 +479,11 @@ impl Driver for MetalLb {
     }
 
     fn serves(&self, service: &Service) -> bool {
-        !self.internal(service)
-            && service
-                .spec
-                .as_ref()
-                .and_then(|s| s.load_balancer_class.as_ref())
-                == self.lb_class.as_ref()
+        !self.internal(service) && of_load_balancer_class(service, self.lb_class.as_ref())
     }
 
     fn internal(&self, service: &Service) -> bool {
-        service.namespace().as_deref() == Some(self.hold_namespace.as_str())
-            && service.labels().get(MANAGED_BY).map(String::as_str) == Some(MANAGER)
+        is_hold(service, &self.hold_namespace, MANAGER)
     }
 
     /// Pins `want` on the tenant Service with MetalLB's annotations (IPv4 first) and the

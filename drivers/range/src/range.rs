@@ -16,6 +16,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
+use address_controller_driver_kit::driver::of_load_balancer_class;
 use address_controller_driver_kit::ranges::{self as allocator, Cidr};
 
 /// The provisioner name this driver answers to.
@@ -100,11 +101,7 @@ impl Driver for Range {
     }
 
     fn serves(&self, service: &Service) -> bool {
-        service
-            .spec
-            .as_ref()
-            .and_then(|s| s.load_balancer_class.as_ref())
-            == self.lb_class.as_ref()
+        of_load_balancer_class(service, self.lb_class.as_ref())
     }
 
     /// The range driver is the load balancer: its pin writes the ingress.
