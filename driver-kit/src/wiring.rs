@@ -42,7 +42,7 @@ pub(crate) fn controllers<D: Driver>(
             "service",
             q.services.clone(),
             n,
-            bound(ctx, runner::association::service_pass),
+            bound(ctx, runner::service::service_pass),
         )
         .on_lead(move || {
             let c = c.clone();

@@ -25,7 +25,7 @@ pub(crate) async fn address_pass<D: Driver>(
         return Ok(Outcome::Done);
     };
     let plan = plan_address(&a, ctx.owns(&a), ctx.driver.finalizer(), |ip| {
-        crate::runner::association::shown_by(&ctx, ip)
+        crate::runner::ledger::shown_by(&ctx, ip)
     });
     let finalizers = |all: Vec<String>, action: &'static str| {
         let body = json!({"metadata": {"resourceVersion": a.metadata.resource_version, "finalizers": all}});
@@ -46,7 +46,7 @@ pub(crate) async fn address_pass<D: Driver>(
         AddressPlan::AddFinalizer(all) => {
             finalizers(all, "adding the finalizer of").await?;
         }
-        AddressPlan::Health => return crate::runner::association::health_pass(&ctx, &a).await,
+        AddressPlan::Health => return crate::runner::health::health_pass(&ctx, &a).await,
         AddressPlan::WaitForWithdrawal { service, ip } => {
             return Err(Error::Backend {
                 object: name.clone(),

@@ -85,7 +85,7 @@ pub(crate) async fn snapshot<D: Driver>(
         // Taken: in the ledger, chosen or being created — or shown by a Service already
         // (a tenant's own pin that the backend honoured outside the ledger): never handed
         // to another claim (#45 item 7; the Service turns the address Conflict once bound).
-        let shown = |ip: IpAddr| !crate::runner::association::shown_by(ctx, ip).is_empty();
+        let shown = |ip: IpAddr| !crate::runner::ledger::shown_by(ctx, ip).is_empty();
         let in_use = move |ip: IpAddr| {
             inventory.in_use(ip) || taken.contains(&ip) || busy.contains(&ip) || shown(ip)
         };

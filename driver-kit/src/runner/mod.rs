@@ -17,8 +17,10 @@
 //!   then the finalizer goes.
 //!
 //! One module per pass: [`claim`] (a plan — `wanted`, the class's parameters, the driver's
-//! allocations — then its application), [`class`], [`address`]; association is
-//! `crate::association`. This module holds what they share: the context and the errors.
+//! allocations — then its application), [`class`], [`address`], [`service`] (association:
+//! it applies `decide::service`), [`health`] (an address's holders and spans: it applies
+//! `decide::health`), and [`ledger`], the ledger's reads and writes the last two share. This
+//! module holds what they all share: the context and the errors.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -38,9 +40,11 @@ use crate::inventory::Inventory;
 use crate::services::ServiceIndex;
 
 mod address;
-pub(crate) mod association;
 mod claim;
 mod class;
+pub(crate) mod health;
+pub(crate) mod ledger;
+pub(crate) mod service;
 #[cfg(test)]
 mod tests;
 

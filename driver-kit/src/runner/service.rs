@@ -1,107 +1,34 @@
-//! The association passes: snapshots from the caches and indexes, the pure plans of
-//! [`crate::association`], guarded writes in the plans' order.
+//! The Service pass: applies [`crate::decide::service`]'s plan for a Service —
+//! snapshots from the caches and indexes, guarded writes in the plan's order.
 
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use address_controller_api::conditions::set_condition;
 use address_controller_api::{IPAddress, IPAddressClaim};
-use address_controller_runtime::events::reference;
 use address_controller_runtime::workers::Outcome;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::decide::health::{HealthPlan, HealthSnapshot, plan_health};
 use crate::decide::service::{
     ServiceCondition, ServicePlan, ServiceSnapshot, is_load_balancer, parse_marker, plan_service,
     render_marker,
 };
-use crate::driver::{Driver, Presence};
+use crate::driver::Driver;
+use crate::runner::ledger::{
+    attachment_key, kube_error, ledger, own_address, patch_address_status, service_gone, shown_by,
+};
 use crate::runner::{Ctx, Error};
 use address_controller_api::Attachment;
 use address_controller_api::sharing::CONDITION;
 
-fn kube_error(action: &'static str, object: String) -> impl FnOnce(kube::Error) -> Error {
-    move |source| Error::Kube {
-        action,
-        object,
-        source,
-    }
-}
-
-/// Patches an address's status with `body`, guarded by the version it was planned from.
-async fn patch_address_status(
-    ctx: &Ctx<impl Driver>,
-    a: &IPAddress,
-    status: Value,
-) -> Result<(), Error> {
-    let body =
-        json!({"metadata": {"resourceVersion": a.metadata.resource_version}, "status": status});
-    Api::<IPAddress>::all(ctx.client.clone())
-        .patch_status(&a.name_any(), &PatchParams::default(), &Patch::Merge(body))
-        .await
-        .map_err(kube_error("writing status of address", a.name_any()))?;
-    Ok(())
-}
-
-/// The ledger's part of the status of `a` with `attachments` as its holders, now — after
-/// the records of the spans it moves off the address are created (a closed span is on the
-/// address or in a record at every instant).
-async fn ledger(
-    ctx: &Ctx<impl Driver>,
-    a: &IPAddress,
-    attachments: Vec<Attachment>,
-) -> Result<Value, Error> {
-    let now = Time(Timestamp::now());
-    let before = a.attachments();
-    let (status, records) = a.ledger_status(&before, &attachments, &now, true);
-    match ensure_records(ctx, a, &records).await? {
-        address_controller_runtime::records::Ensured::Created(_) => Ok(status),
-        address_controller_runtime::records::Ensured::Unavailable(why) => {
-            tracing::warn!(address = %a.name_any(), "{why}");
-            Ok(a.ledger_status(&before, &attachments, &now, false).0)
-        }
-    }
-}
-
-/// Creates the records of the entries a write of `a` moves off it (already there is
-/// success).
-async fn ensure_records(
-    ctx: &Ctx<impl Driver>,
-    a: &IPAddress,
-    records: &[address_controller_api::history::Record],
-) -> Result<address_controller_runtime::records::Ensured, Error> {
-    address_controller_runtime::records::ensure(&ctx.client, records)
-        .await
-        .map_err(kube_error(
-            "creating history records of address",
-            a.name_any(),
-        ))
-}
-
-fn attachment_key(h: &Attachment) -> Option<String> {
-    h.association().service_key()
-}
-
-/// The Services that show `ip` (by the backend's word), the backend's own (a hold) left out.
-pub(crate) fn shown_by<D: Driver>(ctx: &Ctx<D>, ip: IpAddr) -> Vec<String> {
-    ctx.services
-        .mentioning(ip)
-        .into_iter()
-        .filter(|k| {
-            ctx.world
-                .services
-                .as_ref()
-                .and_then(|c| c.get(k))
-                .is_some_and(|s| !ctx.driver.internal(&s) && ctx.driver.shown(&s).contains(&ip))
-        })
-        .collect()
-}
+/// How often a Service pinned and not yet shown is looked at again (until the load balancer
+/// shows it — which wakes the pass by itself — or says why not).
+const WAITING_RECHECK: Duration = Duration::from_secs(5);
 
 /// One pass over a Service: who holds its claim, the ledger, the kit's record, the pins.
 pub(crate) async fn service_pass<D: Driver>(
@@ -299,10 +226,6 @@ async fn apply_service<D: Driver>(
     Ok(outcome)
 }
 
-/// How often a Service pinned and not yet shown is looked at again (until the load balancer
-/// shows it — which wakes the pass by itself — or says why not).
-const WAITING_RECHECK: Duration = Duration::from_secs(5);
-
 /// While the load balancer does not show what was pinned: its refusal, in its words, when it
 /// gave one (`False`, `LoadBalancerRefused`); else the pass looks again shortly, and a
 /// Service that has no condition yet gets none (nothing judged is not a refusal — and the
@@ -391,78 +314,6 @@ async fn write_condition(
     Ok(())
 }
 
-/// One pass over an address of this driver's classes: Lost, Conflict, a dangling
-/// `associatedTo`.
-pub(crate) async fn health_pass<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Result<Outcome, Error> {
-    if let Some(Ok(p)) = ctx.params(&a.spec.class_name)
-        && !a.is_deleting()
-    {
-        ctx.driver
-            .sync_address(&ctx.client, a, &p)
-            .await
-            .map_err(|message| Error::Backend {
-                object: format!("address {}", a.name_any()),
-                message,
-            })?;
-    }
-    // Only what the driver provisioned is in the backend's books: an admin's static address
-    // of the class is not the backend's to lose.
-    let provisioned = a
-        .annotations()
-        .get(address_controller_api::names::PROVISIONED_BY_ANNOTATION)
-        .is_some_and(|p| p == ctx.driver.provisioner());
-    let presence = match ctx.params(&a.spec.class_name) {
-        Some(Ok(p)) if provisioned => ctx.driver.presence(&p, a),
-        _ => Presence::Unknown,
-    };
-    let shown_by = a.ip().map(|ip| shown_by(ctx, ip)).unwrap_or_default();
-    let gone_holders = gone_holders(ctx, a).await?;
-    let plan = plan_health(&HealthSnapshot {
-        address: a,
-        presence,
-        shown_by: &shown_by,
-        gone_holders: &gone_holders,
-    });
-    let writes = plan.phase.is_some() || !plan.clear_holders.is_empty();
-    apply_address(ctx, a, plan).await?;
-    if writes {
-        // Its event brings the pass back; the spans move then.
-        return Ok(Outcome::Done);
-    }
-    move_spans(ctx, a).await
-}
-
-/// A pass that writes nothing else moves an older version's backlog of spans to records,
-/// a batch per write at the kit's pace (`--history-move-rate`, a turn reserved per address:
-/// the pass comes back at it, no worker waits), each record created before its span
-/// leaves; nothing when the records cannot be made (the spans stay, and a later ledger
-/// write that closes one tries again).
-async fn move_spans<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Result<Outcome, Error> {
-    let Some((status, records)) = a.spans_move() else {
-        return Ok(Outcome::Done);
-    };
-    if let Some(wait) = ctx.moves.slot(&a.name_any()) {
-        return Ok(Outcome::RequeueAfter(wait));
-    }
-    match ensure_records(ctx, a, &records).await? {
-        address_controller_runtime::records::Ensured::Created(_) => {
-            patch_address_status(ctx, a, status).await?;
-            tracing::info!(address = %a.name_any(), spans = records.len(), "moved an older version's Service spans to records");
-        }
-        address_controller_runtime::records::Ensured::Unavailable(_) => {}
-    }
-    Ok(Outcome::Done)
-}
-
-/// The cached address of this driver's classes that is `ip`.
-fn own_address<D: Driver>(ctx: &Ctx<D>, ip: IpAddr) -> Option<Arc<IPAddress>> {
-    ctx.inventory
-        .addresses_of(ip)
-        .iter()
-        .filter_map(|n| ctx.world.addresses.get(n))
-        .find(|a| ctx.owns(a))
-}
-
 /// Whether the API's ledger names the Service `key` on every address newly in `marker`
 /// (not yet in the Service's record of its pins) that the pass did not associate itself.
 async fn ledger_confirms<D: Driver>(
@@ -489,79 +340,4 @@ async fn ledger_confirms<D: Driver>(
         }
     }
     Ok(true)
-}
-
-/// The holders the ledger of `a` lists whose Service is gone: gone from the cache, and
-/// confirmed gone by the API ([`service_gone`]).
-async fn gone_holders<D: Driver>(ctx: &Ctx<D>, a: &IPAddress) -> Result<Vec<String>, Error> {
-    let Some(cache) = ctx.world.services.as_ref() else {
-        return Ok(Vec::new());
-    };
-    let mut gone = Vec::new();
-    for key in a.holder_services() {
-        if cache.get(&key).is_none() && service_gone(ctx, &key).await? {
-            gone.push(key);
-        }
-    }
-    Ok(gone)
-}
-
-/// Whether the API has no Service `key` (`namespace/name`) — asked when the cache has none.
-/// The ledger names a holder by `namespace/name`, and the cache can lag behind a Service
-/// deleted and created again under that name (a tenant's `kubectl replace`, a GitOps
-/// sync): taking the entry off then leaves the new Service, which names the claim and
-/// which MetalLB already serves from the address, with no word from the ledger — a
-/// `Conflict` until the next pass lists it again (seen: 85 ms, under load).
-async fn service_gone<D: Driver>(ctx: &Ctx<D>, key: &str) -> Result<bool, Error> {
-    let (ns, name) = key.split_once('/').unwrap_or(("", key));
-    let live = Api::<Service>::namespaced(ctx.client.clone(), ns)
-        .get_opt(name)
-        .await
-        .map_err(kube_error("reading Service", key.to_string()))?;
-    Ok(live.is_none())
-}
-
-async fn apply_address<D: Driver>(
-    ctx: &Ctx<D>,
-    a: &IPAddress,
-    plan: HealthPlan,
-) -> Result<(), Error> {
-    let mut status = serde_json::Map::new();
-    if let Some((phase, condition, on, message)) = &plan.phase {
-        let mut conditions = a.status.clone().unwrap_or_default().conditions;
-        set_condition(
-            &mut conditions,
-            condition,
-            *on,
-            if *on { condition } else { "Recovered" },
-            message.clone(),
-            a.metadata.generation,
-            &Time(Timestamp::now()),
-        );
-        status.insert("phase".into(), json!(phase));
-        status.insert("conditions".into(), json!(conditions));
-    }
-    if !plan.clear_holders.is_empty() {
-        let list: Vec<Attachment> = a
-            .attachments()
-            .into_iter()
-            .filter(|h| attachment_key(h).is_none_or(|k| !plan.clear_holders.contains(&k)))
-            .collect();
-        if let Value::Object(m) = ledger(ctx, a, list).await? {
-            status.extend(m);
-        }
-    }
-    if !status.is_empty() {
-        patch_address_status(ctx, a, Value::Object(status)).await?;
-    }
-    for ev in &plan.events {
-        tracing::info!(address = %a.name_any(), reason = ev.reason, "{}", ev.note);
-        ctx.events.publish(a, ev).await;
-    }
-    for (key, ev) in &plan.offenders {
-        if let Some(s) = ctx.world.services.as_ref().and_then(|c| c.get(key)) {
-            ctx.events.publish_on(reference(s.as_ref()), ev).await;
-        }
-    }
-    Ok(())
 }
