@@ -702,21 +702,7 @@ impl Takeover<'_> {
         };
         for p in list.items {
             let result = if self.args.yes {
-                let cleared = api
-                    .patch(
-                        &p.name_any(),
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-                    )
-                    .await;
-                match cleared {
-                    Ok(_) => api
-                        .delete(&p.name_any(), &Default::default())
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
-                }
+                delete_unkept(&api, &p.name_any()).await
             } else {
                 Ok(())
             };
@@ -737,21 +723,7 @@ impl Takeover<'_> {
                 continue;
             }
             let result = if self.args.yes {
-                let cleared = api
-                    .patch(
-                        &name,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-                    )
-                    .await;
-                match cleared {
-                    Ok(_) => api
-                        .delete(&name, &Default::default())
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
-                }
+                delete_unkept(&api, &name).await
             } else {
                 Ok(())
             };
@@ -762,6 +734,22 @@ impl Takeover<'_> {
             );
         }
     }
+}
+
+/// Deletes the object `name` of `api`, its finalizers dropped first (the takeover moves
+/// what kept it).
+async fn delete_unkept(api: &Api<DynamicObject>, name: &str) -> Result<(), String> {
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    api.delete(name, &Default::default())
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
