@@ -117,17 +117,26 @@ pub async fn authenticate(State(access): State<Access>, req: Request, next: Next
     let user = match access.authn.authenticate(&peer, &parts.headers).await {
         Ok((user, proof)) => {
             // The connection proved who it is: it leaves the strangers' places and budget.
-            if let (Some(proof), Some(conn)) = (proof, parts.extensions.get::<Arc<Connection>>()) {
-                conn.prove(proof);
+            // Or it proved nothing, and a token it presented sends it back among them.
+            if let Some(conn) = parts.extensions.get::<Arc<Connection>>() {
+                match proof {
+                    Some(proof) => conn.prove(proof),
+                    None => conn.settle(),
+                }
             }
             user
         }
-        Err(authn::AuthnError::Unauthorized(why)) => {
-            tracing::debug!(path = %parts.uri.path(), why, "unauthorized");
-            return ApiError::unauthorized().into_response();
-        }
-        Err(authn::AuthnError::Overloaded) => {
-            return ApiError::too_many_requests().into_response();
+        Err(e) => {
+            if let Some(conn) = parts.extensions.get::<Arc<Connection>>() {
+                conn.settle();
+            }
+            return match e {
+                authn::AuthnError::Unauthorized(why) => {
+                    tracing::debug!(path = %parts.uri.path(), why, "unauthorized");
+                    ApiError::unauthorized().into_response()
+                }
+                authn::AuthnError::Overloaded => ApiError::too_many_requests().into_response(),
+            };
         }
     };
     let attrs = attributes(&parts.method, parts.uri.path(), described.info.as_ref());

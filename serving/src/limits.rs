@@ -25,7 +25,7 @@ use clap::Args;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::budget::HeadBudget;
-use crate::connections::ConnectionCaps;
+use crate::connections::{ConnectionCaps, Stage};
 use crate::serving_metrics::{Peer, ServingMetrics};
 
 /// A TLS handshake must finish within this (Go's `http.Server` bounds it by its read
@@ -49,11 +49,13 @@ pub const PROVEN_HEADER_BYTES: usize = 1 << 20;
 /// The memory the serving budgets are sized from when the container has no limit and no
 /// flag gives one: the chart's default limit.
 pub const DEFAULT_MEMORY: u64 = 512 << 20;
-/// What a stranger's connection may cost, for sizing the strangers' caps: TLS state, the
-/// connection's buffers and task, its own head allowance. Measured (docs/design.md): 11 KiB
-/// an idle socket, 32 KiB after a TLS handshake and a small head, 75 KiB an HTTP/2
-/// connection holding a 15 KB header block.
-pub const STRANGER_CONNECTION_BYTES: u64 = 64 << 10;
+/// The share of the memory limit the strangers' connections of all TLS servers may hold,
+/// each by what it holds in its stage ([`crate::connections::Stage`]): an eighth. At the
+/// chart's 512Mi and two TLS servers, 32 MiB each: about 2,900 idle sockets or 1,000
+/// handshaken connections a server.
+pub const CONNECTION_SHARE: u64 = 8;
+/// A source address may hold this fraction of a server's strangers' bytes: a quarter.
+pub const SOURCE_SHARE: usize = 4;
 
 /// The limits of the servers (the aggregated API, `/metrics`, the probes) and of the
 /// delegated auth behind them. Shared by the core and every driver.
@@ -77,19 +79,21 @@ pub struct ServingLimitArgs {
     )]
     pub front_proxy_connections: usize,
     /// Most connections per TLS server that have not proven who they are; past it the
-    /// oldest of them is closed for the newcomer (never the newcomer refused). Lowered at
-    /// start to fit the open-file limit and the memory limit.
+    /// stalest of them is closed for the newcomer (never the newcomer refused). Lowered at
+    /// start to fit the open-file limit. What binds first is their bytes: an eighth of
+    /// --memory-limit across the TLS servers, each connection by what it holds.
     #[arg(
         long,
         env = "ADDRESS_CONTROLLER_MAX_UNAUTHENTICATED_CONNECTIONS",
-        default_value_t = 1000
+        default_value_t = 10_000
     )]
     pub max_unauthenticated_connections: usize,
-    /// Of those, most from one source address; past it that source's oldest is closed.
+    /// Of those, most from one source address (which may also hold only a quarter of
+    /// their bytes); past it that source's stalest is closed.
     #[arg(
         long,
         env = "ADDRESS_CONTROLLER_MAX_CONNECTIONS_PER_SOURCE",
-        default_value_t = 100
+        default_value_t = 1000
     )]
     pub max_connections_per_source: usize,
     /// Most bytes of a request head on a connection that has not proven who it is at its
@@ -172,8 +176,8 @@ impl Default for ServingLimitArgs {
         ServingLimitArgs {
             max_connections: 1000,
             front_proxy_connections: 32,
-            max_unauthenticated_connections: 1000,
-            max_connections_per_source: 100,
+            max_unauthenticated_connections: 10_000,
+            max_connections_per_source: 1000,
             max_unauthenticated_header_bytes: 64 << 10,
             memory_limit: None,
             max_requests_inflight: 400,
@@ -203,8 +207,8 @@ impl ServingLimitArgs {
 
     /// The limits of one TLS server when `servers` servers share `open_files` descriptors:
     /// the connection caps are lowered so that accept never meets the open-file limit (half
-    /// the room for each kind), and the strangers' so that their connections fit an eighth
-    /// of the memory limit across the servers.
+    /// the room for each kind), and the strangers' connections given an eighth of the
+    /// memory limit across the servers, in bytes ([`CONNECTION_SHARE`]).
     pub fn limits(&self, open_files: u64, servers: u64) -> ServerLimits {
         let servers = servers.max(1);
         let fit = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
@@ -214,13 +218,12 @@ impl ServingLimitArgs {
             .saturating_sub(RESERVED_FDS)
             .saturating_sub(probes)
             / servers);
-        let by_memory = fit(self.memory() / 8 / STRANGER_CONNECTION_BYTES / servers);
+        let stranger_bytes = fit(self.memory() / CONNECTION_SHARE / servers);
         let proven = self.max_connections.max(1).min((room / 2).max(8));
         let strangers = self
             .max_unauthenticated_connections
             .max(1)
-            .min((room - room.min(proven)).max(8))
-            .min(by_memory.max(8));
+            .min((room - room.min(proven)).max(8));
         if proven < self.max_connections || strangers < self.max_unauthenticated_connections {
             tracing::info!(
                 proven,
@@ -234,6 +237,8 @@ impl ServingLimitArgs {
             connections: ConnectionCaps {
                 strangers,
                 per_source: self.max_connections_per_source.max(1).min(strangers),
+                stranger_bytes,
+                per_source_bytes: stranger_bytes / SOURCE_SHARE,
                 proven,
                 front_proxy_reserved: self.front_proxy_connections.min(proven),
             },
@@ -282,8 +287,10 @@ impl Default for ServerLimits {
     fn default() -> Self {
         ServerLimits {
             connections: ConnectionCaps {
-                strangers: 1000,
-                per_source: 100,
+                strangers: 10_000,
+                per_source: 1000,
+                stranger_bytes: (DEFAULT_MEMORY / CONNECTION_SHARE / 2) as usize,
+                per_source_bytes: (DEFAULT_MEMORY / CONNECTION_SHARE / 2) as usize / SOURCE_SHARE,
                 proven: 1000,
                 front_proxy_reserved: 32,
             },
@@ -311,13 +318,16 @@ impl ServerLimits {
     /// The plain probe port's: everyone is a stranger there (kubelet probes are anonymous),
     /// so only the strangers' places, per source as everywhere (a flooding pod closes its
     /// own connections, never the kubelet's), heads of 8 KiB, 5 s to send one.
-    /// Fitted to `open_files` (an eighth of them at most).
+    /// Fitted to `open_files` (an eighth of them at most), each place open.
     pub fn probes(open_files: u64) -> ServerLimits {
         let strangers = usize::try_from(open_files / 8).map_or(256, |n| n.clamp(8, 256));
+        let per_source = strangers.min(32);
         ServerLimits {
             connections: ConnectionCaps {
                 strangers,
-                per_source: strangers.min(32),
+                per_source,
+                stranger_bytes: strangers * Stage::Open.bytes(),
+                per_source_bytes: per_source * Stage::Open.bytes(),
                 proven: 0,
                 front_proxy_reserved: 0,
             },
@@ -500,19 +510,24 @@ mod tests {
             memory_limit: Some(4 << 30),
             ..ServingLimitArgs::default()
         };
-        assert_eq!(caps(&big, 1 << 20, 2), (1000, 1000));
+        assert_eq!(caps(&big, 1 << 20, 2), (1000, 10_000));
         // 1024 descriptors: 128 kept, 128 for the probes, half of each server's 384 for
         // the proven, the rest for strangers.
         assert_eq!(caps(&big, 1024, 2), (192, 192));
         // Never below 8 of each.
         assert_eq!(caps(&big, 100, 2), (8, 8));
-        // 512Mi: the strangers' connections of two servers cost at most an eighth of it.
+        // 512Mi: the strangers' connections of two servers hold at most an eighth of it,
+        // in bytes — 2,978 silent sockets or 1,024 open connections a server — and a
+        // source a quarter of a server's.
         let chart = ServingLimitArgs {
             memory_limit: Some(512 << 20),
             ..ServingLimitArgs::default()
         };
-        assert_eq!(caps(&chart, 1 << 20, 2), (1000, 512));
-        assert_eq!(caps(&chart, 1 << 20, 1), (1000, 1000));
+        let c = chart.limits(1 << 20, 2).connections;
+        assert_eq!((c.stranger_bytes, c.per_source_bytes), (32 << 20, 8 << 20));
+        assert_eq!(c.stranger_bytes / Stage::Silent.bytes(), 2978);
+        assert_eq!(c.stranger_bytes / Stage::Open.bytes(), 1024);
+        assert_eq!(chart.limits(1 << 20, 1).connections.stranger_bytes, 64 << 20);
         // The probes: 256 at most, an eighth of the descriptors.
         assert_eq!(ServerLimits::probes(1 << 20).connections.strangers, 256);
         assert_eq!(ServerLimits::probes(256).connections.strangers, 32);

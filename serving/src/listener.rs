@@ -18,7 +18,7 @@
 //! - a handler that panics answers 500 (counted) and the connection goes on.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -32,7 +32,7 @@ use tower::ServiceExt;
 
 use crate::authn::PeerCerts;
 use crate::budget::{Floor, HeadBudget, Held, STRANGER_FLOOR};
-use crate::connections::{Door, Place, Proof};
+use crate::connections::{Door, Place, Proof, Stage};
 use crate::limits::{Activity, Holding, ServerLimits};
 use crate::meter::{Account, Framing, Metered};
 use crate::serving_metrics::{ConnectionState, OpenConnection, Peer, ServingMetrics};
@@ -104,6 +104,7 @@ pub async fn serve(
         tls = matches!(transport, Transport::Tls(_)),
         strangers = caps.strangers,
         per_source = caps.per_source,
+        stranger_bytes = caps.stranger_bytes,
         proven = caps.proven,
         "listening"
     );
@@ -186,6 +187,8 @@ async fn connection(
         floor,
         framing: Mutex::new(Framing::default()),
         handshaking: AtomicBool::new(true),
+        tls: server.acceptor.is_some(),
+        stage: AtomicU8::new(Stage::Silent as u8),
         budget: server.budget.clone(),
         server: server.name,
         activity: Arc::new(Activity::default()),
@@ -242,6 +245,10 @@ pub struct Connection {
     floor: Arc<Floor>,
     framing: Mutex<Framing>,
     handshaking: AtomicBool,
+    /// Over TLS (its handshake done before any request).
+    tls: bool,
+    /// The furthest [`Stage`] it reached, so that the door hears of each once.
+    stage: AtomicU8,
     budget: Arc<HeadBudget>,
     server: &'static str,
     activity: Arc<Activity>,
@@ -256,14 +263,40 @@ impl Connection {
         }
     }
 
+    /// The connection's request proved nothing (no token, or one refused or not
+    /// reviewed): if it presented one, it goes back among the strangers.
+    pub fn settle(&self) {
+        self.place.settle();
+    }
+
     pub fn peer(&self) -> Peer {
         self.place.peer()
     }
 
+    /// The connection reached `stage`: the door hears of it the first time.
+    fn reached(&self, stage: Stage) {
+        if self.stage.fetch_max(stage as u8, Ordering::AcqRel) < stage as u8 {
+            self.place.progress(stage);
+        }
+    }
+
     fn handshake_done(&self) {
         self.handshaking.store(false, Ordering::Release);
+        if self.tls {
+            self.reached(Stage::Open);
+        }
         lock(&self.wire).release();
         self.open.set(ConnectionState::Waiting, self.peer());
+    }
+
+    /// A request head arrived whole: progress for a stranger; and a TLS connection whose
+    /// request carries a bearer token leaves the strangers before its review
+    /// ([`Place::present`]).
+    fn head_arrived(&self, bearer: bool) {
+        if bearer && self.tls {
+            self.place.present();
+        }
+        self.place.progress(Stage::Open);
     }
 
     /// A request was dispatched with a head of `bytes`: what it holds until its response
@@ -304,9 +337,13 @@ impl Account for Connection {
         let taken = if below_tls {
             // The handshake's bytes are a stranger's until it ends; after it, the TLS
             // layer's reads are metered above it.
-            !self.handshaking.load(Ordering::Acquire)
-                || lock(&self.wire).take(bytes.len(), Peer::Unauthenticated)
+            if !self.handshaking.load(Ordering::Acquire) {
+                return true;
+            }
+            self.reached(Stage::Handshaking);
+            lock(&self.wire).take(bytes.len(), Peer::Unauthenticated)
         } else {
+            self.reached(Stage::Open);
             let fed = lock(&self.framing).feed(bytes);
             let mut wire = lock(&self.wire);
             if fed.completed {
@@ -330,6 +367,13 @@ impl Account for Connection {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Whether a request presents a bearer token (which authentication reviews).
+fn has_bearer(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::AUTHORIZATION)
+        .is_some_and(|v| v.as_bytes().starts_with(b"Bearer "))
 }
 
 /// What a request's head holds once parsed: its line and its headers.
@@ -405,6 +449,7 @@ async fn serve_connection<I>(
     let app = server.app.clone();
     let service = hyper::service::service_fn(
         move |mut req: hyper::Request<hyper::body::Incoming>| {
+            requests.head_arrived(has_bearer(req.headers()));
             let held = requests.dispatched(head_size(&req));
             req.extensions_mut().insert(peer.clone());
             req.extensions_mut().insert(requests.clone());

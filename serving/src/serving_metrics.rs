@@ -7,6 +7,8 @@ use std::sync::{Mutex, OnceLock};
 
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 
+use crate::connections::ConnectionCaps;
+
 /// Who is spending: a connection that has not proven who it is, or one that has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Peer {
@@ -30,6 +32,9 @@ impl Peer {
 ///   (`handshaking`, `waiting` — no request completed yet —, `serving`) and peer
 ///   (`unauthenticated`, `authenticated`);
 /// - `address_controller_serving_connection_budget{server, peer}`: the places of each;
+/// - `address_controller_serving_connection_bytes{server}` and
+///   `…_connection_budget_bytes{server}`: what the strangers' connections hold by their
+///   stage, and their budget;
 /// - `address_controller_serving_head_bytes{peer}` and `…_head_budget_bytes{peer}`: request
 ///   head bytes in flight, and the budget (the strangers' share; everyone's total);
 /// - `address_controller_apiserver_refused_total{server, reason, peer}`: reason `evicted`
@@ -42,6 +47,8 @@ pub struct ServingMetrics {
     connections: IntGaugeVec,
     by_state: IntGaugeVec,
     caps: IntGaugeVec,
+    stranger_bytes: IntGaugeVec,
+    stranger_budget: IntGaugeVec,
     head_bytes: IntGaugeVec,
     head_budget: IntGaugeVec,
     refused: IntCounterVec,
@@ -93,6 +100,16 @@ impl ServingMetrics {
                 "Connections a server holds at most, by peer (strangers past theirs close their oldest)",
                 &["server", "peer"],
             )?,
+            stranger_bytes: gauge(
+                "address_controller_serving_connection_bytes",
+                "Bytes the strangers' connections of a server hold, each by its stage (silent, handshaking, open)",
+                &["server"],
+            )?,
+            stranger_budget: gauge(
+                "address_controller_serving_connection_budget_bytes",
+                "The bytes a server's strangers' connections may hold (past it the stalest is closed)",
+                &["server"],
+            )?,
             head_bytes: gauge(
                 "address_controller_serving_head_bytes",
                 "Bytes of request heads in flight (being received or being served), by peer",
@@ -128,6 +145,8 @@ impl ServingMetrics {
         registry.register(Box::new(m.connections.clone()))?;
         registry.register(Box::new(m.by_state.clone()))?;
         registry.register(Box::new(m.caps.clone()))?;
+        registry.register(Box::new(m.stranger_bytes.clone()))?;
+        registry.register(Box::new(m.stranger_budget.clone()))?;
         registry.register(Box::new(m.head_bytes.clone()))?;
         registry.register(Box::new(m.head_budget.clone()))?;
         registry.register(Box::new(m.refused.clone()))?;
@@ -167,16 +186,27 @@ impl ServingMetrics {
         }
     }
 
-    pub(crate) fn connection_caps(server: &str, strangers: usize, proven: usize) {
+    pub(crate) fn connection_caps(server: &str, caps: &ConnectionCaps) {
         if let Some(m) = serving_metrics() {
             for (peer, n) in [
-                (Peer::Unauthenticated, strangers),
-                (Peer::Authenticated, proven),
+                (Peer::Unauthenticated, caps.strangers),
+                (Peer::Authenticated, caps.proven),
             ] {
                 m.caps
                     .with_label_values(&[server, peer.label()])
                     .set(i64::try_from(n).unwrap_or(i64::MAX));
             }
+            m.stranger_budget
+                .with_label_values(&[server])
+                .set(i64::try_from(caps.stranger_bytes).unwrap_or(i64::MAX));
+        }
+    }
+
+    pub(crate) fn stranger_bytes(server: &str, bytes: usize) {
+        if let Some(m) = serving_metrics() {
+            m.stranger_bytes
+                .with_label_values(&[server])
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
         }
     }
 

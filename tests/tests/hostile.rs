@@ -610,12 +610,13 @@ async fn a_family_changed_after_the_invitation_is_judged_again() {
     e.check().await;
 }
 
-/// Finding 6: 24 parallel view requests, each with a 10,500-value `in (...)` selector (the
-/// largest the URL limit lets through), held the runtime: `/readyz` went from 1 ms to
-/// 0.95 s and a plain list of the views from 75 ms to 1.18 s (the values were deduplicated
-/// with a linear scan each, O(n²)). Here the same load runs and the probe port is timed
-/// throughout; the figures are printed, and a probe slower than 2 s fails the test (the
-/// kubelet's default probe timeout is 1 s).
+/// Finding 6 of #45, and #66: 24 parallel view requests, each with a 10,500-value
+/// `in (...)` selector (the largest the URL limit lets through), held the runtime: `/readyz`
+/// went from 1 ms to 0.95 s (the values were deduplicated with a linear scan each, O(n²));
+/// with that fixed, still 0.23–0.30 s, the probes sharing the runtime with the views. Here
+/// the same load runs three times while a thread of the test's own asks `/readyz` every 5 ms on a
+/// fresh connection: the probes answer with a p99 under 10 ms (they have a thread and a
+/// runtime of their own), and every selector request is answered.
 #[tokio::test]
 async fn a_tenants_huge_selector_does_not_take_the_runtime() {
     let mut e = env("hostile-selectors").await;
@@ -641,48 +642,86 @@ async fn a_tenants_huge_selector_does_not_take_the_runtime() {
         values.join(",")
     );
     let raw = Cluster::get().raw_client().await.unwrap();
+    // The probes are timed from a thread of their own, on plain sockets: what the test's
+    // runtime does cannot add to the figure.
+    let probing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let prober = {
+        let (probing, at) = (probing.clone(), ctl.probe.clone());
+        std::thread::spawn(move || {
+            let mut times = Vec::new();
+            while probing.load(Ordering::Relaxed) {
+                times.push(readyz_once(&at));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            times
+        })
+    };
+    // Three rounds of 24 at once: enough probes under load for a p99.
     let started = Instant::now();
-    let mut load = tokio::task::JoinSet::new();
-    for _ in 0..24 {
-        let (raw, path) = (raw.clone(), path.clone());
-        load.spawn(async move {
-            let req = http::Request::builder()
-                .uri(path)
-                .body(kube::client::Body::empty())
-                .unwrap();
-            let t = Instant::now();
-            let code = tokio::time::timeout(Duration::from_secs(60), raw.send(req))
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .map(|r| r.status().as_u16());
-            (code, t.elapsed())
-        });
-    }
-    let mut probes = Vec::new();
     let mut answers = Vec::new();
-    while !load.is_empty() {
-        let t = Instant::now();
-        let code = ctl.readyz().await.unwrap().0;
-        probes.push(t.elapsed());
-        assert_eq!(code, 200);
-        tokio::select! {
-            done = load.join_next() => answers.extend(done.and_then(Result::ok)),
-            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+    for _ in 0..3 {
+        let mut load = tokio::task::JoinSet::new();
+        for _ in 0..24 {
+            let (raw, path) = (raw.clone(), path.clone());
+            load.spawn(async move {
+                let req = http::Request::builder()
+                    .uri(path)
+                    .body(kube::client::Body::empty())
+                    .unwrap();
+                let t = Instant::now();
+                let code = tokio::time::timeout(Duration::from_secs(60), raw.send(req))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .map(|r| r.status().as_u16());
+                (code, t.elapsed())
+            });
+        }
+        while let Some(done) = load.join_next().await {
+            answers.extend(done.ok());
         }
     }
+    probing.store(false, Ordering::Relaxed);
+    let probes = prober.join().unwrap();
     assert!(
         answers.iter().all(|(code, _)| *code == Some(200)),
         "the selector requests: {answers:?}"
     );
-    let worst = probes.iter().max().copied().unwrap_or_default();
-    println!(
-        "24 requests of 10,500 values each answered within {:?}; /readyz {} times, slowest {worst:?}",
-        started.elapsed(),
-        probes.len()
+    assert!(
+        probes.iter().all(|(code, _)| *code == 200),
+        "a probe was not answered 200: {probes:?}"
     );
-    assert!(worst < Duration::from_secs(2), "/readyz took {worst:?}");
+    let mut times: Vec<Duration> = probes.iter().map(|(_, t)| *t).collect();
+    times.sort();
+    let p99 = times[(times.len() * 99 / 100).min(times.len() - 1)];
+    let median = times[times.len() / 2];
+    println!(
+        "3 x 24 requests of 10,500 values each answered within {:?}; /readyz {} times: median {median:?}, p99 {p99:?}, slowest {:?}",
+        started.elapsed(),
+        times.len(),
+        times.last().copied().unwrap_or_default()
+    );
+    assert!(times.len() >= 100, "too few probes for a p99: {}", times.len());
+    assert!(p99 < Duration::from_millis(10), "/readyz p99 {p99:?}");
     e.check().await;
+}
+
+/// One `GET /readyz` on a fresh connection to the plain probe port `at`: the status code
+/// (0: no answer) and how long it took.
+fn readyz_once(at: &str) -> (u16, Duration) {
+    use std::io::{Read, Write};
+    let t = Instant::now();
+    let code = (|| {
+        let mut s = std::net::TcpStream::connect(at).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        s.write_all(b"GET /readyz HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        out.split_whitespace().nth(1)?.parse().ok()
+    })()
+    .unwrap_or(0);
+    (code, t.elapsed())
 }
 
 // ---- #54: before it knows who is calling ---------------------------------------------------
@@ -699,18 +738,24 @@ fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-/// Finding 1 of #54: 1,300 sockets that connect and say nothing, reconnecting whenever the
-/// server closes one, held the views port at its cap: 0 of 20 fresh authorized requests were
-/// answered there and on /metrics (curl: no connection), and a kube-apiserver that
-/// reconnected was locked out. Here the same flood, from 13 source addresses (100 each, so
-/// the strangers' total is what is tested, not the per-source cap) against the views, the
-/// metrics port, the plain probe port — and kube-apiserver beside them for the bar: fresh
-/// requests answered ≥ 19 of 20 on each of ours, and kube-apiserver, restarted under the
-/// flood, reaches the views again through a new connection.
+/// Finding 1 of #54, and #66: sockets that connect and say nothing, reconnecting whenever
+/// the server closes one. In #54, 1,300 of them held the views port at its cap: 0 of 20
+/// fresh authorized requests were answered. In #66, with a cap of places closed oldest
+/// first, the same flood still won the race for a fresh connection one time in six: views
+/// 13/20 and `/metrics` 17/20 with the flood on the client's own source address, views
+/// 19/20 and `/metrics` 17/20 from 13 other sources.
+///
+/// Here both floods, each against the views, `/metrics` and kube-apiserver (the bar) at once:
+/// 3,900 idle sockets a port from 13 other source addresses (past the strangers' 32 MiB of
+/// a 512Mi process, so the stalest are closed), then 1,300 from the client's own address
+/// (past its source's quarter of that). Fresh authorized requests: ≥ 19 of 20 answered on
+/// each of ours, in all four cases, beside kube-apiserver's figure. The probe port, flooded
+/// from the other sources, answers too; and kube-apiserver, restarted under the flood,
+/// reaches the views again through a new connection.
 #[tokio::test]
 async fn strangers_holding_every_socket_lock_no_authorized_client_out() {
     let mut e = env("hostile-lockout").await;
-    let (mut ctl, port, metrics_port) = e.serve_views().await;
+    let (mut ctl, port, metrics_port) = e.serve_views_with(&["--memory-limit=512Mi"]).await;
     let cluster = Cluster::get();
     let apiserver_port: u16 = cluster
         .env_var("KUBE_APISERVER_PORT")
@@ -719,47 +764,106 @@ async fn strangers_holding_every_socket_lock_no_authorized_client_out() {
         .unwrap();
     let probe: SocketAddr = ctl.probe.parse().unwrap();
     let token = metrics_token().unwrap();
-    let ns = e.ns.name.clone();
-    let targets: [(&str, SocketAddr, String, bool); 4] = [
-        (
-            "views",
-            loopback(port),
-            format!("https://127.0.0.1:{port}/apis"),
-            true,
-        ),
+    let own = [std::net::IpAddr::from([127, 0, 0, 1])];
+    let targets = [
+        ("views", loopback(port), format!("https://127.0.0.1:{port}/apis")),
         (
             "metrics",
             loopback(metrics_port),
             format!("https://127.0.0.1:{metrics_port}/metrics"),
-            true,
         ),
-        ("probes", probe, format!("http://{probe}/livez"), false),
         (
             "kube-apiserver",
             loopback(apiserver_port),
             format!("https://127.0.0.1:{apiserver_port}/apis"),
-            true,
         ),
     ];
-    let floods: Vec<Flood> = targets
-        .iter()
-        .map(|(_, at, _, _)| Flood::start(*at, &sources(13), 100, Kind::Idle))
-        .collect();
-    wait_for("every flood holds 1,300 sockets", WAIT, || async {
-        Ok(floods
+    let mut rows: Vec<(&str, &str, usize, String)> = Vec::new();
+    for (case, from, per_source) in [
+        ("13 other sources", sources(13), 300),
+        ("the client's own source", own.to_vec(), 1300),
+    ] {
+        let mut floods: Vec<Flood> = targets
             .iter()
-            .all(|f| f.stats.connects.load(Ordering::Relaxed) >= 1300)
-            .then_some(()))
-    })
-    .await
-    .unwrap();
-    let mut answered = Vec::new();
-    for (name, _, url, authn) in &targets {
-        let token = authn.then_some(token.as_str());
-        answered.push((*name, fresh_requests(url, token, 20)));
+            .map(|(_, at, _)| Flood::start(*at, &from, per_source, Kind::Idle))
+            .collect();
+        // The probe port, flooded from the other sources (a pod's, not the kubelet's).
+        let probes = from[0] != own[0];
+        let probe_url = format!("http://{probe}/livez");
+        if probes {
+            floods.push(Flood::start(probe, &from, per_source, Kind::Idle));
+        }
+        // Every flood holds its sockets, and ours are past their budgets: the server closes
+        // its stalest strangers (kube-apiserver closes none).
+        let opened = (from.len() * per_source) as u64;
+        wait_for("every flood holds its sockets, past our budgets", WAIT, || async {
+            let full = floods.iter().enumerate().all(|(i, f)| {
+                f.stats.connects.load(Ordering::Relaxed) >= opened
+                    && (targets.get(i).is_some_and(|t| t.0 == "kube-apiserver")
+                        || f.stats.closed.load(Ordering::Relaxed) > 0)
+            });
+            Ok(full.then_some(()))
+        })
+        .await
+        .unwrap();
+        let mut answered: Vec<(&str, usize)> = targets
+            .iter()
+            .map(|(name, _, url)| (*name, fresh_requests(url, Some(&token), 20)))
+            .collect();
+        if probes {
+            answered.push(("probes", fresh_requests(&probe_url, None, 20)));
+        }
+        for ((name, n), f) in answered.into_iter().zip(floods) {
+            rows.push((case, name, n, f.stop().await.summary()));
+        }
     }
     // A fresh connection of the aggregator: kube-apiserver restarted under the flood.
-    let dir = cluster.dir.display().to_string();
+    let flood = Flood::start(loopback(port), &sources(13), 300, Kind::Idle);
+    let aggregator_after = restart_apiserver_and_reach_views(&e.ns.name).await;
+    flood.stop().await;
+    println!("fresh authorized requests answered under idle-socket floods (--memory-limit=512Mi):");
+    for (case, name, n, stats) in &rows {
+        println!("  {case:<24} {name:<15} {n:>2} of 20   flood: {stats}");
+    }
+    println!(
+        "  aggregator: a new connection after kube-apiserver's restart answered in {aggregator_after:?}"
+    );
+    for (case, name, n, _) in &rows {
+        if *name != "kube-apiserver" {
+            assert!(*n >= 19, "{name}, flood from {case}: {n} of 20 answered");
+        }
+    }
+    assert!(ctl.running(), "{}", ctl.stderr_tail());
+    // The positive control: the flood from the client's own source filled that source's
+    // share, and its stalest were closed for newcomers — the client's among the newcomers
+    // (without the order by progress, it lost that race: the mutation in the closing note
+    // of #66). The idle sockets' 5 s handshake deadline closes the rest.
+    let metrics = ctl.metrics().await.unwrap();
+    for server in ["views", "metrics"] {
+        let closed = |reason: &str| {
+            sum_samples(
+                &metrics,
+                "address_controller_apiserver_refused_total",
+                |l| {
+                    l.contains(&format!("reason=\"{reason}\""))
+                        && l.contains(&format!("server=\"{server}\""))
+                },
+            )
+        };
+        let (source, evicted, handshake) =
+            (closed("source"), closed("evicted"), closed("handshake"));
+        println!(
+            "  {server}: strangers closed for a newcomer of their source {source}, for any newcomer {evicted}, at the handshake deadline {handshake}"
+        );
+        assert!(source > 0.0, "{server}: no stranger was closed for its source's newcomer");
+    }
+    e.check().await;
+}
+
+/// Restarts kube-apiserver and waits until the views in `ns` answer through it: how long
+/// that took (its new connection to the views got in).
+async fn restart_apiserver_and_reach_views(ns: &str) -> Duration {
+    let dir = Cluster::get().dir.display().to_string();
     let restarted = tokio::task::spawn_blocking(move || {
         std::process::Command::new(
             address_controller_tests::repo_root().join("deploy/local/cluster.sh"),
@@ -784,45 +888,18 @@ async fn strangers_holding_every_socket_lock_no_authorized_client_out() {
                 "get",
                 "namespaceaddresses",
                 "-n",
-                &ns,
+                ns,
                 "--request-timeout=10s",
             ]);
             Ok(ok.then_some(out))
         },
     )
     .await;
-    let aggregator_after = started.elapsed();
-    let stats: Vec<String> = floods.iter().map(|f| f.stats.summary()).collect();
-    for f in floods {
-        f.stop().await;
-    }
-    println!("fresh requests answered under 1,300 idle sockets per port (13 sources):");
-    for ((name, n), s) in answered.iter().zip(&stats) {
-        println!("  {name:<15} {n:>2} of 20   flood: {s}");
-    }
-    println!(
-        "  aggregator      a new connection after kube-apiserver's restart answered in {aggregator_after:?}"
-    );
     assert!(
         through.is_ok(),
         "kube-apiserver's new connection was locked out: {through:?}"
     );
-    for (name, n) in &answered {
-        if *name != "kube-apiserver" {
-            assert!(*n >= 19, "{name}: {n} of 20 answered under the flood");
-        }
-    }
-    assert!(ctl.running(), "{}", ctl.stderr_tail());
-    // The positive control: the flood filled the strangers' places and newcomers got in by
-    // closing the oldest (without it, every newcomer was refused at accept).
-    let metrics = ctl.metrics().await.unwrap();
-    let evicted = sum_samples(
-        &metrics,
-        "address_controller_apiserver_refused_total",
-        |l| l.contains("reason=\"evicted\""),
-    );
-    assert!(evicted > 0.0, "no stranger was closed for a newcomer");
-    e.check().await;
+    started.elapsed()
 }
 
 /// Finding 2 of #54: 700 TLS connections, each sending 0.93 MiB of a request head it never
