@@ -189,10 +189,7 @@ impl Rooms {
     /// Closes the stalest strangers — the source's first, while it is past its share, then
     /// anyone's — until what `need` asks for fits. Never `need.keep`.
     fn make_room(&mut self, caps: &ConnectionCaps, need: Need, server: &str) {
-        loop {
-            let Some(s) = self.by_source.get(&need.source) else {
-                break;
-            };
+        while let Some(s) = self.by_source.get(&need.source) {
             let over = s.bytes + need.bytes > caps.per_source_bytes
                 || s.order.len() + need.adds > caps.per_source;
             let victim = s.order.values().copied().find(|v| Some(*v) != need.keep);

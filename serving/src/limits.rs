@@ -527,7 +527,10 @@ mod tests {
         assert_eq!((c.stranger_bytes, c.per_source_bytes), (32 << 20, 8 << 20));
         assert_eq!(c.stranger_bytes / Stage::Silent.bytes(), 2978);
         assert_eq!(c.stranger_bytes / Stage::Open.bytes(), 1024);
-        assert_eq!(chart.limits(1 << 20, 1).connections.stranger_bytes, 64 << 20);
+        assert_eq!(
+            chart.limits(1 << 20, 1).connections.stranger_bytes,
+            64 << 20
+        );
         // The probes: 256 at most, an eighth of the descriptors.
         assert_eq!(ServerLimits::probes(1 << 20).connections.strangers, 256);
         assert_eq!(ServerLimits::probes(256).connections.strangers, 32);

@@ -3,14 +3,16 @@
 //! [`HeadBudget`]:
 //!
 //! - **accept never refuses**: each connection takes a stranger's place at the server's
-//!   [`Door`] (the oldest stranger, or its source's oldest, closed when full); an accept
+//!   [`Door`], costed by its [`Stage`] as it progresses (the stranger longest without
+//!   progress, or its source's, closed when the budget is full); an accept
 //!   error (out of descriptors, a reset before accept) is backed off as Go's `net/http`
 //!   does, never fatal;
 //! - **the handshake's bytes and every request head are metered** ([`crate::meter`]) against
 //!   the head budget, a stranger's within its share: past it that stranger's connection is
 //!   closed;
 //! - **the aggregator is known at the handshake** (its front-proxy certificate verified
-//!   then, [`Identify`]), a token's bearer after its review ([`Connection::prove`]): from
+//!   then, [`Identify`]), a token's bearer after its review ([`Connection::prove`]; the
+//!   request that carries it leaves the strangers before the review): from
 //!   then on the connection holds a proven place, its heads may be as long as
 //!   kube-apiserver's 1 MiB, and it keeps kube-apiserver's deadlines (32 s for a head, 90 s
 //!   idle); a stranger's heads are held to a smaller limit, its HTTP/2 to fewer streams and

@@ -701,7 +701,11 @@ async fn a_tenants_huge_selector_does_not_take_the_runtime() {
         times.len(),
         times.last().copied().unwrap_or_default()
     );
-    assert!(times.len() >= 100, "too few probes for a p99: {}", times.len());
+    assert!(
+        times.len() >= 100,
+        "too few probes for a p99: {}",
+        times.len()
+    );
     assert!(p99 < Duration::from_millis(10), "/readyz p99 {p99:?}");
     e.check().await;
 }
@@ -766,7 +770,11 @@ async fn strangers_holding_every_socket_lock_no_authorized_client_out() {
     let token = metrics_token().unwrap();
     let own = [std::net::IpAddr::from([127, 0, 0, 1])];
     let targets = [
-        ("views", loopback(port), format!("https://127.0.0.1:{port}/apis")),
+        (
+            "views",
+            loopback(port),
+            format!("https://127.0.0.1:{port}/apis"),
+        ),
         (
             "metrics",
             loopback(metrics_port),
@@ -796,14 +804,18 @@ async fn strangers_holding_every_socket_lock_no_authorized_client_out() {
         // Every flood holds its sockets, and ours are past their budgets: the server closes
         // its stalest strangers (kube-apiserver closes none).
         let opened = (from.len() * per_source) as u64;
-        wait_for("every flood holds its sockets, past our budgets", WAIT, || async {
-            let full = floods.iter().enumerate().all(|(i, f)| {
-                f.stats.connects.load(Ordering::Relaxed) >= opened
-                    && (targets.get(i).is_some_and(|t| t.0 == "kube-apiserver")
-                        || f.stats.closed.load(Ordering::Relaxed) > 0)
-            });
-            Ok(full.then_some(()))
-        })
+        wait_for(
+            "every flood holds its sockets, past our budgets",
+            WAIT,
+            || async {
+                let full = floods.iter().enumerate().all(|(i, f)| {
+                    f.stats.connects.load(Ordering::Relaxed) >= opened
+                        && (targets.get(i).is_some_and(|t| t.0 == "kube-apiserver")
+                            || f.stats.closed.load(Ordering::Relaxed) > 0)
+                });
+                Ok(full.then_some(()))
+            },
+        )
         .await
         .unwrap();
         let mut answered: Vec<(&str, usize)> = targets
@@ -855,7 +867,10 @@ async fn strangers_holding_every_socket_lock_no_authorized_client_out() {
         println!(
             "  {server}: strangers closed for a newcomer of their source {source}, for any newcomer {evicted}, at the handshake deadline {handshake}"
         );
-        assert!(source > 0.0, "{server}: no stranger was closed for its source's newcomer");
+        assert!(
+            source > 0.0,
+            "{server}: no stranger was closed for its source's newcomer"
+        );
     }
     e.check().await;
 }
