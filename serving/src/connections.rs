@@ -5,7 +5,8 @@
 //! against a budget of bytes, and a source address may hold at most its share of it (nginx's
 //! `limit_conn` per address, in bytes). When a newcomer or a stranger's progress does not
 //! fit, the stranger that has gone **longest without progress** is closed: one that never
-//! sent a byte before any that did, the oldest of those first — so thousands of idle
+//! sent a byte before any that did, the oldest of those first (a socket whose bytes wait
+//! unread, its task not yet at them, has sent them: the kernel is asked) — so thousands of idle
 //! sockets fit where a few head-bombers cannot, an attacker holding idle sockets only ever
 //! closes its own, and a connection whose handshake is progressing is never the one to go
 //! while a silent one is there.
@@ -24,6 +25,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
+use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::Notify;
@@ -123,6 +125,22 @@ struct Stranger {
     close: Arc<Notify>,
     stage: Stage,
     staleness: Staleness,
+    /// Its socket, to ask the kernel whether bytes wait in it (none in unit tests).
+    socket: Option<RawFd>,
+}
+
+/// Whether bytes wait unread in `socket`: a peek that takes nothing and never waits. (A
+/// descriptor closed and reused meanwhile answers for another socket: at worst one
+/// stranger's order is wrong for a moment.)
+fn bytes_waiting(socket: RawFd) -> bool {
+    use nix::sys::socket::{MsgFlags, recv};
+    let mut byte = [0u8; 1];
+    recv(
+        socket,
+        &mut byte,
+        MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+    )
+    .is_ok_and(|n| n > 0)
 }
 
 /// Why a stranger was closed to make room.
@@ -132,16 +150,6 @@ enum Eviction {
     Oldest,
     /// Its source held all its share: the source's stalest went.
     Source,
-}
-
-/// Room a stranger needs: `bytes` more from `source`, `adds` more connections (a newcomer:
-/// 1), never at `keep`'s expense.
-#[derive(Debug, Clone, Copy)]
-struct Need {
-    source: IpAddr,
-    bytes: usize,
-    adds: usize,
-    keep: Option<u64>,
 }
 
 impl Rooms {
@@ -192,22 +200,61 @@ impl Rooms {
         while let Some(s) = self.by_source.get(&need.source) {
             let over = s.bytes + need.bytes > caps.per_source_bytes
                 || s.order.len() + need.adds > caps.per_source;
-            let victim = s.order.values().copied().find(|v| Some(*v) != need.keep);
-            match (over, victim) {
-                (true, Some(v)) => self.evict(v, Eviction::Source, server),
-                _ => break,
+            if !over {
+                break;
+            }
+            match self.stalest(Some(need.source), need.keep) {
+                Some(v) => self.evict(v, Eviction::Source, server),
+                None => break,
             }
         }
-        loop {
-            let over = self.bytes + need.bytes > caps.stranger_bytes
-                || self.strangers.len() + need.adds > caps.strangers;
-            let victim = self.order.values().copied().find(|v| Some(*v) != need.keep);
-            match (over, victim) {
-                (true, Some(v)) => self.evict(v, Eviction::Oldest, server),
-                _ => break,
+        while self.bytes + need.bytes > caps.stranger_bytes
+            || self.strangers.len() + need.adds > caps.strangers
+        {
+            match self.stalest(None, need.keep) {
+                Some(v) => self.evict(v, Eviction::Oldest, server),
+                None => break,
             }
         }
     }
+
+    /// The stranger to close next — of `source`, or of all — never `keep`. A silent one
+    /// whose bytes wait unread in its socket has spoken (its task has not read them yet):
+    /// it moves among the progressed, once, and the next is looked at.
+    fn stalest(&mut self, source: Option<IpAddr>, keep: Option<u64>) -> Option<u64> {
+        loop {
+            let order = match source {
+                Some(ip) => &self.by_source.get(&ip)?.order,
+                None => &self.order,
+            };
+            let (key, id) = order
+                .iter()
+                .map(|(k, v)| (*k, *v))
+                .find(|(_, v)| Some(*v) != keep)?;
+            let spoke = !key.0
+                && self
+                    .strangers
+                    .get(&id)
+                    .and_then(|s| s.socket)
+                    .is_some_and(bytes_waiting);
+            if !spoke {
+                return Some(id);
+            }
+            let s = self.remove(id)?;
+            let staleness = (true, self.tick());
+            self.insert(id, Stranger { staleness, ..s });
+        }
+    }
+}
+
+/// Room a stranger needs: `bytes` more from `source`, `adds` more connections (a newcomer:
+/// 1), never at `keep`'s expense.
+#[derive(Debug, Clone, Copy)]
+struct Need {
+    source: IpAddr,
+    bytes: usize,
+    adds: usize,
+    keep: Option<u64>,
 }
 
 impl Door {
@@ -240,10 +287,11 @@ impl Door {
         self.rooms.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A place for a connection just accepted from `source`, as a silent stranger: never
-    /// refused; past the budgets, the source's stalest stranger (its own share) or the
-    /// stalest of all is closed instead.
-    pub fn enter(self: &Arc<Self>, source: IpAddr) -> Arc<Place> {
+    /// A place for a connection just accepted from `source` on `socket`, as a stranger —
+    /// one that has progressed when its first bytes already wait in the socket (a client's
+    /// hello, not an idle socket's silence) — never refused; past the budgets, the source's
+    /// stalest stranger (its own share) or the stalest of all is closed instead.
+    pub fn enter(self: &Arc<Self>, source: IpAddr, socket: Option<RawFd>) -> Arc<Place> {
         let mut rooms = self.rooms();
         let need = Need {
             source,
@@ -258,7 +306,8 @@ impl Door {
             source,
             close: close.clone(),
             stage: Stage::Silent,
-            staleness: (false, id),
+            staleness: (socket.is_some_and(bytes_waiting), id),
+            socket,
         };
         rooms.insert(id, stranger);
         ServingMetrics::stranger_bytes(self.server, rooms.bytes);
@@ -432,6 +481,7 @@ impl Place {
             close: self.close.clone(),
             stage: Stage::Open,
             staleness: (true, rooms.tick()),
+            socket: None,
         }
     }
 
@@ -509,11 +559,11 @@ mod tests {
     #[tokio::test]
     async fn a_newcomer_is_never_refused_the_stalest_silent_stranger_goes() {
         let d = door(2 * SILENT, 2 * SILENT, 10, 0);
-        let a = d.enter(ip(1));
-        let b = d.enter(ip(2));
+        let a = d.enter(ip(1), None);
+        let b = d.enter(ip(2), None);
         assert_eq!((d.held(), d.stranger_bytes()), ((2, 0), 2 * SILENT));
         // The smallest budget a door takes is one open connection's: two silent ones.
-        let e = d.enter(ip(4));
+        let e = d.enter(ip(4), None);
         assert!(was_closed(&a).await);
         assert!(!was_closed(&b).await && !was_closed(&e).await);
         assert_eq!(d.held(), (2, 0));
@@ -525,7 +575,7 @@ mod tests {
     #[tokio::test]
     async fn idle_sockets_cost_what_they_hold_so_thousands_fit_where_few_open_ones_do() {
         let d = door(100 * OPEN, 100 * OPEN, 10, 0);
-        let idle: Vec<_> = (0..290).map(|_| d.enter(ip(1))).collect();
+        let idle: Vec<_> = (0..290).map(|_| d.enter(ip(1), None)).collect();
         assert_eq!(d.held(), (290, 0));
         assert!(
             !was_closed(&idle[0]).await,
@@ -550,12 +600,12 @@ mod tests {
     async fn a_progressing_stranger_outlives_every_silent_one_however_old() {
         let d = door(4 * OPEN, 4 * OPEN, 10, 0);
         // The client connects first, and its handshake progresses.
-        let client = d.enter(ip(1));
+        let client = d.enter(ip(1), None);
         client.progress(Stage::Handshaking);
         // A flood of silent sockets from its own source, reconnecting: 1,000 arrivals.
         let mut flood = Vec::new();
         for _ in 0..1000 {
-            flood.push(d.enter(ip(1)));
+            flood.push(d.enter(ip(1), None));
         }
         assert!(
             !was_closed(&client).await,
@@ -564,25 +614,53 @@ mod tests {
         client.progress(Stage::Open);
         assert!(!was_closed(&client).await);
         // The positive control: without its progress, a client is the stalest and goes.
-        let idle_client = d.enter(ip(1));
+        let idle_client = d.enter(ip(1), None);
         for _ in 0..1000 {
-            flood.push(d.enter(ip(1)));
+            flood.push(d.enter(ip(1), None));
         }
         assert!(was_closed(&idle_client).await);
     }
 
     #[tokio::test]
+    async fn a_client_whose_hello_waits_unread_outlives_silent_newcomers() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let d = door(4 * OPEN, 4 * OPEN, 10, 0);
+        // Its hello waits in the socket, unread: at its accept, or later, before its task
+        // read it.
+        let (mut peer, ours) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (mut late_peer, late) = std::os::unix::net::UnixStream::pair().unwrap();
+        peer.write_all(b"hello").unwrap();
+        let client = d.enter(ip(1), Some(ours.as_raw_fd()));
+        let late_client = d.enter(ip(1), Some(late.as_raw_fd()));
+        late_peer.write_all(b"hello").unwrap();
+        let mut flood = Vec::new();
+        for _ in 0..1000 {
+            flood.push(d.enter(ip(1), None));
+        }
+        assert!(!was_closed(&client).await);
+        assert!(!was_closed(&late_client).await);
+        // The positive control: a silent socket is the stalest of the silent ones and goes.
+        let (_quiet_peer, quiet) = std::os::unix::net::UnixStream::pair().unwrap();
+        let silent = d.enter(ip(1), Some(quiet.as_raw_fd()));
+        for _ in 0..1000 {
+            flood.push(d.enter(ip(1), None));
+        }
+        assert!(was_closed(&silent).await);
+    }
+
+    #[tokio::test]
     async fn among_progressed_strangers_the_longest_without_progress_goes() {
         let d = door(3 * OPEN, 3 * OPEN, 10, 0);
-        let a = d.enter(ip(1));
-        let b = d.enter(ip(2));
-        let c = d.enter(ip(3));
+        let a = d.enter(ip(1), None);
+        let b = d.enter(ip(2), None);
+        let c = d.enter(ip(3), None);
         for p in [&a, &b, &c] {
             p.progress(Stage::Open);
         }
         // a progresses again: b is now the stalest.
         a.progress(Stage::Open);
-        let _newcomer = d.enter(ip(4));
+        let _newcomer = d.enter(ip(4), None);
         assert!(was_closed(&b).await);
         assert!(!was_closed(&a).await && !was_closed(&c).await);
     }
@@ -590,11 +668,11 @@ mod tests {
     #[tokio::test]
     async fn a_source_past_its_share_closes_its_own_stalest_never_anothers() {
         let d = door(100 * SILENT, 3 * SILENT, 10, 0);
-        let other = d.enter(ip(9));
-        let a1 = d.enter(ip(1));
-        let a2 = d.enter(ip(1));
-        let a3 = d.enter(ip(1));
-        let a4 = d.enter(ip(1));
+        let other = d.enter(ip(9), None);
+        let a1 = d.enter(ip(1), None);
+        let a2 = d.enter(ip(1), None);
+        let a3 = d.enter(ip(1), None);
+        let a4 = d.enter(ip(1), None);
         assert!(was_closed(&a1).await, "the source's stalest");
         assert!(
             !was_closed(&other).await,
@@ -608,21 +686,21 @@ mod tests {
     async fn the_proven_leave_the_strangers_and_are_never_closed_for_them() {
         // Three proven places, one of them the aggregator's alone.
         let d = door(2 * SILENT, 2 * SILENT, 3, 1);
-        let t1 = d.enter(ip(2));
+        let t1 = d.enter(ip(2), None);
         assert!(t1.prove(Proof::Token));
-        let t2 = d.enter(ip(2));
+        let t2 = d.enter(ip(2), None);
         assert!(t2.prove(Proof::Token));
-        let t3 = d.enter(ip(2));
+        let t3 = d.enter(ip(2), None);
         assert!(
             !t3.prove(Proof::Token),
             "the last place is the aggregator's"
         );
         assert_eq!(t3.peer(), Peer::Unauthenticated);
-        let agg = d.enter(ip(1));
+        let agg = d.enter(ip(1), None);
         assert!(agg.prove(Proof::FrontProxy));
         assert_eq!(agg.peer(), Peer::Authenticated);
         // A flood of strangers closes strangers only.
-        let flood: Vec<_> = (0..50).map(|_| d.enter(ip(7))).collect();
+        let flood: Vec<_> = (0..50).map(|_| d.enter(ip(7), None)).collect();
         assert!(!was_closed(&agg).await && !was_closed(&t1).await && !was_closed(&t2).await);
         assert!(was_closed(&t3).await);
         assert_eq!(d.held(), (2, 3));
@@ -634,13 +712,13 @@ mod tests {
     #[tokio::test]
     async fn a_presented_token_leaves_the_strangers_before_its_review() {
         let d = door(2 * OPEN, 2 * OPEN, 2, 0);
-        let client = d.enter(ip(1));
+        let client = d.enter(ip(1), None);
         client.progress(Stage::Open);
         assert!(client.present());
         // Still a stranger to the budgets until reviewed, but no flood closes it.
         assert_eq!(client.peer(), Peer::Unauthenticated);
         assert_eq!(d.held(), (0, 1));
-        let _flood: Vec<_> = (0..100).map(|_| d.enter(ip(1))).collect();
+        let _flood: Vec<_> = (0..100).map(|_| d.enter(ip(1), None)).collect();
         assert!(!was_closed(&client).await);
         assert!(client.prove(Proof::Token));
         assert_eq!(client.peer(), Peer::Authenticated);
@@ -652,18 +730,18 @@ mod tests {
     #[tokio::test]
     async fn a_token_that_proved_nothing_goes_back_among_the_strangers() {
         let d = door(2 * OPEN, 2 * OPEN, 1, 0);
-        let forger = d.enter(ip(1));
+        let forger = d.enter(ip(1), None);
         assert!(forger.present());
         // The one token place is taken while it is reviewed.
-        let honest = d.enter(ip(2));
+        let honest = d.enter(ip(2), None);
         assert!(!honest.present());
         forger.settle();
         assert_eq!(d.held(), (2, 0));
         assert!(honest.present(), "the place it gave back");
         // Back among the strangers, it is closed to make room like any: here the stalest.
-        let c = d.enter(ip(3));
+        let c = d.enter(ip(3), None);
         c.progress(Stage::Open);
-        let _e = d.enter(ip(3));
+        let _e = d.enter(ip(3), None);
         assert!(was_closed(&forger).await);
         assert!(!was_closed(&c).await);
         drop(forger);
@@ -673,9 +751,9 @@ mod tests {
     #[tokio::test]
     async fn a_stranger_closed_to_make_room_cannot_prove_itself_back_in() {
         let d = door(SILENT, SILENT, 10, 0);
-        let a = d.enter(ip(1));
-        let _b = d.enter(ip(2));
-        let _c = d.enter(ip(2));
+        let a = d.enter(ip(1), None);
+        let _b = d.enter(ip(2), None);
+        let _c = d.enter(ip(2), None);
         assert!(was_closed(&a).await);
         assert!(!a.prove(Proof::Token));
         assert!(!a.present());

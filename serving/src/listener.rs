@@ -151,7 +151,7 @@ pub async fn serve(
                 continue;
             }
         };
-        let place = door.enter(remote.ip());
+        let place = door.enter(remote.ip(), Some(std::os::fd::AsRawFd::as_raw_fd(&tcp)));
         // As Go's net/http does: without it, several small watch events written back to
         // back on kube-apiserver's one HTTP/2 connection wait for a delayed ACK (~40 ms).
         if let Err(e) = tcp.set_nodelay(true) {

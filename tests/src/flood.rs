@@ -354,6 +354,52 @@ impl rustls::client::danger::ServerCertVerifier for AnyServer {
     }
 }
 
+/// A slow but honest client: connects to `target` from 127.0.0.1, completes its TLS
+/// handshake, waits `pause` (a slow network, a busy scraper), then sends `GET path` with
+/// the bearer `token`: the status code, or 0 when the server closed the connection first.
+/// On a thread and a runtime of its own, as a client in another process would be: on the
+/// test's runtime, beside a flood's thousands of tasks, its ClientHello waited for them.
+pub async fn slow_request(target: SocketAddr, path: &str, token: &str, pause: Duration) -> u16 {
+    let (path, token) = (path.to_string(), token.to_string());
+    tokio::task::spawn_blocking(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_or(0, |rt| {
+                rt.block_on(slow_request_here(target, &path, &token, pause))
+            })
+    })
+    .await
+    .unwrap_or(0)
+}
+
+async fn slow_request_here(target: SocketAddr, path: &str, token: &str, pause: Duration) -> u16 {
+    let answer = async {
+        let tls = Arc::new(tls_config(false));
+        let tcp = TcpStream::connect(target).await?;
+        let mut s = handshake(tcp, &tls).await?;
+        tokio::time::sleep(pause).await;
+        let head = format!(
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).await?;
+        // Up to the close (with or without TLS's close_notify).
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = s.read(&mut buf).await {
+            out.extend_from_slice(&buf[..n]);
+        }
+        let text = String::from_utf8_lossy(&out);
+        let code = text.split_whitespace().nth(1).unwrap_or("0").parse()?;
+        anyhow::Ok(code)
+    };
+    tokio::time::timeout(Duration::from_secs(10), answer)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
