@@ -7,17 +7,18 @@
 //! The generic half — TLS, delegated authentication and authorization, limits, what a
 //! request asks for, Status errors, negotiation — is the
 //! [`serving`](address_controller_serving) crate, shared with the drivers. Here, one module
-//! per concern of the views: [`metering`] (the views' request metrics and readiness on
+//! per concern of the views: [`layers`] (the views' request metrics and readiness on
 //! serving's front door), [`list_options`], [`selector`], [`render`], [`serve`]
 //! (list/get/subresources), [`watch`], [`store`] (materialized views and their change
 //! history), [`resources`] (one module per view), [`discovery`] (and the OpenAPI documents'
-//! handlers), [`openapi`], [`view_metrics`], [`group`], [`state`]. This file only assembles
+//! handlers), [`openapi`], [`metrics`], [`group`], [`state`]. This file only assembles
 //! the router and spawns the server.
 
 pub mod discovery;
 pub mod group;
+pub mod layers;
 pub mod list_options;
-pub mod metering;
+pub mod metrics;
 pub mod openapi;
 pub mod render;
 pub mod resources;
@@ -25,7 +26,6 @@ pub mod selector;
 pub mod serve;
 pub mod state;
 pub mod store;
-pub mod view_metrics;
 pub mod watch;
 
 use std::net::SocketAddr;
@@ -62,12 +62,12 @@ pub fn router(state: Arc<State>, access: door::Access) -> Router {
         .layer(from_fn_with_state(access.clone(), door::authenticate))
         .layer(from_fn_with_state(access, door::admit))
         .layer(from_fn(door::yaml_errors))
-        .layer(from_fn_with_state(state.clone(), metering::metered))
+        .layer(from_fn_with_state(state.clone(), layers::metered))
         .layer(from_fn(door::describe));
     let app = Router::new()
         .route("/healthz", any(door::alive))
         .route("/livez", any(door::alive))
-        .route("/readyz", any(metering::ready))
+        .route("/readyz", any(layers::ready))
         .merge(api)
         .with_state(state);
     Router::new().fallback_service(app.map_request(door::without_trailing_slash))
@@ -97,7 +97,7 @@ pub fn spawn(
 ) -> anyhow::Result<()> {
     let store = store::ViewStore::new(world.clone(), resources::all(), views.history);
     store.register();
-    registry.register(Box::new(view_metrics::ViewSizes::new(store.clone())?))?;
+    registry.register(Box::new(metrics::ViewSizes::new(store.clone())?))?;
     tasks.spawn_forever("view store", store.clone().run());
     let built = store.clone();
     world.health.check("views", move || {
@@ -106,7 +106,7 @@ pub fn spawn(
     let state = Arc::new(State {
         store,
         authn: serving.authn.clone(),
-        metrics: view_metrics::ApiMetrics::new(registry)?,
+        metrics: metrics::ApiMetrics::new(registry)?,
         openapi: openapi::Served::new(views.openapi_v2),
     });
     let server = secure::Server {

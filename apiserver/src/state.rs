@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
+use crate::metrics::ApiMetrics;
 use crate::openapi;
 use crate::store::ViewStore;
-use crate::view_metrics::ApiMetrics;
 use address_controller_serving::authn::Authenticator;
 
 /// Shared state of the server.

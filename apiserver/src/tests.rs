@@ -20,8 +20,8 @@ use rustls::pki_types::CertificateDer;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
+use crate::metrics::ApiMetrics;
 use crate::store::{HistoryBound, ViewStore};
-use crate::view_metrics::ApiMetrics;
 use crate::{State, router};
 use address_controller_serving::authn::{Authenticator, FrontProxy, PeerCerts};
 use address_controller_serving::authz::Authorizer;

@@ -16,7 +16,7 @@ use rustls::pki_types::{CertificateDer, TrustAnchor, UnixTime};
 
 use crate::connections::Proof;
 use crate::limits::ReviewGate;
-use crate::serving_metrics::Peer;
+use crate::metrics::Peer;
 
 /// An authenticated user.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -13,7 +13,7 @@ use kube::{Api, Client};
 
 use crate::authn::UserInfo;
 use crate::limits::ReviewGate;
-use crate::serving_metrics::Peer;
+use crate::metrics::Peer;
 
 const TTL: Duration = Duration::from_secs(10);
 

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::serving_metrics::{Peer, ServingMetrics};
+use crate::metrics::{Peer, ServingMetrics};
 
 /// The head bytes in flight of a process: at most `total`, of which strangers at most
 /// `strangers` (half, so that the other half is always the authenticated peers').

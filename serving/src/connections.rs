@@ -30,8 +30,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::Notify;
 
-use crate::serving_metrics::Peer;
-use crate::serving_metrics::ServingMetrics;
+use crate::metrics::Peer;
+use crate::metrics::ServingMetrics;
 
 /// How many connections of each kind a server holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

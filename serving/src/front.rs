@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 
 use crate::authn::{self, Authenticator, PeerCerts, UserInfo};
 use crate::authz::{Attributes, Authorizer, AuthzError};
-use crate::limits::{Holding, InFlight};
+use crate::limits::{GuardedBody, InFlight};
 use crate::listener::Connection;
 use crate::negotiate;
 use crate::request::{Query, RequestInfo};
@@ -100,7 +100,9 @@ pub async fn admit(State(access): State<Access>, req: Request, next: Next) -> Re
     let Some(place) = access.inflight.admit(watch) else {
         return ApiError::too_many_requests().into_response();
     };
-    next.run(req).await.map(|body| Holding::body(body, place))
+    next.run(req)
+        .await
+        .map(|body| GuardedBody::wrap(body, place))
 }
 
 /// Layer: authenticate (front-proxy certificate or bearer token) and authorize

@@ -3,8 +3,8 @@
 //! authentication ([`authn`]: front-proxy certificates, TokenReview) and authorization
 //! ([`authz`]: SubjectAccessReview), bounded caches and what the network may have
 //! ([`limits`]; who holds a server's connections, [`connections`]; the memory of request
-//! heads in flight, [`budget`] and [`meter`]; what they hold and refused, as metrics,
-//! [`serving_metrics`]), the servers' accept loop ([`listener`]) and
+//! heads in flight, [`budget`] and [`head_bytes`]; what they hold and refused, as metrics,
+//! [`metrics`]), the servers' accept loop ([`listener`]) and
 //! the plain probe port ([`probes`]), what a request asks for ([`request`]), the front door's layers
 //! ([`front`]), `metav1.Status` errors ([`status`]), content negotiation ([`negotiate`]),
 //! the serving flags and the HTTPS `/metrics` endpoint ([`secure`]).
@@ -18,14 +18,13 @@ pub mod authz;
 pub mod budget;
 pub mod connections;
 pub mod front;
+pub mod head_bytes;
 pub mod limits;
 pub mod listener;
-pub mod meter;
 pub mod metrics;
 pub mod negotiate;
 pub mod probes;
 pub mod request;
 pub mod secure;
-pub mod serving_metrics;
 pub mod status;
 pub mod tls;

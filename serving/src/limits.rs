@@ -13,7 +13,7 @@
 //!   (TokenReview, SubjectAccessReview): bounded in flight and by a token bucket that never
 //!   goes into debt, so a flood is answered 429 at once instead of queueing work on
 //!   kube-apiserver.
-//! - [`crate::serving_metrics::ServingMetrics`]: connections by state, head bytes in flight, what the limits
+//! - [`crate::metrics::ServingMetrics`]: connections by state, head bytes in flight, what the limits
 //!   refused, and what a handler's panic cost.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -26,7 +26,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::budget::HeadBudget;
 use crate::connections::{ConnectionCaps, Stage};
-use crate::serving_metrics::{Peer, ServingMetrics};
+use crate::metrics::{Peer, ServingMetrics};
 
 /// A TLS handshake must finish within this (Go's `http.Server` bounds it by its read
 /// deadlines); a client that opens a socket and says nothing holds it no longer.
@@ -421,20 +421,20 @@ impl Drop for Busy {
     }
 }
 
-/// A response body that holds something (a place in flight, a busy connection) until the
+/// A response body that keeps guards (a place in flight, a busy connection) until the
 /// body is done — for a watch, until the stream ends.
-pub struct Holding<G> {
+pub struct GuardedBody<G> {
     inner: axum::body::Body,
     _held: G,
 }
 
-impl<G: Send + Unpin + 'static> Holding<G> {
-    pub fn body(inner: axum::body::Body, held: G) -> axum::body::Body {
-        axum::body::Body::new(Holding { inner, _held: held })
+impl<G: Send + Unpin + 'static> GuardedBody<G> {
+    pub fn wrap(inner: axum::body::Body, held: G) -> axum::body::Body {
+        axum::body::Body::new(GuardedBody { inner, _held: held })
     }
 }
 
-impl<G: Unpin> http_body::Body for Holding<G> {
+impl<G: Unpin> http_body::Body for GuardedBody<G> {
     type Data = axum::body::Bytes;
     type Error = axum::Error;
 

@@ -7,7 +7,7 @@
 //!   progress, or its source's, closed when the budget is full); an accept
 //!   error (out of descriptors, a reset before accept) is backed off as Go's `net/http`
 //!   does, never fatal;
-//! - **the handshake's bytes and every request head are metered** ([`crate::meter`]) against
+//! - **the handshake's bytes and every request head are metered** ([`crate::head_bytes`]) against
 //!   the head budget, a stranger's within its share: past it that stranger's connection is
 //!   closed;
 //! - **the aggregator is known at the handshake** (its front-proxy certificate verified
@@ -35,9 +35,9 @@ use tower::ServiceExt;
 use crate::authn::PeerCerts;
 use crate::budget::{Floor, HeadBudget, Held, STRANGER_FLOOR};
 use crate::connections::{Door, Place, Proof, Stage};
-use crate::limits::{Activity, Holding, ServerLimits};
-use crate::meter::{Account, Framing, Metered};
-use crate::serving_metrics::{ConnectionState, OpenConnection, Peer, ServingMetrics};
+use crate::head_bytes::{Account, Framing, Metered};
+use crate::limits::{Activity, GuardedBody, ServerLimits};
+use crate::metrics::{ConnectionState, OpenConnection, Peer, ServingMetrics};
 use crate::status::ApiError;
 
 /// What a server speaks.
@@ -476,7 +476,7 @@ async fn serve_connection<I>(
                         ApiError::internal("an internal error occurred").into_response()
                     }
                 };
-                Ok(response.map(|body| Holding::body(body, (busy, held))))
+                Ok(response.map(|body| GuardedBody::wrap(body, (busy, held))))
             }
         },
     );

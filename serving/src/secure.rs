@@ -26,7 +26,7 @@ use crate::front;
 use crate::limits::{InFlight, ServerLimits, ServingLimitArgs};
 use crate::listener::{self, Listen, Transport};
 use crate::metrics::AuthCaches;
-use crate::serving_metrics::ServingMetrics;
+use crate::metrics::ServingMetrics;
 use crate::status::page_not_found;
 use crate::tls::{self, ServingCert};
 
