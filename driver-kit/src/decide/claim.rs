@@ -7,9 +7,10 @@
 use std::sync::Arc;
 
 use address_controller_api::names::driver as events;
-use address_controller_api::{Family, IPAddressClass};
+use address_controller_api::{Family, IPAddress, IPAddressClaim, IPAddressClass, IPAddressSpec};
 use address_controller_runtime::events::PlannedEvent;
 use kube::ResourceExt;
+use kube::api::ObjectMeta;
 
 use crate::driver::{AllocateError, Allocation};
 
@@ -97,6 +98,39 @@ pub fn plan_claim(s: ClaimSnapshot) -> ClaimPlan {
         };
     }
     ClaimPlan::Create { class, chosen }
+}
+
+/// The IPAddress a driver creates for an allocation (SPEC §8): named `name`, pre-bound to
+/// the claim with its uid, of the claim's class with the class's reclaim policy, the
+/// allocation's source, marked as provisioned by `provisioner`, with the driver's finalizer
+/// if it has one.
+pub(crate) fn provisioned(
+    name: &str,
+    a: &Allocation,
+    class: &IPAddressClass,
+    claim: &IPAddressClaim,
+    provisioner: &str,
+    finalizer: Option<&str>,
+) -> IPAddress {
+    IPAddress {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            finalizers: finalizer.map(|f| vec![f.to_string()]),
+            annotations: Some(std::collections::BTreeMap::from([(
+                address_controller_api::names::PROVISIONED_BY_ANNOTATION.to_string(),
+                provisioner.to_string(),
+            )])),
+            ..Default::default()
+        },
+        spec: IPAddressSpec {
+            address: a.address.to_string(),
+            class_name: class.name_any(),
+            reclaim_policy: class.spec.reclaim_policy,
+            claim_ref: Some(claim.claim_ref()),
+            source: a.source.clone(),
+        },
+        status: None,
+    }
 }
 
 #[cfg(test)]

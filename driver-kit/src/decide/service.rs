@@ -42,7 +42,9 @@ use address_controller_api::{
 };
 use address_controller_runtime::events::PlannedEvent;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
+use serde_json::json;
 
 pub use address_controller_api::service::service_families;
 
@@ -731,6 +733,42 @@ fn attached_how(
     }
 }
 
+/// The strategic merge patch of a Service's status that brings its `AddressAttached`
+/// condition to `want` (removes it for `None`), or `None` when it already says so. The
+/// condition list is keyed by type, so the Service's other conditions are left alone; the
+/// transition time moves only when the status does (`now` then).
+pub fn condition_patch(
+    svc: &Service,
+    want: Option<&ServiceCondition>,
+    now: Time,
+) -> Option<serde_json::Value> {
+    let have = sharing::condition(svc);
+    match (have, want) {
+        (None, None) => None,
+        (Some(h), Some((on, why, message)))
+            if (h.status == "True") == *on && h.reason == *why && h.message == *message =>
+        {
+            None
+        }
+        (Some(_), None) => Some(json!({"status": {"conditions": [
+            {"type": sharing::CONDITION, "$patch": "delete"}]}})),
+        (_, Some((on, why, message))) => {
+            let changed = have.is_none_or(|h| (h.status == "True") != *on);
+            let since = match (changed, have) {
+                (false, Some(h)) => h.last_transition_time.clone(),
+                _ => now,
+            };
+            Some(
+                json!({"status": {"conditions": [{"type": sharing::CONDITION,
+                "status": if *on { "True" } else { "False" },
+                "reason": why, "message": message,
+                "observedGeneration": svc.metadata.generation,
+                "lastTransitionTime": since}]}}),
+            )
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -738,6 +776,68 @@ mod tests {
     use crate::decide::fixtures::*;
     use address_controller_api::names::SERVICE_CLAIM_ANNOTATION;
     use serde_json::json;
+
+    /// A Service whose `AddressAttached` condition says `(status, reason, message)` since
+    /// `since` (seconds), or that has none.
+    fn with_condition(c: Option<(&str, &str, &str)>, since: i64) -> Service {
+        let mut s = Service::default();
+        s.metadata.generation = Some(3);
+        s.status = Some(k8s_openapi::api::core::v1::ServiceStatus {
+            conditions: c.map(|(status, reason, message)| {
+                vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                    type_: sharing::CONDITION.into(),
+                    status: status.into(),
+                    reason: reason.into(),
+                    message: message.into(),
+                    last_transition_time: second(since),
+                    observed_generation: Some(2),
+                }]
+            }),
+            ..Default::default()
+        });
+        s
+    }
+
+    fn second(secs: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap())
+    }
+
+    #[test]
+    fn a_condition_is_written_only_when_it_changes_and_its_time_moves_with_its_status() {
+        let now = second(1_000);
+        let attached = Some((true, "Attached", "ok".to_string()));
+        // Nothing to say, nothing said; or exactly what is said already: no write.
+        assert_eq!(
+            condition_patch(&with_condition(None, 0), None, now.clone()),
+            None
+        );
+        let same = with_condition(Some(("True", "Attached", "ok")), 10);
+        assert_eq!(condition_patch(&same, attached.as_ref(), now.clone()), None);
+        // Not ours to say any more: removed by its type alone.
+        assert_eq!(
+            condition_patch(&same, None, now.clone()),
+            Some(json!({"status": {"conditions": [
+                {"type": sharing::CONDITION, "$patch": "delete"}]}}))
+        );
+        // A new message, the same status: the transition time stays.
+        let reworded = Some((true, "Attached", "ok, shared".to_string()));
+        let patch = condition_patch(&same, reworded.as_ref(), now.clone()).unwrap();
+        let c = &patch["status"]["conditions"][0];
+        assert_eq!(c["message"], "ok, shared");
+        assert_eq!(c["lastTransitionTime"], json!(second(10)));
+        assert_eq!(c["observedGeneration"], 3);
+        // Another status: the transition time is now; none before: now too.
+        let refused = Some((false, "PortConflict", "port 80".to_string()));
+        for svc in [same, with_condition(None, 0)] {
+            let patch = condition_patch(&svc, refused.as_ref(), now.clone()).unwrap();
+            let c = &patch["status"]["conditions"][0];
+            assert_eq!(
+                (&c["status"], &c["reason"]),
+                (&json!("False"), &json!("PortConflict"))
+            );
+            assert_eq!(c["lastTransitionTime"], json!(now));
+        }
+    }
 
     struct Case {
         key: &'static str,

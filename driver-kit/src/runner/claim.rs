@@ -4,13 +4,13 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use address_controller_api::{Family, IPAddress, IPAddressClaim, IPAddressClass, IPAddressSpec};
+use address_controller_api::{Family, IPAddress, IPAddressClaim, IPAddressClass};
 use address_controller_runtime::events::PlannedEvent;
 use address_controller_runtime::workers::Outcome;
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 
-use crate::decide::claim::{ClaimPlan, ClaimSnapshot, plan_claim};
+use crate::decide::claim::{ClaimPlan, ClaimSnapshot, plan_claim, provisioned};
 use crate::driver::{AllocateError, Allocation, Driver, Request, object_name};
 
 use super::events;
@@ -199,37 +199,4 @@ async fn create<D: Driver>(
         }
     }
     Ok(())
-}
-
-/// The IPAddress a driver creates for an allocation (SPEC §8): named `name`, pre-bound to
-/// the claim with its uid, of the claim's class with the class's reclaim policy, the
-/// allocation's source, marked as provisioned by `provisioner`, with the driver's finalizer
-/// if it has one.
-pub(crate) fn provisioned(
-    name: &str,
-    a: &Allocation,
-    class: &IPAddressClass,
-    claim: &IPAddressClaim,
-    provisioner: &str,
-    finalizer: Option<&str>,
-) -> IPAddress {
-    IPAddress {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            finalizers: finalizer.map(|f| vec![f.to_string()]),
-            annotations: Some(std::collections::BTreeMap::from([(
-                address_controller_api::names::PROVISIONED_BY_ANNOTATION.to_string(),
-                provisioner.to_string(),
-            )])),
-            ..Default::default()
-        },
-        spec: IPAddressSpec {
-            address: a.address.to_string(),
-            class_name: class.name_any(),
-            reclaim_policy: class.spec.reclaim_policy,
-            claim_ref: Some(claim.claim_ref()),
-            source: a.source.clone(),
-        },
-        status: None,
-    }
 }

@@ -15,8 +15,8 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use crate::decide::service::{
-    ServiceCondition, ServicePlan, ServiceSnapshot, is_load_balancer, parse_marker, plan_service,
-    render_marker,
+    ServiceCondition, ServicePlan, ServiceSnapshot, condition_patch, is_load_balancer,
+    parse_marker, plan_service, render_marker,
 };
 use crate::driver::Driver;
 use crate::runner::ledger::{
@@ -24,7 +24,6 @@ use crate::runner::ledger::{
 };
 use crate::runner::{Ctx, Error};
 use address_controller_api::Attachment;
-use address_controller_api::sharing::CONDITION;
 
 /// How often a Service pinned and not yet shown is looked at again (until the load balancer
 /// shows it — which wakes the pass by itself — or says why not).
@@ -267,37 +266,15 @@ async fn detach(ctx: &Ctx<impl Driver>, a: &IPAddress, keys: &[String]) -> Resul
     patch_address_status(ctx, a, ledger(ctx, a, list).await?).await
 }
 
-/// Brings the Service's `AddressAttached` condition to `want` (removes it for `None`);
-/// writes nothing when it already says so. A strategic merge patch of the status: the
-/// condition list is keyed by type, so the Service's other conditions are left alone.
+/// Brings the Service's `AddressAttached` condition to `want` (removes it for `None`):
+/// applies [`condition_patch`]'s patch, if any.
 async fn write_condition(
     ctx: &Ctx<impl Driver>,
     svc: &Service,
     want: Option<&ServiceCondition>,
 ) -> Result<(), Error> {
-    let have = address_controller_api::sharing::condition(svc);
-    let body = match (have, want) {
-        (None, None) => return Ok(()),
-        (Some(h), Some((on, why, message)))
-            if (h.status == "True") == *on && h.reason == *why && h.message == *message =>
-        {
-            return Ok(());
-        }
-        (Some(_), None) => {
-            json!({"status": {"conditions": [{"type": CONDITION, "$patch": "delete"}]}})
-        }
-        (_, Some((on, why, message))) => {
-            let changed = have.is_none_or(|h| (h.status == "True") != *on);
-            let since = match (changed, have) {
-                (false, Some(h)) => h.last_transition_time.clone(),
-                _ => Time(Timestamp::now()),
-            };
-            json!({"status": {"conditions": [{"type": CONDITION,
-                "status": if *on { "True" } else { "False" },
-                "reason": why, "message": message,
-                "observedGeneration": svc.metadata.generation,
-                "lastTransitionTime": since}]}})
-        }
+    let Some(body) = condition_patch(svc, want, Time(Timestamp::now())) else {
+        return Ok(());
     };
     let key = crate::decide::service::service_key(svc);
     Api::<Service>::namespaced(ctx.client.clone(), &svc.namespace().unwrap_or_default())

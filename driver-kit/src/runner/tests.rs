@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used)]
-use super::claim::{plan, provisioned, wanted};
+use super::claim::{plan, wanted};
 use super::*;
-use crate::decide::claim::ClaimPlan;
+use crate::decide::claim::{ClaimPlan, provisioned};
 use crate::driver::{AllocateError, Allocation, Request};
 use address_controller_api::names::PROVISIONER_ANNOTATION;
 use address_controller_api::{Family, IPAddress, IPAddressClaim, IPAddressClass};
