@@ -249,17 +249,45 @@ stop_all() {
   done
 }
 
+# up: start the control plane in $dir (and its node with --node), or say it runs already.
+# The steps below share up's locals (bash's dynamic scope): the ports, kube-apiserver's
+# mode flags, and the namespace prefix its processes run under.
 up() {
   local want_node="$node" want_nodes="${NODES:-1}"
   if readyz; then
-    if [ -n "$want_node" ] && [ -z "${NODE:-}" ]; then die "$dir runs a cluster without a node; cluster.sh down $dir first"; fi
-    if [ -n "$want_node" ] && [ "$want_nodes" != "$(node_count)" ]; then die "$dir runs a cluster with $(node_count) node(s), not $want_nodes; cluster.sh down $dir first"; fi
-    log "already up; kubeconfig: $dir/admin.kubeconfig"
-    echo "$dir/admin.kubeconfig"
+    already_up "$want_node" "$want_nodes"
     return 0
   fi
   stop_all
   NODES="$want_nodes"
+  prepare_dir
+  local etcd_port peer_port kas_port kcm_port
+  { read -r etcd_port; read -r peer_port; read -r kas_port; read -r kcm_port; } < <(free_ports 4)
+  local -a kas_mode ns=()
+  apiserver_mode
+  write_env
+  write_kubeconfig "$kas_port"
+  write_audit_policy
+  start_etcd
+  start_kube_apiserver
+  local deadline=$(( $(date +%s) + 120 ))
+  wait_for_apiserver
+  start_controller_manager
+  wait_for_control_plane
+  if [ -n "$node" ]; then node_start || { stop_all; node_netns_down; die "the node did not start"; }; fi
+  announce
+}
+
+# already_up WANT_NODE WANT_NODES: the cluster in $dir answers; it must be the one asked for.
+already_up() {
+  if [ -n "$1" ] && [ -z "${NODE:-}" ]; then die "$dir runs a cluster without a node; cluster.sh down $dir first"; fi
+  if [ -n "$1" ] && [ "$2" != "$(node_count)" ]; then die "$dir runs a cluster with $(node_count) node(s), not $2; cluster.sh down $dir first"; fi
+  log "already up; kubeconfig: $dir/admin.kubeconfig"
+  echo "$dir/admin.kubeconfig"
+}
+
+# prepare_dir: the binaries the control plane runs, a clean $dir, the node's preflight, PKI.
+prepare_dir() {
   # What the control plane runs (the node's binaries are built by node_preflight; MetalLB's
   # by `cluster.sh metallb`; helm, Prometheus by whoever uses them).
   "$here/build-binaries.sh" etcd kube
@@ -268,15 +296,15 @@ up() {
   if [ -n "$node" ]; then node_preflight; fi
   log "certificates"
   make_pki
+}
 
-  local etcd_port peer_port kas_port kcm_port
-  { read -r etcd_port; read -r peer_port; read -r kas_port; read -r kcm_port; } < <(free_ports 4)
+# apiserver_mode: kube-apiserver's flags of the two modes (up's kas_mode, ns, kas_port).
+apiserver_mode() {
   # kube-apiserver flags of the two modes. With a node: on every address of the namespace
   # at :443 (pods dial the `kubernetes` Service's ClusterIP:443, which is on its loopback),
   # the Node authorizer and NodeRestriction for the kubelet, ServiceAccount admission for
   # real pods, real credentials towards the kubelet, and aggregated APIs reached at their
   # Service's endpoints (there is no kube-proxy).
-  local -a kas_mode ns=()
   if [ -n "$node" ]; then
     each_node node_netns_up
     if [ "$(node_count)" -gt 1 ]; then node_routes; fi
@@ -294,6 +322,10 @@ up() {
     kas_mode=(--bind-address=127.0.0.1 --advertise-address=127.0.0.1
       --authorization-mode=RBAC --disable-admission-plugins=ServiceAccount)
   fi
+}
+
+# write_env: $dir/env, what clients of the cluster (tests, make targets) read.
+write_env() {
   cat > "$dir/env" <<ENV
 KUBECONFIG=$dir/admin.kubeconfig
 KUBE_APISERVER_PORT=$kas_port
@@ -320,7 +352,10 @@ WIRE_CLIENT_IP=${node:+$WIRE_CLIENT_IP}
 WIRE_CLIENT_IP6=${node:+$WIRE_CLIENT_IP6}
 METALLB_SPEAKER_BIN=$METALLB_SPEAKER_BIN
 ENV
-  write_kubeconfig "$kas_port"
+}
+
+# write_audit_policy: audit every write to this project's resources (metadata only).
+write_audit_policy() {
   # Audit every write to this project's resources (metadata only): tests count the
   # requests a controller makes from it, per (impersonated) user.
   cat > "$dir/audit-policy.yaml" <<POLICY
@@ -340,14 +375,18 @@ rules:
     resources: [services]
 - level: None
 POLICY
+}
 
+start_etcd() {
   log "etcd $ETCD_VERSION on 127.0.0.1:$etcd_port"
   start etcd "${ns[@]}" "$ETCD_BIN/etcd" --name=local --data-dir="$dir/etcd" \
     --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port" \
     --listen-peer-urls="http://127.0.0.1:$peer_port" --initial-advertise-peer-urls="http://127.0.0.1:$peer_port" \
     --initial-cluster="local=http://127.0.0.1:$peer_port" --listen-metrics-urls="" \
     --unsafe-no-fsync --log-level=warn --quota-backend-bytes="${AC_ETCD_QUOTA_BYTES:-2147483648}"
+}
 
+start_kube_apiserver() {
   log "kube-apiserver $KUBE_VERSION on 127.0.0.1:$kas_port"
   start kube-apiserver "${ns[@]}" "$KUBE_BIN/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$etcd_port" \
@@ -369,8 +408,10 @@ POLICY
     --requestheader-extra-headers-prefix=X-Remote-Extra- \
     --proxy-client-cert-file="$dir/pki/front-proxy-client.crt" \
     --proxy-client-key-file="$dir/pki/front-proxy-client.key"
+}
 
-  local deadline=$(( $(date +%s) + 120 ))
+# wait_for_apiserver: until /readyz answers (up's deadline); a component that exits ends it.
+wait_for_apiserver() {
   until readyz; do
     for name in etcd kube-apiserver; do
       kill -0 "$(cat "$dir/pids/$name")" 2>/dev/null || { tail -20 "$dir/logs/$name.log" >&2; stop_all; die "$name exited; log: $dir/logs/$name.log"; }
@@ -378,7 +419,9 @@ POLICY
     [ "$(date +%s)" -lt "$deadline" ] || { stop_all; die "kube-apiserver not ready after 120s; log: $dir/logs/kube-apiserver.log"; }
     sleep 0.5
   done
+}
 
+start_controller_manager() {
   # With a node, also what pods need: Deployments and ReplicaSets, the node's lifecycle
   # (its not-ready taint), EndpointSlices (the aggregator routes by them) and their mirrors of
   # a selector-less Service's Endpoints (as every cluster runs it), PodDisruptionBudgets,
@@ -401,7 +444,9 @@ POLICY
     --controllers="$controllers" \
     --leader-elect=false --use-service-account-credentials=false \
     --bind-address=127.0.0.1 --secure-port="$kcm_port" --cert-dir="$dir/kcm"
+}
 
+wait_for_control_plane() {
   # Ready means: /readyz answers, the default namespace exists (as upstream's test server
   # waits for), and the controller-manager is healthy.
   until KUBECONFIG="$dir/admin.kubeconfig" netns kubectl get namespace default >/dev/null 2>&1 \
@@ -410,9 +455,10 @@ POLICY
     [ "$(date +%s)" -lt "$deadline" ] || { stop_all; die "control plane not ready after 120s; logs: $dir/logs/"; }
     sleep 0.5
   done
+}
 
-  if [ -n "$node" ]; then node_start || { stop_all; node_netns_down; die "the node did not start"; }; fi
-
+# announce: the owner's watcher (--watch-pid), and where the cluster is.
+announce() {
   if [ -n "$watch_pid" ]; then
     # Stop the cluster when its owner goes away, so an aborted test run leaves nothing.
     start watcher bash -c "while kill -0 $watch_pid 2>/dev/null; do sleep 1; done; exec '$here/cluster.sh' down '$dir'"
