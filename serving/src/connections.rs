@@ -271,7 +271,7 @@ impl Door {
             proven: caps.proven,
             front_proxy_reserved: caps.front_proxy_reserved.min(caps.proven),
         };
-        ServingMetrics::connection_caps(server, &caps);
+        ServingMetrics::connection_caps(server, caps.strangers, caps.proven, caps.stranger_bytes);
         Arc::new(Door {
             server,
             caps,

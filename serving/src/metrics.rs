@@ -9,8 +9,6 @@ use std::sync::{Mutex, OnceLock};
 
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 
-use crate::connections::ConnectionCaps;
-
 /// Who is spending: a connection that has not proven who it is, or one that has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Peer {
@@ -188,11 +186,12 @@ impl ServingMetrics {
         }
     }
 
-    pub(crate) fn connection_caps(server: &str, caps: &ConnectionCaps) {
+    /// A server's caps: the strangers' and the proven's places, the strangers' bytes.
+    pub(crate) fn connection_caps(server: &str, strangers: usize, proven: usize, bytes: usize) {
         if let Some(m) = serving_metrics() {
             for (peer, n) in [
-                (Peer::Unauthenticated, caps.strangers),
-                (Peer::Authenticated, caps.proven),
+                (Peer::Unauthenticated, strangers),
+                (Peer::Authenticated, proven),
             ] {
                 m.caps
                     .with_label_values(&[server, peer.label()])
@@ -200,7 +199,7 @@ impl ServingMetrics {
             }
             m.stranger_budget
                 .with_label_values(&[server])
-                .set(i64::try_from(caps.stranger_bytes).unwrap_or(i64::MAX));
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
         }
     }
 
@@ -281,26 +280,30 @@ impl Drop for OpenConnection {
     }
 }
 
+/// How many entries a cache holds now, read at scrape time.
+pub type CacheSize = Box<dyn Fn() -> u64 + Send + Sync>;
+
 /// The delegated-auth caches' sizes, read at scrape time:
 /// `address_controller_apiserver_auth_cache_entries{cache="tokens"|"decisions"}`.
 pub struct AuthCaches {
-    pub authn: std::sync::Arc<crate::authn::Authenticator>,
-    pub authz: std::sync::Arc<crate::authz::Authorizer>,
+    tokens: CacheSize,
+    decisions: CacheSize,
     desc: prometheus::core::Desc,
 }
 
 impl AuthCaches {
-    pub fn new(
-        authn: std::sync::Arc<crate::authn::Authenticator>,
-        authz: std::sync::Arc<crate::authz::Authorizer>,
-    ) -> Result<AuthCaches, prometheus::Error> {
+    pub fn new(tokens: CacheSize, decisions: CacheSize) -> Result<AuthCaches, prometheus::Error> {
         let desc = prometheus::core::Desc::new(
             "address_controller_apiserver_auth_cache_entries".into(),
             "Entries in the delegated authentication (tokens) and authorization (decisions) caches; bounded by --auth-cache-size".into(),
             vec!["cache".into()],
             Default::default(),
         )?;
-        Ok(AuthCaches { authn, authz, desc })
+        Ok(AuthCaches {
+            tokens,
+            decisions,
+            desc,
+        })
     }
 }
 
@@ -314,8 +317,8 @@ impl prometheus::core::Collector for AuthCaches {
             &self.desc,
             "cache",
             &[
-                ("tokens", self.authn.cached_tokens()),
-                ("decisions", self.authz.cached()),
+                ("tokens", (self.tokens)()),
+                ("decisions", (self.decisions)()),
             ],
         )]
     }

@@ -149,7 +149,11 @@ impl SecureServing {
         let client = serving.reviews;
         let authn = Authenticator::new(client.clone(), args.auth_cache_size, gate.clone());
         let authz = Arc::new(Authorizer::new(client.clone(), args.auth_cache_size, gate));
-        registry.register(Box::new(AuthCaches::new(authn.clone(), authz.clone())?))?;
+        let (tokens, decisions) = (authn.clone(), authz.clone());
+        registry.register(Box::new(AuthCaches::new(
+            Box::new(move || tokens.cached_tokens()),
+            Box::new(move || decisions.cached()),
+        )?))?;
         ServingMetrics::register(registry)?;
         let limits = args.limits.limits(open_files_limit(), serving.servers);
         if serving.callers == Callers::AggregatorAndTokens {
