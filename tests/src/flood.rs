@@ -17,6 +17,22 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+/// Floods share the machine with one another; a test that measures latency wants it to
+/// itself. The floods of a test binary hold [`floods_share`], a measurement [`alone`]: the
+/// two libtest threads never run a measurement beside a flood (one once read a p99 that
+/// was the other test's load).
+static MACHINE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// Held by a test that floods, for as long as it runs.
+pub async fn floods_share() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    MACHINE.read().await
+}
+
+/// Held by a test that measures latency: no flood of its binary runs meanwhile.
+pub async fn alone() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    MACHINE.write().await
+}
+
 /// What each connection of a flood does.
 #[derive(Debug, Clone, Copy)]
 pub enum Kind {
