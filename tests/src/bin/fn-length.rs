@@ -3,8 +3,15 @@
 //! Rust's own grammar (`syn`), so a brace in a string or a comment cannot fool it. Tests
 //! (`#[test]`, `#[tokio::test]`, `#[cfg(test)]` modules, `tests.rs` files) are not product.
 //!
+//! A test (`#[test]`, `#[tokio::test]`) under `tests/tests/` is held to 150 lines: a
+//! scenario longer than that is split into steps named after what they check, so a failure
+//! names its step. The tests still over it are listed, each with its length, in
+//! `tests/long-tests.txt`: one may shrink, none may grow, no other may join, and a line
+//! that no longer applies must go (a ratchet that only turns one way).
+//!
 //! `cargo run -q -p address-controller-tests --bin fn-length [-- --top N]`: prints the N
-//! longest (default 10) and fails naming every function over the limit. Part of `make lint`.
+//! longest of each (default 10) and fails naming every function over its limit. Part of
+//! `make lint`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -15,6 +22,12 @@ use syn::visit::Visit;
 
 /// The longest a product function may be, in lines.
 const LIMIT: usize = 100;
+
+/// The longest a test may be, in lines.
+const TEST_LIMIT: usize = 150;
+
+/// The tests still over [`TEST_LIMIT`], each with the length it may not exceed.
+const LONG_TESTS: &str = "tests/long-tests.txt";
 
 /// The workspace's member crates, read from its `Cargo.toml` (`members = [...]`), so a new
 /// crate is held to the rule the day it joins; `None` if the list cannot be read.
@@ -87,6 +100,18 @@ impl Lengths<'_> {
             line: start,
             lines: end.saturating_sub(start) + 1,
         });
+    }
+}
+
+/// The tests of a file: every function with a test attribute, however nested.
+struct TestLengths<'a>(Lengths<'a>);
+
+impl<'ast> Visit<'ast> for TestLengths<'_> {
+    fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+        if is_test(&f.attrs) {
+            self.0.record(&f.sig.ident, &f.sig, &f.block);
+        }
+        syn::visit::visit_item_fn(self, f);
     }
 }
 
@@ -168,6 +193,109 @@ fn rust_files(path: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// Every function `visit` records in `files`, by path relative to `root`.
+fn lengths(
+    root: &Path,
+    files: &[PathBuf],
+    visit: fn(&Path, &syn::File) -> Vec<Length>,
+) -> Result<Vec<Length>, String> {
+    let mut all = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let parsed = syn::parse_file(&text)
+            .map_err(|e| format!("{}: not Rust this parser reads: {e}", file.display()))?;
+        all.extend(visit(file.strip_prefix(root).unwrap_or(file), &parsed));
+    }
+    all.sort_by(|a, b| b.lines.cmp(&a.lines).then(a.file.cmp(&b.file)));
+    Ok(all)
+}
+
+fn product_fns(file: &Path, parsed: &syn::File) -> Vec<Length> {
+    let mut v = Lengths {
+        file,
+        owner: Vec::new(),
+        found: Vec::new(),
+    };
+    v.visit_file(parsed);
+    v.found
+}
+
+fn test_fns(file: &Path, parsed: &syn::File) -> Vec<Length> {
+    let mut v = TestLengths(Lengths {
+        file,
+        owner: Vec::new(),
+        found: Vec::new(),
+    });
+    v.visit_file(parsed);
+    v.0.found
+}
+
+fn print_top(what: &str, all: &[Length], files: usize, top: usize) {
+    println!(
+        "fn-length: {} {what} in {files} files; the {} longest:",
+        all.len(),
+        top.min(all.len())
+    );
+    for l in all.iter().take(top) {
+        println!(
+            "  {:>4}  {}:{}  {}",
+            l.lines,
+            l.file.display(),
+            l.line,
+            l.name
+        );
+    }
+}
+
+/// `tests/long-tests.txt`: `path name lines` per line (`#` comments).
+fn parse_long_tests(text: &str) -> Result<Vec<(String, String, usize)>, String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let parts: Vec<&str> = l.split_whitespace().collect();
+            match parts.as_slice() {
+                [path, name, lines] => lines
+                    .parse()
+                    .map(|n| (path.to_string(), name.to_string(), n))
+                    .map_err(|_| format!("{LONG_TESTS}: not a length: {l}")),
+                _ => Err(format!("{LONG_TESTS}: not `path name lines`: {l}")),
+            }
+        })
+        .collect()
+}
+
+/// What breaks the tests' rule: a test over [`TEST_LIMIT`] not listed, or longer than its
+/// line allows; a line whose test is gone or no longer over the limit.
+fn test_rule_breaches(tests: &[Length], listed: &[(String, String, usize)]) -> Vec<String> {
+    let mut breaches = Vec::new();
+    for t in tests.iter().filter(|t| t.lines > TEST_LIMIT) {
+        let path = t.file.display().to_string();
+        match listed.iter().find(|(p, n, _)| *p == path && *n == t.name) {
+            None => breaches.push(format!(
+                "{path}:{}  {} — {} lines (split it into steps)",
+                t.line, t.name, t.lines
+            )),
+            Some((_, _, allowed)) if t.lines > *allowed => breaches.push(format!(
+                "{path}:{}  {} — {} lines, grown past the {allowed} {LONG_TESTS} allows",
+                t.line, t.name, t.lines
+            )),
+            Some(_) => {}
+        }
+    }
+    for (path, name, _) in listed {
+        let found = tests
+            .iter()
+            .find(|t| t.file.display().to_string() == *path && t.name == *name);
+        if found.is_none_or(|t| t.lines <= TEST_LIMIT) {
+            breaches.push(format!(
+                "{LONG_TESTS}: {path} {name} is no longer over {TEST_LIMIT} lines: remove its line"
+            ));
+        }
+    }
+    breaches
+}
+
 fn main() -> ExitCode {
     let top: usize = std::env::args()
         .skip_while(|a| a != "--top")
@@ -185,56 +313,37 @@ fn main() -> ExitCode {
         rust_files(&s, &mut files);
     }
     files.sort();
-    let mut all = Vec::new();
-    for file in &files {
-        let text = match std::fs::read_to_string(file) {
-            Ok(t) => t,
-            Err(e) => {
-                eprintln!("fn-length: {}: {e}", file.display());
-                return ExitCode::FAILURE;
-            }
-        };
-        let parsed = match syn::parse_file(&text) {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!(
-                    "fn-length: {}: not Rust this parser reads: {e}",
-                    file.display()
-                );
-                return ExitCode::FAILURE;
-            }
-        };
-        let rel = file.strip_prefix(&root).unwrap_or(file);
-        let mut v = Lengths {
-            file: rel,
-            owner: Vec::new(),
-            found: Vec::new(),
-        };
-        v.visit_file(&parsed);
-        all.extend(v.found);
-    }
-    all.sort_by(|a, b| b.lines.cmp(&a.lines).then(a.file.cmp(&b.file)));
-    println!(
-        "fn-length: {} product functions in {} files; the {} longest:",
-        all.len(),
-        files.len(),
-        top.min(all.len())
-    );
-    for l in all.iter().take(top) {
-        println!(
-            "  {:>4}  {}:{}  {}",
-            l.lines,
-            l.file.display(),
-            l.line,
-            l.name
-        );
-    }
+    let mut test_files = Vec::new();
+    rust_test_files(&root.join("tests/tests"), &mut test_files);
+    test_files.sort();
+    let listed = std::fs::read_to_string(root.join(LONG_TESTS))
+        .map_err(|e| format!("{LONG_TESTS}: {e}"))
+        .and_then(|t| parse_long_tests(&t));
+    let (all, tests, listed) = match (
+        lengths(&root, &files, product_fns),
+        lengths(&root, &test_files, test_fns),
+        listed,
+    ) {
+        (Ok(a), Ok(t), Ok(l)) => (a, t, l),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            eprintln!("fn-length: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    print_top("product functions", &all, files.len(), top);
+    print_top("tests", &tests, test_files.len(), top);
     let over: Vec<&Length> = all.iter().filter(|l| l.lines > LIMIT).collect();
-    if over.is_empty() {
-        println!("fn-length: none over {LIMIT} lines");
+    let breaches = test_rule_breaches(&tests, &listed);
+    if over.is_empty() && breaches.is_empty() {
+        println!(
+            "fn-length: no product function over {LIMIT} lines; no test over {TEST_LIMIT} but the {} in {LONG_TESTS}",
+            listed.len()
+        );
         return ExitCode::SUCCESS;
     }
-    eprintln!("fn-length: {} over {LIMIT} lines:", over.len());
+    if !over.is_empty() {
+        eprintln!("fn-length: {} over {LIMIT} lines:", over.len());
+    }
     for l in over {
         eprintln!(
             "  {}:{}  {} — {} lines",
@@ -244,7 +353,28 @@ fn main() -> ExitCode {
             l.lines
         );
     }
+    if !breaches.is_empty() {
+        eprintln!("fn-length: the tests' rule ({TEST_LIMIT} lines):");
+    }
+    for b in breaches {
+        eprintln!("  {b}");
+    }
     ExitCode::FAILURE
+}
+
+/// Every `.rs` file under `dir` (the tests' own directories included).
+fn rust_test_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            rust_test_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -263,6 +393,32 @@ mod tests {
             ])
         );
         assert_eq!(members("[package]\nname = \"x\"\n"), None);
+    }
+
+    #[test]
+    fn the_tests_rule_turns_one_way() {
+        let t = |name: &str, lines| Length {
+            file: PathBuf::from("tests/tests/x.rs"),
+            name: name.to_string(),
+            line: 1,
+            lines,
+        };
+        let listed =
+            parse_long_tests("# c\ntests/tests/x.rs long 200\ntests/tests/x.rs gone 170\n")
+                .expect("parses");
+        let tests = [t("long", 180), t("short", 150), t("new", 151)];
+        let breaches = test_rule_breaches(&tests, &listed);
+        assert_eq!(breaches.len(), 2, "{breaches:?}");
+        assert!(breaches[0].contains("new — 151 lines"), "{breaches:?}");
+        assert!(
+            breaches[1].contains("gone is no longer over"),
+            "{breaches:?}"
+        );
+        // Grown past its line.
+        let breaches = test_rule_breaches(&[t("long", 201), t("gone", 170)], &listed);
+        assert_eq!(breaches.len(), 1, "{breaches:?}");
+        assert!(breaches[0].contains("grown past the 200"), "{breaches:?}");
+        assert!(parse_long_tests("tests/tests/x.rs long").is_err());
     }
 
     #[test]
