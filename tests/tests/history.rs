@@ -68,6 +68,13 @@ async fn holders(e: &Env, address: &str, want: &[String]) -> IPAddress {
 /// in another namespace. Its history lists both holdings and the Service, in order, with
 /// times within the test's own timestamps; "who held X at T" answers each tenant inside
 /// its holding and nobody in the gap between.
+/// One address, two tenants: bound by `web` in one namespace, attached to a Service,
+/// detached, the claim deleted (Retain), released after the class's delay, bound by `db`
+/// in another namespace. Its history lists both holdings and the Service, in order, with
+/// times within the test's own timestamps; "who held X at T" answers each tenant inside
+/// its holding and nobody in the gap between — in the library, from the binary, through
+/// kubectl to the abuse desk and to each tenant for its own namespace; the archive exports
+/// every record; usage equals the history to the second.
 #[tokio::test]
 async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
     let mut e = env("hist").await;
@@ -77,72 +84,134 @@ async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
     let _drv = ControllerProcess::driver(&format!("drv-hist-{}", e.sfx), &["--leader-elect=false"])
         .await
         .unwrap();
-    let class = range_class(
-        &mut e,
-        "hist",
-        json!(["198.18.103.7/32"]),
-        json!({"spec": {"releaseDelay": "3s"}}),
-    )
-    .await;
-    let ns = e.ns.name.clone();
-    let other = TestNamespace::create(&e.client, "hist-b").await.unwrap();
+    let story = Story::told(&mut e).await;
+    the_history_lists_both_holdings_and_the_service(&story);
+    who_held_it_is_answered_at_each_instant(&story).await;
+    the_archive_exports_every_record_of_the_period(&story).await;
+    kubectl_answers_the_abuse_desk_and_each_tenant_its_own(&e, &story);
+    usage_equals_the_history_to_the_second(&story).await;
+    // Only the last entry is open, and it is the claimRef: the checker's rule agrees.
+    assert!(
+        history::problems(&story.a).is_empty(),
+        "{:?}",
+        history::problems(&story.a)
+    );
+    let theirs: Api<IPAddressClaim> = Api::namespaced(e.client.clone(), &story.other.name);
+    theirs.delete("db", &DeleteParams::default()).await.unwrap();
+    e.check().await;
+}
 
-    let t0 = now();
-    e.claim("web", json!({"className": class})).await;
-    let (web, name) = bound(&e, &e.claims(), "web").await;
-    let t1 = now();
+/// What the test did to the one address, and when: `t[0]` before `web` was created … `t[6]`
+/// after `db` was bound (the instants between each step).
+struct Story {
+    ns: String,
+    other: TestNamespace,
+    class: String,
+    /// The address's name and its IP.
+    name: String,
+    ip: String,
+    web: IPAddressClaim,
+    db: IPAddressClaim,
+    t: [Timestamp; 7],
+    /// The address at the end.
+    a: IPAddress,
+}
 
-    let services: Api<Service> = Api::namespaced(e.client.clone(), &ns);
-    let svc: Service = serde_json::from_value(json!({
-        "metadata": {"name": "site", "annotations": {SERVICE_CLAIM_ANNOTATION: "web"}},
-        "spec": {"type": "LoadBalancer", "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
-            "selector": {"app": "site"}}}))
-    .unwrap();
-    services.create(&PostParams::default(), &svc).await.unwrap();
-    let attached = holders(&e, &name, &[format!("{ns}/site")]).await;
-    // The history keeps seconds: the Service holds the address into a later second, so
-    // its span is not empty.
-    let since = history::spans(&attached).0[0].from.0;
-    wait_for("a second past the attachment", WAIT, || async move {
-        Ok((now() >= since + SignedDuration::from_secs(2)).then_some(()))
-    })
-    .await
-    .unwrap();
-    let t2 = now();
-    services
-        .delete("site", &DeleteParams::default())
+impl Story {
+    async fn told(e: &mut Env) -> Story {
+        let class = range_class(
+            e,
+            "hist",
+            json!(["198.18.103.7/32"]),
+            json!({"spec": {"releaseDelay": "3s"}}),
+        )
+        .await;
+        let ns = e.ns.name.clone();
+        let other = TestNamespace::create(&e.client, "hist-b").await.unwrap();
+
+        let mut t = [now(); 7];
+        e.claim("web", json!({"className": class})).await;
+        let (web, name) = bound(e, &e.claims(), "web").await;
+        t[1] = now();
+
+        let services: Api<Service> = Api::namespaced(e.client.clone(), &ns);
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": "site", "annotations": {SERVICE_CLAIM_ANNOTATION: "web"}},
+            "spec": {"type": "LoadBalancer", "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
+                "selector": {"app": "site"}}}))
+        .unwrap();
+        services.create(&PostParams::default(), &svc).await.unwrap();
+        let attached = holders(e, &name, &[format!("{ns}/site")]).await;
+        // The history keeps seconds: the Service holds the address into a later second, so
+        // its span is not empty.
+        let since = history::spans(&attached).0[0].from.0;
+        wait_for("a second past the attachment", WAIT, || async move {
+            Ok((now() >= since + SignedDuration::from_secs(2)).then_some(()))
+        })
         .await
         .unwrap();
-    holders(&e, &name, &[]).await;
-    let t3 = now();
-
-    e.claims()
-        .delete("web", &DeleteParams::default())
-        .await
-        .unwrap();
-    e.wait_address(&name, "Released", |a| {
-        aphase(a) == Some(AddressPhase::Released)
-    })
-    .await
-    .unwrap();
-    let t4 = now();
-    e.wait_address(&name, "Available after the delay", |a| {
-        aphase(a) == Some(AddressPhase::Available) && a.is_some_and(|a| a.spec.claim_ref.is_none())
-    })
-    .await
-    .unwrap();
-    let t5 = now();
-    let theirs: Api<IPAddressClaim> = Api::namespaced(e.client.clone(), &other.name);
-    let db: IPAddressClaim =
-        serde_json::from_value(json!({"metadata": {"name": "db"}, "spec": {"className": class}}))
+        t[2] = now();
+        services
+            .delete("site", &DeleteParams::default())
+            .await
             .unwrap();
-    theirs.create(&PostParams::default(), &db).await.unwrap();
-    let (db, again) = bound(&e, &theirs, "db").await;
-    let t6 = now();
-    assert_eq!(again, name, "the one address of the class, bound again");
+        holders(e, &name, &[]).await;
+        t[3] = now();
 
-    let a = e.addresses().get(&name).await.unwrap();
-    let (h, dropped) = history::holdings(&a);
+        e.claims()
+            .delete("web", &DeleteParams::default())
+            .await
+            .unwrap();
+        e.wait_address(&name, "Released", |a| {
+            aphase(a) == Some(AddressPhase::Released)
+        })
+        .await
+        .unwrap();
+        t[4] = now();
+        e.wait_address(&name, "Available after the delay", |a| {
+            aphase(a) == Some(AddressPhase::Available)
+                && a.is_some_and(|a| a.spec.claim_ref.is_none())
+        })
+        .await
+        .unwrap();
+        t[5] = now();
+        let theirs: Api<IPAddressClaim> = Api::namespaced(e.client.clone(), &other.name);
+        let db: IPAddressClaim = serde_json::from_value(
+            json!({"metadata": {"name": "db"}, "spec": {"className": class}}),
+        )
+        .unwrap();
+        theirs.create(&PostParams::default(), &db).await.unwrap();
+        let (db, again) = bound(e, &theirs, "db").await;
+        t[6] = now();
+        assert_eq!(again, name, "the one address of the class, bound again");
+        let a = e.addresses().get(&name).await.unwrap();
+        Story {
+            ns,
+            other,
+            class,
+            ip: a.spec.address.clone(),
+            name,
+            web,
+            db,
+            t,
+            a,
+        }
+    }
+}
+
+/// The history lists both holdings (in order, with their uids, times within the test's own
+/// and how the first ended) and the Service's attachment.
+fn the_history_lists_both_holdings_and_the_service(story: &Story) {
+    let Story {
+        ns,
+        other,
+        web,
+        db,
+        t,
+        a,
+        ..
+    } = story;
+    let (h, dropped) = history::holdings(a);
     assert_eq!(dropped, 0);
     assert_eq!(h.len(), 2, "{h:#?}");
     assert_eq!(
@@ -150,33 +219,41 @@ async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
         (HoldingState::Bound, ns.as_str(), "web")
     );
     assert_eq!(h[0].uid, web.metadata.uid);
-    within("web bound from", h[0].from.as_ref().unwrap(), t0, t1);
-    within("web held until", h[0].until.as_ref().unwrap(), t3, t4);
+    within("web bound from", h[0].from.as_ref().unwrap(), t[0], t[1]);
+    within("web held until", h[0].until.as_ref().unwrap(), t[3], t[4]);
     assert_eq!(h[0].ended.as_deref(), Some(ended::RELEASED));
     assert_eq!(
         (h[1].state, h[1].namespace.as_str(), h[1].name.as_str()),
         (HoldingState::Bound, other.name.as_str(), "db")
     );
     assert_eq!(h[1].uid, db.metadata.uid);
-    within("db bound from", h[1].from.as_ref().unwrap(), t5, t6);
+    within("db bound from", h[1].from.as_ref().unwrap(), t[5], t[6]);
     assert_eq!(h[1].until, None);
     assert!(!h[0].found && !h[1].found);
 
-    let (spans, _) = history::spans(&a);
+    let (spans, _) = history::spans(a);
     assert_eq!(spans.len(), 1, "{spans:#?}");
     assert_eq!(
         (spans[0].namespace.as_deref(), spans[0].name.as_str()),
         (Some(ns.as_str()), "site")
     );
-    within("site attached from", &spans[0].from, t1, t2);
+    within("site attached from", &spans[0].from, t[1], t[2]);
     within(
         "site attached until",
         spans[0].until.as_ref().unwrap(),
-        t2,
-        t3,
+        t[2],
+        t[3],
     );
+}
 
-    // The abuse desk's question, at instants inside each holding and in the gap.
+/// The abuse desk's question, at instants inside each holding and in the gap; the same
+/// answers from the binary an operator runs.
+async fn who_held_it_is_answered_at_each_instant(story: &Story) {
+    let Story {
+        ns, other, ip, a, ..
+    } = story;
+    let (h, _) = history::holdings(a);
+    let (spans, _) = history::spans(a);
     let at = |t: Timestamp| Time(t);
     let inside_web = h[0].from.as_ref().unwrap().0;
     assert_eq!(
@@ -197,9 +274,7 @@ async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
     assert_eq!(history::attached_at(spans, &at(spans[0].from.0)).len(), 1);
     assert!(history::attached_at(spans, &at(gap)).is_empty());
 
-    // The same answers from the binary an operator runs.
-    let ip = a.spec.address.clone();
-    let (ok, out) = cli(&["holders", &ip, "--at", &spans[0].from.0.to_string()]).await;
+    let (ok, out) = cli(&["holders", ip, "--at", &spans[0].from.0.to_string()]).await;
     assert!(ok, "{out}");
     assert!(
         out.contains(&format!("{ns}   "))
@@ -208,17 +283,38 @@ async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
         "{out}"
     );
     assert!(!out.contains(&other.name), "only the holding at T: {out}");
-    let (ok, out) = cli(&["holders", &ip, "--at", &gap.to_string()]).await;
+    let (ok, out) = cli(&["holders", ip, "--at", &gap.to_string()]).await;
     assert!(!ok && out.contains("nobody held it at"), "{out}");
-    let (ok, out) = cli(&["holders", &ip]).await;
+    let (ok, out) = cli(&["holders", ip]).await;
     assert!(
         ok && out.contains(&other.name) && out.contains("Released"),
         "{out}"
     );
+}
 
-    // The archive (#57): every record of the address touching the period, as JSON lines
-    // and as CSV, for a store outside the cluster; a namespace's own records alone.
-    let from = (t0 - SignedDuration::from_secs(1)).to_string();
+/// The instant inside `db`'s holding and the instant in the gap between the two.
+fn inside_db_and_gap(a: &IPAddress) -> (Timestamp, Timestamp) {
+    let (h, _) = history::holdings(a);
+    (
+        h[1].from.as_ref().unwrap().0 + SignedDuration::from_secs(1),
+        h[0].until.as_ref().unwrap().0 + SignedDuration::from_secs(1),
+    )
+}
+
+/// The archive (#57): every record of the address touching the period, as JSON lines and
+/// as CSV, for a store outside the cluster; a namespace's own records alone.
+async fn the_archive_exports_every_record_of_the_period(story: &Story) {
+    let Story {
+        ns,
+        other,
+        ip,
+        web,
+        t,
+        a,
+        ..
+    } = story;
+    let (h, _) = history::holdings(a);
+    let from = (t[0] - SignedDuration::from_secs(1)).to_string();
     let export = |format: &'static str, namespace: Option<String>| {
         let from = from.clone();
         async move {
@@ -287,9 +383,22 @@ async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
             .any(|r| r.starts_with(&format!("holding,{ip},"))),
         "{csv}"
     );
+}
 
-    // Through kubectl and the aggregator: the abuse desk (cluster-wide) asks "who held X
-    // at T"; each tenant reads its own namespace's holdings and nothing of the other's.
+/// Through kubectl and the aggregator: the abuse desk (cluster-wide) asks "who held X at
+/// T"; each tenant reads its own namespace's holdings and nothing of the other's.
+fn kubectl_answers_the_abuse_desk_and_each_tenant_its_own(e: &Env, story: &Story) {
+    let Story {
+        ns,
+        other,
+        class,
+        name,
+        ip,
+        a,
+        ..
+    } = story;
+    let (spans, _) = history::spans(a);
+    let (inside_db, gap) = inside_db_and_gap(a);
     let holdings_at = |t: &Timestamp| {
         kubectl(&[
             "get",
@@ -317,7 +426,7 @@ async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
         "heldAt=yesterday",
     ]);
     assert!(!ok && err.contains("RFC 3339"), "{err}");
-    let (ok, table, err) = kubectl(&["get", "addressholdings", "-n", &ns, "-o", "wide"]);
+    let (ok, table, err) = kubectl(&["get", "addressholdings", "-n", ns, "-o", "wide"]);
     assert!(ok, "{err}");
     println!("kubectl get addressholdings -n {ns} -o wide\n{table}");
     let (_, every, _) = kubectl(&[
@@ -333,7 +442,7 @@ async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
             && table.contains("web")
             && table.contains("Released")
             && table.contains("site")
-            && table.contains(&class),
+            && table.contains(class.as_str()),
         "{table}"
     );
     let tenant = format!("tenant-{}", e.sfx);
@@ -352,7 +461,7 @@ async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
         "get",
         "addressholdings",
         "-n",
-        &ns,
+        ns,
         "--as",
         &tenant,
         "-o",
@@ -364,7 +473,7 @@ async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
         format!(
             "addressholding.view.local.sdn.cozystack.io/{}",
             address_controller_api::holding_view_name(
-                &name,
+                name,
                 a.metadata.uid.as_deref().unwrap_or_default(),
                 0
             )
@@ -377,9 +486,21 @@ async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
     );
     let (ok, _, err) = kubectl(&["get", "addressholdings", "-A", "--as", &tenant]);
     assert!(!ok && err.contains("forbidden"), "every namespace's: {err}");
+}
 
-    // Usage over [t0, end): each namespace's held and attached seconds equal what the test
-    // computes from the history it observed, to the second.
+/// Usage over [t0, end): each namespace's held and attached seconds equal what the test
+/// computes from the history it observed, to the second.
+async fn usage_equals_the_history_to_the_second(story: &Story) {
+    let Story {
+        ns,
+        other,
+        class,
+        t,
+        a,
+        ..
+    } = story;
+    let (h, _) = history::holdings(a);
+    let (spans, _) = history::spans(a);
     let db_from = h[1].from.as_ref().unwrap().0;
     wait_for("a second into db's holding", WAIT, || async move {
         Ok((now() >= db_from + SignedDuration::from_secs(2)).then_some(()))
@@ -393,7 +514,7 @@ async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
     let (ok, csv) = cli(&[
         "usage",
         "--from",
-        &t0.to_string(),
+        &t[0].to_string(),
         "--to",
         &end.to_string(),
         "-o",
@@ -404,10 +525,10 @@ async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
     let row = |namespace: &str| -> Vec<String> {
         csv.lines()
             .map(|l| l.split(',').map(str::to_string).collect::<Vec<_>>())
-            .find(|r| r.get(2).map(String::as_str) == Some(namespace) && r.get(3) == Some(&class))
+            .find(|r| r.get(2).map(String::as_str) == Some(namespace) && r.get(3) == Some(class))
             .unwrap_or_else(|| panic!("no row for {namespace} in\n{csv}"))
     };
-    let web_row = row(&ns);
+    let web_row = row(ns);
     let want_web = secs(h[0].from.as_ref().unwrap(), h[0].until.as_ref());
     let want_site = secs(&spans[0].from, spans[0].until.as_ref());
     // No Service of theirs was served by cozy-proxy: no egress seconds.
@@ -435,15 +556,6 @@ async fn an_address_remembers_who_held_it_and_where_it_was_attached() {
         ],
         "{csv}"
     );
-
-    // Only the last entry is open, and it is the claimRef: the checker's rule agrees.
-    assert!(
-        history::problems(&a).is_empty(),
-        "{:?}",
-        history::problems(&a)
-    );
-    theirs.delete("db", &DeleteParams::default()).await.unwrap();
-    e.check().await;
 }
 
 /// Two replicas with leader election; the leader that wrote the bind is killed before the

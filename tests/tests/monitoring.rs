@@ -232,6 +232,8 @@ struct Prometheus {
     child: Child,
     url: String,
     _dir: address_controller_tests::TempDir,
+    /// Its configuration and the token file it reads at each scrape.
+    _config: address_controller_tests::TempDir,
 }
 
 impl Drop for Prometheus {
@@ -304,6 +306,10 @@ fn scrape_config(monitor: &Value, target: &str, ca: &Path, token: &Path, rules: 
     })
 }
 
+/// Prometheus scrapes the controller exactly as the chart's ServiceMonitor says, and with a
+/// workload for every panel: the ledger it holds equals the objects, the chart's alert sees
+/// a real Conflict, the rules evaluate, every panel of the dashboard has data, and its
+/// usage agrees with the addresses' history.
 #[tokio::test]
 async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
     let _install = INSTALL.lock().await;
@@ -316,12 +322,41 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
         .await
         .unwrap();
     let mut drv = runner.driver("drv-monitoring", &[]).await.unwrap();
-    let objs = rendered(&release.ns);
+    let metrics = ctl.metrics_address.clone().unwrap();
+    let prometheus = prometheus_as_the_chart_says(&client, &release, &runner, &metrics).await;
+    the_target_is_up(&prometheus).await;
+    let started = k8s_openapi::jiff::Timestamp::now();
+    let w = Workload::for_every_panel(&client, &release.ns).await;
+    the_ledger_in_prometheus_equals_the_objects(&prometheus, &w).await;
+    the_conflict_alert_sees_the_real_conflict(&prometheus, &w).await;
+    the_rules_load_and_evaluate(&prometheus);
+    every_panel_has_data(&prometheus).await;
+    the_two_sources_of_usage_agree(&prometheus, &w, started).await;
+    the_conflict_clears(&w).await;
+    let scope = Scope::of(
+        &[w.ns.name.as_str()],
+        &[w.static_class.as_str(), w.driver_class.as_str()],
+    );
+    let replicas: Vec<_> = ctl.replica().into_iter().collect();
+    assert_invariants(&client, &scope, &replicas).await;
+    drop(prometheus);
+    ctl.kill();
+    drv.kill();
+    drop(w);
+    drop(release);
+}
 
-    // The chart's scraper token: a ServiceAccount token Secret (kube-controller-manager
-    // fills it in) bound to metrics-reader by the chart — nothing bound by hand. Prometheus
-    // gets it as the ServiceMonitor says (authorization.credentials).
-    let mut cleanup = Cleanup::default();
+/// Prometheus started as the chart's ServiceMonitor describes the scrape. The scraper
+/// token is the chart's: a ServiceAccount token Secret (kube-controller-manager fills it
+/// in) bound to metrics-reader by the chart — nothing bound by hand; Prometheus gets it as
+/// the ServiceMonitor says (authorization.credentials).
+async fn prometheus_as_the_chart_says(
+    client: &kube::Client,
+    release: &Release,
+    runner: &Runner,
+    metrics_address: &str,
+) -> Prometheus {
+    let objs = rendered(&release.ns);
     let monitor = find(&objs, "ServiceMonitor");
     let secret = monitor["spec"]["endpoints"][0]["authorization"]["credentials"]["name"]
         .as_str()
@@ -345,7 +380,7 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
     let rules = write_rules(&objs, &dir);
     let config = scrape_config(
         find(&objs, "ServiceMonitor"),
-        ctl.metrics_address.as_deref().unwrap(),
+        metrics_address,
         &runner.cert_dir().join("ca.crt"),
         &token,
         &rules,
@@ -355,7 +390,7 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
     let data = tempdir();
     let port = free_port();
     let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-    let prometheus = Prometheus {
+    Prometheus {
         child: Command::new(prometheus_bin("prometheus"))
             .args([
                 &format!("--config.file={}", config_file.display()),
@@ -368,10 +403,13 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
             .unwrap(),
         url: format!("http://127.0.0.1:{port}"),
         _dir: data,
-    };
+        _config: dir,
+    }
+}
 
-    // The target is up: TLS verified against the chart's CA for the ServiceMonitor's
-    // server name, the token authorized by the chart's role.
+/// The target is up: TLS verified against the chart's CA for the ServiceMonitor's server
+/// name, the token authorized by the chart's role.
+async fn the_target_is_up(prometheus: &Prometheus) {
     let target = wait_for("the scrape target up", Duration::from_secs(60), || async {
         let t = prometheus.get("/api/v1/targets");
         let active = t["data"]["activeTargets"]
@@ -394,151 +432,181 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
         "target {} up (scrape {}s)",
         target["scrapeUrl"], target["lastScrapeDuration"]
     );
+}
 
-    // A workload for every panel: a static pool (with a Released address and a claim that
-    // waits) and a driver's class.
-    let started = k8s_openapi::jiff::Timestamp::now();
-    let ns = TestNamespace::create(&client, "monitoring").await.unwrap();
-    let sfx = &release.ns;
-    let static_class = format!("mon-static-{sfx}");
-    let driver_class = format!("mon-range-{sfx}");
-    for (name, spec) in [
-        (
-            &static_class,
-            json!({"provisioner": "none.monitoring.test"}),
-        ),
-        (
-            &driver_class,
-            json!({"provisioner": RANGE_PROVISIONER, "parameters": {"cidrs": ["198.18.240.0/28"]}}),
-        ),
-    ] {
-        let classes: Api<address_controller_api::IPAddressClass> = Api::all(client.clone());
-        classes
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap(),
-            )
-            .await
-            .unwrap();
-        cleanup.add("ipaddressclasses.local.sdn.cozystack.io", name);
-    }
-    let addresses: Api<IPAddress> = Api::all(client.clone());
-    for i in 1..=2 {
-        let name = format!("mon-{sfx}-{i}");
-        let a = json!({"metadata": {"name": name}, "spec": {"address": format!("198.18.250.{i}"), "className": static_class, "source": {"fromClass": {}}}});
-        addresses
-            .create(&PostParams::default(), &serde_json::from_value(a).unwrap())
-            .await
-            .unwrap();
-        cleanup.add("ipaddresses.local.sdn.cozystack.io", &name);
-    }
-    let claims: Api<IPAddressClaim> = Api::namespaced(client.clone(), &ns.name);
-    let create = |name: &'static str, class: String| {
-        let claims = claims.clone();
-        async move {
-            let c = json!({"metadata": {"name": name}, "spec": {"className": class}});
-            claims
-                .create(&PostParams::default(), &serde_json::from_value(c).unwrap())
+/// A workload for every panel: a static pool (with a Released address and a claim that
+/// waits), a driver's class at its namespace's quota (a claim waits for room), a claim
+/// shared by two Services, and a thief — another load balancer's Service showing a
+/// claim's address: a real Conflict.
+struct Workload {
+    ns: TestNamespace,
+    static_class: String,
+    driver_class: String,
+    client: kube::Client,
+    _cleanup: Cleanup,
+}
+
+impl Workload {
+    async fn for_every_panel(client: &kube::Client, sfx: &str) -> Workload {
+        let mut cleanup = Cleanup::default();
+        let ns = TestNamespace::create(client, "monitoring").await.unwrap();
+        let static_class = format!("mon-static-{sfx}");
+        let driver_class = format!("mon-range-{sfx}");
+        for (name, spec) in [
+            (
+                &static_class,
+                json!({"provisioner": "none.monitoring.test"}),
+            ),
+            (
+                &driver_class,
+                json!({"provisioner": RANGE_PROVISIONER, "parameters": {"cidrs": ["198.18.240.0/28"]}}),
+            ),
+        ] {
+            let classes: Api<address_controller_api::IPAddressClass> = Api::all(client.clone());
+            classes
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec}))
+                        .unwrap(),
+                )
                 .await
                 .unwrap();
+            cleanup.add("ipaddressclasses.local.sdn.cozystack.io", name);
         }
-    };
-    for (name, class) in [
-        ("s1", &static_class),
-        ("s2", &static_class),
-        ("d1", &driver_class),
-        ("d2", &driver_class),
-    ] {
-        create(name, class.clone()).await;
-    }
-    for name in ["s1", "s2", "d1", "d2"] {
-        wait_for(
-            &format!("claim {name} Bound"),
-            Duration::from_secs(60),
-            || async {
-                Ok((phase(&claims.get(name).await?) == Some(ClaimPhase::Bound)).then_some(()))
-            },
-        )
-        .await
-        .unwrap();
-    }
-    // The driver's class is at the namespace's quota: d3 waits for room (the near-quota
-    // panel and the quota gauges).
-    let quotas: Api<address_controller_api::IPAddressQuota> =
-        Api::namespaced(client.clone(), &ns.name);
-    quotas
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "q"},
-                "spec": {"limits": [{"className": driver_class, "addresses": 2}]}}))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    create("d3", driver_class.clone()).await;
-    // The static pool is used up: s3 waits.
-    create("s3", static_class.clone()).await;
-    // s1's address is kept for it (Retain, no release delay on the class): Released.
-    claims.delete("s1", &DeleteParams::default()).await.unwrap();
-    wait_for("s1 gone", Duration::from_secs(60), || async {
-        Ok(claims.get_opt("s1").await?.is_none().then_some(()))
-    })
-    .await
-    .unwrap();
-
-    // Two Services naming d1, which shares (the range driver puts its address on both:
-    // associated and shared), and a thief: another load balancer's Service showing d2's
-    // address — a real Conflict.
-    claims
-        .patch(
-            "d1",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"sharing": {"policy": "SameNamespace"}}})),
-        )
-        .await
-        .unwrap();
-    let services: Api<k8s_openapi::api::core::v1::Service> =
-        Api::namespaced(client.clone(), &ns.name);
-    let d2 = claims.get("d2").await.unwrap();
-    let d2_ip = d2.status.unwrap().addresses[0].address.clone();
-    for (name, spec) in [
-        (
-            "web",
-            json!({"metadata": {"name": "web", "annotations": {"local.sdn.cozystack.io/ip-address-claim": "d1"}},
-                "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}}),
-        ),
-        (
-            "tls",
-            json!({"metadata": {"name": "tls", "annotations": {"local.sdn.cozystack.io/ip-address-claim": "d1"}},
-                "spec": {"type": "LoadBalancer", "ports": [{"port": 443}]}}),
-        ),
-        (
-            "thief",
-            json!({"metadata": {"name": "thief"},
-                "spec": {"type": "LoadBalancer", "loadBalancerClass": "monitoring.test/other", "ports": [{"port": 80}]}}),
-        ),
-    ] {
-        services
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(spec).unwrap(),
+        let addresses: Api<IPAddress> = Api::all(client.clone());
+        for i in 1..=2 {
+            let name = format!("mon-{sfx}-{i}");
+            let a = json!({"metadata": {"name": name}, "spec": {"address": format!("198.18.250.{i}"), "className": static_class, "source": {"fromClass": {}}}});
+            addresses
+                .create(&PostParams::default(), &serde_json::from_value(a).unwrap())
+                .await
+                .unwrap();
+            cleanup.add("ipaddresses.local.sdn.cozystack.io", &name);
+        }
+        let claims: Api<IPAddressClaim> = Api::namespaced(client.clone(), &ns.name);
+        let create = |name: &'static str, class: String| {
+            let claims = claims.clone();
+            async move {
+                let c = json!({"metadata": {"name": name}, "spec": {"className": class}});
+                claims
+                    .create(&PostParams::default(), &serde_json::from_value(c).unwrap())
+                    .await
+                    .unwrap();
+            }
+        };
+        for (name, class) in [
+            ("s1", &static_class),
+            ("s2", &static_class),
+            ("d1", &driver_class),
+            ("d2", &driver_class),
+        ] {
+            create(name, class.clone()).await;
+        }
+        for name in ["s1", "s2", "d1", "d2"] {
+            wait_for(
+                &format!("claim {name} Bound"),
+                Duration::from_secs(60),
+                || async {
+                    Ok((phase(&claims.get(name).await?) == Some(ClaimPhase::Bound)).then_some(()))
+                },
             )
             .await
             .unwrap();
-        let _ = name;
-    }
-    services
-        .patch_status(
-            "thief",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(
-                json!({"status": {"loadBalancer": {"ingress": [{"ip": d2_ip}]}}}),
-            ),
-        )
+        }
+        // The driver's class is at the namespace's quota: d3 waits for room (the near-quota
+        // panel and the quota gauges).
+        let quotas: Api<address_controller_api::IPAddressQuota> =
+            Api::namespaced(client.clone(), &ns.name);
+        quotas
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": "q"},
+                    "spec": {"limits": [{"className": driver_class, "addresses": 2}]}}))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+        create("d3", driver_class.clone()).await;
+        // The static pool is used up: s3 waits.
+        create("s3", static_class.clone()).await;
+        // s1's address is kept for it (Retain, no release delay on the class): Released.
+        claims.delete("s1", &DeleteParams::default()).await.unwrap();
+        wait_for("s1 gone", Duration::from_secs(60), || async {
+            Ok(claims.get_opt("s1").await?.is_none().then_some(()))
+        })
         .await
         .unwrap();
 
-    // The ledger in Prometheus agrees with the objects.
+        // Two Services naming d1, which shares (the range driver puts its address on both:
+        // associated and shared), and a thief: another load balancer's Service showing d2's
+        // address — a real Conflict.
+        claims
+            .patch(
+                "d1",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"spec": {"sharing": {"policy": "SameNamespace"}}})),
+            )
+            .await
+            .unwrap();
+        let services: Api<k8s_openapi::api::core::v1::Service> =
+            Api::namespaced(client.clone(), &ns.name);
+        let d2 = claims.get("d2").await.unwrap();
+        let d2_ip = d2.status.unwrap().addresses[0].address.clone();
+        for (name, spec) in [
+            (
+                "web",
+                json!({"metadata": {"name": "web", "annotations": {"local.sdn.cozystack.io/ip-address-claim": "d1"}},
+                    "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}}),
+            ),
+            (
+                "tls",
+                json!({"metadata": {"name": "tls", "annotations": {"local.sdn.cozystack.io/ip-address-claim": "d1"}},
+                    "spec": {"type": "LoadBalancer", "ports": [{"port": 443}]}}),
+            ),
+            (
+                "thief",
+                json!({"metadata": {"name": "thief"},
+                    "spec": {"type": "LoadBalancer", "loadBalancerClass": "monitoring.test/other", "ports": [{"port": 80}]}}),
+            ),
+        ] {
+            services
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(spec).unwrap(),
+                )
+                .await
+                .unwrap();
+            let _ = name;
+        }
+        services
+            .patch_status(
+                "thief",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(
+                    json!({"status": {"loadBalancer": {"ingress": [{"ip": d2_ip}]}}}),
+                ),
+            )
+            .await
+            .unwrap();
+        Workload {
+            ns,
+            static_class,
+            driver_class,
+            client: client.clone(),
+            _cleanup: cleanup,
+        }
+    }
+
+    fn addresses(&self) -> Api<IPAddress> {
+        Api::all(self.client.clone())
+    }
+}
+
+/// The ledger in Prometheus agrees with the objects: each class's addresses by phase, and
+/// the namespace's waiting claims.
+async fn the_ledger_in_prometheus_equals_the_objects(prometheus: &Prometheus, w: &Workload) {
+    let (addresses, ns) = (w.addresses(), &w.ns);
+    let (static_class, driver_class) = (&w.static_class, &w.driver_class);
     wait_for(
         "Prometheus's ledger equal to the objects",
         Duration::from_secs(60),
@@ -585,8 +653,11 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
     )
     .await
     .unwrap();
+}
 
-    // The chart's Conflict/Lost alert sees the real Conflict (pending: its `for` is minutes).
+/// The chart's Conflict/Lost alert sees the real Conflict (pending: its `for` is minutes).
+async fn the_conflict_alert_sees_the_real_conflict(prometheus: &Prometheus, w: &Workload) {
+    let driver_class = &w.driver_class;
     let alert = wait_for(
         "IPAddressConflictOrLost active for the driver's class",
         Duration::from_secs(90),
@@ -611,8 +682,10 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
         matches!(alert["state"].as_str(), Some("pending" | "firing")),
         "{alert}"
     );
+}
 
-    // The rules load and evaluate without errors.
+/// The chart's rules load and evaluate without errors.
+fn the_rules_load_and_evaluate(prometheus: &Prometheus) {
     let groups = prometheus.get("/api/v1/rules");
     let loaded: Vec<&Value> = groups["data"]["groups"]
         .as_array()
@@ -624,9 +697,11 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
     for r in &loaded {
         assert_eq!(r["health"], "ok", "{r}");
     }
+}
 
-    // Every panel query of the dashboard returns data (variables at "All", the rate
-    // interval at a minute).
+/// Every panel query of the dashboard returns data (variables at "All", the rate interval
+/// at a minute).
+async fn every_panel_has_data(prometheus: &Prometheus) {
     let dashboard: Value = serde_json::from_str(
         &std::fs::read_to_string(chart_dir().join("dashboards/address-controller.json")).unwrap(),
     )
@@ -678,12 +753,19 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
         report.push(format!("{title}: {got} series ← {expr}"));
     }
     println!("{}", report.join("\n"));
+}
 
-    // The two sources of usage agree (docs/operations.md, "Billing for addresses"): the
-    // address-seconds the namespace held since the test began, from the recording rule
-    // (the samples × the evaluation interval) and from the addresses' history
-    // (`address-controller usage`, to the second). They differ by at most an interval per
-    // bind or release, and an interval at each end of the period.
+/// The two sources of usage agree (docs/operations.md, "Billing for addresses"): the
+/// address-seconds the namespace held since the test began, from the recording rule (the
+/// samples × the evaluation interval) and from the addresses' history (`address-controller
+/// usage`, to the second). They differ by at most an interval per bind or release, and an
+/// interval at each end of the period.
+async fn the_two_sources_of_usage_agree(
+    prometheus: &Prometheus,
+    w: &Workload,
+    started: k8s_openapi::jiff::Timestamp,
+) {
+    let ns = &w.ns;
     let interval = 2.0;
     // A period of 40 s at least, so that the comparison says something (20 evaluations).
     wait_for("40 s of holdings", Duration::from_secs(60), || async {
@@ -740,10 +822,13 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
         (prom - exact).abs() <= (transitions + 2.0) * interval * 2.0,
         "history {exact} vs recording rule {prom}\n{csv}"
     );
-    let scope = Scope::of(
-        &[ns.name.as_str()],
-        &[static_class.as_str(), driver_class.as_str()],
-    );
+}
+
+/// The thief gone, the address is Bound again; the Service is let go.
+async fn the_conflict_clears(w: &Workload) {
+    let (addresses, driver_class) = (w.addresses(), &w.driver_class);
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(w.client.clone(), &w.ns.name);
     // The thief gone, the address is Bound again; the Service is let go.
     services
         .delete("thief", &DeleteParams::default())
@@ -760,19 +845,11 @@ async fn prometheus_scrapes_as_the_chart_says_and_the_dashboard_has_data() {
             .items
             .iter()
             .any(|a| {
-                a.spec.class_name == driver_class
+                a.spec.class_name == *driver_class
                     && a.phase() == Some(address_controller_api::AddressPhase::Conflict)
             });
         Ok((!left).then_some(()))
     })
     .await
     .unwrap();
-    let replicas: Vec<_> = ctl.replica().into_iter().collect();
-    assert_invariants(&client, &scope, &replicas).await;
-    drop(prometheus);
-    ctl.kill();
-    drv.kill();
-    drop(ns);
-    drop(cleanup);
-    drop(release);
 }

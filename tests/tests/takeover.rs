@@ -173,58 +173,196 @@ fn go_name(ip: &str) -> String {
     format!("ip-{}", ip.replace('.', "-"))
 }
 
+/// What the Go driver leaves — a pool and advertisement owned by the class, its addresses
+/// behind its finalizer (one Released, re-armed), its placeholders, the tenants' Services
+/// it pinned — is taken over in place: nothing starts while its Lease is held, the dry run
+/// writes nothing, the takeover swaps every finalizer and holds every address, this driver
+/// adopts the pool, and no claim is renumbered nor any address shown by no Service at any
+/// event meanwhile.
 #[tokio::test]
 async fn the_go_pair_is_taken_over_in_place_without_renumbering() {
     let mut e = env("gotake").await;
     purge(&e, &[NET]).await;
     let _metallb = MetalLb::start(None).await.unwrap();
-    let go = TestNamespace::create(&e.client, "gotake-iad")
-        .await
-        .unwrap();
-    let holds = TestNamespace::create(&e.client, "gotake-holds")
-        .await
-        .unwrap();
-    let ns = e.ns.name.clone();
-    let class = e
-        .class(
-            "gotake",
-            json!({"spec": {"provisioner": PROVISIONER, "reclaimPolicy": "Retain",
-                "parameters": {"addresses": [format!("{NET}0/29")]}}}),
+    let go = GoPair::leaves(&mut e).await;
+    nothing_starts_while_the_go_lease_is_held(&e, &go).await;
+    // From here on, every address must be shown by some Service at every event, web0 keep
+    // .0, and no address turn Conflict or Lost.
+    let held: BTreeSet<String> = ["0", "1", "2", "3"]
+        .iter()
+        .map(|l| format!("{NET}{l}"))
+        .collect();
+    let (seen, stop) = watch(&e, held, (format!("{}/web0", e.ns.name), format!("{NET}0")));
+    the_dry_run_writes_nothing(&e, &go).await;
+    the_takeover_holds_every_address_under_this_drivers_finalizer(&e, &go).await;
+    // The tenant of web3 withdraws it while no driver runs: the Go pin, read as the
+    // driver's, is withdrawn once this driver starts.
+    services(&e, &e.ns.name)
+        .patch(
+            "web3",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {SERVICE_CLAIM_ANNOTATION: null}}})),
         )
-        .await;
-    let class_obj = e.classes().get(&class).await.unwrap();
+        .await
+        .unwrap();
+    // This driver in the Go driver's place.
+    let _driver = ControllerProcess::metallb_driver_holding(
+        &format!("drv-gotake-{}", e.sfx),
+        &go.holds.name,
+        &[],
+    )
+    .await
+    .unwrap();
+    this_driver_adopts_the_pool_and_every_claim_keeps_its_address(&e, &go).await;
+    let thieves = new_claims_bind_elsewhere_and_a_thief_gets_nothing(&e, &go).await;
+    drop(stop);
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    println!(
+        "watch: {} Service events after the Go pair's objects were up",
+        seen.events
+    );
+    assert!(seen.events > 0);
+    assert!(seen.findings.is_empty(), "{:?}", seen.findings);
+    a_migrated_delete_claims_address_goes_with_it(&e, &go, &thieves).await;
+    e.check().await;
+}
 
-    // 1. What the Go driver leaves. Its pool and advertisement, owned by the class, no
-    //    avoidBuggyIPs (it handed out .0).
-    let iad = format!("iad-{class}");
-    create_dynamic(&metallb_api(&e, "IPAddressPool"), json!({"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
-        "metadata": {"name": iad, "namespace": NAMESPACE, "ownerReferences": [owner_of(&class_obj)]},
-        "spec": {"addresses": [format!("{NET}0/29")], "autoAssign": false}})).await;
-    create_dynamic(&metallb_api(&e, "L2Advertisement"), json!({"apiVersion": "metallb.io/v1beta1", "kind": "L2Advertisement",
-        "metadata": {"name": iad, "namespace": NAMESPACE, "ownerReferences": [owner_of(&class_obj)]},
-        "spec": {"ipAddressPools": [iad]}})).await;
-    // Its addresses: Go-named, behind its finalizer, bound to claims.
-    let mut addrs: BTreeMap<&str, IPAddress> = BTreeMap::new();
-    for (claim, last, policy) in [
-        ("zero", "0", "Delete"),
-        ("prov", "1", "Retain"),
-        ("rel", "2", "Retain"),
-        ("gone", "3", "Retain"),
-    ] {
-        let c = e.claim(claim, json!({"className": class})).await;
-        let ip = format!("{NET}{last}");
-        let name = go_name(&ip);
-        let a = e.addresses().create(&PostParams::default(), &serde_json::from_value(json!({
-            "metadata": {"name": name, "finalizers": [GO_FINALIZER]},
-            "spec": {"address": ip, "className": class, "reclaimPolicy": policy, "source": {"fromClass": {}},
-                "claimRef": {"namespace": ns, "name": claim, "uid": c.metadata.uid}}})).unwrap()).await.unwrap();
-        e.cleanup.add("ipaddresses.local.sdn.cozystack.io", &name);
-        e.wait_claim(claim, "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+/// What the Go pair leaves behind, in the test's namespaces.
+struct GoPair {
+    /// Where its placeholders live.
+    go: TestNamespace,
+    /// Where this driver's holds go.
+    holds: TestNamespace,
+    class: String,
+    /// Its pool's and advertisement's name.
+    iad: String,
+    /// Its addresses by claim: zero (Delete), prov, rel (Released), gone.
+    addrs: BTreeMap<&'static str, IPAddress>,
+}
+
+impl GoPair {
+    /// 1. What the Go driver leaves. Its pool and advertisement, owned by the class, no
+    ///    avoidBuggyIPs (it handed out .0); its addresses; its placeholders (a provisioning
+    ///    one, a re-armed one); the tenants' Services it pinned, and its ledger of them.
+    async fn leaves(e: &mut Env) -> GoPair {
+        let go = TestNamespace::create(&e.client, "gotake-iad")
+            .await
+            .unwrap();
+        let holds = TestNamespace::create(&e.client, "gotake-holds")
+            .await
+            .unwrap();
+        let ns = e.ns.name.clone();
+        let class = e
+            .class(
+                "gotake",
+                json!({"spec": {"provisioner": PROVISIONER, "reclaimPolicy": "Retain",
+                    "parameters": {"addresses": [format!("{NET}0/29")]}}}),
+            )
             .await;
-        addrs.insert(claim, a);
+        let class_obj = e.classes().get(&class).await.unwrap();
+        let iad = format!("iad-{class}");
+        create_dynamic(&metallb_api(e, "IPAddressPool"), json!({"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+            "metadata": {"name": iad, "namespace": NAMESPACE, "ownerReferences": [owner_of(&class_obj)]},
+            "spec": {"addresses": [format!("{NET}0/29")], "autoAssign": false}})).await;
+        create_dynamic(&metallb_api(e, "L2Advertisement"), json!({"apiVersion": "metallb.io/v1beta1", "kind": "L2Advertisement",
+            "metadata": {"name": iad, "namespace": NAMESPACE, "ownerReferences": [owner_of(&class_obj)]},
+            "spec": {"ipAddressPools": [iad]}})).await;
+        // Its addresses: Go-named, behind its finalizer, bound to claims.
+        let mut addrs: BTreeMap<&str, IPAddress> = BTreeMap::new();
+        for (claim, last, policy) in [
+            ("zero", "0", "Delete"),
+            ("prov", "1", "Retain"),
+            ("rel", "2", "Retain"),
+            ("gone", "3", "Retain"),
+        ] {
+            let c = e.claim(claim, json!({"className": class})).await;
+            let ip = format!("{NET}{last}");
+            let name = go_name(&ip);
+            let a = e.addresses().create(&PostParams::default(), &serde_json::from_value(json!({
+                "metadata": {"name": name, "finalizers": [GO_FINALIZER]},
+                "spec": {"address": ip, "className": class, "reclaimPolicy": policy, "source": {"fromClass": {}},
+                    "claimRef": {"namespace": ns, "name": claim, "uid": c.metadata.uid}}})).unwrap()).await.unwrap();
+            e.cleanup.add("ipaddresses.local.sdn.cozystack.io", &name);
+            e.wait_claim(claim, "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
+                .await;
+            addrs.insert(claim, a);
+        }
+        let claim_uid = |n: &str| {
+            addrs[n]
+                .spec
+                .claim_ref
+                .as_ref()
+                .unwrap()
+                .uid
+                .clone()
+                .unwrap()
+        };
+        // A Released one (its claim deleted under Retain), re-armed by a placeholder.
+        e.claims()
+            .delete("rel", &DeleteParams::default())
+            .await
+            .unwrap();
+        let rel = addrs["rel"].name_any();
+        wait_for("the Released address", WAIT, || async {
+            let a = e.addresses().get(&rel).await?;
+            Ok((aphase(Some(&a)) == Some(AddressPhase::Released)).then_some(()))
+        })
+        .await
+        .unwrap();
+        // Its placeholders: a provisioning one, a re-armed one.
+        let go_svcs = services(e, &go.name);
+        let prov_ph = format!("iad-{}-v4", claim_uid("prov"));
+        let rel_ph = format!("iad-{rel}");
+        for v in [
+            placeholder(&prov_ph, &addrs["prov"], &class, Some((&ns, "prov"))),
+            placeholder(&rel_ph, &addrs["rel"], &class, None),
+        ] {
+            go_svcs
+                .create(&PostParams::default(), &serde_json::from_value(v).unwrap())
+                .await
+                .unwrap();
+        }
+        // Tenants' Services it pinned (no sharing key; its marker "true").
+        for (svc, claim, last) in [("web0", "zero", "0"), ("web3", "gone", "3")] {
+            let v = json!({"metadata": {"name": svc, "annotations": {SERVICE_CLAIM_ANNOTATION: claim,
+                    "metallb.io/loadBalancerIPs": format!("{NET}{last}"), GO_MARKER: "true"}},
+                "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}});
+            services(e, &ns)
+                .create(&PostParams::default(), &serde_json::from_value(v).unwrap())
+                .await
+                .unwrap();
+        }
+        // Its ledger: the Service each address is associated to (`status.associatedTo`).
+        for (svc, claim) in [("web0", "zero"), ("web3", "gone")] {
+            e.addresses()
+                .patch_status(
+                    &addrs[claim].name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"associatedTo": {"kind": "Service", "namespace": ns, "name": svc}}})),
+                )
+                .await
+                .unwrap();
+        }
+        for (n, s, ip) in [
+            (&ns, "web0", "0"),
+            (&ns, "web3", "3"),
+            (&go.name, prov_ph.as_str(), "1"),
+            (&go.name, rel_ph.as_str(), "2"),
+        ] {
+            wait_ingress(e, n, s, &[&format!("{NET}{ip}")]).await;
+        }
+        GoPair {
+            go,
+            holds,
+            class,
+            iad,
+            addrs,
+        }
     }
-    let claim_uid = |n: &str| {
-        addrs[n]
+
+    /// The uid of the claim an address of the Go pair is bound to.
+    fn claim_uid(&self, claim: &str) -> String {
+        self.addrs[claim]
             .spec
             .claim_ref
             .as_ref()
@@ -232,63 +370,30 @@ async fn the_go_pair_is_taken_over_in_place_without_renumbering() {
             .uid
             .clone()
             .unwrap()
-    };
-    // A Released one (its claim deleted under Retain), re-armed by a placeholder.
-    e.claims()
-        .delete("rel", &DeleteParams::default())
-        .await
-        .unwrap();
-    let rel = addrs["rel"].name_any();
-    wait_for("the Released address", WAIT, || async {
-        let a = e.addresses().get(&rel).await?;
-        Ok((aphase(Some(&a)) == Some(AddressPhase::Released)).then_some(()))
-    })
-    .await
-    .unwrap();
-    // Its placeholders: a provisioning one, a re-armed one.
-    let go_svcs = services(&e, &go.name);
-    let prov_ph = format!("iad-{}-v4", claim_uid("prov"));
-    let rel_ph = format!("iad-{rel}");
-    for v in [
-        placeholder(&prov_ph, &addrs["prov"], &class, Some((&ns, "prov"))),
-        placeholder(&rel_ph, &addrs["rel"], &class, None),
-    ] {
-        go_svcs
-            .create(&PostParams::default(), &serde_json::from_value(v).unwrap())
-            .await
-            .unwrap();
-    }
-    // Tenants' Services it pinned (no sharing key; its marker "true").
-    for (svc, claim, last) in [("web0", "zero", "0"), ("web3", "gone", "3")] {
-        let v = json!({"metadata": {"name": svc, "annotations": {SERVICE_CLAIM_ANNOTATION: claim,
-                "metallb.io/loadBalancerIPs": format!("{NET}{last}"), GO_MARKER: "true"}},
-            "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}});
-        services(&e, &ns)
-            .create(&PostParams::default(), &serde_json::from_value(v).unwrap())
-            .await
-            .unwrap();
-    }
-    // Its ledger: the Service each address is associated to (`status.associatedTo`).
-    for (svc, claim) in [("web0", "zero"), ("web3", "gone")] {
-        e.addresses()
-            .patch_status(
-                &addrs[claim].name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"associatedTo": {"kind": "Service", "namespace": ns, "name": svc}}})),
-            )
-            .await
-            .unwrap();
-    }
-    for (n, s, ip) in [
-        (&ns, "web0", "0"),
-        (&ns, "web3", "3"),
-        (&go.name, prov_ph.as_str(), "1"),
-        (&go.name, rel_ph.as_str(), "2"),
-    ] {
-        wait_ingress(&e, n, s, &[&format!("{NET}{ip}")]).await;
     }
 
-    // 2. While the Go pair's Lease is held, nothing of this project starts.
+    /// `metallb-driver takeover` of this pair, with `--yes` when `yes`.
+    fn takeover(&self, yes: bool) -> Vec<String> {
+        let mut a = vec![
+            "takeover".to_string(),
+            "--metallb-namespace".into(),
+            NAMESPACE.into(),
+            "--hold-namespace".into(),
+            self.holds.name.clone(),
+            "--go-placeholder-namespace".into(),
+            self.go.name.clone(),
+        ];
+        if yes {
+            a.push("--yes".into());
+        }
+        a
+    }
+}
+
+/// 2. While the Go pair's Lease is held, nothing of this project starts, and `check` names
+///    the Lease.
+async fn nothing_starts_while_the_go_lease_is_held(e: &Env, pair: &GoPair) {
+    let (go, holds) = (&pair.go, &pair.holds);
     let leases: Api<Lease> = Api::namespaced(e.client.clone(), &go.name);
     let now = k8s_openapi::jiff::Timestamp::now();
     leases
@@ -359,32 +464,13 @@ async fn the_go_pair_is_taken_over_in_place_without_renumbering() {
         .delete("a4cfeeab.sdn.cozystack.io", &DeleteParams::default())
         .await
         .unwrap();
+}
 
-    // From here on, every address must be shown by some Service at every event, web0 keep
-    // .0, and no address turn Conflict or Lost.
-    let held: BTreeSet<String> = ["0", "1", "2", "3"]
-        .iter()
-        .map(|l| format!("{NET}{l}"))
-        .collect();
-    let (seen, stop) = watch(&e, held, (format!("{ns}/web0"), format!("{NET}0")));
-
-    // 3. The dry run writes nothing.
-    let takeover = |yes: bool| {
-        let mut a = vec![
-            "takeover".to_string(),
-            "--metallb-namespace".into(),
-            NAMESPACE.into(),
-            "--hold-namespace".into(),
-            holds.name.clone(),
-            "--go-placeholder-namespace".into(),
-            go.name.clone(),
-        ];
-        if yes {
-            a.push("--yes".into());
-        }
-        a
-    };
-    let args = takeover(false);
+/// 3. The dry run says what it would do and writes nothing.
+async fn the_dry_run_writes_nothing(e: &Env, go: &GoPair) {
+    let addrs = &go.addrs;
+    let holds = &go.holds;
+    let args = go.takeover(false);
     let dry = run(
         "metallb-driver",
         &args.iter().map(String::as_str).collect::<Vec<_>>(),
@@ -403,7 +489,7 @@ async fn the_go_pair_is_taken_over_in_place_without_renumbering() {
         assert!(out.contains(want), "{want:?} missing:\n{out}");
     }
     assert!(
-        services(&e, &holds.name)
+        services(e, &holds.name)
             .list(&Default::default())
             .await
             .unwrap()
@@ -419,13 +505,20 @@ async fn the_go_pair_is_taken_over_in_place_without_renumbering() {
             .iter()
             .any(|f| f == GO_FINALIZER)
     );
+}
 
-    // 4. The takeover.
-    let args = takeover(true);
+/// 4. The takeover: every address under this driver's finalizer and held by a Service with
+///    its claim's sharing key, the placeholders gone, the Go pin recorded as this driver's;
+///    a second run finds nothing to do.
+async fn the_takeover_holds_every_address_under_this_drivers_finalizer(e: &Env, go: &GoPair) {
+    let ns = &e.ns.name;
+    let holds = &go.holds;
+    let go_svcs = services(e, &go.go.name);
+    let args = go.takeover(true);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let done = run("metallb-driver", &args).await;
     assert_eq!(done.status.code(), Some(0), "{}", text(&done));
-    for a in addrs.values() {
+    for a in go.addrs.values() {
         let now = e.addresses().get(&a.name_any()).await.unwrap();
         assert!(
             now.finalizers().iter().any(|f| f == OUR_FINALIZER)
@@ -435,7 +528,7 @@ async fn the_go_pair_is_taken_over_in_place_without_renumbering() {
             now.finalizers()
         );
         let hold = wait_ingress(
-            &e,
+            e,
             &holds.name,
             &format!("hold-{}", a.name_any()),
             &[&a.spec.address],
@@ -459,7 +552,7 @@ async fn the_go_pair_is_taken_over_in_place_without_renumbering() {
             .is_empty(),
         "the placeholders are gone"
     );
-    let web0 = services(&e, &ns).get("web0").await.unwrap();
+    let web0 = services(e, ns).get("web0").await.unwrap();
     assert_eq!(
         web0.annotations().get(OUR_MARKER).map(String::as_str),
         Some(format!("{NET}0").as_str())
@@ -467,7 +560,7 @@ async fn the_go_pair_is_taken_over_in_place_without_renumbering() {
     assert_eq!(web0.annotations().get(GO_MARKER), None);
     assert_eq!(
         web0.annotations().get("metallb.io/allow-shared-ip"),
-        Some(&format!("ac-{}", claim_uid("zero")))
+        Some(&format!("ac-{}", go.claim_uid("zero")))
     );
     // A second run finds nothing to do (every write of it would print a row).
     let again = run("metallb-driver", &args).await;
@@ -483,30 +576,16 @@ async fn the_go_pair_is_taken_over_in_place_without_renumbering() {
         "{}",
         text(&again)
     );
+}
 
-    // 5. The tenant of web3 withdraws it while no driver runs: the Go pin, read as the
-    //    driver's, is withdrawn once this driver starts.
-    services(&e, &ns)
-        .patch(
-            "web3",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {SERVICE_CLAIM_ANNOTATION: null}}})),
-        )
-        .await
-        .unwrap();
-
-    // 6. This driver in the Go driver's place.
-    let _driver = ControllerProcess::metallb_driver_holding(
-        &format!("drv-gotake-{}", e.sfx),
-        &holds.name,
-        &[],
-    )
-    .await
-    .unwrap();
+/// 6. This driver adopts the Go pool in place and takes the Services over: web0 associated
+///    through it, web3's withdrawn pin withdrawn; every claim kept its address.
+async fn this_driver_adopts_the_pool_and_every_claim_keeps_its_address(e: &Env, go: &GoPair) {
+    let (ns, iad, class) = (&e.ns.name, &go.iad, &go.class);
     // The pool is adopted in place — our labels and finalizer, avoidBuggyIPs as it was — and
     // no second pool is made.
     wait_for("the Go pool adopted", WAIT, || async {
-        let p = pools(&e).get(&iad).await?;
+        let p = pools(e).get(iad).await?;
         let ours = p
             .labels()
             .get("app.kubernetes.io/managed-by")
@@ -519,10 +598,10 @@ async fn the_go_pair_is_taken_over_in_place_without_renumbering() {
     })
     .await
     .unwrap();
-    let p = pools(&e).get(&iad).await.unwrap();
+    let p = pools(e).get(iad).await.unwrap();
     assert_ne!(p.data["spec"]["avoidBuggyIPs"], json!(true), "{:?}", p.data);
     assert!(
-        pools(&e)
+        pools(e)
             .get_opt(&format!("ipaddressclass-{class}"))
             .await
             .unwrap()
@@ -530,7 +609,7 @@ async fn the_go_pair_is_taken_over_in_place_without_renumbering() {
     );
     // web0 is associated through this driver; web3's pin is withdrawn (its address stays held).
     wait_for("web0 AddressAttached=True", WAIT, || async {
-        let s = services(&e, &ns).get("web0").await?;
+        let s = services(e, ns).get("web0").await?;
         let ok = s
             .status
             .iter()
@@ -541,7 +620,7 @@ async fn the_go_pair_is_taken_over_in_place_without_renumbering() {
     .await
     .unwrap();
     wait_for("web3's pin withdrawn", WAIT, || async {
-        let s = services(&e, &ns).get("web3").await?;
+        let s = services(e, ns).get("web3").await?;
         let gone = ingress(&s).is_empty()
             && s.annotations().get("metallb.io/loadBalancerIPs").is_none()
             && s.annotations().get(OUR_MARKER).is_none();
@@ -561,7 +640,12 @@ async fn the_go_pair_is_taken_over_in_place_without_renumbering() {
             .collect();
         assert_eq!(listed, [format!("{NET}{last}").as_str()], "{claim}");
     }
-    // A new claim binds to a free address — never to one the Go names hold.
+}
+
+/// A new claim binds to a free address — never to one the Go names hold; a thief pinning a
+/// migrated address gets nothing. The thief's namespace is returned.
+async fn new_claims_bind_elsewhere_and_a_thief_gets_nothing(e: &Env, go: &GoPair) -> TestNamespace {
+    let class = &go.class;
     e.claim("new", json!({"className": class})).await;
     let c = e
         .wait_claim("new", "Bound", |c| phase(c) == Some(ClaimPhase::Bound))
@@ -577,7 +661,7 @@ async fn the_go_pair_is_taken_over_in_place_without_renumbering() {
     let thieves = TestNamespace::create(&e.client, "gotake-thief")
         .await
         .unwrap();
-    services(&e, &thieves.name)
+    services(e, &thieves.name)
         .create(
             &PostParams::default(),
             &serde_json::from_value(json!({"metadata": {"name": "thief",
@@ -588,7 +672,7 @@ async fn the_go_pair_is_taken_over_in_place_without_renumbering() {
         .await
         .unwrap();
     wait_for("MetalLB refuses the thief", WAIT, || async {
-        let ev = core_events(&e, &thieves.name, "thief").await;
+        let ev = core_events(e, &thieves.name, "thief").await;
         Ok(ev
             .iter()
             .any(|(r, _)| r == "AllocationFailed")
@@ -596,19 +680,19 @@ async fn the_go_pair_is_taken_over_in_place_without_renumbering() {
     })
     .await
     .unwrap();
-    assert!(ingress(&services(&e, &thieves.name).get("thief").await.unwrap()).is_empty());
+    assert!(ingress(&services(e, &thieves.name).get("thief").await.unwrap()).is_empty());
 
-    drop(stop);
-    let seen = std::mem::take(&mut *seen.lock().unwrap());
-    println!(
-        "watch: {} Service events after the Go pair's objects were up",
-        seen.events
-    );
-    assert!(seen.events > 0);
-    assert!(seen.findings.is_empty(), "{:?}", seen.findings);
+    thieves
+}
 
-    // 7. A migrated Delete claim's address goes with it (the finalizer was swapped).
-    services(&e, &ns)
+/// 7. A migrated Delete claim's address goes with it (the finalizer was swapped).
+async fn a_migrated_delete_claims_address_goes_with_it(
+    e: &Env,
+    go: &GoPair,
+    thieves: &TestNamespace,
+) {
+    let ns = &e.ns.name;
+    services(e, ns)
         .delete("web0", &DeleteParams::default())
         .await
         .unwrap();
@@ -616,19 +700,18 @@ async fn the_go_pair_is_taken_over_in_place_without_renumbering() {
         .delete("zero", &DeleteParams::default())
         .await
         .unwrap();
-    let zero = addrs["zero"].name_any();
+    let zero = go.addrs["zero"].name_any();
     wait_for("the Delete claim's address deleted", WAIT, || async {
         Ok(e.addresses().get_opt(&zero).await?.is_none().then_some(()))
     })
     .await
     .unwrap();
-    services(&e, &ns)
+    services(e, ns)
         .delete("web3", &DeleteParams::default())
         .await
         .unwrap();
-    services(&e, &thieves.name)
+    services(e, &thieves.name)
         .delete("thief", &DeleteParams::default())
         .await
         .unwrap();
-    e.check().await;
 }

@@ -227,14 +227,17 @@ async fn views_through_the_aggregator_with_kubectl() {
     e.check_with(&[&_ctl]).await;
 }
 
+/// Who may read what: a tenant its own namespace's views only; around the aggregator, only
+/// the real front proxy may say who is calling (forged headers, another CA's or another
+/// name's certificate, a bad token: refused); `/metrics` only for a token allowed the path;
+/// a flood of bad tokens never past the auth cache's bound; the view store's size on
+/// `/metrics`; nothing anonymous anywhere.
 #[tokio::test]
 async fn security_front_proxy_tokens_and_rbac() {
     let mut e = env("views-sec").await;
-    // Small auth caches, so that a flood fills them.
-    const CACHE: usize = 50;
     // A review budget the flood below fits in (the gate that refuses past it is
     // hostile.rs's): this test is about the caches' bound.
-    let (_ctl, _, metrics_port) = e
+    let (ctl, _, metrics_port) = e
         .serve_views_with(&[
             "--auth-cache-size",
             &CACHE.to_string(),
@@ -242,11 +245,48 @@ async fn security_front_proxy_tokens_and_rbac() {
             "1000",
         ])
         .await;
-    let cluster = Cluster::get();
-    let ns_a = e.ns.name.clone();
     let ns_b = TestNamespace::create(&e.client, "views-sec-b")
         .await
         .unwrap();
+    a_tenant_reads_its_own_namespaces_views_only(&e, &ns_b.name);
+    let port = views_port();
+    only_the_front_proxy_may_say_who_is_calling(&port).await;
+    let scraper = Scraper::allowed_metrics(&mut e, metrics_port);
+    only_a_token_allowed_the_path_reads_metrics(&scraper);
+    a_flood_of_bad_tokens_stays_within_the_caches_bound(&port, &scraper).await;
+    the_view_stores_size_is_on_metrics(&e, &scraper).await;
+    // Anonymous /metrics on the views' port: refused like any path the user may not get.
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sk",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &format!("https://127.0.0.1:{port}/metrics"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "403");
+    // The plain probe port serves probes, nothing else: no anonymous /metrics anywhere.
+    let (code, _) = address_controller_tests::http_get(&format!("http://{}/metrics", ctl.probe))
+        .await
+        .unwrap();
+    assert_eq!(code, 404);
+    let (code, _) = ctl.readyz().await.unwrap();
+    assert_eq!(code, 200, "the probe port answers probes");
+    drop(ns_b);
+    e.check_with(&[&ctl]).await;
+}
+
+/// Small auth caches, so that a flood fills them.
+const CACHE: usize = 50;
+
+/// The tenant may read the views in its namespace only: not in `other`, not across the
+/// cluster.
+fn a_tenant_reads_its_own_namespaces_views_only(e: &Env, other: &str) {
+    let cluster = Cluster::get();
+    let ns_a = &e.ns.name;
     let user = format!("tenant-{}", e.sfx);
     // The tenant may read the views in namespace A only.
     let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "views", "namespace": ns_a},
@@ -274,7 +314,7 @@ async fn security_front_proxy_tokens_and_rbac() {
         a.extend(["--as", user.as_str()]);
         kubectl(&a)
     };
-    let (ok, _, err) = as_tenant(&["get", "namespaceaddresses", "-n", &ns_a]);
+    let (ok, _, err) = as_tenant(&["get", "namespaceaddresses", "-n", ns_a]);
     assert!(ok, "{err}");
     let (ok, _, err) = as_tenant(&[
         "get",
@@ -284,7 +324,7 @@ async fn security_front_proxy_tokens_and_rbac() {
         ),
     ]);
     assert!(ok, "{err}");
-    let (ok, _, err) = as_tenant(&["get", "namespaceaddresses", "-n", &ns_b.name]);
+    let (ok, _, err) = as_tenant(&["get", "namespaceaddresses", "-n", other]);
     assert!(
         !ok && err.contains("forbidden")
             && err.contains(&format!(
@@ -294,20 +334,29 @@ async fn security_front_proxy_tokens_and_rbac() {
     );
     let (ok, _, err) = as_tenant(&["get", "namespaceaddresses", "-A"]);
     assert!(!ok && err.contains("at the cluster scope"), "{err}");
+}
 
-    // Straight to the server, around the aggregator.
-    let port = {
-        let out = cluster
-            .kubectl_ok(&[
-                "get",
-                "apiservice",
-                APISERVICE,
-                "-o",
-                "jsonpath={.spec.service.port}",
-            ])
-            .unwrap();
-        out.trim().to_string()
-    };
+/// The views server's own port (the APIService's), to be reached around the aggregator.
+fn views_port() -> String {
+    Cluster::get()
+        .kubectl_ok(&[
+            "get",
+            "apiservice",
+            APISERVICE,
+            "-o",
+            "jsonpath={.spec.service.port}",
+        ])
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// Straight to the server, around the aggregator: forged identity headers without a
+/// client certificate, the cluster CA's certificate, a front-proxy CA's certificate for a
+/// name not allowed, a bad bearer token — refused; the real front proxy — trusted. Probes
+/// need nothing.
+async fn only_the_front_proxy_may_say_who_is_calling(port: &str) {
+    let cluster = Cluster::get();
     let url = format!(
         "https://127.0.0.1:{port}/apis/view.local.sdn.cozystack.io/v1alpha1/namespaceaddresses"
     );
@@ -426,68 +475,96 @@ async fn security_front_proxy_tokens_and_rbac() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ok");
+}
 
-    // /metrics over HTTPS: only for a token whose principal may get the path.
-    let reader_role = format!("metrics-reader-{}", e.sfx);
-    let rbac = json!([
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "scraper", "namespace": ns_a}},
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "nobody", "namespace": ns_a}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": reader_role},
-            "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": reader_role},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": reader_role},
-            "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": ns_a}]},
-    ]);
-    let dir = tempdir();
-    let file = dir.join("metrics-rbac.yaml");
-    std::fs::write(
-        &file,
-        rbac.as_array()
-            .unwrap()
-            .iter()
-            .map(|o| serde_yaml::to_string(o).unwrap())
-            .collect::<Vec<_>>()
-            .join("---\n"),
-    )
-    .unwrap();
-    cluster
-        .kubectl_ok(&["apply", "-f", file.to_str().unwrap()])
+/// A ServiceAccount allowed `GET /metrics` (the chart's metrics-reader, made here), one
+/// that is not, and the metrics port.
+struct Scraper {
+    ns: String,
+    metrics_port: u16,
+}
+
+impl Scraper {
+    fn allowed_metrics(e: &mut Env, metrics_port: u16) -> Scraper {
+        let cluster = Cluster::get();
+        let ns_a = e.ns.name.clone();
+        let reader_role = format!("metrics-reader-{}", e.sfx);
+        let rbac = json!([
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "scraper", "namespace": ns_a}},
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "nobody", "namespace": ns_a}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": reader_role},
+                "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": reader_role},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": reader_role},
+                "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": ns_a}]},
+        ]);
+        let dir = tempdir();
+        let file = dir.join("metrics-rbac.yaml");
+        std::fs::write(
+            &file,
+            rbac.as_array()
+                .unwrap()
+                .iter()
+                .map(|o| serde_yaml::to_string(o).unwrap())
+                .collect::<Vec<_>>()
+                .join("---\n"),
+        )
         .unwrap();
-    e.cleanup
-        .add("clusterroles.rbac.authorization.k8s.io", &reader_role);
-    e.cleanup.add(
-        "clusterrolebindings.rbac.authorization.k8s.io",
-        &reader_role,
-    );
-    let token = |sa: &str| {
         cluster
-            .kubectl_ok(&["create", "token", sa, "-n", &ns_a])
+            .kubectl_ok(&["apply", "-f", file.to_str().unwrap()])
+            .unwrap();
+        e.cleanup
+            .add("clusterroles.rbac.authorization.k8s.io", &reader_role);
+        e.cleanup.add(
+            "clusterrolebindings.rbac.authorization.k8s.io",
+            &reader_role,
+        );
+        Scraper {
+            ns: ns_a,
+            metrics_port,
+        }
+    }
+
+    /// A fresh token of the ServiceAccount `sa`.
+    fn token(&self, sa: &str) -> String {
+        Cluster::get()
+            .kubectl_ok(&["create", "token", sa, "-n", &self.ns])
             .unwrap()
             .trim()
             .to_string()
-    };
-    let metrics = |auth: Option<String>| {
+    }
+
+    /// `GET /metrics` over HTTPS with `auth` as the bearer token: the status and the body.
+    fn metrics(&self, auth: Option<String>) -> (String, String) {
         let mut cmd = std::process::Command::new("curl");
         cmd.args(["-sk", "-w", "\n%{http_code}"]);
         if let Some(t) = auth {
             cmd.args(["-H", &format!("Authorization: Bearer {t}")]);
         }
         let out = cmd
-            .arg(format!("https://127.0.0.1:{metrics_port}/metrics"))
+            .arg(format!("https://127.0.0.1:{}/metrics", self.metrics_port))
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let (body, code) = text.rsplit_once('\n').unwrap();
         (code.to_string(), body.to_string())
-    };
+    }
+}
+
+/// `/metrics` over HTTPS: only for a token whose principal may get the path.
+fn only_a_token_allowed_the_path_reads_metrics(s: &Scraper) {
+    let (metrics, token) = (|a| s.metrics(a), |sa: &str| s.token(sa));
     let (code, body) = metrics(Some(token("scraper")));
     assert_eq!(code, "200", "{body}");
     assert!(body.contains("address_controller_ipaddresses"), "{body}");
     assert_eq!(metrics(Some(token("nobody"))).0, "403");
     assert_eq!(metrics(None).0, "403", "anonymous");
     assert_eq!(metrics(Some("garbage".into())).0, "401");
-    // A flood of distinct bad tokens: every one refused, the token cache never past its
-    // bound (and filled: the refusals are cached).
+}
+
+/// A flood of distinct bad tokens: every one refused, the token cache never past its
+/// bound (and filled: the refusals are cached).
+async fn a_flood_of_bad_tokens_stays_within_the_caches_bound(port: &str, s: &Scraper) {
     let dir = tempdir();
     let config = dir.join("flood.curlrc");
     let flood = 6 * CACHE;
@@ -516,15 +593,14 @@ async fn security_front_proxy_tokens_and_rbac() {
         .lines()
         .for_each(|c| *tally.entry(c).or_default() += 1);
     assert_eq!(tally.get("401"), Some(&flood), "{tally:?}");
-    let scraper = token("scraper");
+    let scraper = s.token("scraper");
     let held = wait_for(
         "the token cache within its bound",
         Duration::from_secs(30),
         || {
             let scraper = scraper.clone();
-            let metrics = &metrics;
             async move {
-                let (_, body) = metrics(Some(scraper));
+                let (_, body) = s.metrics(Some(scraper));
                 let held = sample(
                     &body,
                     "address_controller_apiserver_auth_cache_entries{cache=\"tokens\"}",
@@ -539,8 +615,12 @@ async fn security_front_proxy_tokens_and_rbac() {
     .unwrap();
     assert!(held > 0, "refusals are cached");
     println!("{flood} distinct bad tokens: all 401, {held} held (bound {CACHE})");
-    // The view store's size, beside the auth caches: what it holds now, and its watch history
-    // — which a claim in namespace A adds to (its holdings change).
+}
+
+/// The view store's size, beside the auth caches: what it holds now, and its watch history
+/// — which a claim in the namespace adds to (its holdings change).
+async fn the_view_stores_size_is_on_metrics(e: &Env, s: &Scraper) {
+    let scraper = s.token("scraper");
     e.claim("counted", json!({"className": "views-sec-none"}))
         .await;
     let gauge = |body: &str, name: &str, part: &str| -> f64 {
@@ -551,9 +631,9 @@ async fn security_front_proxy_tokens_and_rbac() {
         "the claim in the view history",
         Duration::from_secs(30),
         || {
-            let (scraper, metrics) = (scraper.clone(), &metrics);
+            let scraper = scraper.clone();
             async move {
-                let (_, body) = metrics(Some(scraper));
+                let (_, body) = s.metrics(Some(scraper));
                 Ok((gauge(&body, "view_entries", "history") >= 1.0).then_some(body))
             }
         },
@@ -570,28 +650,6 @@ async fn security_front_proxy_tokens_and_rbac() {
         "{objects} objects, {object_bytes} bytes"
     );
     assert!(gauge(&body, "view_bytes", "history") >= 64.0, "{body}");
-    // Anonymous /metrics on the views' port: refused like any path the user may not get.
-    let out = std::process::Command::new("curl")
-        .args([
-            "-sk",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            &format!("https://127.0.0.1:{port}/metrics"),
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "403");
-    // The plain probe port serves probes, nothing else: no anonymous /metrics anywhere.
-    let (code, _) = address_controller_tests::http_get(&format!("http://{}/metrics", _ctl.probe))
-        .await
-        .unwrap();
-    assert_eq!(code, 404);
-    let (code, _) = _ctl.readyz().await.unwrap();
-    assert_eq!(code, 200, "the probe port answers probes");
-    drop(ns_b);
-    e.check_with(&[&_ctl]).await;
 }
 
 #[tokio::test]

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use address_controller_api::{ClaimPhase, IPAddressClaim};
-use address_controller_tests::env::{env, phase};
+use address_controller_tests::env::{Env, env, phase};
 use address_controller_tests::{Cluster, TestNamespace, wait_for};
 use kube::Client;
 use kube::api::{Api, PostParams};
@@ -675,14 +675,65 @@ const ACCEPTS: &[(&str, &str)] = &[
     ("any", "*/*"),
 ];
 
+/// Each view answers every read as kube-apiserver answers it for a CRD with the same
+/// objects (a mirror CRD per view): queries, pages, content types, watches, missing
+/// objects, a change between pages, and writes refused; every difference is explained in
+/// `EXPLAINED`, and every explanation is still needed.
 #[tokio::test]
 async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
     let mut e = env("views-diff").await;
     let (ctl, _, _) = e.serve_views().await;
     let client = e.client.clone();
-    // Objects for both views: three namespaces (two holding claims), three classes (two
-    // labelled) admitting exactly this test's namespaces — so the pools' admitted
-    // namespaces do not move with the rest of the cluster while the two sides are compared.
+    let other = objects_for_both_sides(&mut e).await;
+    let filled = mirror_crds_filled(&mut e).await;
+    // An expired continue token must be expired for kube-apiserver too: a young cluster's
+    // etcd has not been compacted yet (kube-apiserver compacts every five minutes).
+    let cluster = Cluster::get();
+    let compacted = cluster.compact_etcd().unwrap();
+    assert!(compacted > 1, "etcd at revision {compacted}");
+    // Answers as they come: kube's client would retry the 503s and 504s.
+    let raw = cluster.raw_client().await.unwrap();
+    let mut run = Runner {
+        client: &raw,
+        outcomes: Vec::new(),
+    };
+    let ns = e.ns.name.clone();
+    let mut late = Vec::new();
+    for r in RESOURCES {
+        let names = &filled[r.plural];
+        assert!(names.len() >= 3, "{}: {names:?}", r.plural);
+        let (first, last) = (names[0].clone(), names[names.len() - 1].clone());
+        let item = if r.namespaced {
+            ns.clone()
+        } else {
+            first.clone()
+        };
+        let at = At {
+            r,
+            ns: &ns,
+            item_ns: r.namespaced.then_some(ns.as_str()),
+            item: &item,
+            first: &first,
+            last: &last,
+            empty: &other[2].name,
+        };
+        run.reads(&at).await;
+        late.extend(run.pages_across_a_change(&at, &mut e, &client).await);
+        // Writes last: the CRD takes them.
+        run.writes(&at).await;
+    }
+    the_differences_are_explained(&run.outcomes);
+    drop(other);
+    drop(late);
+    e.check_with(&[&ctl]).await;
+}
+
+/// Objects for both views: three namespaces (two holding claims), three classes (two
+/// labelled) admitting exactly this test's namespaces — so the pools' admitted namespaces
+/// do not move with the rest of the cluster while the two sides are compared. The other
+/// namespaces are returned, the empty one last.
+async fn objects_for_both_sides(e: &mut Env) -> [TestNamespace; 3] {
+    let client = e.client.clone();
     let other = [
         TestNamespace::create(&client, "views-diff-b")
             .await
@@ -742,7 +793,12 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
     .await
     .unwrap();
 
-    // The mirror CRDs, filled with the views' objects.
+    other
+}
+
+/// The mirror CRDs, filled with the views' objects: their names, by view.
+async fn mirror_crds_filled(e: &mut Env) -> BTreeMap<&'static str, Vec<String>> {
+    let client = e.client.clone();
     let cluster = Cluster::get();
     let dir = address_controller_tests::env::tempdir();
     for r in RESOURCES {
@@ -773,36 +829,42 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
         e.cleanup.add("namespaces", ns);
     }
 
-    // An expired continue token must be expired for kube-apiserver too: a young cluster's
-    // etcd has not been compacted yet (kube-apiserver compacts every five minutes).
-    let compacted = cluster.compact_etcd().unwrap();
-    assert!(compacted > 1, "etcd at revision {compacted}");
-    // Answers as they come: kube's client would retry the 503s and 504s.
-    let raw = cluster.raw_client().await.unwrap();
-    let mut run = Runner {
-        client: &raw,
-        outcomes: Vec::new(),
-    };
-    let ns = e.ns.name.clone();
-    let mut late = Vec::new();
-    for r in RESOURCES {
-        let names = &filled[r.plural];
-        assert!(names.len() >= 3, "{}: {names:?}", r.plural);
-        let (first, last) = (names[0].clone(), names[names.len() - 1].clone());
-        let item_ns = r.namespaced.then_some(ns.as_str());
-        let item = if r.namespaced {
-            ns.clone()
-        } else {
-            first.clone()
-        };
+    filled
+}
+
+/// Where the cases of one view are asked: its resource, the test's namespace, the item a
+/// get names, the first and last names of its list, a namespace holding nothing.
+struct At<'a> {
+    r: &'a Resource,
+    ns: &'a str,
+    item_ns: Option<&'a str>,
+    item: &'a str,
+    first: &'a str,
+    last: &'a str,
+    empty: &'a str,
+}
+
+impl At<'_> {
+    /// The item's path with `rest` after it.
+    fn get(&self, rest: &str) -> Paths {
+        Paths::new(self.r, self.item_ns, &format!("/{}{rest}", self.item))
+    }
+}
+
+impl Runner<'_> {
+    /// Every read of one view: the queries, lists by namespace or across, pages, each
+    /// content type, watches, gets, missing objects, HEAD, an unknown subresource.
+    async fn reads(&mut self, at: &At<'_>) {
+        let (r, ns, item, item_ns) = (at.r, at.ns, at.item, at.item_ns);
+        let (first, last) = (at.first, at.last);
         let p = r.plural;
-        let get = |rest: &str| Paths::new(r, item_ns, &format!("/{item}{rest}"));
+        let get = |rest: &str| at.get(rest);
         for (id, q) in QUERIES {
             let q = q
-                .replace("{first}", &first)
-                .replace("{last}", &last)
-                .replace("{ns}", &ns);
-            run.case(
+                .replace("{first}", first)
+                .replace("{last}", last)
+                .replace("{ns}", ns);
+            self.case(
                 format!("{p} {id}"),
                 r,
                 "GET",
@@ -813,8 +875,8 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
             .await;
         }
         if r.namespaced {
-            let empty = &other[2].name;
-            run.case(
+            let empty = at.empty;
+            self.case(
                 format!("{p} get of a namespace holding nothing"),
                 r,
                 "GET",
@@ -823,18 +885,18 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
                 None,
             )
             .await;
-            run.case(
+            self.case(
                 format!("{p} namespaced list"),
                 r,
                 "GET",
-                &Paths::new(r, Some(&ns), ""),
+                &Paths::new(r, Some(ns), ""),
                 None,
                 None,
             )
             .await;
-            run.pages(&format!("{p} namespaced pages"), r, Some(&ns), 1, "")
+            self.pages(&format!("{p} namespaced pages"), r, Some(ns), 1, "")
                 .await;
-            run.case(
+            self.case(
                 format!("{p} item without namespace"),
                 r,
                 "GET",
@@ -844,28 +906,28 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
             )
             .await;
         } else {
-            run.case(
+            self.case(
                 format!("{p} under a namespace path"),
                 r,
                 "GET",
-                &Paths::new(r, Some(&ns), ""),
+                &Paths::new(r, Some(ns), ""),
                 None,
                 None,
             )
             .await;
-            run.case(
+            self.case(
                 format!("{p} item under a namespace path"),
                 r,
                 "GET",
-                &Paths::new(r, Some(&ns), &format!("/{item}")),
+                &Paths::new(r, Some(ns), &format!("/{item}")),
                 None,
                 None,
             )
             .await;
         }
-        run.pages(&format!("{p} pages of 1"), r, None, 1, "").await;
-        run.pages(&format!("{p} pages of 2"), r, None, 2, "").await;
-        run.pages(
+        self.pages(&format!("{p} pages of 1"), r, None, 1, "").await;
+        self.pages(&format!("{p} pages of 2"), r, None, 2, "").await;
+        self.pages(
             &format!("{p} pages with a selector"),
             r,
             None,
@@ -874,7 +936,7 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
         )
         .await;
         for (id, a) in ACCEPTS {
-            run.case(
+            self.case(
                 format!("{p} list as {id}"),
                 r,
                 "GET",
@@ -883,7 +945,7 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
                 None,
             )
             .await;
-            run.case(
+            self.case(
                 format!("{p} get as {id}"),
                 r,
                 "GET",
@@ -893,10 +955,10 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
             )
             .await;
         }
-        run.case(format!("{p} watch as Table"), r, "GET",
+        self.case(format!("{p} watch as Table"), r, "GET",
             &Paths::new(r, None, "?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=2"),
             Some(ACCEPTS[0].1), None).await;
-        run.case(
+        self.case(
             format!("{p} watch as yaml"),
             r,
             "GET",
@@ -905,9 +967,9 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
             None,
         )
         .await;
-        run.case(format!("{p} get"), r, "GET", &get(""), None, None)
+        self.case(format!("{p} get"), r, "GET", &get(""), None, None)
             .await;
-        run.case(
+        self.case(
             format!("{p} get-missing as yaml"),
             r,
             "GET",
@@ -916,7 +978,7 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
             None,
         )
         .await;
-        run.case(
+        self.case(
             format!("{p} get-missing"),
             r,
             "GET",
@@ -925,7 +987,7 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
             None,
         )
         .await;
-        run.case(
+        self.case(
             format!("{p} HEAD list"),
             r,
             "HEAD",
@@ -936,7 +998,7 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
         .await;
         // A HEAD answer carries the headers GET's would: a missing object's Status is YAML
         // for a client that asked for YAML.
-        run.case(
+        self.case(
             format!("{p} HEAD get-missing as yaml"),
             r,
             "HEAD",
@@ -945,7 +1007,7 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
             None,
         )
         .await;
-        run.case(
+        self.case(
             format!("{p} unknown subresource"),
             r,
             "GET",
@@ -954,9 +1016,20 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
             None,
         )
         .await;
-        // Paging is consistent: an object that appears between two pages is not in the
-        // later pages of the list started before it (it sorts last on both sides).
-        let tokens = run
+    }
+
+    /// Paging is consistent: an object that appears between two pages is not in the later
+    /// pages of the list started before it (it sorts last on both sides). The namespace
+    /// made for it is returned, if one was.
+    async fn pages_across_a_change(
+        &mut self,
+        at: &At<'_>,
+        e: &mut Env,
+        client: &Client,
+    ) -> Option<TestNamespace> {
+        let (r, p) = (at.r, at.r.plural);
+        let mut late = None;
+        let tokens = self
             .walk(
                 &format!("{p} pages across a change"),
                 r,
@@ -970,7 +1043,7 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
             .await
             .expect("more than one page");
         let key = if r.namespaced {
-            let n = TestNamespace::create(&client, "zz-views-diff")
+            let n = TestNamespace::create(client, "zz-views-diff")
                 .await
                 .unwrap();
             let api: Api<IPAddressClaim> = Api::namespaced(client.clone(), &n.name);
@@ -980,18 +1053,19 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
             .unwrap();
             api.create(&PostParams::default(), &c).await.unwrap();
             let name = n.name.clone();
-            late.push(n);
+            late = Some(n);
             format!("namespaces/{name}/{p}/{name}")
         } else {
             format!("{p}/{}", e.class("zz-late", json!({})).await)
         };
         let view_list = format!("/apis/{VIEW_GROUP}/v1alpha1/{p}");
         let name = key.rsplit('/').next().unwrap().to_string();
+        let raw = self.client;
         let item = wait_for(
             "the late object in the view's list",
             Duration::from_secs(30),
             || {
-                let (raw, view_list, name) = (&raw, &view_list, &name);
+                let (view_list, name) = (&view_list, &name);
                 async move {
                     let list: Value = serde_json::from_slice(
                         &send(raw, "GET", view_list, None, None).await.body,
@@ -1007,8 +1081,8 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
         )
         .await
         .unwrap();
-        mirror_item(&client, r, &item).await;
-        run.walk(
+        mirror_item(client, r, &item).await;
+        self.walk(
             &format!("{p} pages across a change"),
             r,
             None,
@@ -1019,7 +1093,7 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
             1000,
         )
         .await;
-        run.case(
+        self.case(
             format!("{p} list after the change"),
             r,
             "GET",
@@ -1028,7 +1102,13 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
             None,
         )
         .await;
-        // Writes last: the CRD takes them.
+        late
+    }
+
+    /// Writes, refused as kube-apiserver refuses a verb a resource does not have.
+    async fn writes(&mut self, at: &At<'_>) {
+        let (r, p, item_ns, item) = (at.r, at.r.plural, at.item_ns, at.item);
+        let get = |rest: &str| at.get(rest);
         for (method, target) in WRITES {
             let (path, body) = match *target {
                 "collection" => (
@@ -1040,7 +1120,7 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
                     (*method != "DELETE").then(|| json!({"metadata": {"name": item}})),
                 ),
             };
-            run.case(
+            self.case(
                 format!("{p} {method} {target}"),
                 r,
                 method,
@@ -1051,8 +1131,11 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
             .await;
         }
     }
+}
 
-    // The comparison table.
+/// The comparison table: every difference explained (`EXPLAINED`), every explanation
+/// still needed, and writes refused 405.
+fn the_differences_are_explained(outcomes: &[Outcome]) {
     let writes = |id: &str| {
         WRITES
             .iter()
@@ -1067,7 +1150,7 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
     let mut unexplained = Vec::new();
     let mut used = std::collections::BTreeSet::new();
     println!("{:<62} {:>5} {:>5}  result", "case", "view", "crd");
-    for o in &run.outcomes {
+    for o in outcomes {
         let mut notes = Vec::new();
         for (field, v, m) in o.diffs.iter().filter(|_| !writes(&o.id)) {
             match explained(&o.id, field) {
@@ -1107,7 +1190,7 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
         .collect();
     println!(
         "{} cases, {} differences unexplained",
-        run.outcomes.len(),
+        outcomes.len(),
         unexplained.len()
     );
     assert!(
@@ -1116,7 +1199,4 @@ async fn views_answer_as_kube_apiserver_answers_for_a_crd() {
         unexplained.join("\n")
     );
     assert!(stale.is_empty(), "explanations no longer needed: {stale:?}");
-    drop(other);
-    drop(late);
-    e.check_with(&[&ctl]).await;
 }
