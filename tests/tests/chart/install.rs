@@ -17,14 +17,78 @@ fn assert_all_exist(manifest: &[Value]) {
     assert_eq!(names.lines().count(), manifest.len(), "{names}");
 }
 
+/// The binary as the chart's ServiceAccount, with the chart's certificate and APIService
+/// and the Deployment's arguments: claims bind with exactly the chart's RBAC, the chart's
+/// range driver provisions, `/metrics` is read by the metrics reader only, `helm upgrade`
+/// keeps the certificates, the ledger is sound, and `helm uninstall` leaves the CRDs, the
+/// addresses and the claims.
 #[tokio::test]
 async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and_apiservice() {
     let _one = INSTALL.lock().await;
-    let (cluster, client) = setup().await;
+    let (_, client) = setup().await;
     let port = free_port();
     let release = Release::new(port, &json!({"rangeDriver": {"enabled": true}})).await;
     let ns = release.ns.clone();
-    // NOTES.txt tells the user how to claim and read holdings, in the release's terms.
+    the_notes_say_how_to_claim_and_read_holdings(&release);
+    // Every rendered object was accepted and exists.
+    assert_all_exist(&release.manifest());
+
+    // The binary, as the chart's ServiceAccount (a TokenRequest token, no admin
+    // credentials), with the chart's certificate and the Deployment's own arguments.
+    let runner = Runner::new(&release, true);
+    let identity = format!("chart-{ns}");
+    let mut ctl = runner.controller(&identity, Some(port), &[]).await.unwrap();
+    let metrics_port: u16 = ctl
+        .metrics_address
+        .as_deref()
+        .and_then(|a| a.rsplit_once(':'))
+        .and_then(|(_, p)| p.parse().ok())
+        .expect("the Deployment's args serve /metrics");
+    // Registered through the chart's APIService: Available, and kubectl works through it.
+    wait_for("APIService Available", WAIT, apiservice_available)
+        .await
+        .unwrap();
+    wait_lease_holder_in(&client, &ns, "address-controller", identity.as_str()).await;
+
+    let tenant = TestNamespace::create(&client, "chart-tenant")
+        .await
+        .unwrap();
+    let mut cleanup = Cleanup::default();
+    let sfx = random_suffix();
+    let claims: Api<IPAddressClaim> = Api::namespaced(client.clone(), &tenant.name);
+    let (class, address) =
+        claims_bind_with_exactly_the_charts_rbac(&claims, &tenant.name, &sfx, &mut cleanup).await;
+    // The chart's range driver, as its own ServiceAccount with its Deployment's arguments.
+    let mut driver = runner.driver(&format!("driver-{ns}"), &[]).await.unwrap();
+    let (range, provisioned) =
+        the_charts_range_driver_provisions(&claims, &tenant.name, &sfx, &mut cleanup).await;
+    only_the_metrics_reader_scrapes(&ns, runner.cert_dir(), metrics_port, &mut cleanup).await;
+    helm_upgrade_keeps_the_certificates(&ns, port).await;
+
+    // The ledger of this install is sound, and the replica's gauges agree with it.
+    let replicas: Vec<_> = ctl.replica().into_iter().collect();
+    assert!(!replicas.is_empty(), "the Deployment's args serve /metrics");
+    address_controller_tests::invariants::assert_invariants(
+        &client,
+        &address_controller_tests::invariants::Scope::of(
+            &[tenant.name.as_str()],
+            &[class.as_str(), range.as_str()],
+        ),
+        &replicas,
+    )
+    .await;
+
+    ctl.stop();
+    driver.stop();
+    helm_uninstall_leaves_the_crds_addresses_and_claims(&release, &address, &claims).await;
+    // No controller runs any more: let the test's objects go without it.
+    let_go_without_a_controller(&tenant.name, &address, &provisioned);
+    drop(cleanup);
+}
+
+/// NOTES.txt tells the user how to claim and read holdings, in the release's terms.
+fn the_notes_say_how_to_claim_and_read_holdings(release: &Release) {
+    let ns = &release.ns;
     for hint in [
         "kind: IPAddressClaim",
         "kubectl get namespaceaddresses -n <namespace>",
@@ -36,36 +100,16 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
             release.notes
         );
     }
+}
 
-    // Every rendered object was accepted and exists.
-    let manifest = release.manifest();
-    assert_all_exist(&manifest);
-
-    // The binary, as the chart's ServiceAccount (a TokenRequest token, no admin
-    // credentials), with the chart's certificate and the Deployment's own arguments.
-    let runner = Runner::new(&release, true);
-    let dir = runner.cert_dir();
-    let identity = format!("chart-{ns}");
-    let mut ctl = runner.controller(&identity, Some(port), &[]).await.unwrap();
-    let metrics_port: u16 = ctl
-        .metrics_address
-        .as_deref()
-        .and_then(|a| a.rsplit_once(':'))
-        .and_then(|(_, p)| p.parse().ok())
-        .expect("the Deployment's args serve /metrics");
-
-    // Registered through the chart's APIService: Available, and kubectl works through it.
-    wait_for("APIService Available", WAIT, apiservice_available)
-        .await
-        .unwrap();
-    wait_lease_holder_in(&client, &ns, "address-controller", identity.as_str()).await;
-
-    // Claims bind with exactly the chart's RBAC.
-    let tenant = TestNamespace::create(&client, "chart-tenant")
-        .await
-        .unwrap();
-    let mut cleanup = Cleanup::default();
-    let sfx = random_suffix();
+/// Claims bind with exactly the chart's RBAC: a class, an address, a claim of the tenant's;
+/// the class's and the address's names are returned.
+async fn claims_bind_with_exactly_the_charts_rbac(
+    claims: &Api<IPAddressClaim>,
+    tenant: &str,
+    sfx: &str,
+    cleanup: &mut Cleanup,
+) -> (String, String) {
     let class = format!("chart-{sfx}");
     let address = format!("chart-{sfx}");
     let objects = json!([
@@ -75,7 +119,7 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
          "metadata": {"name": address},
          "spec": {"address": "198.51.100.77", "className": class, "source": {"fromClass": {}}}},
         {"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddressClaim",
-         "metadata": {"name": "web", "namespace": tenant.name}, "spec": {"className": class}},
+         "metadata": {"name": "web", "namespace": tenant}, "spec": {"className": class}},
     ]);
     cleanup.add("ipaddressclasses.local.sdn.cozystack.io", &class);
     cleanup.add("ipaddresses.local.sdn.cozystack.io", &address);
@@ -88,7 +132,6 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
         )
         .unwrap();
     }
-    let claims: Api<IPAddressClaim> = Api::namespaced(client.clone(), &tenant.name);
     wait_for(
         "claim web Bound by the chart's controller",
         WAIT,
@@ -99,12 +142,20 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
     )
     .await
     .unwrap();
-    assert_holdings_bound(&tenant.name, 1);
+    assert_holdings_bound(tenant, 1);
 
-    // The chart's range driver, as its own ServiceAccount with its Deployment's arguments,
-    // provisions a claim of a range class.
-    let driver_id = format!("driver-{ns}");
-    let mut driver = runner.driver(&driver_id, &[]).await.unwrap();
+    (class, address)
+}
+
+/// The chart's range driver provisions a claim of a range class and publishes the class's
+/// status with its role; the class's and the address's names are returned.
+async fn the_charts_range_driver_provisions(
+    claims: &Api<IPAddressClaim>,
+    tenant: &str,
+    sfx: &str,
+    cleanup: &mut Cleanup,
+) -> (String, String) {
+    let cluster = Cluster::get();
     let range = format!("chart-range-{sfx}");
     cleanup.add("ipaddressclasses.local.sdn.cozystack.io", &range);
     let dynamic = [
@@ -112,7 +163,7 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
             "metadata": {"name": range}, "spec": {"provisioner": "range.drivers.local.sdn.cozystack.io",
                 "parameters": {"cidrs": ["100.64.77.0/30"]}}}),
         json!({"apiVersion": "local.sdn.cozystack.io/v1alpha1", "kind": "IPAddressClaim",
-            "metadata": {"name": "dynamic", "namespace": tenant.name}, "spec": {"className": range}}),
+            "metadata": {"name": "dynamic", "namespace": tenant}, "spec": {"className": range}}),
     ];
     for o in dynamic {
         kubectl_as(
@@ -150,11 +201,21 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
         "the driver publishes class status with its role"
     );
 
-    // /metrics: a token bound to address-controller-metrics-reader reads it, others do not;
-    // the certificate is valid for the metrics Service's name.
+    (range, provisioned)
+}
+
+/// /metrics: a token bound to address-controller-metrics-reader reads it, others do not;
+/// the certificate is valid for the metrics Service's name.
+async fn only_the_metrics_reader_scrapes(
+    ns: &str,
+    dir: &std::path::Path,
+    metrics_port: u16,
+    cleanup: &mut Cleanup,
+) {
+    let cluster = Cluster::get();
     for (sa, bind) in [("scraper", true), ("nobody", false)] {
         cluster
-            .kubectl_ok(&["create", "serviceaccount", sa, "-n", &ns])
+            .kubectl_ok(&["create", "serviceaccount", sa, "-n", ns])
             .unwrap();
         if bind {
             cluster
@@ -182,7 +243,7 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
             .args(["--resolve", &format!("{host}:{metrics_port}:127.0.0.1")])
             .args([
                 "-H",
-                &format!("Authorization: Bearer {}", create_token(sa, &ns)),
+                &format!("Authorization: Bearer {}", create_token(sa, ns)),
             ])
             .arg(format!("https://{host}:{metrics_port}/metrics"))
             .output()
@@ -196,11 +257,14 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
     .await
     .unwrap();
     assert_eq!(scrape("nobody"), "403");
+}
 
-    // helm upgrade keeps the certificates (and so the APIService stays Available).
+/// helm upgrade keeps the certificates (and so the APIService stays Available).
+async fn helm_upgrade_keeps_the_certificates(ns: &str, port: u16) {
+    let cluster = Cluster::get();
     let before: Vec<String> = ["ca.crt", "tls.crt", "tls.key"]
         .iter()
-        .map(|k| secret_data(&ns, "address-controller-api-tls", k))
+        .map(|k| secret_data(ns, "address-controller-api-tls", k))
         .collect();
     let bundle = || {
         cluster
@@ -214,11 +278,11 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
             .unwrap()
     };
     let bundle_before = bundle();
-    let out = Release::install(&ns, port, &json!({"replicaCount": 3})).unwrap();
+    let out = Release::install(ns, port, &json!({"replicaCount": 3})).unwrap();
     assert!(out.contains("REVISION: 2"), "{out}");
     let after: Vec<String> = ["ca.crt", "tls.crt", "tls.key"]
         .iter()
-        .map(|k| secret_data(&ns, "address-controller-api-tls", k))
+        .map(|k| secret_data(ns, "address-controller-api-tls", k))
         .collect();
     assert!(before == after, "helm upgrade rotated the certificate");
     assert_eq!(bundle_before, bundle());
@@ -229,30 +293,22 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
             "deployment",
             "address-controller",
             "-n",
-            &ns,
+            ns,
             "-o",
             "jsonpath={.spec.replicas}",
         ])
         .unwrap();
     assert_eq!(replicas, "3");
     assert!(apiservice_available().await.unwrap().is_some());
+}
 
-    // The ledger of this install is sound, and the replica's gauges agree with it.
-    let replicas: Vec<_> = ctl.replica().into_iter().collect();
-    assert!(!replicas.is_empty(), "the Deployment's args serve /metrics");
-    address_controller_tests::invariants::assert_invariants(
-        &client,
-        &address_controller_tests::invariants::Scope::of(
-            &[tenant.name.as_str()],
-            &[class.as_str(), range.as_str()],
-        ),
-        &replicas,
-    )
-    .await;
-
-    // helm uninstall leaves the CRDs, every IPAddress and the claims.
-    ctl.stop();
-    driver.stop();
+/// helm uninstall leaves the CRDs, every IPAddress and the claims; the APIService goes.
+async fn helm_uninstall_leaves_the_crds_addresses_and_claims(
+    release: &Release,
+    address: &str,
+    claims: &Api<IPAddressClaim>,
+) {
+    let cluster = Cluster::get();
     let out = release.uninstall().unwrap();
     assert!(out.contains("uninstalled"), "{out}");
     for crd in [
@@ -266,7 +322,7 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
         .kubectl_ok(&[
             "get",
             "ipaddresses.local.sdn.cozystack.io",
-            &address,
+            address,
             "-o",
             "jsonpath={.spec.claimRef.name}",
         ])
@@ -284,29 +340,16 @@ async fn the_binary_runs_with_exactly_the_charts_service_account_certificate_and
         ])
         .unwrap();
     assert!(gone.trim().is_empty(), "APIService left behind: {gone}");
+}
 
-    // No controller runs any more: let the test's objects go without it.
+/// The finalizers of the test's claims and addresses taken off (no controller runs).
+fn let_go_without_a_controller(tenant: &str, address: &str, provisioned: &str) {
+    let cluster = Cluster::get();
     for (kind, name, namespace) in [
-        (
-            "ipaddressclaims.local.sdn.cozystack.io",
-            "web",
-            tenant.name.as_str(),
-        ),
-        (
-            "ipaddresses.local.sdn.cozystack.io",
-            address.as_str(),
-            "default",
-        ),
-        (
-            "ipaddressclaims.local.sdn.cozystack.io",
-            "dynamic",
-            tenant.name.as_str(),
-        ),
-        (
-            "ipaddresses.local.sdn.cozystack.io",
-            provisioned.as_str(),
-            "default",
-        ),
+        ("ipaddressclaims.local.sdn.cozystack.io", "web", tenant),
+        ("ipaddresses.local.sdn.cozystack.io", address, "default"),
+        ("ipaddressclaims.local.sdn.cozystack.io", "dynamic", tenant),
+        ("ipaddresses.local.sdn.cozystack.io", provisioned, "default"),
     ] {
         cluster
             .kubectl_ok(&[
