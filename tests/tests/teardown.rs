@@ -39,6 +39,11 @@ fn teardown(kubeconfig: &Path, args: &[&str]) -> (i32, String) {
     (out.status.code().unwrap_or(-1), text)
 }
 
+/// After `helm uninstall` the claims' finalizers hold a tenant's namespace (the trap);
+/// `teardown` refuses while the core or the chart's Deployment is there, says what it
+/// would do in a dry run, backs the ledger up, lets the namespace, the addresses, the
+/// APIService and a MetalLB pool the driver kept go (`--force` for claims being deleted),
+/// and deletes the CRDs only with the count of what goes confirmed.
 #[tokio::test]
 async fn after_uninstall_teardown_lets_namespaces_and_crds_be_deleted() {
     let private = PrivateCluster::start("ac-teardown");
@@ -49,8 +54,30 @@ async fn after_uninstall_teardown_lets_namespaces_and_crds_be_deleted() {
     let mut core = ControllerProcess::start("td-core", &["--apiserver=false"])
         .await
         .unwrap();
+    let claims = a_tenant_holding_two_addresses(&private.dir, &client).await;
+    // 1. While the core runs, teardown refuses and changes nothing.
+    let (code, out) = teardown(&kc, &["--yes"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("Lease default/address-controller"), "{out}");
+    for c in claims.list(&ListParams::default()).await.unwrap().items {
+        assert!(c.finalizers().iter().any(|f| is_project_finalizer(f)));
+    }
 
-    // A tenant holding two addresses of a static pool.
+    core.stop();
+    a_charts_deployment_left_is_refused_too(&kc);
+    the_namespace_hangs_on_the_claims_finalizer(&client).await;
+    a_dry_run_does_nothing(&kc, &claims).await;
+    let backup = private.dir.join("ledger.yaml");
+    teardown_backs_the_ledger_up_and_leaves_claims_being_deleted(&kc, &backup);
+    a_pool_the_metallb_driver_kept(&private.dir);
+    with_force_the_namespace_the_addresses_and_the_pool_go(&kc, &backup, &client).await;
+    the_crds_go_only_with_the_count_confirmed(&kc, &private.dir, &client).await;
+}
+
+/// A tenant holding two addresses of a static pool (and an APIService nothing serves): its
+/// claims.
+async fn a_tenant_holding_two_addresses(dir: &Path, client: &kube::Client) -> Api<IPAddressClaim> {
+    let cluster = Cluster::get();
     cluster
         .kubectl_ok(&["create", "namespace", "tenant"])
         .unwrap();
@@ -81,7 +108,7 @@ spec:
   groupPriorityMinimum: 1000
   versionPriority: 15
 "#;
-    let file = private.dir.join("objects.yaml");
+    let file = dir.join("objects.yaml");
     std::fs::write(&file, objects).unwrap();
     cluster
         .kubectl_ok(&["apply", "-f", file.to_str().unwrap()])
@@ -105,17 +132,13 @@ spec:
     .await
     .unwrap();
 
-    // 1. While the core runs, teardown refuses and changes nothing.
-    let (code, out) = teardown(&kc, &["--yes"]);
-    assert_eq!(code, 2, "{out}");
-    assert!(out.contains("Lease default/address-controller"), "{out}");
-    for c in claims.list(&ListParams::default()).await.unwrap().items {
-        assert!(c.finalizers().iter().any(|f| is_project_finalizer(f)));
-    }
+    claims
+}
 
-    // A Deployment of the chart still there (its pods would come back and put the
-    // finalizers back): refused too, even with no Lease held.
-    core.stop();
+/// A Deployment of the chart still there (its pods would come back and put the finalizers
+/// back): refused too, even with no Lease held.
+fn a_charts_deployment_left_is_refused_too(kc: &Path) {
+    let cluster = Cluster::get();
     cluster
         .kubectl_ok(&[
             "create",
@@ -136,7 +159,7 @@ spec:
             "app.kubernetes.io/name=address-controller",
         ])
         .unwrap();
-    let (code, out) = teardown(&kc, &["--yes"]);
+    let (code, out) = teardown(kc, &["--yes"]);
     assert_eq!(code, 2, "{out}");
     assert!(
         out.contains("the Deployment default/address-controller"),
@@ -151,9 +174,11 @@ spec:
             "default",
         ])
         .unwrap();
+}
 
-    // 2. The controller gone, as after `helm uninstall`: deleting the tenant's namespace
-    // hangs on the claims' finalizer (the trap).
+/// 2. The controller gone, as after `helm uninstall`: deleting the tenant's namespace hangs
+///    on the claims' finalizer (the trap).
+async fn the_namespace_hangs_on_the_claims_finalizer(client: &kube::Client) {
     Api::<Namespace>::all(client.clone())
         .delete("tenant", &DeleteParams::default())
         .await
@@ -174,9 +199,11 @@ spec:
         stuck.contains("local.sdn.cozystack.io/claim-protection"),
         "{stuck}"
     );
+}
 
-    // 3. A dry run says what it would do and does nothing.
-    let (code, out) = teardown(&kc, &[]);
+/// 3. A dry run says what it would do and does nothing.
+async fn a_dry_run_does_nothing(kc: &Path, claims: &Api<IPAddressClaim>) {
+    let (code, out) = teardown(kc, &[]);
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains("would remove the finalizers from 0 claim(s) and 2 address(es)")
@@ -194,12 +221,13 @@ spec:
             .len(),
         2
     );
+}
 
-    // 4. Teardown: first a backup of the ledger; the claims being deleted (their
-    // namespace is) are left without --force — their reclaim is still due.
-    let backup = private.dir.join("ledger.yaml");
+/// 4. Teardown: first a backup of the ledger; the claims being deleted (their namespace
+///    is) are left without --force — their reclaim is still due.
+fn teardown_backs_the_ledger_up_and_leaves_claims_being_deleted(kc: &Path, backup: &Path) {
     let backup_arg = backup.to_str().unwrap();
-    let (code, out) = teardown(&kc, &["--yes", "--backup-file", backup_arg]);
+    let (code, out) = teardown(kc, &["--yes", "--backup-file", backup_arg]);
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains("removed the finalizers from 0 claim(s) and 2 address(es)")
@@ -207,7 +235,7 @@ spec:
         "{out}"
     );
     let ledger: serde_json::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(&backup).unwrap()).unwrap();
+        serde_yaml::from_str(&std::fs::read_to_string(backup).unwrap()).unwrap();
     let mut kinds: Vec<String> = ledger["items"]
         .as_array()
         .unwrap()
@@ -226,8 +254,12 @@ spec:
         ],
         "the backup holds the ledger as it was"
     );
-    // A MetalLB pool the MetalLB driver kept for a gone class, in a namespace being deleted:
-    // with the driver uninstalled, nothing else would let go of it.
+}
+
+/// A MetalLB pool the MetalLB driver kept for a gone class, in a namespace being deleted:
+/// with the driver uninstalled, nothing else would let go of it.
+fn a_pool_the_metallb_driver_kept(dir: &Path) {
+    let cluster = Cluster::get();
     let crds = address_controller_tests::metallb::crds_dir().unwrap();
     let crds = crds.to_str().unwrap();
     cluster
@@ -248,7 +280,7 @@ spec:
           "labels": {"app.kubernetes.io/managed-by": "address-controller-metallb-driver"},
           "finalizers": ["metallb.drivers.local.sdn.cozystack.io/pool"]},
         "spec": {"addresses": ["192.0.2.64/30"], "autoAssign": false}}"#;
-    let file = private.dir.join("pool.json");
+    let file = dir.join("pool.json");
     std::fs::write(&file, pool).unwrap();
     cluster
         .kubectl_ok(&["create", "-f", file.to_str().unwrap()])
@@ -256,10 +288,18 @@ spec:
     cluster
         .kubectl_ok(&["delete", "namespace", "lb", "--wait=false"])
         .unwrap();
+}
 
-    // With --force the namespace goes, the addresses are free of finalizers, the
-    // APIService nothing serves is gone; so does the pool, and its namespace.
-    let (code, out) = teardown(&kc, &["--yes", "--force", "--backup-file", backup_arg]);
+/// With --force the namespace goes, the addresses are free of finalizers, the APIService
+/// nothing serves is gone; so does the pool, and its namespace.
+async fn with_force_the_namespace_the_addresses_and_the_pool_go(
+    kc: &Path,
+    backup: &Path,
+    client: &kube::Client,
+) {
+    let cluster = Cluster::get();
+    let backup_arg = backup.to_str().unwrap();
+    let (code, out) = teardown(kc, &["--yes", "--force", "--backup-file", backup_arg]);
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains("removed the finalizers from 2 claim(s) and 0 address(es)"),
@@ -306,21 +346,23 @@ spec:
         "--ignore-not-found",
     ]);
     assert_eq!(apiservice.unwrap().trim(), "");
+}
 
-    // 5. And the CRDs, with the ledger: only with the count of what goes confirmed (the
-    // two addresses and the class).
-    let backup = private.dir.join("ledger-2.yaml");
+/// 5. And the CRDs, with the ledger: only with the count of what goes confirmed (the two
+///    addresses and the class).
+async fn the_crds_go_only_with_the_count_confirmed(kc: &Path, dir: &Path, client: &kube::Client) {
+    let backup = dir.join("ledger-2.yaml");
     let backup_arg = backup.to_str().unwrap();
     for wrong in [vec![], vec!["--objects", "2"]] {
         let mut args = vec!["--yes", "--delete-crds", "--backup-file", backup_arg];
         args.extend(wrong);
-        let (code, out) = teardown(&kc, &args);
+        let (code, out) = teardown(kc, &args);
         assert_eq!(code, 2, "{out}");
         assert!(out.contains("pass --objects 3 to confirm"), "{out}");
     }
     assert!(!backup.exists(), "refused before anything was written");
     let (code, out) = teardown(
-        &kc,
+        kc,
         &[
             "--yes",
             "--delete-crds",
