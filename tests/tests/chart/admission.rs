@@ -18,6 +18,30 @@ fn claim_json(ns: &str, name: &str, address_name: Option<&str>) -> String {
     .to_string()
 }
 
+/// Waits until kube-apiserver has type-checked the ValidatingAdmissionPolicy `policy`'s CEL
+/// (its status at its generation), and asserts it found nothing to warn of.
+async fn type_checked_without_warnings(policy: &str) {
+    let checked = wait_for(&format!("{policy} type-checked"), WAIT, || async {
+        let p: Value = serde_json::from_str(&Cluster::get().kubectl_ok(&[
+            "get",
+            "validatingadmissionpolicy",
+            policy,
+            "-o",
+            "json",
+        ])?)?;
+        Ok((p["status"]["observedGeneration"] == p["metadata"]["generation"]).then_some(p))
+    })
+    .await
+    .unwrap();
+    assert!(
+        checked["status"]["typeChecking"]
+            .get("expressionWarnings")
+            .is_none(),
+        "{policy}: {:#}",
+        checked["status"]
+    );
+}
+
 #[tokio::test]
 async fn the_admission_policy_reserves_address_name_to_the_allowlist() {
     let _one = INSTALL.lock().await;
@@ -33,25 +57,7 @@ async fn the_admission_policy_reserves_address_name_to_the_allowlist() {
     .await;
     let policy = "address-controller-reserve-address-name";
     // The API server type-checks the policy's CEL: no warnings.
-    let checked = wait_for("policy type-checked", WAIT, || async {
-        let p: Value = serde_json::from_str(&cluster.kubectl_ok(&[
-            "get",
-            "validatingadmissionpolicy",
-            policy,
-            "-o",
-            "json",
-        ])?)?;
-        Ok((p["status"]["observedGeneration"] == p["metadata"]["generation"]).then_some(p))
-    })
-    .await
-    .unwrap();
-    assert!(
-        checked["status"]["typeChecking"]
-            .get("expressionWarnings")
-            .is_none(),
-        "{:#}",
-        checked["status"]
-    );
+    type_checked_without_warnings(policy).await;
 
     let guarded = TestNamespace::create(&client, "chart-pin").await.unwrap();
     cluster
@@ -139,28 +145,17 @@ async fn the_admission_policy_reserves_address_name_to_the_allowlist() {
     // Outside the namespace selector the policy does not apply.
     tenant(&create, &claim_json(&open.name, "pinned", Some("a"))).unwrap();
 
-    // Moving an address (changing the claim its claimRef names) is reserved too, in every
-    // namespace; the core's own writes and writes that keep the claim pass.
+    moving_an_address_is_reserved_too(g, &open.name, &release.ns).await;
+    drop(release);
+}
+
+/// Moving an address (changing the claim its claimRef names) is reserved too, in every
+/// namespace: a tenant can neither reserve, move nor clear; the platform team reserves and
+/// moves; the core's own writes and writes that keep the claim pass.
+async fn moving_an_address_is_reserved_too(g: &str, open: &str, release_ns: &str) {
+    let create = ["create", "-f", "-"];
     let moves = "address-controller-reserve-address-moves";
-    let checked = wait_for("move policy type-checked", WAIT, || async {
-        let p: Value = serde_json::from_str(&cluster.kubectl_ok(&[
-            "get",
-            "validatingadmissionpolicy",
-            moves,
-            "-o",
-            "json",
-        ])?)?;
-        Ok((p["status"]["observedGeneration"] == p["metadata"]["generation"]).then_some(p))
-    })
-    .await
-    .unwrap();
-    assert!(
-        checked["status"]["typeChecking"]
-            .get("expressionWarnings")
-            .is_none(),
-        "{:#}",
-        checked["status"]
-    );
+    type_checked_without_warnings(moves).await;
     let address = format!("chart-move-{}", random_suffix());
     let mut cleanup = Cleanup::default();
     kubectl_as(
@@ -213,7 +208,7 @@ async fn the_admission_policy_reserves_address_name_to_the_allowlist() {
     run(
         "bob",
         &["system:masters", "ip-admins"],
-        point(&format!("{}/web", open.name)),
+        point(&format!("{open}/web")),
     )
     .unwrap();
     for to in [format!("{g}/web"), String::new()] {
@@ -238,10 +233,9 @@ async fn the_admission_policy_reserves_address_name_to_the_allowlist() {
     )
     .unwrap();
     // The core's ServiceAccount clears a claimRef (the release delay elapsed).
-    let core = format!("system:serviceaccount:{}:address-controller", release.ns);
+    let core = format!("system:serviceaccount:{release_ns}:address-controller");
     run(&core, &["system:masters"], point("")).unwrap();
     drop(cleanup);
-    drop(release);
 }
 
 /// The MetalLB driver's policy, on by default with the driver: only the drivers'
@@ -259,25 +253,7 @@ async fn the_metallb_policy_reserves_metallb_pins_to_the_driver() {
     )
     .await;
     let policy = "address-controller-metallb-pins";
-    let checked = wait_for("policy type-checked", WAIT, || async {
-        let p: Value = serde_json::from_str(&cluster.kubectl_ok(&[
-            "get",
-            "validatingadmissionpolicy",
-            policy,
-            "-o",
-            "json",
-        ])?)?;
-        Ok((p["status"]["observedGeneration"] == p["metadata"]["generation"]).then_some(p))
-    })
-    .await
-    .unwrap();
-    assert!(
-        checked["status"]["typeChecking"]
-            .get("expressionWarnings")
-            .is_none(),
-        "{:#}",
-        checked["status"]
-    );
+    type_checked_without_warnings(policy).await;
     let guarded = TestNamespace::create(&client, "chart-mlb").await.unwrap();
     cluster
         .kubectl_ok(&[
@@ -442,25 +418,7 @@ async fn the_entitlement_policy_refuses_claims_of_a_class_that_does_not_admit_th
     )
     .await;
     let policy = "address-controller-class-namespaces";
-    let checked = wait_for("entitlement policy type-checked", WAIT, || async {
-        let p: Value = serde_json::from_str(&cluster.kubectl_ok(&[
-            "get",
-            "validatingadmissionpolicy",
-            policy,
-            "-o",
-            "json",
-        ])?)?;
-        Ok((p["status"]["observedGeneration"] == p["metadata"]["generation"]).then_some(p))
-    })
-    .await
-    .unwrap();
-    assert!(
-        checked["status"]["typeChecking"]
-            .get("expressionWarnings")
-            .is_none(),
-        "{:#}",
-        checked["status"]
-    );
+    type_checked_without_warnings(policy).await;
     let sfx = random_suffix();
     let gold = format!("chart-gold-{sfx}");
     let open_class = format!("chart-open-{sfx}");

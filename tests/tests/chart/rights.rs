@@ -235,201 +235,12 @@ async fn each_components_service_account_has_exactly_its_written_rights() {
     let can = |user: &str, verb: &str, resource: &str, ns: &str| {
         allowed(user, &groups, verb, resource, ns)
     };
-    const LEASES: &str = "leases.coordination.k8s.io";
-    const EVENTS: &str = "events.events.k8s.io";
     let (core, range, metallb) = (
         sa("address-controller"),
         sa("address-controller-range-driver"),
         sa("address-controller-metallb-driver"),
     );
-    let table: Vec<(&str, &str, &str, &str, bool)> = vec![
-        // Every component: its Lease in the release namespace, no other.
-        (&core, "create", LEASES, rel, true),
-        (&core, "update", LEASES, rel, true),
-        (&core, "create", LEASES, "default", false),
-        (&core, "update", LEASES, t, false),
-        (&range, "update", LEASES, rel, true),
-        (&range, "create", LEASES, "kube-system", false),
-        (&metallb, "update", LEASES, rel, true),
-        (&metallb, "update", LEASES, t, false),
-        // The core reads the drivers' Leases anywhere (DriverAvailable), writes none.
-        (&core, "list", LEASES, "", true),
-        (&core, "delete", LEASES, rel, false),
-        // Events are created, never patched.
-        (&core, "create", EVENTS, t, true),
-        (&core, "patch", EVENTS, t, false),
-        (&range, "patch", EVENTS, t, false),
-        // The MetalLB driver reads MetalLB's core events (why it refused a Service); the
-        // range driver, the load balancer itself, has no need.
-        (&metallb, "list", "events", t, true),
-        (&metallb, "patch", "events", t, false),
-        (&range, "list", "events", t, false),
-        // The drivers read the EndpointSlices of the Services cozy-proxy serves, and write none.
-        (&range, "list", "endpointslices.discovery.k8s.io", t, true),
-        (
-            &metallb,
-            "watch",
-            "endpointslices.discovery.k8s.io",
-            t,
-            true,
-        ),
-        (
-            &range,
-            "update",
-            "endpointslices.discovery.k8s.io",
-            t,
-            false,
-        ),
-        // ... and KubeVirt's VMIs (which pods run one VM), and write none; the core neither.
-        (
-            &metallb,
-            "watch",
-            "virtualmachineinstances.kubevirt.io",
-            t,
-            true,
-        ),
-        (
-            &range,
-            "list",
-            "virtualmachineinstances.kubevirt.io",
-            t,
-            true,
-        ),
-        (
-            &range,
-            "patch",
-            "virtualmachineinstances.kubevirt.io",
-            t,
-            false,
-        ),
-        (
-            &core,
-            "list",
-            "virtualmachineinstances.kubevirt.io",
-            t,
-            false,
-        ),
-        // Services: the MetalLB driver's holds in the release namespace only; nobody else
-        // creates or deletes any.
-        (&metallb, "create", "services", rel, true),
-        (&metallb, "delete", "services", rel, true),
-        (&metallb, "create", "services", t, false),
-        (&metallb, "delete", "services", t, false),
-        (&core, "create", "services", t, false),
-        (&core, "delete", "services", t, false),
-        (&range, "create", "services", t, false),
-        (&range, "delete", "services", t, false),
-        // Who writes what on a tenant's Service: the drivers its status (the range driver
-        // the load balancer's part, both their AddressAttached condition — the component
-        // policy narrows it); the core and the drivers patch (each its own keys,
-        // docs/operations.md "Threat model").
-        (&range, "patch", "services/status", t, true),
-        (&metallb, "patch", "services/status", t, true),
-        (&core, "patch", "services/status", t, false),
-        (&core, "patch", "services", t, true),
-        // The ledger: the core deletes addresses, the drivers create them, nobody else.
-        (
-            &core,
-            "delete",
-            "ipaddresses.local.sdn.cozystack.io",
-            "",
-            true,
-        ),
-        (
-            &range,
-            "create",
-            "ipaddresses.local.sdn.cozystack.io",
-            "",
-            true,
-        ),
-        (
-            &range,
-            "delete",
-            "ipaddresses.local.sdn.cozystack.io",
-            "",
-            false,
-        ),
-        (
-            &metallb,
-            "delete",
-            "ipaddresses.local.sdn.cozystack.io",
-            "",
-            false,
-        ),
-        (
-            &core,
-            "create",
-            "ipaddresses.local.sdn.cozystack.io",
-            "",
-            false,
-        ),
-        // Quotas are the admin's: read by the core, written by no component.
-        (
-            &core,
-            "list",
-            "ipaddressquotas.local.sdn.cozystack.io",
-            "",
-            true,
-        ),
-        (
-            &core,
-            "update",
-            "ipaddressquotas.local.sdn.cozystack.io",
-            t,
-            false,
-        ),
-        (
-            &range,
-            "list",
-            "ipaddressquotas.local.sdn.cozystack.io",
-            "",
-            false,
-        ),
-        // The history's records: the core creates and prunes them, a driver only creates.
-        (
-            &core,
-            "delete",
-            "ipaddressrecords.local.sdn.cozystack.io",
-            "",
-            true,
-        ),
-        (
-            &range,
-            "create",
-            "ipaddressrecords.local.sdn.cozystack.io",
-            "",
-            true,
-        ),
-        (
-            &metallb,
-            "delete",
-            "ipaddressrecords.local.sdn.cozystack.io",
-            "",
-            false,
-        ),
-        // MetalLB's objects: only the MetalLB driver.
-        (
-            &metallb,
-            "create",
-            "ipaddresspools.metallb.io",
-            "metallb-system",
-            true,
-        ),
-        (
-            &range,
-            "create",
-            "ipaddresspools.metallb.io",
-            "metallb-system",
-            false,
-        ),
-        (
-            &core,
-            "create",
-            "ipaddresspools.metallb.io",
-            "metallb-system",
-            false,
-        ),
-    ];
+    let table = written_rights([&core, &range, &metallb], rel, t);
     let wrong: Vec<String> = table
         .iter()
         .filter(|(user, verb, resource, ns, want)| can(user, verb, resource, ns) != *want)
@@ -440,6 +251,194 @@ async fn each_components_service_account_has_exactly_its_written_rights() {
     assert!(wrong.is_empty(), "{wrong:#?}");
     drop(tenant);
     drop(release);
+}
+
+/// The written table of rights: (user, verb, resource, namespace, allowed) for the core's,
+/// the range driver's and the MetalLB driver's ServiceAccounts, in the release namespace
+/// `rel` and a tenant's `t`.
+fn written_rights<'a>(
+    [core, range, metallb]: [&'a str; 3],
+    rel: &'a str,
+    t: &'a str,
+) -> Vec<(&'a str, &'a str, &'a str, &'a str, bool)> {
+    const LEASES: &str = "leases.coordination.k8s.io";
+    const EVENTS: &str = "events.events.k8s.io";
+    vec![
+        // Every component: its Lease in the release namespace, no other.
+        (core, "create", LEASES, rel, true),
+        (core, "update", LEASES, rel, true),
+        (core, "create", LEASES, "default", false),
+        (core, "update", LEASES, t, false),
+        (range, "update", LEASES, rel, true),
+        (range, "create", LEASES, "kube-system", false),
+        (metallb, "update", LEASES, rel, true),
+        (metallb, "update", LEASES, t, false),
+        // The core reads the drivers' Leases anywhere (DriverAvailable), writes none.
+        (core, "list", LEASES, "", true),
+        (core, "delete", LEASES, rel, false),
+        // Events are created, never patched.
+        (core, "create", EVENTS, t, true),
+        (core, "patch", EVENTS, t, false),
+        (range, "patch", EVENTS, t, false),
+        // The MetalLB driver reads MetalLB's core events (why it refused a Service); the
+        // range driver, the load balancer itself, has no need.
+        (metallb, "list", "events", t, true),
+        (metallb, "patch", "events", t, false),
+        (range, "list", "events", t, false),
+        // The drivers read the EndpointSlices of the Services cozy-proxy serves, and write none.
+        (range, "list", "endpointslices.discovery.k8s.io", t, true),
+        (metallb, "watch", "endpointslices.discovery.k8s.io", t, true),
+        (range, "update", "endpointslices.discovery.k8s.io", t, false),
+        // ... and KubeVirt's VMIs (which pods run one VM), and write none; the core neither.
+        (
+            metallb,
+            "watch",
+            "virtualmachineinstances.kubevirt.io",
+            t,
+            true,
+        ),
+        (
+            range,
+            "list",
+            "virtualmachineinstances.kubevirt.io",
+            t,
+            true,
+        ),
+        (
+            range,
+            "patch",
+            "virtualmachineinstances.kubevirt.io",
+            t,
+            false,
+        ),
+        (
+            core,
+            "list",
+            "virtualmachineinstances.kubevirt.io",
+            t,
+            false,
+        ),
+        // Services: the MetalLB driver's holds in the release namespace only; nobody else
+        // creates or deletes any.
+        (metallb, "create", "services", rel, true),
+        (metallb, "delete", "services", rel, true),
+        (metallb, "create", "services", t, false),
+        (metallb, "delete", "services", t, false),
+        (core, "create", "services", t, false),
+        (core, "delete", "services", t, false),
+        (range, "create", "services", t, false),
+        (range, "delete", "services", t, false),
+        // Who writes what on a tenant's Service: the drivers its status (the range driver
+        // the load balancer's part, both their AddressAttached condition — the component
+        // policy narrows it); the core and the drivers patch (each its own keys,
+        // docs/operations.md "Threat model").
+        (range, "patch", "services/status", t, true),
+        (metallb, "patch", "services/status", t, true),
+        (core, "patch", "services/status", t, false),
+        (core, "patch", "services", t, true),
+        // The ledger: the core deletes addresses, the drivers create them, nobody else.
+        (
+            core,
+            "delete",
+            "ipaddresses.local.sdn.cozystack.io",
+            "",
+            true,
+        ),
+        (
+            range,
+            "create",
+            "ipaddresses.local.sdn.cozystack.io",
+            "",
+            true,
+        ),
+        (
+            range,
+            "delete",
+            "ipaddresses.local.sdn.cozystack.io",
+            "",
+            false,
+        ),
+        (
+            metallb,
+            "delete",
+            "ipaddresses.local.sdn.cozystack.io",
+            "",
+            false,
+        ),
+        (
+            core,
+            "create",
+            "ipaddresses.local.sdn.cozystack.io",
+            "",
+            false,
+        ),
+        // Quotas are the admin's: read by the core, written by no component.
+        (
+            core,
+            "list",
+            "ipaddressquotas.local.sdn.cozystack.io",
+            "",
+            true,
+        ),
+        (
+            core,
+            "update",
+            "ipaddressquotas.local.sdn.cozystack.io",
+            t,
+            false,
+        ),
+        (
+            range,
+            "list",
+            "ipaddressquotas.local.sdn.cozystack.io",
+            "",
+            false,
+        ),
+        // The history's records: the core creates and prunes them, a driver only creates.
+        (
+            core,
+            "delete",
+            "ipaddressrecords.local.sdn.cozystack.io",
+            "",
+            true,
+        ),
+        (
+            range,
+            "create",
+            "ipaddressrecords.local.sdn.cozystack.io",
+            "",
+            true,
+        ),
+        (
+            metallb,
+            "delete",
+            "ipaddressrecords.local.sdn.cozystack.io",
+            "",
+            false,
+        ),
+        // MetalLB's objects: only the MetalLB driver.
+        (
+            metallb,
+            "create",
+            "ipaddresspools.metallb.io",
+            "metallb-system",
+            true,
+        ),
+        (
+            range,
+            "create",
+            "ipaddresspools.metallb.io",
+            "metallb-system",
+            false,
+        ),
+        (
+            core,
+            "create",
+            "ipaddresspools.metallb.io",
+            "metallb-system",
+            false,
+        ),
+    ]
 }
 
 #[tokio::test]
