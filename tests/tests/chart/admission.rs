@@ -304,28 +304,17 @@ async fn the_metallb_policy_reserves_metallb_pins_to_the_driver() {
         "{denied}"
     );
     // spec.loadBalancerIP and a sharing key are refused too; a plain Service is fine.
-    let err = tenant(
-        &create,
-        &svc(
-            g,
-            "byip",
-            json!({}),
-            json!({"loadBalancerIP": "198.18.90.2"}),
-        ),
-    )
-    .unwrap_err();
-    assert!(err.contains("MetalLB pin annotations"), "{err}");
-    let err = tenant(
-        &create,
-        &svc(
-            g,
+    for (name, ann, spec) in [
+        ("byip", json!({}), json!({"loadBalancerIP": "198.18.90.2"})),
+        (
             "share",
             json!({"metallb.io/allow-shared-ip": "k"}),
             json!({}),
         ),
-    )
-    .unwrap_err();
-    assert!(err.contains("MetalLB pin annotations"), "{err}");
+    ] {
+        let err = tenant(&create, &svc(g, name, ann, spec)).unwrap_err();
+        assert!(err.contains("MetalLB pin annotations"), "{name}: {err}");
+    }
     // A forged record of the kit's (the driver's marker, or any key of a driver's).
     for key in [
         "metallb.drivers.local.sdn.cozystack.io/pinned",

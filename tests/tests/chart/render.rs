@@ -63,6 +63,9 @@ fn lint_passes_for_every_values_set_of_the_matrix() {
     }
 }
 
+/// The defaults render exactly the expected objects: a `helm test` hook that only reads, a
+/// hardened and probed Deployment sized for the documented scale, an APIService that
+/// trusts exactly the CA of the serving certificate, and the bindings it needs.
 #[test]
 fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
     // The chart moves with the workspace: one version everywhere.
@@ -106,7 +109,16 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
     .map(str::to_string)
     .into();
     assert_eq!(kind_names(&objs), expected);
-    let test = find(&objs, "Pod", "address-controller-test");
+    the_helm_test_hook_only_reads(&objs);
+    the_deployment_is_hardened_probed_and_sized(&objs);
+    the_apiservice_trusts_the_serving_certificates_ca(&objs);
+    the_api_service_and_the_bindings(&objs);
+}
+
+/// `helm test`: `check` in a Pod, as a ServiceAccount that only reads; off with
+/// helmTest.enabled=false.
+fn the_helm_test_hook_only_reads(objs: &[Value]) {
+    let test = find(objs, "Pod", "address-controller-test");
     assert_eq!(test["metadata"]["annotations"]["helm.sh/hook"], "test");
     assert_eq!(
         test["spec"]["containers"][0]["args"],
@@ -114,7 +126,7 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
     );
     assert_eq!(test["spec"]["restartPolicy"], "Never");
     let role = find(
-        &objs,
+        objs,
         "ClusterRole",
         "address-controller-test-address-controller-system",
     );
@@ -132,9 +144,11 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
             .any(|k| k.contains("-test")),
         "helmTest.enabled=false still renders the hook"
     );
+}
 
-    // The Deployment: two replicas, the appVersion image, hardened, probed.
-    let deploy = find(&objs, "Deployment", "address-controller");
+/// The Deployment: two replicas, the appVersion image, hardened, probed.
+fn the_deployment_is_hardened_probed_and_sized(objs: &[Value]) {
+    let deploy = find(objs, "Deployment", "address-controller");
     assert_eq!(deploy["spec"]["replicas"], 2);
     let pod = &deploy["spec"]["template"]["spec"];
     assert_eq!(pod["serviceAccountName"], "address-controller");
@@ -151,7 +165,7 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
         pod["securityContext"]["seccompProfile"]["type"],
         "RuntimeDefault"
     );
-    let c = container(&objs);
+    let c = container(objs);
     assert_eq!(
         c["image"],
         format!("ghcr.io/cozystack/address-controller:{}", app_version())
@@ -168,9 +182,9 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
         .find(|p| p["name"] == "probes")
         .unwrap();
     assert_eq!(probe_port["containerPort"], 8081);
-    assert!(args(&objs).contains(&"--probe-address=0.0.0.0:8081".to_string()));
-    assert!(args(&objs).contains(&"--metrics-address=0.0.0.0:8443".to_string()));
-    assert!(args(&objs).contains(&"--leader-elect=true".to_string()));
+    assert!(args(objs).contains(&"--probe-address=0.0.0.0:8081".to_string()));
+    assert!(args(objs).contains(&"--metrics-address=0.0.0.0:8443".to_string()));
+    assert!(args(objs).contains(&"--leader-elect=true".to_string()));
     // Defaults that survive the documented scale: the limit above the 275 MiB measured at
     // 20,000 claims + 20,000 addresses; critical, as the aggregated API is in
     // kube-apiserver's path.
@@ -191,11 +205,18 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
         !envs.contains(&"ADDRESS_CONTROLLER_LOG_LEVEL"),
         "the binary's own log default applies"
     );
+}
 
+/// The certificate files the binary reads are the chart's Secret; the APIService trusts
+/// exactly the CA that signed the serving certificate, whose names are the Service's.
+fn the_apiservice_trusts_the_serving_certificates_ca(objs: &[Value]) {
+    let c = container(objs);
+    let deploy = find(objs, "Deployment", "address-controller");
+    let pod = &deploy["spec"]["template"]["spec"];
     // The certificate files the binary reads are the chart's Secret.
     let mount = c["volumeMounts"][0]["mountPath"].as_str().unwrap();
-    assert!(args(&objs).contains(&format!("--tls-cert-file={mount}/tls.crt")));
-    assert!(args(&objs).contains(&format!("--tls-private-key-file={mount}/tls.key")));
+    assert!(args(objs).contains(&format!("--tls-cert-file={mount}/tls.crt")));
+    assert!(args(objs).contains(&format!("--tls-private-key-file={mount}/tls.key")));
     assert_eq!(
         pod["volumes"][0]["secret"]["secretName"],
         "address-controller-api-tls"
@@ -203,8 +224,8 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
 
     // The APIService trusts exactly the CA that signed the serving certificate, whose names
     // are the Service's.
-    let secret = find(&objs, "Secret", "address-controller-api-tls");
-    let api = find(&objs, "APIService", APISERVICE);
+    let secret = find(objs, "Secret", "address-controller-api-tls");
+    let api = find(objs, "APIService", APISERVICE);
     assert_eq!(api["spec"]["caBundle"], secret["data"]["ca.crt"]);
     assert!(api["spec"].get("insecureSkipTLSVerify").is_none());
     assert_eq!(
@@ -242,9 +263,14 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
     ] {
         assert!(sans.contains(name), "{name} missing from {sans}");
     }
+}
 
+/// The API Service selects the Deployment's pods; the bindings (the generated role, auth
+/// delegation, the authentication ConfigMap reader); the metrics Service and reader role.
+fn the_api_service_and_the_bindings(objs: &[Value]) {
+    let deploy = find(objs, "Deployment", "address-controller");
     // The API Service selects the Deployment's pods.
-    let svc = find(&objs, "Service", "address-controller-api");
+    let svc = find(objs, "Service", "address-controller-api");
     assert_eq!(svc["spec"]["type"], "ClusterIP");
     let labels = &deploy["spec"]["template"]["metadata"]["labels"];
     for (k, v) in svc["spec"]["selector"].as_object().unwrap() {
@@ -253,18 +279,18 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
 
     // Bindings: the generated role, auth delegation, the authentication ConfigMap reader.
     let sa = json!([{"kind": "ServiceAccount", "name": "address-controller", "namespace": "address-controller-system"}]);
-    let crb = find(&objs, "ClusterRoleBinding", "address-controller");
+    let crb = find(objs, "ClusterRoleBinding", "address-controller");
     assert_eq!(crb["roleRef"]["name"], "address-controller");
     assert_eq!(crb["subjects"], sa);
     let delegator = find(
-        &objs,
+        objs,
         "ClusterRoleBinding",
         "address-controller:system:auth-delegator",
     );
     assert_eq!(delegator["roleRef"]["name"], "system:auth-delegator");
     assert_eq!(delegator["subjects"], sa);
     let reader = find(
-        &objs,
+        objs,
         "RoleBinding",
         "address-controller:extension-apiserver-authentication-reader",
     );
@@ -276,9 +302,9 @@ fn defaults_render_a_hardened_deployment_and_a_matching_certificate() {
     assert_eq!(reader["subjects"], sa);
 
     // Metrics: the Service and the reader role.
-    let metrics = find(&objs, "Service", "address-controller-metrics");
+    let metrics = find(objs, "Service", "address-controller-metrics");
     assert_eq!(metrics["spec"]["ports"][0]["port"], 8443);
-    let role = find(&objs, "ClusterRole", "address-controller-metrics-reader");
+    let role = find(objs, "ClusterRole", "address-controller-metrics-reader");
     assert_eq!(
         role["rules"],
         json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
