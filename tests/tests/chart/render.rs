@@ -506,6 +506,9 @@ fn the_range_driver_is_opt_in_with_its_generated_role_and_its_own_pods() {
     ));
 }
 
+/// The monitoring objects render only where monitoring.coreos.com is served, follow their
+/// values (labels, alerts one by one, thresholds, the scrape's authorization, relabelings,
+/// TLS), and go with metrics off.
 #[test]
 fn monitoring_objects_follow_values_and_capabilities() {
     let on = json!({"metrics": {
@@ -517,7 +520,23 @@ fn monitoring_objects_follow_values_and_capabilities() {
     assert!(!has(&absent, "ServiceMonitor") && !has(&absent, "PrometheusRule"));
 
     let objs = render(&on, &["--api-versions", "monitoring.coreos.com/v1"]).unwrap();
-    let sm = find(&objs, "ServiceMonitor", "address-controller");
+    the_scrape_and_the_alerts_by_default(&objs);
+    the_alerts_and_the_scrape_as_tuned();
+    // Metrics off: no Service, no role, no scrape config, the binary's endpoint disabled.
+    let mut off = on.clone();
+    off["metrics"]["enabled"] = json!(false);
+    let objs = render(&off, &["--api-versions", "monitoring.coreos.com/v1"]).unwrap();
+    assert!(!has(&objs, "ServiceMonitor") && !has(&objs, "PrometheusRule"));
+    assert!(!kind_names(&objs).contains("Service/address-controller-metrics"));
+    assert!(!kind_names(&objs).contains("ClusterRole/address-controller-metrics-reader"));
+    assert!(args(&objs).contains(&"--metrics-address=".to_string()));
+}
+
+/// The ServiceMonitor selects the metrics Service only, over TLS with the chart's CA and a
+/// chart-made token bound to the reader role; every alert with its labels, duration and
+/// runbook.
+fn the_scrape_and_the_alerts_by_default(objs: &[Value]) {
+    let sm = find(objs, "ServiceMonitor", "address-controller");
     assert_eq!(sm["metadata"]["labels"]["release"], "prom");
     let ep = &sm["spec"]["endpoints"][0];
     assert_eq!(ep["port"], "metrics");
@@ -531,13 +550,13 @@ fn monitoring_objects_follow_values_and_capabilities() {
         json!({"name": "address-controller-api-tls", "key": "ca.crt"})
     );
     // The ServiceMonitor selects the metrics Service, and only it.
-    let metrics = find(&objs, "Service", "address-controller-metrics");
-    let api = find(&objs, "Service", "address-controller-api");
+    let metrics = find(objs, "Service", "address-controller-metrics");
+    let api = find(objs, "Service", "address-controller-api");
     let sm_selector = &sm["spec"]["selector"]["matchLabels"];
     assert!(selects(sm_selector, &metrics["metadata"]["labels"]));
     assert!(!selects(sm_selector, &api["metadata"]["labels"]));
 
-    let rule = find(&objs, "PrometheusRule", "address-controller");
+    let rule = find(objs, "PrometheusRule", "address-controller");
     assert_eq!(rule["metadata"]["labels"]["team"], "net");
     let rules = rule["spec"]["groups"][0]["rules"].as_array().unwrap();
     let alert = |name: &str| rules.iter().find(|r| r["alert"] == name).unwrap();
@@ -594,10 +613,10 @@ fn monitoring_objects_follow_values_and_capabilities() {
         json!({"type": "Bearer", "credentials": {"name": "address-controller-metrics-scraper-token", "key": "token"}})
     );
     assert!(ep.get("bearerTokenFile").is_none());
-    let token = find(&objs, "Secret", "address-controller-metrics-scraper-token");
+    let token = find(objs, "Secret", "address-controller-metrics-scraper-token");
     assert_eq!(token["type"], "kubernetes.io/service-account-token");
     let scraper = find(
-        &objs,
+        objs,
         "ClusterRoleBinding",
         "address-controller-metrics-scraper",
     );
@@ -613,10 +632,12 @@ fn monitoring_objects_follow_values_and_capabilities() {
     ] {
         assert_eq!(alert(name)["labels"]["severity"], severity, "{name}");
     }
+}
 
-    // Alerts one by one: off, or with their own severity and duration; thresholds of
-    // their own; the legacy token mode binds the named Prometheus account; relabelings,
-    // a tlsConfig of one's own, and the caBundle's CA as a ConfigMap.
+/// Alerts one by one: off, or with their own severity and duration; thresholds of their
+/// own; the legacy token mode binds the named Prometheus account; relabelings, a tlsConfig
+/// of one's own, and the caBundle's CA as a ConfigMap.
+fn the_alerts_and_the_scrape_as_tuned() {
     let tuned = json!({"apiService": {"tls": {"mode": "secret", "existingSecret": "mine",
             "caBundle": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCi0tLS0tRU5EIENFUlRJRklDQVRFLS0tLS0K"}},
         "metrics": {
@@ -698,15 +719,6 @@ fn monitoring_objects_follow_values_and_capabilities() {
         find(&objs, "ServiceMonitor", "address-controller")["spec"]["endpoints"][0]["tlsConfig"],
         json!({"insecureSkipVerify": false, "serverName": "metrics.example"})
     );
-
-    // Metrics off: no Service, no role, no scrape config, the binary's endpoint disabled.
-    let mut off = on.clone();
-    off["metrics"]["enabled"] = json!(false);
-    let objs = render(&off, &["--api-versions", "monitoring.coreos.com/v1"]).unwrap();
-    assert!(!has(&objs, "ServiceMonitor") && !has(&objs, "PrometheusRule"));
-    assert!(!kind_names(&objs).contains("Service/address-controller-metrics"));
-    assert!(!kind_names(&objs).contains("ClusterRole/address-controller-metrics-reader"));
-    assert!(args(&objs).contains(&"--metrics-address=".to_string()));
 }
 
 #[test]
