@@ -83,70 +83,33 @@ async fn each_component_changes_only_its_own_keys_on_a_tenants_service() {
     .await
     .unwrap();
     assert!(refused.contains("the core may change only"), "{refused}");
-    let cases: &[(&str, String, bool)] = &[
-        (
-            core,
-            annotate("local.sdn.cozystack.io/ip-address-claim", "web"),
-            true,
-        ),
-        (
-            core,
-            annotate(
-                "range-driver.drivers.local.sdn.cozystack.io/pinned",
-                "198.18.93.1",
-            ),
-            false,
-        ),
-        (
-            core,
-            json!({"spec": {"externalTrafficPolicy": "Local"}}).to_string(),
-            false,
-        ),
-        (
-            range,
-            annotate(
-                "range-driver.drivers.local.sdn.cozystack.io/pinned",
-                "198.18.93.1",
-            ),
-            true,
-        ),
-        (
-            range,
-            annotate("metallb.io/loadBalancerIPs", "198.18.93.1"),
-            false,
-        ),
-        (
-            range,
-            annotate("local.sdn.cozystack.io/ip-address-claim", "other"),
-            false,
-        ),
-        (
-            metallb,
-            annotate("metallb.io/loadBalancerIPs", "198.18.93.1"),
-            true,
-        ),
-        (
-            metallb,
-            annotate(
-                "metallb-driver.drivers.local.sdn.cozystack.io/pinned",
-                "198.18.93.1",
-            ),
-            true,
-        ),
-        (
-            metallb,
-            annotate(
-                "range-driver.drivers.local.sdn.cozystack.io/pinned",
-                "198.18.93.2",
-            ),
-            false,
-        ),
-        (
-            metallb,
-            json!({"metadata": {"labels": {"tier": "x"}}}).to_string(),
-            false,
-        ),
-    ];
+    const CLAIM: &str = "local.sdn.cozystack.io/ip-address-claim";
+    const PIN: &str = "metallb.io/loadBalancerIPs";
+    const RANGE_MARK: &str = "range-driver.drivers.local.sdn.cozystack.io/pinned";
+    const METALLB_MARK: &str = "metallb-driver.drivers.local.sdn.cozystack.io/pinned";
+    let mut cases: Vec<(&str, String, bool)> = [
+        (core, CLAIM, "web", true),
+        (core, RANGE_MARK, "198.18.93.1", false),
+        (range, RANGE_MARK, "198.18.93.1", true),
+        (range, PIN, "198.18.93.1", false),
+        (range, CLAIM, "other", false),
+        (metallb, PIN, "198.18.93.1", true),
+        (metallb, METALLB_MARK, "198.18.93.1", true),
+        (metallb, RANGE_MARK, "198.18.93.2", false),
+    ]
+    .into_iter()
+    .map(|(sa, key, value, allowed)| (sa, annotate(key, value), allowed))
+    .collect();
+    cases.push((
+        core,
+        json!({"spec": {"externalTrafficPolicy": "Local"}}).to_string(),
+        false,
+    ));
+    cases.push((
+        metallb,
+        json!({"metadata": {"labels": {"tier": "x"}}}).to_string(),
+        false,
+    ));
     let wrong: Vec<String> = cases
         .iter()
         .filter_map(|(sa, body, allowed)| {
@@ -155,12 +118,28 @@ async fn each_component_changes_only_its_own_keys_on_a_tenants_service() {
         })
         .collect();
     assert!(wrong.is_empty(), "{wrong:#?}");
-    // The status: status.loadBalancer is the range driver's (the load balancer) alone;
-    // each driver writes its AddressAttached condition and no other. (kubectl reads the
-    // status before it patches, which no driver may: a client impersonating the
-    // ServiceAccount patches it as the driver does.)
+    the_status_is_each_drivers_own(&release.ns, t, range, metallb).await;
+    // A tenant's own edits are not the policy's business.
+    cluster
+        .kubectl_ok(&["label", "svc", "web", "-n", t, "tier=web"])
+        .unwrap();
+    drop(tenant);
+    drop(release);
+}
+
+/// The status: status.loadBalancer is the range driver's (the load balancer) alone; each
+/// driver writes its AddressAttached condition and no other. (kubectl reads the status
+/// before it patches, which no driver may: a client impersonating the ServiceAccount
+/// patches it as the driver does.)
+async fn the_status_is_each_drivers_own(
+    release_ns: &str,
+    t: &str,
+    range: &'static str,
+    metallb: &'static str,
+) {
+    let cluster = Cluster::get();
     let on_status = |sa: &'static str, status: Value| {
-        let ns = release.ns.clone();
+        let ns = release_ns.to_string();
         async move {
             let kubeconfig = kube::config::Kubeconfig::read_from(&cluster.kubeconfig).unwrap();
             let mut config = kube::Config::from_custom_kubeconfig(
@@ -203,12 +182,6 @@ async fn each_component_changes_only_its_own_keys_on_a_tenants_service() {
         let err = on_status(sa, body.clone()).await.unwrap_err();
         assert!(err.to_string().contains("forbidden"), "{sa} {body}: {err}");
     }
-    // A tenant's own edits are not the policy's business.
-    cluster
-        .kubectl_ok(&["label", "svc", "web", "-n", t, "tier=web"])
-        .unwrap();
-    drop(tenant);
-    drop(release);
 }
 
 /// Least privilege (#45): each component's ServiceAccount, read by SubjectAccessReviews
@@ -444,7 +417,7 @@ fn written_rights<'a>(
 #[tokio::test]
 async fn aggregated_roles_give_a_namespace_editor_exactly_claims_and_views() {
     let _one = INSTALL.lock().await;
-    let (cluster, client) = setup().await;
+    let (_, client) = setup().await;
     let release = Release::new(free_port(), &json!({})).await;
     let a = TestNamespace::create(&client, "chart-rbac-a")
         .await
@@ -452,42 +425,7 @@ async fn aggregated_roles_give_a_namespace_editor_exactly_claims_and_views() {
     let b = TestNamespace::create(&client, "chart-rbac-b")
         .await
         .unwrap();
-    for (user, role) in [
-        ("editor", "edit"),
-        ("viewer", "view"),
-        // A namespace's admin (a tenant) and the platform team's quota role (SPEC §13).
-        ("tenant-admin", "admin"),
-        ("quota-manager", "address-controller-quota-manager"),
-    ] {
-        cluster
-            .kubectl_ok(&[
-                "create",
-                "rolebinding",
-                user,
-                "-n",
-                &a.name,
-                "--clusterrole",
-                role,
-                "--user",
-                user,
-            ])
-            .unwrap();
-    }
-    // The abuse desk reads every namespace's history: bound cluster-wide.
-    let mut cleanup = Cleanup::default();
-    let desk = format!("{}-abuse-desk", a.name);
-    cluster
-        .kubectl_ok(&[
-            "create",
-            "clusterrolebinding",
-            &desk,
-            "--clusterrole",
-            "address-controller-history-reader",
-            "--user",
-            "abuse-desk",
-        ])
-        .unwrap();
-    cleanup.add("clusterrolebindings.rbac.authorization.k8s.io", &desk);
+    let cleanup = each_role_bound_to_its_user(&a.name);
     // SubjectAccessReviews with explicit attributes: no discovery involved, so the answer
     // does not depend on the (here unavailable) aggregated API.
     let can =
@@ -603,5 +541,50 @@ async fn aggregated_roles_give_a_namespace_editor_exactly_claims_and_views() {
     .await
     .unwrap();
     assert!(!can("viewer", "list", HOLDINGS, na));
+    drop(cleanup);
     drop(release);
+}
+
+/// The tenant roles bound in namespace `ns` to users named after them (edit, view, a
+/// namespace's admin, the platform team's quota role — SPEC §13), and the abuse desk's
+/// history reader bound cluster-wide (it reads every namespace's history); the
+/// cluster-wide binding's cleanup.
+fn each_role_bound_to_its_user(ns: &str) -> Cleanup {
+    let cluster = Cluster::get();
+    for (user, role) in [
+        ("editor", "edit"),
+        ("viewer", "view"),
+        // A namespace's admin (a tenant) and the platform team's quota role (SPEC §13).
+        ("tenant-admin", "admin"),
+        ("quota-manager", "address-controller-quota-manager"),
+    ] {
+        cluster
+            .kubectl_ok(&[
+                "create",
+                "rolebinding",
+                user,
+                "-n",
+                ns,
+                "--clusterrole",
+                role,
+                "--user",
+                user,
+            ])
+            .unwrap();
+    }
+    let mut cleanup = Cleanup::default();
+    let desk = format!("{ns}-abuse-desk");
+    cluster
+        .kubectl_ok(&[
+            "create",
+            "clusterrolebinding",
+            &desk,
+            "--clusterrole",
+            "address-controller-history-reader",
+            "--user",
+            "abuse-desk",
+        ])
+        .unwrap();
+    cleanup.add("clusterrolebindings.rbac.authorization.k8s.io", &desk);
+    cleanup
 }
