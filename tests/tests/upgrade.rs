@@ -92,28 +92,7 @@ async fn ledger(client: &kube::Client) -> BTreeMap<String, (String, String)> {
 
 #[tokio::test]
 async fn an_upgrade_from_the_previous_chart_keeps_every_binding_and_writes_nothing() {
-    // The previous chart, from history.
-    let old = tempdir();
-    let archive = Command::new("git")
-        .args(["archive", PREVIOUS, "chart/address-controller"])
-        .current_dir(repo_root())
-        .output()
-        .unwrap();
-    assert!(
-        archive.status.success(),
-        "git archive {PREVIOUS} (a clone with history is needed): {}",
-        String::from_utf8_lossy(&archive.stderr)
-    );
-    let mut tar = Command::new("tar")
-        .args(["-x", "-C"])
-        .arg(&*old)
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut tar.stdin.take().unwrap(), &archive.stdout).unwrap();
-    assert!(tar.wait().unwrap().success());
-    let old_chart = old.join("chart/address-controller");
-
+    let (_old, old_chart) = the_previous_chart();
     let private = PrivateCluster::start("ac-upgrade");
     let cluster = Cluster::use_dir(&private.dir).unwrap();
     let client = cluster.client().await.unwrap();
@@ -162,66 +141,9 @@ async fn an_upgrade_from_the_previous_chart_keeps_every_binding_and_writes_nothi
         .await
         .unwrap();
 
-    // Live claims: a class, addresses, tenants.
-    let objects = r#"
-apiVersion: local.sdn.cozystack.io/v1alpha1
-kind: IPAddressClass
-metadata: {name: public}
-spec: {provisioner: static.example}
-"#;
-    apply(cluster, objects);
-    let addresses: Api<IPAddress> = Api::all(client.clone());
-    for i in 1..=4 {
-        create_object(&addresses, json!({"metadata": {"name": format!("a{i}")},
-                    "spec": {"address": format!("192.0.2.{i}"), "className": "public", "source": {"fromClass": {}}}})).await;
-    }
-    for (tenant, claims) in [("tenant-a", ["web", "db"]), ("tenant-b", ["shop", "mail"])] {
-        cluster
-            .kubectl_ok(&["create", "namespace", tenant])
-            .unwrap();
-        let api: Api<IPAddressClaim> = Api::namespaced(client.clone(), tenant);
-        for c in claims {
-            create_object(
-                &api,
-                json!({"metadata": {"name": c},
-                    "spec": {"className": "public"}}),
-            )
-            .await;
-        }
-    }
-    let all_bound = || async {
-        let items = Api::<IPAddressClaim>::all(client.clone())
-            .list(&ListParams::default())
-            .await?
-            .items;
-        Ok((items.len() == 4
-            && items
-                .iter()
-                .all(|c| c.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Bound)))
-        .then_some(()))
-    };
-    wait_for("four claims Bound", WAIT, all_bound)
-        .await
-        .unwrap();
-    let before = ledger(&client).await;
-
+    let (addresses, before) = live_claims_bound(&client).await;
     // The previous CRDs are not this binary's: check names them (the control for step 3).
-    let check = |label: &str| {
-        let out = Command::new(binary("address-controller"))
-            .args([
-                "check",
-                "--skip",
-                "apiservice,leases,classes,access",
-                "--kubeconfig",
-            ])
-            .arg(&cluster.kubeconfig)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        println!("check ({label}):\n{text}");
-        (out.status.success(), text)
-    };
-    let (ok, text) = check("previous CRDs");
+    let (ok, text) = check(cluster, "previous CRDs");
     // (This version's class has a new field, namespaceSelector: its schema differs.)
     assert!(
         !ok && text.lines().any(
@@ -258,7 +180,7 @@ spec: {provisioner: static.example}
     ])
     .unwrap();
     assert!(out.contains("STATUS: deployed"), "{out}");
-    let (ok, text) = check("upgraded CRDs");
+    let (ok, text) = check(cluster, "upgraded CRDs");
     assert!(ok, "{text}");
 
     // 3. The new pods (the Deployment's new arguments): every binding kept, not one
@@ -308,4 +230,100 @@ spec: {provisioner: static.example}
         before.len()
     );
     drop(release);
+}
+
+/// The previous chart, from history (`git archive` of [`PREVIOUS`]): the directory that
+/// holds it, and the chart's path in it.
+fn the_previous_chart() -> (address_controller_tests::TempDir, std::path::PathBuf) {
+    let old = tempdir();
+    let archive = Command::new("git")
+        .args(["archive", PREVIOUS, "chart/address-controller"])
+        .current_dir(repo_root())
+        .output()
+        .unwrap();
+    assert!(
+        archive.status.success(),
+        "git archive {PREVIOUS} (a clone with history is needed): {}",
+        String::from_utf8_lossy(&archive.stderr)
+    );
+    let mut tar = Command::new("tar")
+        .args(["-x", "-C"])
+        .arg(&*old)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut tar.stdin.take().unwrap(), &archive.stdout).unwrap();
+    assert!(tar.wait().unwrap().success());
+
+    let chart = old.join("chart/address-controller");
+    (old, chart)
+}
+
+/// Live claims: a class, four addresses, two tenants with two claims each, all Bound; the
+/// addresses' API and the ledger as it is then.
+async fn live_claims_bound(
+    client: &kube::Client,
+) -> (Api<IPAddress>, BTreeMap<String, (String, String)>) {
+    let cluster = Cluster::get();
+    let objects = r#"
+apiVersion: local.sdn.cozystack.io/v1alpha1
+kind: IPAddressClass
+metadata: {name: public}
+spec: {provisioner: static.example}
+"#;
+    apply(cluster, objects);
+    let addresses: Api<IPAddress> = Api::all(client.clone());
+    for i in 1..=4 {
+        create_object(&addresses, json!({"metadata": {"name": format!("a{i}")},
+                    "spec": {"address": format!("192.0.2.{i}"), "className": "public", "source": {"fromClass": {}}}})).await;
+    }
+    for (tenant, claims) in [("tenant-a", ["web", "db"]), ("tenant-b", ["shop", "mail"])] {
+        cluster
+            .kubectl_ok(&["create", "namespace", tenant])
+            .unwrap();
+        let api: Api<IPAddressClaim> = Api::namespaced(client.clone(), tenant);
+        for c in claims {
+            create_object(
+                &api,
+                json!({"metadata": {"name": c},
+                    "spec": {"className": "public"}}),
+            )
+            .await;
+        }
+    }
+    let all_bound = || async {
+        let items = Api::<IPAddressClaim>::all(client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items;
+        Ok((items.len() == 4
+            && items
+                .iter()
+                .all(|c| c.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Bound)))
+        .then_some(()))
+    };
+    wait_for("four claims Bound", WAIT, all_bound)
+        .await
+        .unwrap();
+    let before = ledger(client).await;
+
+    (addresses, before)
+}
+
+/// `address-controller check` of the CRDs (and the rest but the APIService, the Leases, the
+/// classes and access): whether it passed, and what it printed.
+fn check(cluster: &Cluster, label: &str) -> (bool, String) {
+    let out = Command::new(binary("address-controller"))
+        .args([
+            "check",
+            "--skip",
+            "apiservice,leases,classes,access",
+            "--kubeconfig",
+        ])
+        .arg(&cluster.kubeconfig)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    println!("check ({label}):\n{text}");
+    (out.status.success(), text)
 }
