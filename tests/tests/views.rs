@@ -19,6 +19,9 @@ async fn serving(e: &mut Env) -> ControllerProcess {
     e.serve_views().await.0
 }
 
+/// The views through the aggregator, read with kubectl: a namespace's holdings (a
+/// server-side Table, -n, -o wide, -o yaml, an empty namespace), its addresses
+/// subresource, a pool's availability, discovery, and kube-apiserver's errors.
 #[tokio::test]
 async fn views_through_the_aggregator_with_kubectl() {
     let mut e = env("views").await;
@@ -120,7 +123,16 @@ async fn views_through_the_aggregator_with_kubectl() {
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["summary"]["claims"]["total"], 0);
 
-    // The addresses subresource, whole and filtered by claim.
+    the_addresses_subresource_whole_and_by_claim(&ns);
+    the_pools_availability(&class);
+    discovery_and_errors_as_kubectl_expects(&ns, &class);
+
+    drop(other);
+    e.check_with(&[&_ctl]).await;
+}
+
+/// The addresses subresource, whole and filtered by claim.
+fn the_addresses_subresource_whole_and_by_claim(ns: &str) {
     let raw = format!(
         "/apis/view.local.sdn.cozystack.io/v1alpha1/namespaces/{ns}/namespaceaddresses/{ns}/addresses"
     );
@@ -144,9 +156,12 @@ async fn views_through_the_aggregator_with_kubectl() {
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["items"].as_array().unwrap().len(), 1);
     assert_eq!(v["items"][0]["family"], "IPv6");
+}
 
-    // poolavailabilities.
-    let (ok, out, err) = kubectl(&["get", "poolavailabilities", &class, "-o", "json"]);
+/// poolavailabilities: capacity, allocated, free, pending claims; per family as kubectl
+/// prints it (allocated/capacity, free, used share).
+fn the_pools_availability(class: &str) {
+    let (ok, out, err) = kubectl(&["get", "poolavailabilities", class, "-o", "json"]);
     assert!(ok, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
@@ -159,13 +174,13 @@ async fn views_through_the_aggregator_with_kubectl() {
     );
     assert_eq!(v["pendingClaims"], 1);
     // Per family, as kubectl prints it: allocated/capacity, free, used share.
-    let (ok, out, err) = kubectl(&["get", "pool", &class]);
+    let (ok, out, err) = kubectl(&["get", "pool", class]);
     assert!(ok, "{err}");
     let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(
         row[..9],
         [
-            class.as_str(),
+            class,
             "pub.drivers.test",
             "2/10",
             "8",
@@ -177,8 +192,11 @@ async fn views_through_the_aggregator_with_kubectl() {
         ],
         "{out}"
     );
+}
 
-    // Discovery: kubectl api-resources lists the views without errors.
+/// Discovery: kubectl api-resources lists the views without errors. Errors: unknown names,
+/// writes, bad field selectors; a good one.
+fn discovery_and_errors_as_kubectl_expects(ns: &str, class: &str) {
     let (ok, out, err) = kubectl(&["api-resources", "--api-group=view.local.sdn.cozystack.io"]);
     assert!(
         ok && !err.contains("unable to retrieve"),
@@ -192,7 +210,7 @@ async fn views_through_the_aggregator_with_kubectl() {
     // Errors: unknown names, writes, bad field selectors.
     let (ok, _, err) = kubectl(&["get", "poolavailabilities", "nope"]);
     assert!(!ok && err.contains("not found"), "{err}");
-    let (ok, _, err) = kubectl(&["delete", "poolavailabilities", &class]);
+    let (ok, _, err) = kubectl(&["delete", "poolavailabilities", class]);
     assert!(
         !ok && (err.contains("not supported") || err.contains("MethodNotAllowed")),
         "{err}"
@@ -222,9 +240,6 @@ async fn views_through_the_aggregator_with_kubectl() {
         out.trim(),
         format!("namespaceaddresses.view.local.sdn.cozystack.io/{ns}")
     );
-
-    drop(other);
-    e.check_with(&[&_ctl]).await;
 }
 
 /// Who may read what: a tenant its own namespace's views only; around the aggregator, only
