@@ -21,8 +21,8 @@ use address_controller_tests::env::{
     wait_lease_holder_in,
 };
 use address_controller_tests::image::{
-    Built, Container, app_version, build, container_argv, container_pid, proc_status, proc_strings,
-    unpack, walk,
+    Built, Container, Unpacked, app_version, build, container_argv, container_pid, proc_status,
+    proc_strings, unpack, walk,
 };
 use address_controller_tests::invariants::{Scope, assert_invariants};
 use address_controller_tests::{
@@ -112,6 +112,9 @@ fn make_image_twice_from_one_commit_gives_one_digest() {
     );
 }
 
+/// The image is tagged and labelled as the chart expects (its user, entrypoint, source and
+/// revision), its root holds only what the binaries need (no shell, nothing setuid, every
+/// library resolved), and its SBOM lists every package and the image by its digest.
 #[test]
 fn the_image_is_labelled_minimal_and_described_by_its_sbom() {
     let built = image();
@@ -182,8 +185,28 @@ fn the_image_is_labelled_minimal_and_described_by_its_sbom() {
         assert_eq!(labels["org.opencontainers.image.licenses"], "Apache-2.0");
     }
 
-    // The root: the C library, libgcc, the CA bundle, the user, the binaries, copyright
-    // and package records — nothing else, no shell, nothing setuid, all owned by root.
+    let count = the_root_holds_only_what_the_binaries_need(&img);
+
+    let (packages, debs) = the_sbom_lists_every_package_and_the_image(built);
+    let size: u64 = img.manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["size"].as_u64().unwrap())
+        .sum();
+    println!(
+        "image {}: {} bytes compressed, {count} files in the root, SBOM {} packages ({debs} Debian, {} crates)",
+        built.digest,
+        size,
+        packages - 1,
+        packages - 1 - debs
+    );
+}
+
+/// The root: the C library, libgcc, the CA bundle, the user, the binaries, copyright and
+/// package records — nothing else, no shell, nothing setuid, all owned by root; every
+/// library the binaries need resolved by the root's own loader. How many files it holds.
+fn the_root_holds_only_what_the_binaries_need(img: &Unpacked) -> usize {
     let files = walk(&img.root);
     let allowed = |p: &str| {
         p.starts_with("lib/x86_64-linux-gnu/")
@@ -246,8 +269,12 @@ fn the_image_is_labelled_minimal_and_described_by_its_sbom() {
         assert!(text.contains("libc.so.6"), "{text}");
     }
 
-    // The SBOM: every pinned Debian package and every crate of Cargo.lock that the
-    // binaries link, and the image by its digest.
+    count
+}
+
+/// The SBOM: every pinned Debian package and every crate of Cargo.lock that the binaries
+/// link, and the image by its digest. How many packages it lists, and how many are Debian's.
+fn the_sbom_lists_every_package_and_the_image(built: &Built) -> (usize, usize) {
     let sbom: Value = serde_json::from_slice(&std::fs::read(&built.sbom).unwrap()).unwrap();
     assert_eq!(sbom["spdxVersion"], "SPDX-2.3");
     let packages = sbom["packages"].as_array().unwrap();
@@ -300,19 +327,7 @@ fn the_image_is_labelled_minimal_and_described_by_its_sbom() {
             assert!(id == "SPDXRef-DOCUMENT" || ids.contains(id), "{id}");
         }
     }
-    let size: u64 = img.manifest["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["size"].as_u64().unwrap())
-        .sum();
-    println!(
-        "image {}: {} bytes compressed, {count} files in the root, SBOM {} packages ({debs} Debian, {} crates)",
-        built.digest,
-        size,
-        packages.len() - 1,
-        packages.len() - 1 - debs
-    );
+    (packages.len(), debs)
 }
 
 #[tokio::test]
