@@ -21,8 +21,8 @@ use address_controller_tests::env::{
     wait_lease_holder_in,
 };
 use address_controller_tests::image::{
-    Built, Container, Unpacked, app_version, build, container_argv, container_pid, proc_status,
-    proc_strings, unpack, walk,
+    Built, Container, Running, Unpacked, app_version, build, container_argv, container_pid,
+    proc_status, proc_strings, unpack, walk,
 };
 use address_controller_tests::invariants::{Scope, assert_invariants};
 use address_controller_tests::{
@@ -330,6 +330,10 @@ fn the_sbom_lists_every_package_and_the_image(built: &Built) -> (usize, usize) {
     (packages.len(), debs)
 }
 
+/// The controller and the range driver run from the image as the chart deploys them (the
+/// pod's user, no privileges, a read-only root, the Deployment's command line and
+/// environment): behind the chart's APIService, the Lease won by the pod, claims bound,
+/// a driver-made address provisioned, the ledger sound.
 #[tokio::test]
 async fn the_image_runs_the_controller_and_the_driver_as_the_chart_deploys_them() {
     let built = image();
@@ -360,67 +364,7 @@ async fn the_image_runs_the_controller_and_the_driver_as_the_chart_deploys_them(
     .await
     .unwrap();
 
-    // The binary runs as the pod says: the chart's user, no privileges, a read-only root,
-    // exactly the Deployment's command line and environment.
-    let pid = container_pid(controller.process.pid()).expect("the container's process");
-    let status = proc_status(pid);
-    assert!(status["Uid"].starts_with("65532\t65532"), "{status:?}");
-    assert!(status["Gid"].starts_with("65532\t65532"), "{status:?}");
-    assert_eq!(status["Groups"], "65532");
-    assert_eq!(status["NoNewPrivs"], "1");
-    assert_eq!(status["CapEff"], "0000000000000000");
-    let cmdline = proc_strings(pid, "cmdline");
-    assert_eq!(cmdline, controller.argv);
-    let deploy = cluster
-        .kubectl_ok(&[
-            "get",
-            "deployment",
-            "address-controller",
-            "-n",
-            &ns,
-            "-o",
-            "json",
-        ])
-        .unwrap();
-    let deploy: Value = serde_json::from_str(&deploy).unwrap();
-    let c = &deploy["spec"]["template"]["spec"]["containers"][0];
-    let want = container_argv(c, "/usr/local/bin/address-controller");
-    assert_eq!(cmdline, want, "the Deployment's args, unchanged");
-    let mut environ = proc_strings(pid, "environ");
-    environ.sort();
-    let mut given: Vec<String> = controller
-        .env
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    given.sort();
-    assert_eq!(environ, given);
-    assert!(environ.contains(&format!("ADDRESS_CONTROLLER_POD_NAME={pod}")));
-    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
-    let root_mount = mountinfo
-        .lines()
-        .find(|l| l.split_whitespace().nth(4) == Some("/"))
-        .unwrap();
-    assert!(
-        root_mount
-            .split_whitespace()
-            .nth(5)
-            .unwrap()
-            .split(',')
-            .any(|o| o == "ro"),
-        "the root is not read-only: {root_mount}"
-    );
-    // Not even root writes there (the mount, not permissions, refuses).
-    let err = std::fs::write(format!("/proc/{pid}/root/etc/written"), "x").unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(30), "EROFS: {err}");
-    // Its files are the image's (the binary, and no shell).
-    assert!(
-        Path::new(&format!(
-            "/proc/{pid}/root/usr/local/bin/address-controller"
-        ))
-        .exists()
-    );
-    assert!(!Path::new(&format!("/proc/{pid}/root/bin/sh")).exists());
+    the_binary_runs_as_the_pod_says(&controller, &ns, &pod);
 
     // Behind the chart's APIService: Available, the Lease won by the pod, a claim bound,
     // kubectl reading the holdings through the aggregator.
@@ -507,6 +451,71 @@ async fn the_image_runs_the_controller_and_the_driver_as_the_chart_deploys_them(
     drop(tenant);
     drop(cleanup);
     drop(release);
+}
+
+/// The binary runs as the pod says: the chart's user, no privileges, a read-only root,
+/// exactly the Deployment's command line and environment; its files are the image's.
+fn the_binary_runs_as_the_pod_says(controller: &Running, ns: &str, pod: &str) {
+    let cluster = address_controller_tests::Cluster::get();
+    let pid = container_pid(controller.process.pid()).expect("the container's process");
+    let status = proc_status(pid);
+    assert!(status["Uid"].starts_with("65532\t65532"), "{status:?}");
+    assert!(status["Gid"].starts_with("65532\t65532"), "{status:?}");
+    assert_eq!(status["Groups"], "65532");
+    assert_eq!(status["NoNewPrivs"], "1");
+    assert_eq!(status["CapEff"], "0000000000000000");
+    let cmdline = proc_strings(pid, "cmdline");
+    assert_eq!(cmdline, controller.argv);
+    let deploy = cluster
+        .kubectl_ok(&[
+            "get",
+            "deployment",
+            "address-controller",
+            "-n",
+            ns,
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    let deploy: Value = serde_json::from_str(&deploy).unwrap();
+    let c = &deploy["spec"]["template"]["spec"]["containers"][0];
+    let want = container_argv(c, "/usr/local/bin/address-controller");
+    assert_eq!(cmdline, want, "the Deployment's args, unchanged");
+    let mut environ = proc_strings(pid, "environ");
+    environ.sort();
+    let mut given: Vec<String> = controller
+        .env
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    given.sort();
+    assert_eq!(environ, given);
+    assert!(environ.contains(&format!("ADDRESS_CONTROLLER_POD_NAME={pod}")));
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let root_mount = mountinfo
+        .lines()
+        .find(|l| l.split_whitespace().nth(4) == Some("/"))
+        .unwrap();
+    assert!(
+        root_mount
+            .split_whitespace()
+            .nth(5)
+            .unwrap()
+            .split(',')
+            .any(|o| o == "ro"),
+        "the root is not read-only: {root_mount}"
+    );
+    // Not even root writes there (the mount, not permissions, refuses).
+    let err = std::fs::write(format!("/proc/{pid}/root/etc/written"), "x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(30), "EROFS: {err}");
+    // Its files are the image's (the binary, and no shell).
+    assert!(
+        Path::new(&format!(
+            "/proc/{pid}/root/usr/local/bin/address-controller"
+        ))
+        .exists()
+    );
+    assert!(!Path::new(&format!("/proc/{pid}/root/bin/sh")).exists());
 }
 
 #[test]
