@@ -235,6 +235,9 @@ fn apiserver_pid() -> String {
     std::fs::read_to_string(Cluster::get().dir.join("pids/kube-apiserver")).unwrap()
 }
 
+/// Two replicas' caches stay live under churn across namespaces and families and a
+/// kube-apiserver restart: both agree with the objects after, and the follower, taking
+/// over from a crashed leader, processes deletions and binds new claims.
 #[tokio::test]
 async fn caches_stay_live_on_leader_and_follower_under_churn_and_an_apiserver_restart() {
     let mut e = env("churn").await;
@@ -245,30 +248,7 @@ async fn caches_stay_live_on_leader_and_follower_under_churn_and_an_apiserver_re
     let class = e
         .class("pool", json!({"spec": {"releaseDelay": "2s"}}))
         .await;
-    let addresses: Vec<(String, String)> = (0..150)
-        .map(|i| {
-            (
-                format!("v4-{i}"),
-                format!("10.77.{}.{}", i / 200, i % 200 + 1),
-            )
-        })
-        .chain((0..50).map(|i| (format!("v6-{i}"), format!("2001:db8:77::{:x}", i + 1))))
-        .collect();
-    futures::stream::iter(addresses.iter())
-        .for_each_concurrent(16, |(n, ip)| {
-            let api = e.addresses();
-            let body = json!({"metadata": {"name": e.name(n)}, "spec": {"address": ip, "className": class, "source": {"fromClass": {}}}});
-            async move {
-                api.create(&PostParams::default(), &serde_json::from_value(body).unwrap())
-                    .await
-                    .unwrap();
-            }
-        })
-        .await;
-    for (n, _) in &addresses {
-        e.cleanup
-            .add("ipaddresses.local.sdn.cozystack.io", &e.name(n));
-    }
+    a_pool_of_two_hundred_addresses(&mut e, &class).await;
     let mut namespaces: Vec<TestNamespace> = Vec::new();
     for i in 0..8 {
         namespaces.push(
@@ -278,71 +258,7 @@ async fn caches_stay_live_on_leader_and_follower_under_churn_and_an_apiserver_re
         );
     }
 
-    // Churn: claims created and deleted as fast as six clients go, across namespaces and
-    // families, while kube-apiserver restarts once.
-    let ops = std::sync::atomic::AtomicUsize::new(0);
-    let errors = std::sync::atomic::AtomicUsize::new(0);
-    let stop = Instant::now() + Duration::from_secs(40);
-    let pid_before = apiserver_pid();
-    let churn = futures::future::join_all((0..6).map(|w| {
-        let (client, namespaces, class, ops, errors) = (&e.client, &namespaces, &class, &ops, &errors);
-        async move {
-            let mut mine: Vec<(String, String)> = Vec::new();
-            let mut i = 0u32;
-            while Instant::now() < stop {
-                i += 1;
-                let ns = &namespaces[(w * 7 + i as usize) % namespaces.len()].name;
-                let api: Api<IPAddressClaim> = Api::namespaced(client.clone(), ns);
-                let r = if mine.len() > 5 && i.is_multiple_of(2) {
-                    let (ns, name) = mine.remove((i as usize * 13) % mine.len());
-                    let api: Api<IPAddressClaim> = Api::namespaced(client.clone(), &ns);
-                    api.delete(&name, &DeleteParams::default()).await.map(|_| ())
-                } else {
-                    let name = format!("c{w}-{i}");
-                    let family = ["IPv4", "IPv4", "IPv6", "Dual"][i as usize % 4];
-                    let body = json!({"metadata": {"name": name}, "spec": {"className": class, "family": family}});
-                    let r = api
-                        .create(&PostParams::default(), &serde_json::from_value(body).unwrap())
-                        .await
-                        .map(|_| ());
-                    if r.is_ok() {
-                        mine.push((ns.clone(), name));
-                    }
-                    r
-                };
-                match r {
-                    Ok(()) => {
-                        ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    Err(_) => {
-                        errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        // A client backs off while the API server is away.
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                }
-            }
-        }
-    }));
-    let restart = async {
-        tokio::time::sleep(Duration::from_secs(15)).await;
-        tokio::task::spawn_blocking(|| {
-            cluster_sh(&[
-                "restart",
-                Cluster::get().dir.to_str().unwrap(),
-                "kube-apiserver",
-            ])
-        })
-        .await
-        .unwrap();
-    };
-    futures::join!(churn, restart);
-    let ops = ops.into_inner();
-    println!(
-        "churn: {ops} successful creates and deletes, {} errors",
-        errors.into_inner()
-    );
-    assert!(ops > 300, "the churn was real: {ops}");
-    assert_ne!(apiserver_pid(), pid_before, "kube-apiserver restarted");
+    churn_while_kube_apiserver_restarts(&e, &namespaces, &class).await;
     // A leader that could not renew while the API server was away stepped down and
     // exited; like a kubelet, the test starts it again.
     for r in [&mut a, &mut b] {
@@ -429,6 +345,102 @@ async fn caches_stay_live_on_leader_and_follower_under_churn_and_an_apiserver_re
     invariants::assert_invariants(&e.client, &scope, &[survivor.replica().unwrap()]).await;
     drop(namespaces);
     e.check_with(&[survivor]).await;
+}
+
+/// 150 IPv4 and 50 IPv6 addresses in `class`, created 16 at a time.
+async fn a_pool_of_two_hundred_addresses(e: &mut Env, class: &str) {
+    let addresses: Vec<(String, String)> = (0..150)
+        .map(|i| {
+            (
+                format!("v4-{i}"),
+                format!("10.77.{}.{}", i / 200, i % 200 + 1),
+            )
+        })
+        .chain((0..50).map(|i| (format!("v6-{i}"), format!("2001:db8:77::{:x}", i + 1))))
+        .collect();
+    futures::stream::iter(addresses.iter())
+        .for_each_concurrent(16, |(n, ip)| {
+            let api = e.addresses();
+            let body = json!({"metadata": {"name": e.name(n)}, "spec": {"address": ip, "className": class, "source": {"fromClass": {}}}});
+            async move {
+                api.create(&PostParams::default(), &serde_json::from_value(body).unwrap())
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+    for (n, _) in &addresses {
+        e.cleanup
+            .add("ipaddresses.local.sdn.cozystack.io", &e.name(n));
+    }
+}
+
+/// Churn: claims created and deleted as fast as six clients go, across `namespaces` and
+/// families, for 40 s, while kube-apiserver restarts once (at 15 s).
+async fn churn_while_kube_apiserver_restarts(e: &Env, namespaces: &[TestNamespace], class: &str) {
+    let ops = std::sync::atomic::AtomicUsize::new(0);
+    let errors = std::sync::atomic::AtomicUsize::new(0);
+    let stop = Instant::now() + Duration::from_secs(40);
+    let pid_before = apiserver_pid();
+    let churn = futures::future::join_all((0..6).map(|w| {
+        let (client, ops, errors) = (&e.client, &ops, &errors);
+        async move {
+            let mut mine: Vec<(String, String)> = Vec::new();
+            let mut i = 0u32;
+            while Instant::now() < stop {
+                i += 1;
+                let ns = &namespaces[(w * 7 + i as usize) % namespaces.len()].name;
+                let api: Api<IPAddressClaim> = Api::namespaced(client.clone(), ns);
+                let r = if mine.len() > 5 && i.is_multiple_of(2) {
+                    let (ns, name) = mine.remove((i as usize * 13) % mine.len());
+                    let api: Api<IPAddressClaim> = Api::namespaced(client.clone(), &ns);
+                    api.delete(&name, &DeleteParams::default()).await.map(|_| ())
+                } else {
+                    let name = format!("c{w}-{i}");
+                    let family = ["IPv4", "IPv4", "IPv6", "Dual"][i as usize % 4];
+                    let body = json!({"metadata": {"name": name}, "spec": {"className": class, "family": family}});
+                    let r = api
+                        .create(&PostParams::default(), &serde_json::from_value(body).unwrap())
+                        .await
+                        .map(|_| ());
+                    if r.is_ok() {
+                        mine.push((ns.clone(), name));
+                    }
+                    r
+                };
+                match r {
+                    Ok(()) => {
+                        ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Err(_) => {
+                        errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        // A client backs off while the API server is away.
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }
+        }
+    }));
+    let restart = async {
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        tokio::task::spawn_blocking(|| {
+            cluster_sh(&[
+                "restart",
+                Cluster::get().dir.to_str().unwrap(),
+                "kube-apiserver",
+            ])
+        })
+        .await
+        .unwrap();
+    };
+    futures::join!(churn, restart);
+    let ops = ops.into_inner();
+    println!(
+        "churn: {ops} successful creates and deletes, {} errors",
+        errors.into_inner()
+    );
+    assert!(ops > 300, "the churn was real: {ops}");
+    assert_ne!(apiserver_pid(), pid_before, "kube-apiserver restarted");
 }
 
 async fn wait_no_claim_terminating(e: &Env, namespaces: &[&str]) {
