@@ -457,28 +457,24 @@ async fn dual_claims_fill_dual_stack_services_and_auto_claims_need_no_human_step
     e.check().await;
 }
 
+/// A thief — another load balancer's Service showing the claim's address — makes the
+/// address Conflict (the rightful Service keeps it, the claim stays Bound) until it lets
+/// go; a range shrunk below the address makes it Lost (the ingress withdrawn, no other
+/// address given) until restored. The kit's gauges follow, on a `/metrics` authorized as
+/// the core's.
 #[tokio::test]
 async fn a_thief_makes_the_address_conflict_and_a_shrunk_range_makes_it_lost() {
     let mut e = env("assoc-bad").await;
     purge(&e, &["198.18.22.", "198.18.23."]).await;
     let metrics_at = format!("127.0.0.1:{}", free_port());
     let _drv = driver(&e, "bad", &["--metrics-address", &metrics_at]).await;
-    let url = format!("https://{metrics_at}/metrics");
-    let token = metrics_token().unwrap();
-    // The kit's /metrics: delegated authn/authz as the core's.
-    assert_eq!(https_get(&url, None).unwrap().0, 403, "anonymous");
-    assert_eq!(https_get(&url, Some("not-a-token")).unwrap().0, 401);
-    let gauge = |state: &str| -> Option<i64> {
-        let (code, text) = https_get(&url, Some(&token)).ok()?;
-        assert_eq!(code, 200);
-        text.lines()
-            .find(|l| {
-                l.starts_with("address_controller_driver_addresses{")
-                    && l.contains(&format!("state=\"{state}\""))
-                    && l.contains("class=\"bad-")
-            })
-            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    let m = KitMetrics {
+        url: format!("https://{metrics_at}/metrics"),
+        token: metrics_token().unwrap(),
     };
+    // The kit's /metrics: delegated authn/authz as the core's.
+    assert_eq!(https_get(&m.url, None).unwrap().0, 403, "anonymous");
+    assert_eq!(https_get(&m.url, Some("not-a-token")).unwrap().0, 401);
     let class = range_class(&mut e, "bad", json!(["198.18.22.0/30"]), json!({})).await;
     let ns = e.ns.name.clone();
     e.claim("web", json!({"className": class})).await;
@@ -488,20 +484,83 @@ async fn a_thief_makes_the_address_conflict_and_a_shrunk_range_makes_it_lost() {
     let (name, x) = listed_address(&c);
     service(&e, &ns, "web", Some("web"), json!({})).await;
     wait_ingress(&e, &ns, "web", &[&x]).await;
+    let other = a_thief_makes_it_conflict_until_it_lets_go(&e, &m, &name, &x).await;
+    a_shrunk_range_makes_it_lost_until_restored(&e, &m, &class, &name, &x).await;
+    services(&e, &other.name)
+        .delete("thief", &DeleteParams::default())
+        .await
+        .unwrap();
+    services(&e, &ns)
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_associated(&e, &name, None).await;
+    e.check().await;
+}
 
-    // Someone writes X into another Service's status (a load balancer of its own, say).
+/// A driver's `/metrics` and a token allowed to read it.
+struct KitMetrics {
+    url: String,
+    token: String,
+}
+
+impl KitMetrics {
+    /// The kit's address gauge of the test's class in `state`.
+    fn gauge(&self, state: &str) -> Option<i64> {
+        let (code, text) = https_get(&self.url, Some(&self.token)).ok()?;
+        assert_eq!(code, 200);
+        text.lines()
+            .find(|l| {
+                l.starts_with("address_controller_driver_addresses{")
+                    && l.contains(&format!("state=\"{state}\""))
+                    && l.contains("class=\"bad-")
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    }
+
+    /// The runtime's families a driver serves as the core does.
+    fn has_the_cores_families(&self) {
+        let (_, text) = https_get(&self.url, Some(&self.token)).unwrap();
+        for family in [
+            "address_controller_reconcile_total{",
+            "address_controller_workqueue_depth{",
+            "address_controller_workqueue_retries_total{",
+            "address_controller_workqueue_queue_duration_seconds_bucket{",
+            "address_controller_workqueue_longest_running_processor_seconds{",
+            "address_controller_workqueue_unfinished_work_seconds{",
+            "address_controller_client_requests_total{",
+            "address_controller_client_rate_limiter_duration_seconds_bucket",
+            "address_controller_cache_objects{",
+            "address_controller_leader",
+        ] {
+            assert!(text.contains(family), "{family} missing:\n{text}");
+        }
+    }
+}
+
+/// Someone writes the address `x` into another Service's status (a load balancer of its
+/// own, say): Conflict, said on the address, on the thief and in the kit's gauge; the
+/// rightful Service keeps it, the claim stays Bound; the thief lets go: Bound again. The
+/// thief's namespace is returned.
+async fn a_thief_makes_it_conflict_until_it_lets_go(
+    e: &Env,
+    m: &KitMetrics,
+    name: &str,
+    x: &str,
+) -> TestNamespace {
+    let ns = &e.ns.name;
     let other = TestNamespace::create(&e.client, "assoc-thief")
         .await
         .unwrap();
     service(
-        &e,
+        e,
         &other.name,
         "thief",
         None,
         json!({"spec": {"loadBalancerClass": "example.com/other"}}),
     )
     .await;
-    services(&e, &other.name)
+    services(e, &other.name)
         .patch_status(
             "thief",
             &PatchParams::default(),
@@ -510,7 +569,7 @@ async fn a_thief_makes_the_address_conflict_and_a_shrunk_range_makes_it_lost() {
         .await
         .unwrap();
     let a = e
-        .wait_address(&name, "Conflict", |a| {
+        .wait_address(name, "Conflict", |a| {
             aphase(a) == Some(AddressPhase::Conflict)
         })
         .await
@@ -532,38 +591,24 @@ async fn a_thief_makes_the_address_conflict_and_a_shrunk_range_makes_it_lost() {
     );
     let on_thief = e.wait_event(&other.name, "thief", "Conflict").await;
     assert!(on_thief.contains(&format!("{ns}/web")), "{on_thief}");
-    e.wait_event("default", &name, "Conflict").await;
+    e.wait_event("default", name, "Conflict").await;
     wait_for("the kit's conflict gauge at 1", WAIT, || async {
-        Ok((gauge("conflict") == Some(1)).then_some(()))
+        Ok((m.gauge("conflict") == Some(1)).then_some(()))
     })
     .await
     .unwrap();
-    let (_, text) = https_get(&url, Some(&token)).unwrap();
-    for family in [
-        "address_controller_reconcile_total{",
-        "address_controller_workqueue_depth{",
-        "address_controller_workqueue_retries_total{",
-        "address_controller_workqueue_queue_duration_seconds_bucket{",
-        "address_controller_workqueue_longest_running_processor_seconds{",
-        "address_controller_workqueue_unfinished_work_seconds{",
-        "address_controller_client_requests_total{",
-        "address_controller_client_rate_limiter_duration_seconds_bucket",
-        "address_controller_cache_objects{",
-        "address_controller_leader",
-    ] {
-        assert!(text.contains(family), "{family} missing:\n{text}");
-    }
+    m.has_the_cores_families();
     // The rightful Service keeps X; the claim stays Bound.
     assert_eq!(
-        ingress(&services(&e, &ns).get("web").await.unwrap()),
-        std::slice::from_ref(&x)
+        ingress(&services(e, ns).get("web").await.unwrap()),
+        [x.to_string()]
     );
     assert_eq!(
         phase(&e.claims().get("web").await.unwrap()),
         Some(ClaimPhase::Bound)
     );
     // The thief lets go: back to Bound.
-    services(&e, &other.name)
+    services(e, &other.name)
         .patch_status(
             "thief",
             &PatchParams::default(),
@@ -571,22 +616,33 @@ async fn a_thief_makes_the_address_conflict_and_a_shrunk_range_makes_it_lost() {
         )
         .await
         .unwrap();
-    e.wait_address(&name, "Bound again", |a| {
+    e.wait_address(name, "Bound again", |a| {
         aphase(a) == Some(AddressPhase::Bound)
     })
     .await;
     wait_for("the kit's conflict gauge back to 0", WAIT, || async {
-        Ok((gauge("conflict") == Some(0)).then_some(()))
+        Ok((m.gauge("conflict") == Some(0)).then_some(()))
     })
     .await
     .unwrap();
 
-    // The range shrunk below X: Lost, the claim Lost, the ingress withdrawn, no other
-    // address given; restored: all back.
+    other
+}
+
+/// The range shrunk below the address: Lost, the claim Lost, the ingress withdrawn, no
+/// other address given; restored: all back.
+async fn a_shrunk_range_makes_it_lost_until_restored(
+    e: &Env,
+    m: &KitMetrics,
+    class: &str,
+    name: &str,
+    x: &str,
+) {
+    let ns = &e.ns.name;
     let classes = e.classes();
     let shrink = |cidrs: Value| {
         let classes = classes.clone();
-        let class = class.clone();
+        let class = class.to_string();
         async move {
             classes
                 .patch(
@@ -599,15 +655,15 @@ async fn a_thief_makes_the_address_conflict_and_a_shrunk_range_makes_it_lost() {
         }
     };
     shrink(json!(["198.18.23.0/30"])).await;
-    e.wait_address(&name, "Lost", |a| aphase(a) == Some(AddressPhase::Lost))
+    e.wait_address(name, "Lost", |a| aphase(a) == Some(AddressPhase::Lost))
         .await;
     e.wait_claim("web", "Lost", |c| phase(c) == Some(ClaimPhase::Lost))
         .await;
-    wait_ingress(&e, &ns, "web", &[]).await;
-    wait_associated(&e, &name, None).await;
-    e.wait_event("default", &name, "AddressLost").await;
+    wait_ingress(e, ns, "web", &[]).await;
+    wait_associated(e, name, None).await;
+    e.wait_event("default", name, "AddressLost").await;
     wait_for("the kit's lost gauge at 1", WAIT, || async {
-        Ok((gauge("lost") == Some(1)).then_some(()))
+        Ok((m.gauge("lost") == Some(1)).then_some(()))
     })
     .await
     .unwrap();
@@ -624,7 +680,7 @@ async fn a_thief_makes_the_address_conflict_and_a_shrunk_range_makes_it_lost() {
         c.status
     );
     shrink(json!(["198.18.22.0/30"])).await;
-    e.wait_address(&name, "Bound again", |a| {
+    e.wait_address(name, "Bound again", |a| {
         aphase(a) == Some(AddressPhase::Bound)
     })
     .await;
@@ -632,17 +688,7 @@ async fn a_thief_makes_the_address_conflict_and_a_shrunk_range_makes_it_lost() {
         phase(c) == Some(ClaimPhase::Bound)
     })
     .await;
-    wait_ingress(&e, &ns, "web", &[&x]).await;
-    services(&e, &other.name)
-        .delete("thief", &DeleteParams::default())
-        .await
-        .unwrap();
-    services(&e, &ns)
-        .delete("web", &DeleteParams::default())
-        .await
-        .unwrap();
-    wait_associated(&e, &name, None).await;
-    e.check().await;
+    wait_ingress(e, ns, "web", &[x]).await;
 }
 
 /// The driver is killed the moment the old holder's ingress is emptied (the middle of a
