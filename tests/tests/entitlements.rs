@@ -153,6 +153,10 @@ async fn a_class_admits_namespaces_by_label_refuses_others_and_never_takes_an_ad
     e.check().await;
 }
 
+/// A namespace's quota counts a Dual claim twice and Released addresses until they are
+/// free; a claim past it waits (said on the claim, in an event, in the tenant's view and in
+/// the metrics) and binds by itself when there is room; lowering the limit below usage
+/// unbinds nothing; removing the quota lets every waiting claim bind.
 #[tokio::test]
 async fn quota_counts_a_dual_claim_twice_released_addresses_until_free_and_never_unbinds() {
     let mut e = env("quota").await;
@@ -196,101 +200,14 @@ async fn quota_counts_a_dual_claim_twice_released_addresses_until_free_and_never
     assert!(ev.contains("allows 2"), "{ev}");
     e.check().await;
 
-    // Deleting the Dual claim: its addresses are Released and retained — still the
-    // namespace's (billed) until the release delay frees them; then the waiting claim binds
-    // by itself. The positive control: it was still waiting while they were Released.
-    e.claims()
-        .delete("dual", &DeleteParams::default())
-        .await
-        .unwrap();
-    let released = wait_for("both addresses Released", WAIT, || async {
-        let list = e.addresses().list(&ListParams::default()).await?;
-        let n = list
-            .items
-            .iter()
-            .filter(|a| {
-                a.spec.class_name == class && aphase(Some(a)) == Some(AddressPhase::Released)
-            })
-            .count();
-        Ok((n == 2).then_some(()))
-    })
-    .await;
-    let v = e.claims().get("v").await.unwrap();
-    assert!(
-        released.is_ok() && phase(&v) == Some(ClaimPhase::Pending),
-        "v waited while the Released addresses counted: {released:?} {:?}",
-        v.status
-    );
-    let v = wait_bound(&e, "v").await;
-    let events = e.events(&e.ns.name, "v").await;
-    assert_eq!(
-        events_with(&events, reason::QUOTA_EXCEEDED),
-        1,
-        "one event for the refusal: {events:?}"
-    );
-    assert_eq!(v.status.unwrap().addresses.len(), 1);
+    released_addresses_count_until_free(&e, &class).await;
 
     // Room for one more; the next waits; raising the limit lets it bind.
     e.claim("w", json!({"className": class})).await;
     wait_bound(&e, "w").await;
     e.claim("x", json!({"className": class})).await;
     wait_reason(&e, "x", reason::QUOTA_EXCEEDED).await;
-    // At the limit with one claim waiting: the tenant's view and the metrics say so.
-    let view = wait_for("the namespace's view shows the quota", WAIT, || async {
-        let raw = Cluster::get().kubectl_ok(&[
-            "get",
-            "--raw",
-            &format!(
-                "/apis/view.local.sdn.cozystack.io/v1alpha1/namespaces/{0}/namespaceaddresses/{0}",
-                e.ns.name
-            ),
-        ])?;
-        let v: Value = serde_json::from_str(&raw)?;
-        let ent = v["entitlements"]
-            .as_array()
-            .and_then(|a| a.iter().find(|x| x["className"] == class.as_str()).cloned());
-        Ok(ent.filter(|x| x["quota"]["waitingClaims"] == 1))
-    })
-    .await
-    .unwrap();
-    assert_eq!(view["admitted"], true);
-    assert_eq!(
-        view["quota"],
-        json!({"hard": {"addresses": 2}, "used": {"addresses": 2, "ipv4": 2, "ipv6": 0},
-            "remaining": {"addresses": 0}, "waitingClaims": 1}),
-        "{view:#}"
-    );
-    let wide = Cluster::get()
-        .kubectl_ok(&["get", "namespaceaddresses", "-n", &e.ns.name, "-o", "wide"])
-        .unwrap();
-    assert!(wide.contains(&format!("{class} 2/2 (1 waiting)")), "{wide}");
-    let pool = Cluster::get()
-        .kubectl_ok(&[
-            "get",
-            "--raw",
-            &format!("/apis/view.local.sdn.cozystack.io/v1alpha1/poolavailabilities/{class}"),
-        ])
-        .unwrap();
-    let pool: Value = serde_json::from_str(&pool).unwrap();
-    assert!(
-        pool["admittedNamespaces"].as_i64().unwrap() >= 1,
-        "{pool:#}"
-    );
-    let m = e.ctl.metrics().await.unwrap();
-    let labels = format!(
-        "class=\"{class}\",family=\"all\",namespace=\"{}\"",
-        e.ns.name
-    );
-    for want in [
-        format!("address_controller_quota_limit{{{labels}}} 2"),
-        format!("address_controller_quota_used{{{labels}}} 2"),
-        format!(
-            "address_controller_quota_waiting_claims{{class=\"{class}\",namespace=\"{}\"}} 1",
-            e.ns.name
-        ),
-    ] {
-        assert!(m.lines().any(|l| l == want), "{want} not in:\n{m}");
-    }
+    the_view_and_the_metrics_show_the_quota_full(&e, &class).await;
     set_quota(&e, json!([{"className": class, "addresses": 3}])).await;
     wait_bound(&e, "x").await;
 
@@ -337,6 +254,102 @@ async fn quota_counts_a_dual_claim_twice_released_addresses_until_free_and_never
     wait_bound(&e, "y").await;
     wait_bound(&e, "z6").await;
     e.check().await;
+}
+
+/// Deleting the Dual claim: its addresses are Released and retained — still the
+/// namespace's (billed) until the release delay frees them; then the waiting claim `v`
+/// binds by itself. The positive control: it was still waiting while they were Released.
+async fn released_addresses_count_until_free(e: &Env, class: &str) {
+    e.claims()
+        .delete("dual", &DeleteParams::default())
+        .await
+        .unwrap();
+    let released = wait_for("both addresses Released", WAIT, || async {
+        let list = e.addresses().list(&ListParams::default()).await?;
+        let n = list
+            .items
+            .iter()
+            .filter(|a| {
+                a.spec.class_name == class && aphase(Some(a)) == Some(AddressPhase::Released)
+            })
+            .count();
+        Ok((n == 2).then_some(()))
+    })
+    .await;
+    let v = e.claims().get("v").await.unwrap();
+    assert!(
+        released.is_ok() && phase(&v) == Some(ClaimPhase::Pending),
+        "v waited while the Released addresses counted: {released:?} {:?}",
+        v.status
+    );
+    let v = wait_bound(e, "v").await;
+    let events = e.events(&e.ns.name, "v").await;
+    assert_eq!(
+        events_with(&events, reason::QUOTA_EXCEEDED),
+        1,
+        "one event for the refusal: {events:?}"
+    );
+    assert_eq!(v.status.unwrap().addresses.len(), 1);
+}
+
+/// At the limit with one claim waiting: the tenant's view, `kubectl get -o wide`, the pool
+/// and the metrics say so.
+async fn the_view_and_the_metrics_show_the_quota_full(e: &Env, class: &str) {
+    let view = wait_for("the namespace's view shows the quota", WAIT, || async {
+        let raw = Cluster::get().kubectl_ok(&[
+            "get",
+            "--raw",
+            &format!(
+                "/apis/view.local.sdn.cozystack.io/v1alpha1/namespaces/{0}/namespaceaddresses/{0}",
+                e.ns.name
+            ),
+        ])?;
+        let v: Value = serde_json::from_str(&raw)?;
+        let ent = v["entitlements"]
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["className"] == class).cloned());
+        Ok(ent.filter(|x| x["quota"]["waitingClaims"] == 1))
+    })
+    .await
+    .unwrap();
+    assert_eq!(view["admitted"], true);
+    assert_eq!(
+        view["quota"],
+        json!({"hard": {"addresses": 2}, "used": {"addresses": 2, "ipv4": 2, "ipv6": 0},
+            "remaining": {"addresses": 0}, "waitingClaims": 1}),
+        "{view:#}"
+    );
+    let wide = Cluster::get()
+        .kubectl_ok(&["get", "namespaceaddresses", "-n", &e.ns.name, "-o", "wide"])
+        .unwrap();
+    assert!(wide.contains(&format!("{class} 2/2 (1 waiting)")), "{wide}");
+    let pool = Cluster::get()
+        .kubectl_ok(&[
+            "get",
+            "--raw",
+            &format!("/apis/view.local.sdn.cozystack.io/v1alpha1/poolavailabilities/{class}"),
+        ])
+        .unwrap();
+    let pool: Value = serde_json::from_str(&pool).unwrap();
+    assert!(
+        pool["admittedNamespaces"].as_i64().unwrap() >= 1,
+        "{pool:#}"
+    );
+    let m = e.ctl.metrics().await.unwrap();
+    let labels = format!(
+        "class=\"{class}\",family=\"all\",namespace=\"{}\"",
+        e.ns.name
+    );
+    for want in [
+        format!("address_controller_quota_limit{{{labels}}} 2"),
+        format!("address_controller_quota_used{{{labels}}} 2"),
+        format!(
+            "address_controller_quota_waiting_claims{{class=\"{class}\",namespace=\"{}\"}} 1",
+            e.ns.name
+        ),
+    ] {
+        assert!(m.lines().any(|l| l == want), "{want} not in:\n{m}");
+    }
 }
 
 /// `status.reason` of an address.
