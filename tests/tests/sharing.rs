@@ -142,6 +142,10 @@ async fn delete_service(e: &Env, ns: &str, name: &str) {
     .unwrap();
 }
 
+/// Services share a claim's address port by port (TCP and UDP of one port too); a Service
+/// wanting a port already held is refused with the reason and nothing else moves; the
+/// first holder deleted, the others keep the address at every revision; a holder deleted
+/// and recreated gets the same address back.
 #[tokio::test]
 async fn services_share_a_claims_address_port_by_port_and_the_first_holder_leaves_no_gap() {
     let mut e = env("share").await;
@@ -184,26 +188,38 @@ async fn services_share_a_claims_address_port_by_port_and_the_first_holder_leave
     let tls = st.attachments.iter().find(|h| h.name == "tls").unwrap();
     assert_eq!(tls.ports, ["TCP/443"]);
 
-    // A third Service on :443 is refused with the reason, and nothing of the others moves.
-    service(
-        &e,
-        &ns,
-        "clash",
-        "shop",
-        &["TCP/8443", "TCP/443"],
-        json!({}),
-    )
-    .await;
-    let m = wait_condition(&e, &ns, "clash", "False", reason::PORT_CONFLICT).await;
+    a_port_taken_refuses_only_that_service(&e, &x).await;
+
+    the_first_holder_leaves_no_gap(&e, &name, &x).await;
+
+    // Deleted and recreated, a holder gets the same address back.
+    delete_service(&e, &ns, "tls").await;
+    service(&e, &ns, "tls", "shop", &["TCP/443"], json!({})).await;
+    wait_ingress(&e, &ns, "tls", &[&x]).await;
+    for s in ["tls", "dns-tcp", "dns-udp", "clash"] {
+        delete_service(&e, &ns, s).await;
+    }
+    wait_holders(&e, &name, &[]).await;
+    wait_services(&e, "shop", None).await;
+    e.check().await;
+}
+
+/// A third Service on :443 is refused with the reason, and nothing of the others moves; the
+/// positive control: the port alone refused it — moved off :443, it is attached.
+async fn a_port_taken_refuses_only_that_service(e: &Env, x: &str) {
+    let ns = &e.ns.name;
+    let key = |n: &str| format!("{ns}/{n}");
+    service(e, ns, "clash", "shop", &["TCP/8443", "TCP/443"], json!({})).await;
+    let m = wait_condition(e, ns, "clash", "False", reason::PORT_CONFLICT).await;
     assert!(
         m.contains("TCP/443") && m.contains(&key("tls")),
         "the condition names the port and the holder: {m}"
     );
-    assert!(ingress(&services(&e, &ns).get("clash").await.unwrap()).is_empty());
-    e.wait_event(&ns, "clash", "AssociationRejected").await;
-    wait_services(&e, "shop", Some((4, 1))).await;
+    assert!(ingress(&services(e, ns).get("clash").await.unwrap()).is_empty());
+    e.wait_event(ns, "clash", "AssociationRejected").await;
+    wait_services(e, "shop", Some((4, 1))).await;
     // The positive control: the port alone refused it — moved off :443, it is attached.
-    services(&e, &ns)
+    services(e, ns)
         .patch(
             "clash",
             &PatchParams::default(),
@@ -213,20 +229,25 @@ async fn services_share_a_claims_address_port_by_port_and_the_first_holder_leave
         )
         .await
         .unwrap();
-    wait_ingress(&e, &ns, "clash", &[&x]).await;
-    wait_condition(&e, &ns, "clash", "True", reason::ATTACHED).await;
-    wait_services(&e, "shop", Some((5, 0))).await;
+    wait_ingress(e, ns, "clash", &[x]).await;
+    wait_condition(e, ns, "clash", "True", reason::ATTACHED).await;
+    wait_services(e, "shop", Some((5, 0))).await;
     for s in ["web", "tls", "dns-tcp", "dns-udp"] {
-        wait_ingress(&e, &ns, s, &[&x]).await;
+        wait_ingress(e, ns, s, &[x]).await;
     }
+}
 
-    // The first holder deleted: the others keep the address at every revision, and the
-    // next in the ledger's order is first. (That order is the order of association: tls,
-    // dns-tcp and dns-udp were created within one second, and a pass that finds them all
-    // unrecorded takes them oldest first, ties by name — not necessarily tls next.)
+/// The first holder deleted: the others keep the address at every revision (a watch on tls
+/// up to a fence written after the handoff), and the next in the ledger's order is first.
+/// (That order is the order of association: tls, dns-tcp and dns-udp were created within
+/// one second, and a pass that finds them all unrecorded takes them oldest first, ties by
+/// name — not necessarily tls next.)
+async fn the_first_holder_leaves_no_gap(e: &Env, name: &str, x: &str) {
+    let ns = &e.ns.name;
+    let key = |n: &str| format!("{ns}/{n}");
     let ledger: Vec<String> = e
         .addresses()
-        .get(&name)
+        .get(name)
         .await
         .unwrap()
         .status
@@ -242,16 +263,16 @@ async fn services_share_a_claims_address_port_by_port_and_the_first_holder_leave
     );
     let next = ledger[1].clone();
     println!("the ledger before the first holder goes: {ledger:?}");
-    let api = services(&e, &ns);
+    let api = services(e, ns);
     let mut watch = api
         .watch(&WatchParams::default().fields("metadata.name=tls"), "0")
         .await
         .unwrap()
         .boxed();
-    delete_service(&e, &ns, "web").await;
+    delete_service(e, ns, "web").await;
     let a = wait_holders(
-        &e,
-        &name,
+        e,
+        name,
         &[key("tls"), key("dns-tcp"), key("dns-udp"), key("clash")],
     )
     .await;
@@ -275,7 +296,7 @@ async fn services_share_a_claims_address_port_by_port_and_the_first_holder_leave
                 seen += 1;
                 assert_eq!(
                     ingress(&s),
-                    std::slice::from_ref(&x),
+                    [x.to_string()],
                     "tls lost the address at {:?}",
                     s.metadata.resource_version
                 );
@@ -295,17 +316,6 @@ async fn services_share_a_claims_address_port_by_port_and_the_first_holder_leave
         seen >= 2,
         "the watch saw tls before the fence (positive control): {seen}"
     );
-
-    // Deleted and recreated, a holder gets the same address back.
-    delete_service(&e, &ns, "tls").await;
-    service(&e, &ns, "tls", "shop", &["TCP/443"], json!({})).await;
-    wait_ingress(&e, &ns, "tls", &[&x]).await;
-    for s in ["tls", "dns-tcp", "dns-udp", "clash"] {
-        delete_service(&e, &ns, s).await;
-    }
-    wait_holders(&e, &name, &[]).await;
-    wait_services(&e, "shop", None).await;
-    e.check().await;
 }
 
 #[tokio::test]
