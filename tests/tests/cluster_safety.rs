@@ -43,57 +43,17 @@ fn contains(haystack: &[u8], needle: &str) -> bool {
         .any(|w| w == needle.as_bytes())
 }
 
+/// The views' OpenAPI documents never break the cluster's: a positive control first (one
+/// OpenAPI 3 keyword in the v2 document breaks kube-apiserver's protobuf /openapi/v2, and
+/// its log says why); with the real document the cluster's v2 and v3 are whole and include
+/// the views, kubectl explains from both, discovery is complete, and kube-apiserver never
+/// complains about the group's OpenAPI.
 #[tokio::test]
 async fn the_clusters_openapi_and_discovery_stay_whole() {
     let mut e = env("safety").await;
     let raw = Cluster::get().raw_client().await.unwrap();
 
-    // Positive control: the views' v2 document with one OpenAPI 3 keyword (what a nullable
-    // field becomes without care) — kube-apiserver merges it and then cannot give anyone
-    // the protobuf /openapi/v2. This is the failure the test exists to catch.
-    let good: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../openapi/v2.json"))
-            .unwrap(),
-    )
-    .unwrap();
-    let mut bad = good.clone();
-    bad["definitions"][DEFINITION]["properties"]["summary"]["anyOf"] =
-        json!([{"type": "object"}, {"type": "null"}]);
-    let dir = tempdir();
-    let bad_file = dir.join("bad-v2.json");
-    std::fs::write(&bad_file, bad.to_string()).unwrap();
-    let (bad_ctl, _, _) = e
-        .serve_views_with(&["--testing-openapi-v2", bad_file.to_str().unwrap()])
-        .await;
-    let started = Instant::now();
-    let (code, body) = wait_for(
-        "the cluster's protobuf /openapi/v2 to break on the bad document",
-        Duration::from_secs(180),
-        || async {
-            let (code, body) = get(&raw, "/openapi/v2", PROTO_V2).await;
-            Ok((code != 200).then_some((code, body)))
-        },
-    )
-    .await
-    .unwrap();
-    println!(
-        "positive control: an anyOf in the views' v2 document → the cluster's protobuf /openapi/v2 answers {code} after {:?}: {}",
-        started.elapsed(),
-        String::from_utf8_lossy(&body)
-            .chars()
-            .take(200)
-            .collect::<String>()
-    );
-    // The cause is the document: kube-apiserver says so.
-    let log = Cluster::get().dir.join("logs/kube-apiserver.log");
-    let said = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(
-        said.lines().any(|l| l.contains("Error in OpenAPI handler")
-            && l.contains(DEFINITION)
-            && l.contains("anyOf")),
-        "kube-apiserver's log names the bad field"
-    );
-    drop(bad_ctl);
+    a_bad_document_breaks_the_clusters_openapi(&mut e, &raw).await;
 
     // The real document: the cluster's documents are whole and include the views.
     let (ctl, port, _) = e.serve_views().await;
@@ -124,48 +84,7 @@ async fn the_clusters_openapi_and_discovery_stay_whole() {
         "the cluster's own definitions are there"
     );
 
-    // kubectl explain of a built-in kind and of the views, from v2 and from v3.
-    let (ok, out, err) = kubectl(&[
-        "explain",
-        "pods.spec.containers",
-        "--output=plaintext-openapiv2",
-    ]);
-    assert!(ok && out.contains("FIELDS"), "{err}");
-    let (ok, out, err) = kubectl(&[
-        "explain",
-        "namespaceaddresses.summary",
-        "--output=plaintext-openapiv2",
-    ]);
-    assert!(ok && out.contains("releasedRetained"), "{out}{err}");
-    // From OpenAPI v3: the aggregator loads a group's v3 document on its own schedule, so
-    // kubectl may not find the resource for a moment (CI saw "couldn't find resource" once).
-    wait_for(
-        "kubectl explain poolavailabilities (v3)",
-        Duration::from_secs(60),
-        || async {
-            let (ok, out, err) = kubectl(&["explain", "poolavailabilities"]);
-            if ok && out.contains("pendingClaims") {
-                Ok(Some(()))
-            } else {
-                Err(anyhow::anyhow!("{out}{err}"))
-            }
-        },
-    )
-    .await
-    .unwrap();
-
-    // OpenAPI v3: the index lists the group, and its document is served through the cluster.
-    let (code, body) = get(&raw, "/openapi/v3", "application/json").await;
-    assert_eq!(code, 200);
-    let index: Value = serde_json::from_slice(&body).unwrap();
-    let url = index["paths"]["apis/view.local.sdn.cozystack.io/v1alpha1"]["serverRelativeURL"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let (code, body) = get(&raw, &url, "application/json").await;
-    assert_eq!(code, 200);
-    let v3: Value = serde_json::from_slice(&body).unwrap();
-    assert!(v3["components"]["schemas"][DEFINITION].is_object());
+    kubectl_explains_from_v2_and_v3(&raw).await;
 
     // Discovery of the whole cluster is complete.
     let (ok, out, err) = kubectl(&["api-resources"]);
@@ -204,6 +123,104 @@ async fn the_clusters_openapi_and_discovery_stay_whole() {
         "kube-apiserver on the views' OpenAPI: {complaints:#?}"
     );
     e.check_with(&[&ctl]).await;
+}
+
+/// Positive control: the views' v2 document with one OpenAPI 3 keyword (what a nullable
+/// field becomes without care) — kube-apiserver merges it and then cannot give anyone the
+/// protobuf /openapi/v2. This is the failure the test exists to catch.
+async fn a_bad_document_breaks_the_clusters_openapi(
+    e: &mut address_controller_tests::env::Env,
+    raw: &kube::Client,
+) {
+    let good: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../openapi/v2.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let mut bad = good.clone();
+    bad["definitions"][DEFINITION]["properties"]["summary"]["anyOf"] =
+        json!([{"type": "object"}, {"type": "null"}]);
+    let dir = tempdir();
+    let bad_file = dir.join("bad-v2.json");
+    std::fs::write(&bad_file, bad.to_string()).unwrap();
+    let (bad_ctl, _, _) = e
+        .serve_views_with(&["--testing-openapi-v2", bad_file.to_str().unwrap()])
+        .await;
+    let started = Instant::now();
+    let (code, body) = wait_for(
+        "the cluster's protobuf /openapi/v2 to break on the bad document",
+        Duration::from_secs(180),
+        || async {
+            let (code, body) = get(raw, "/openapi/v2", PROTO_V2).await;
+            Ok((code != 200).then_some((code, body)))
+        },
+    )
+    .await
+    .unwrap();
+    println!(
+        "positive control: an anyOf in the views' v2 document → the cluster's protobuf /openapi/v2 answers {code} after {:?}: {}",
+        started.elapsed(),
+        String::from_utf8_lossy(&body)
+            .chars()
+            .take(200)
+            .collect::<String>()
+    );
+    // The cause is the document: kube-apiserver says so.
+    let log = Cluster::get().dir.join("logs/kube-apiserver.log");
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        said.lines().any(|l| l.contains("Error in OpenAPI handler")
+            && l.contains(DEFINITION)
+            && l.contains("anyOf")),
+        "kube-apiserver's log names the bad field"
+    );
+    drop(bad_ctl);
+}
+
+/// kubectl explain of a built-in kind and of the views, from v2 and from v3; the v3 index
+/// lists the group, and its document is served through the cluster.
+async fn kubectl_explains_from_v2_and_v3(raw: &kube::Client) {
+    let (ok, out, err) = kubectl(&[
+        "explain",
+        "pods.spec.containers",
+        "--output=plaintext-openapiv2",
+    ]);
+    assert!(ok && out.contains("FIELDS"), "{err}");
+    let (ok, out, err) = kubectl(&[
+        "explain",
+        "namespaceaddresses.summary",
+        "--output=plaintext-openapiv2",
+    ]);
+    assert!(ok && out.contains("releasedRetained"), "{out}{err}");
+    // From OpenAPI v3: the aggregator loads a group's v3 document on its own schedule, so
+    // kubectl may not find the resource for a moment (CI saw "couldn't find resource" once).
+    wait_for(
+        "kubectl explain poolavailabilities (v3)",
+        Duration::from_secs(60),
+        || async {
+            let (ok, out, err) = kubectl(&["explain", "poolavailabilities"]);
+            if ok && out.contains("pendingClaims") {
+                Ok(Some(()))
+            } else {
+                Err(anyhow::anyhow!("{out}{err}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    // OpenAPI v3: the index lists the group, and its document is served through the cluster.
+    let (code, body) = get(raw, "/openapi/v3", "application/json").await;
+    assert_eq!(code, 200);
+    let index: Value = serde_json::from_slice(&body).unwrap();
+    let url = index["paths"]["apis/view.local.sdn.cozystack.io/v1alpha1"]["serverRelativeURL"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (code, body) = get(raw, &url, "application/json").await;
+    assert_eq!(code, 200);
+    let v3: Value = serde_json::from_slice(&body).unwrap();
+    assert!(v3["components"]["schemas"][DEFINITION].is_object());
 }
 
 /// Waits for a namespace to be gone; how long it took.
