@@ -16,6 +16,16 @@ pub struct Cluster {
     pub kubeconfig: PathBuf,
 }
 
+/// `kubectl apply` as the harness applies: server-side, taking over any field, as
+/// [`FIELD_MANAGER`].
+const SERVER_SIDE_APPLY: [&str; 5] = [
+    "apply",
+    "--server-side",
+    "--force-conflicts",
+    "--field-manager",
+    FIELD_MANAGER,
+];
+
 impl Cluster {
     /// The shared cluster of this test process: from `ADDRESS_CONTROLLER_TEST_CLUSTER`,
     /// else the development cluster, started if it is not up.
@@ -102,15 +112,8 @@ impl Cluster {
     pub fn apply(&self, objects: &[serde_json::Value]) -> Result<()> {
         let mut child = self
             .kubectl()
-            .args([
-                "apply",
-                "--server-side",
-                "--force-conflicts",
-                "--field-manager",
-                FIELD_MANAGER,
-                "-f",
-                "-",
-            ])
+            .args(SERVER_SIDE_APPLY)
+            .args(["-f", "-"])
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
@@ -128,6 +131,20 @@ impl Cluster {
             bail!("kubectl apply: {}", String::from_utf8_lossy(&out.stderr));
         }
         Ok(())
+    }
+
+    /// `kubectl apply --server-side --force-conflicts` of the manifests at `path` (a file
+    /// or a directory) as the harness ([`FIELD_MANAGER`]).
+    pub fn apply_path(&self, path: &Path) -> Result<String> {
+        let path = path
+            .to_str()
+            .ok_or_else(|| anyhow!("a path that is not UTF-8"))?;
+        let args: Vec<&str> = SERVER_SIDE_APPLY
+            .iter()
+            .copied()
+            .chain(["-f", path])
+            .collect();
+        self.kubectl_ok(&args)
     }
 
     pub fn kubectl_ok(&self, args: &[&str]) -> Result<String> {

@@ -18,8 +18,8 @@ use tokio::sync::{Mutex, MutexGuard};
 
 use crate::invariants::{Replica, Scope, assert_invariants};
 use crate::{
-    AuditedWrite, Cleanup, Cluster, ControllerProcess, FIELD_MANAGER, TestNamespace,
-    audited_writes, free_port, random_suffix, setup, wait_for,
+    AuditedWrite, Cleanup, Cluster, ControllerProcess, TestNamespace, audited_writes, free_port,
+    random_suffix, setup, wait_for,
 };
 
 /// How long a test waits for the controller to converge.
@@ -494,17 +494,7 @@ pub async fn register_views_at(port: u16) {
             .join("---\n"),
     )
     .unwrap();
-    cluster
-        .kubectl_ok(&[
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "--field-manager",
-            FIELD_MANAGER,
-            "-f",
-            file.to_str().unwrap(),
-        ])
-        .unwrap();
+    cluster.apply_path(&file).unwrap();
     wait_for(
         "APIService Available",
         Duration::from_secs(60),

@@ -51,15 +51,7 @@ impl MetalLb {
         let one = METALLB.lock().await;
         let cluster = Cluster::get();
         let crds = crds_dir()?;
-        cluster.kubectl_ok(&[
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "--field-manager",
-            FIELD_MANAGER,
-            "-f",
-            crds.to_str().unwrap_or_default(),
-        ])?;
+        cluster.apply_path(&crds)?;
         cluster.kubectl_ok(&[
             "wait",
             "--for=condition=Established",

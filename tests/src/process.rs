@@ -209,12 +209,12 @@ impl ControllerProcess {
 
     /// Starts the reference `range-driver` as user `user` (group `system:masters`).
     pub async fn driver(user: &str, extra: &[&str]) -> Result<ControllerProcess> {
-        Self::spawn("range-driver", &[], user, &["system:masters"], extra).await
+        Self::spawn_in(&[], "range-driver", &[], user, &["system:masters"], extra).await
     }
 
     /// Starts the MetalLB driver (`metallb-driver`) as user `user` (group `system:masters`).
     pub async fn metallb_driver(user: &str, extra: &[&str]) -> Result<ControllerProcess> {
-        Self::spawn("metallb-driver", &[], user, &["system:masters"], extra).await
+        Self::spawn_in(&[], "metallb-driver", &[], user, &["system:masters"], extra).await
     }
 
     /// The MetalLB driver against the test MetalLB (`metallb::NAMESPACE`), holding its pins
@@ -247,17 +247,7 @@ impl ControllerProcess {
             args.push("--leader-elect=false");
         }
         args.extend_from_slice(extra);
-        Self::spawn("cilium-driver", &[], user, &["system:masters"], &args).await
-    }
-
-    async fn spawn(
-        bin: &str,
-        pre: &[&str],
-        user: &str,
-        groups: &[&str],
-        extra: &[&str],
-    ) -> Result<ControllerProcess> {
-        Self::spawn_in(&[], bin, pre, user, groups, extra).await
+        Self::spawn_in(&[], "cilium-driver", &[], user, &["system:masters"], &args).await
     }
 
     async fn spawn_in(

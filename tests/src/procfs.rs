@@ -42,26 +42,24 @@ pub fn started_at(pid: u32) -> Result<k8s_openapi::jiff::Timestamp> {
         - Duration::from_secs_f64((uptime - ticks as f64 / 100.0).max(0.0)))
 }
 
-/// Resident memory of a process, from `/proc/<pid>/status`.
+/// Resident memory of a process (`VmRSS`), from `/proc/<pid>/status`.
 pub fn rss_bytes(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .ok_or_else(|| anyhow!("no VmRSS for {pid}"))?
-        .parse()?;
-    Ok(kb * 1024)
+    status_bytes(pid, "VmRSS")
 }
 
 /// Peak resident memory of a process (`VmHWM`), from `/proc/<pid>/status`.
 pub fn peak_rss_bytes(pid: u32) -> Result<u64> {
+    status_bytes(pid, "VmHWM")
+}
+
+/// A `kB` field of `/proc/<pid>/status`, in bytes.
+fn status_bytes(pid: u32, field: &str) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kb: u64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.split_whitespace().next())
-        .ok_or_else(|| anyhow!("no VmHWM for {pid}"))?
+        .ok_or_else(|| anyhow!("no {field} for {pid}"))?
         .parse()?;
     Ok(kb * 1024)
 }
