@@ -210,7 +210,14 @@ pub struct Authenticator {
     /// Review results by the SHA-256 of the token (never the token itself): bounded in size
     /// and time, concurrent reviews of one token made once. A failed review is not kept.
     tokens: moka::future::Cache<[u8; 32], Option<UserInfo>>,
+    /// The digests of tokens accepted in the last [`KNOWN_TTL`]: a re-review of one (its
+    /// cached answer expired) is a proven caller's, in the gate's other lane. Only accepted
+    /// tokens enter: a flood of made-up ones can neither fill it nor evict from it.
+    known: moka::sync::Cache<[u8; 32], ()>,
 }
+
+/// How long a token once accepted is re-reviewed in the proven callers' lane.
+const KNOWN_TTL: Duration = Duration::from_secs(600);
 
 const TOKEN_TTL: Duration = Duration::from_secs(10);
 /// Longest wait for a TokenReview.
@@ -248,6 +255,10 @@ impl Authenticator {
             tokens: moka::future::Cache::builder()
                 .max_capacity(capacity)
                 .time_to_live(TOKEN_TTL)
+                .build(),
+            known: moka::sync::Cache::builder()
+                .max_capacity(capacity)
+                .time_to_live(KNOWN_TTL)
                 .build(),
         })
     }
@@ -359,14 +370,25 @@ impl Authenticator {
 
     /// The user of a token: from the cache (a rejected token is cached too, as kube caches
     /// both answers), else by a TokenReview when the gate has room.
+    /// A token accepted before is reviewed in the proven callers' lane of the gate.
     async fn review(&self, token: &str) -> Result<Option<UserInfo>, ReviewError> {
+        let digest = token_digest(token);
         self.tokens
-            .try_get_with(token_digest(token), async {
-                let _permit = self
-                    .gate
-                    .enter(Peer::Unauthenticated)
-                    .ok_or(ReviewError::Overloaded)?;
-                self.token_review(token).await.map_err(ReviewError::Failed)
+            .try_get_with(digest, async {
+                let lane = if self.known.contains_key(&digest) {
+                    Peer::Authenticated
+                } else {
+                    Peer::Unauthenticated
+                };
+                let _permit = self.gate.enter(lane).ok_or(ReviewError::Overloaded)?;
+                let user = self
+                    .token_review(token)
+                    .await
+                    .map_err(ReviewError::Failed)?;
+                if user.is_some() {
+                    self.known.insert(digest, ());
+                }
+                Ok(user)
             })
             .await
             .map_err(|e: Arc<ReviewError>| (*e).clone())
@@ -399,6 +421,7 @@ impl Authenticator {
     /// Applies pending evictions and expirations (they are otherwise applied lazily).
     pub async fn upkeep(&self) {
         self.tokens.run_pending_tasks().await;
+        self.known.run_pending_tasks();
     }
 
     /// Tokens held in the cache (as of the last upkeep).

@@ -121,14 +121,15 @@ pub struct ServingLimitArgs {
     /// Most watches open per TLS server; past it 429.
     #[arg(long, env = "ADDRESS_CONTROLLER_MAX_WATCHES", default_value_t = 2000)]
     pub max_watches: usize,
-    /// Most TokenReviews and SubjectAccessReviews in flight per process; past it 429.
+    /// Most TokenReviews and SubjectAccessReviews in flight per process and lane (strangers'
+    /// tokens; proven callers); past it 429.
     #[arg(
         long,
         env = "ADDRESS_CONTROLLER_AUTH_REVIEWS_INFLIGHT",
         default_value_t = 32
     )]
     pub auth_reviews_inflight: usize,
-    /// Reviews per second, sustained, per process, on a client of their own (the
+    /// Reviews per second, sustained, per process and lane, on a client of their own (the
     /// controllers' client and the Lease's never wait for them); past it 429, no debt.
     #[arg(
         long,
@@ -456,11 +457,39 @@ impl<G: Unpin> http_body::Body for GuardedBody<G> {
 
 /// The budget of delegated-auth reviews of a process: at most `inflight` at once and `qps`
 /// a second (burst `burst`), never in debt — a review that finds no room is not made, and
-/// the request is answered 429.
+/// the request is answered 429. Two lanes, each with that budget: the strangers' (a token
+/// never accepted before) and the proven callers' (a token accepted before, whose cached
+/// answer expired; an authenticated user's access reviews). A flood of made-up tokens
+/// empties only its own lane: a scraper whose token is re-reviewed mid-flood is not
+/// refused (it was, one time in a full suite: a limit the strangers could fill was a lock).
 #[derive(Debug)]
 pub struct ReviewGate {
+    strangers: Lane,
+    proven: Lane,
+}
+
+#[derive(Debug)]
+struct Lane {
     inflight: Arc<Semaphore>,
     bucket: Mutex<Bucket>,
+}
+
+impl Lane {
+    fn new(inflight: usize, qps: f64, burst: u32) -> Lane {
+        Lane {
+            inflight: Arc::new(Semaphore::new(inflight.max(1))),
+            bucket: Mutex::new(Bucket::new(qps, burst, Instant::now())),
+        }
+    }
+
+    fn enter(&self) -> Option<ReviewPermit> {
+        let permit = self.inflight.clone().try_acquire_owned().ok();
+        permit.filter(|_| {
+            self.bucket
+                .lock()
+                .is_ok_and(|mut b| b.try_take(Instant::now()))
+        })
+    }
 }
 
 /// A review under way (see [`ReviewGate::enter`]).
@@ -469,8 +498,8 @@ pub type ReviewPermit = OwnedSemaphorePermit;
 impl ReviewGate {
     pub fn new(inflight: usize, qps: f64, burst: u32) -> ReviewGate {
         ReviewGate {
-            inflight: Arc::new(Semaphore::new(inflight.max(1))),
-            bucket: Mutex::new(Bucket::new(qps, burst, Instant::now())),
+            strangers: Lane::new(inflight, qps, burst),
+            proven: Lane::new(inflight, qps, burst),
         }
     }
 
@@ -479,15 +508,15 @@ impl ReviewGate {
         Arc::new(ReviewGate::new(Semaphore::MAX_PERMITS, 0.0, 1))
     }
 
-    /// Room for one review of a request of `peer` now, or `None` (the caller answers 429).
-    /// Counted in `address_controller_apiserver_refused_total{reason="reviews"}`.
+    /// Room for one review of a request of `peer` now, in its lane (`Authenticated`: a
+    /// proven caller's), or `None` (the caller answers 429). Counted in
+    /// `address_controller_apiserver_refused_total{reason="reviews"}`.
     pub fn enter(&self, peer: Peer) -> Option<ReviewPermit> {
-        let permit = self.inflight.clone().try_acquire_owned().ok();
-        let admitted = permit.filter(|_| {
-            self.bucket
-                .lock()
-                .is_ok_and(|mut b| b.try_take(Instant::now()))
-        });
+        let lane = match peer {
+            Peer::Unauthenticated => &self.strangers,
+            Peer::Authenticated => &self.proven,
+        };
+        let admitted = lane.enter();
         if admitted.is_none() {
             ServingMetrics::refused("any", "reviews", peer);
         }
@@ -563,6 +592,26 @@ mod tests {
         assert!(slow.enter(Peer::Unauthenticated).is_some());
         assert!(slow.enter(Peer::Unauthenticated).is_none());
         assert!(slow.enter(Peer::Unauthenticated).is_none());
+    }
+
+    #[test]
+    fn strangers_emptying_their_lane_leave_the_proven_callers_theirs() {
+        let gate = ReviewGate::new(2, 0.001, 2);
+        let held: Vec<_> = (0..2)
+            .map(|_| gate.enter(Peer::Unauthenticated).unwrap())
+            .collect();
+        assert!(gate.enter(Peer::Unauthenticated).is_none(), "full");
+        drop(held);
+        assert!(
+            gate.enter(Peer::Unauthenticated).is_none(),
+            "the bucket empty"
+        );
+        // A proven caller's review has its own lane, with the same budget.
+        let proven: Vec<_> = (0..2)
+            .map(|_| gate.enter(Peer::Authenticated).unwrap())
+            .collect();
+        assert!(gate.enter(Peer::Authenticated).is_none());
+        drop(proven);
     }
 
     #[test]

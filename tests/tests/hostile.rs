@@ -156,8 +156,10 @@ async fn a_flood_of_strangers_tokens_never_reaches_the_controllers_budget_or_the
         [
             "--apiserver-address",
             &address,
+            // A bucket that does not refill within the test: the flood empties it for
+            // good, so the scraper's re-review below finds no room but its own lane's.
             "--auth-review-qps",
-            "20",
+            "0.001",
             "--auth-review-burst",
             "20",
         ]
@@ -201,8 +203,8 @@ async fn a_flood_of_strangers_tokens_never_reaches_the_controllers_budget_or_the
             other.clone(),
         );
         flood.spawn(async move {
-            // Bounded: 12 s or 1,000 requests a worker.
-            for i in 0..1_000 {
+            // Bounded: 12 s or 5,000 requests a worker.
+            for i in 0..5_000 {
                 if Instant::now() > deadline {
                     break;
                 }
@@ -222,8 +224,12 @@ async fn a_flood_of_strangers_tokens_never_reaches_the_controllers_budget_or_the
             }
         });
     }
-    // The Lease's holder, read while the flood runs.
+    // The Lease's holder, read while the flood runs; and the scraper, once its token's
+    // cached answer has expired (10 s): its re-review is a proven caller's, not refused with
+    // the strangers' (it was, once, in the full suite: a 429 right after the flood).
     let mut holders = std::collections::BTreeSet::new();
+    let mut scraped_mid_flood = None;
+    let flood_began = Instant::now();
     while !flood.is_empty() {
         tokio::select! {
             _ = flood.join_next() => {}
@@ -231,9 +237,17 @@ async fn a_flood_of_strangers_tokens_never_reaches_the_controllers_budget_or_the
                 if let Ok(Some(h)) = lease_holder(&e.client, &lease).await {
                     holders.insert(h);
                 }
+                if scraped_mid_flood.is_none() && flood_began.elapsed() > Duration::from_secs(11) {
+                    scraped_mid_flood = Some(ctl.metrics().await.map(|_| ()).map_err(|e| e.to_string()));
+                }
             }
         }
     }
+    assert_eq!(
+        scraped_mid_flood,
+        Some(Ok(())),
+        "the scraper re-reviewed mid-flood"
+    );
     let after = sample(&ctl.metrics().await.unwrap(), limiter).unwrap_or(0.0);
     let (reviewed, refused, other) = (
         unauthorized.load(Ordering::Relaxed),
@@ -244,8 +258,9 @@ async fn a_flood_of_strangers_tokens_never_reaches_the_controllers_budget_or_the
         "flood: {reviewed} reviewed (401), {refused} refused (429), {other} other; the controllers' limiter counted {} requests meanwhile",
         after - before
     );
+    // The burst of 20, less the scraper's first review.
     assert!(
-        reviewed >= 20,
+        reviewed >= 15,
         "the flood made too few reviews to tell ({reviewed})"
     );
     assert!(refused > 0, "the review gate never refused");
