@@ -55,7 +55,7 @@ async fn hold_connections(port: u16, n: usize) -> Vec<tokio::net::TcpStream> {
 /// and 900 connections are held against the views and /metrics.
 #[tokio::test]
 async fn idle_connections_from_a_stranger_never_stop_the_process() {
-    let _floods = flood::floods_share().await;
+    let _shared = flood::shared().await;
     let mut e = env("hostile-conns").await;
     let (mut ctl, port, metrics_port) = e.serve_views_with_open_files("256:256", &[]).await;
     assert_eq!(
@@ -144,7 +144,7 @@ async fn idle_connections_from_a_stranger_never_stop_the_process() {
 /// the controllers' limiter sees none of the reviews, the Lease never moves.
 #[tokio::test]
 async fn a_flood_of_strangers_tokens_never_reaches_the_controllers_budget_or_the_lease() {
-    let _floods = flood::floods_share().await;
+    let _shared = flood::shared().await;
     let mut e = env("hostile-flood").await;
     e.ctl.kill();
     let user = format!("ctl-flood-{}", e.sfx);
@@ -290,6 +290,7 @@ async fn a_flood_of_strangers_tokens_never_reaches_the_controllers_budget_or_the
 /// under `Retain`, is deleted with its Service.
 #[tokio::test]
 async fn a_tenant_cannot_waive_an_admins_retain() {
+    let _shared = flood::shared().await;
     let mut e = env("hostile-retain").await;
     purge(&e, &["198.18.90."]).await;
     let admins = e.class("admin", json!({})).await; // Retain by default
@@ -374,6 +375,7 @@ async fn a_tenant_cannot_waive_an_admins_retain() {
 /// namespace, or not existing at all — read the same words and name nobody.
 #[tokio::test]
 async fn pinning_names_maps_nobodys_holdings() {
+    let _shared = flood::shared().await;
     let mut e = env("hostile-pins").await;
     let class = e.class("pub", json!({})).await;
     let other = address_controller_tests::TestNamespace::create(&e.client, "hostile-pins-b")
@@ -460,6 +462,7 @@ async fn pinning_names_maps_nobodys_holdings() {
 /// IPv6 space (the fifth claim of a /126 waited forever instead of reading `Exhausted`).
 #[tokio::test]
 async fn hostile_requests_and_the_top_of_the_space_are_answered() {
+    let _shared = flood::shared().await;
     let mut e = env("hostile-panics").await;
     purge(&e, &["ffff:ffff:ffff:ffff:ffff:ffff:ffff:fff"]).await;
     let (mut ctl, _, _) = e.serve_views().await;
@@ -546,6 +549,7 @@ async fn hostile_requests_and_the_top_of_the_space_are_answered() {
 /// changed claim before the core judged it again.
 #[tokio::test]
 async fn a_family_changed_after_the_invitation_is_judged_again() {
+    let _shared = flood::shared().await;
     let mut e = env("hostile-family").await;
     purge(&e, &["198.18.91.", "2001:db8:91::"]).await;
     let class = range_class(
@@ -794,7 +798,7 @@ fn loopback(port: u16) -> SocketAddr {
 /// reaches the views again through a new connection.
 #[tokio::test]
 async fn strangers_holding_every_socket_lock_no_authorized_client_out() {
-    let _floods = flood::floods_share().await;
+    let _shared = flood::shared().await;
     let mut e = env("hostile-lockout").await;
     // Half the chart's memory, so that one flooding process fills the budgets: at 512Mi, a
     // flood from this (debug) test opens ~450 sockets a second and the 5 s handshake
@@ -931,7 +935,7 @@ async fn strangers_holding_every_socket_lock_no_authorized_client_out() {
 /// places' fraction of a millisecond, and a silent socket is what the flood's are.
 #[tokio::test]
 async fn a_progressing_client_outlives_its_own_sources_flood_at_a_tiny_share() {
-    let _floods = flood::floods_share().await;
+    let _shared = flood::shared().await;
     let mut e = env("hostile-progress").await;
     let (mut ctl, port, _) = e
         .serve_views_with(&["--memory-limit=512Mi", "--max-connections-per-source=8"])
@@ -1018,7 +1022,7 @@ async fn restart_apiserver_and_reach_views(ns: &str) -> Duration {
 /// quarter of the memory limit its budgets are sized from: 512Mi here) and below 512Mi.
 #[tokio::test]
 async fn strangers_heads_never_take_the_process_past_its_memory() {
-    let _floods = flood::floods_share().await;
+    let _shared = flood::shared().await;
     let mut e = env("hostile-heads").await;
     let limit: u64 = 512 << 20;
     let token = metrics_token().unwrap();
@@ -1158,6 +1162,7 @@ fn apiserver_pid(dir: &std::path::Path) -> Option<u32> {
 /// counts it and carries a `ServiceRefused` event in its namespace.
 #[tokio::test]
 async fn another_namespaces_claim_names_are_no_oracle() {
+    let _shared = flood::shared().await;
     let mut e = env("hostile-oracle").await;
     purge(&e, &["198.18.107."]).await;
     let _drv =
