@@ -227,6 +227,11 @@ async fn the_go_pair_is_taken_over_in_place_without_renumbering() {
     e.check().await;
 }
 
+/// The uid of the claim an address is bound to.
+fn bound_uid(a: &IPAddress) -> String {
+    a.spec.claim_ref.as_ref().unwrap().uid.clone().unwrap()
+}
+
 /// What the Go pair leaves behind, in the test's namespaces.
 struct GoPair {
     /// Where its placeholders live.
@@ -287,16 +292,6 @@ impl GoPair {
                 .await;
             addrs.insert(claim, a);
         }
-        let claim_uid = |n: &str| {
-            addrs[n]
-                .spec
-                .claim_ref
-                .as_ref()
-                .unwrap()
-                .uid
-                .clone()
-                .unwrap()
-        };
         // A Released one (its claim deleted under Retain), re-armed by a placeholder.
         e.claims()
             .delete("rel", &DeleteParams::default())
@@ -311,7 +306,7 @@ impl GoPair {
         .unwrap();
         // Its placeholders: a provisioning one, a re-armed one.
         let go_svcs = services(e, &go.name);
-        let prov_ph = format!("iad-{}-v4", claim_uid("prov"));
+        let prov_ph = format!("iad-{}-v4", bound_uid(&addrs["prov"]));
         let rel_ph = format!("iad-{rel}");
         for v in [
             placeholder(&prov_ph, &addrs["prov"], &class, Some((&ns, "prov"))),
@@ -362,14 +357,7 @@ impl GoPair {
 
     /// The uid of the claim an address of the Go pair is bound to.
     fn claim_uid(&self, claim: &str) -> String {
-        self.addrs[claim]
-            .spec
-            .claim_ref
-            .as_ref()
-            .unwrap()
-            .uid
-            .clone()
-            .unwrap()
+        bound_uid(&self.addrs[claim])
     }
 
     /// `metallb-driver takeover` of this pair, with `--yes` when `yes`.
