@@ -271,18 +271,10 @@ async fn security_front_proxy_tokens_and_rbac() {
     a_flood_of_bad_tokens_stays_within_the_caches_bound(&port, &scraper).await;
     the_view_stores_size_is_on_metrics(&e, &scraper).await;
     // Anonymous /metrics on the views' port: refused like any path the user may not get.
-    let out = std::process::Command::new("curl")
-        .args([
-            "-sk",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            &format!("https://127.0.0.1:{port}/metrics"),
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "403");
+    assert_eq!(
+        status_code(&format!("https://127.0.0.1:{port}/metrics"), &[]),
+        "403"
+    );
     // The plain probe port serves probes, nothing else: no anonymous /metrics anywhere.
     let (code, _) = address_controller_tests::http_get(&format!("http://{}/metrics", ctl.probe))
         .await
@@ -351,6 +343,17 @@ fn a_tenant_reads_its_own_namespaces_views_only(e: &Env, other: &str) {
     assert!(!ok && err.contains("at the cluster scope"), "{err}");
 }
 
+/// The status code of a `curl -k` GET of `url` with `extra` arguments.
+fn status_code(url: &str, extra: &[&str]) -> String {
+    let out = std::process::Command::new("curl")
+        .args(["-sk", "-o", "/dev/null", "-w", "%{http_code}"])
+        .args(extra)
+        .arg(url)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// The views server's own port (the APIService's), to be reached around the aggregator.
 fn views_port() -> String {
     Cluster::get()
@@ -377,23 +380,13 @@ async fn only_the_front_proxy_may_say_who_is_calling(port: &str) {
     );
     let pki = cluster.dir.join("pki");
     let curl = |extra: &[&str]| {
-        let out = std::process::Command::new("curl")
-            .args([
-                "-sk",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-                "-H",
-                "X-Remote-User: admin",
-                "-H",
-                "X-Remote-Group: system:masters",
-            ])
-            .args(extra)
-            .arg(&url)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        let forged = [
+            "-H",
+            "X-Remote-User: admin",
+            "-H",
+            "X-Remote-Group: system:masters",
+        ];
+        status_code(&url, &[&forged[..], extra].concat())
     };
     // Forged identity headers without a client certificate: ignored, anonymous, refused.
     assert_eq!(curl(&[]), "403");
