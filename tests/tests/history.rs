@@ -260,12 +260,11 @@ async fn who_held_it_is_answered_at_each_instant(story: &Story) {
         history::holder_at(h, &at(inside_web)).map(|x| x.name.as_str()),
         Some("web")
     );
-    let inside_db = h[1].from.as_ref().unwrap().0 + SignedDuration::from_secs(1);
+    let (inside_db, gap) = inside_db_and_gap(a);
     assert_eq!(
         history::holder_at(h, &at(inside_db)).map(|x| x.namespace.as_str()),
         Some(other.name.as_str())
     );
-    let gap = h[0].until.as_ref().unwrap().0 + SignedDuration::from_secs(1);
     assert!(
         gap < h[1].from.as_ref().unwrap().0,
         "the release delay leaves a gap"
